@@ -1,0 +1,117 @@
+"""The contract every optimizer and gradient transform shares."""
+
+import abc
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+from beartype import beartype
+from jaxtyping import PyTree, jaxtyped
+
+from . import _dispatch
+from ._checks import check_grads, check_state
+from ._tree import apply_updates, cast_like
+
+# What the public methods take and return. Parameters may hold anything (activation
+# functions, integer buffers); gradients and updates hold float arrays or `None`.
+Params = PyTree[Any]
+Grads = PyTree[Any]
+Updates = PyTree[Any]
+State = PyTree[Any]
+
+
+class AbstractTransform(eqx.Module):
+    """Base of every optimizer and gradient transform in eqxopt.
+
+    A transform implements two methods:
+
+    - `init(params) -> state`: the initial state for a parameter tree.
+    - `transform(grads, state, params) -> (updates, state)`: the pure update rule. Its
+      updates are full precision (at least float32) and `None` where a leaf gets no
+      update; it does no checking and no dispatch.
+
+    and inherits the public entry points, which check their inputs at trace time and
+    run compiled:
+
+    - `update(grads, state, params) -> (updates, state)`, optax-compatible: updates
+      are deltas in each parameter's dtype, to be added with `eqxopt.apply_updates`
+      (or `eqx.apply_updates`).
+    - `step(grads, state, params) -> (params, state)`: the update and its
+      application fused in one compiled function, keeping parameter dtypes.
+    """
+
+    @abc.abstractmethod
+    def init(self, params: Params) -> State:
+        """The initial state for `params` (any pytree; only float leaves count)."""
+
+    @abc.abstractmethod
+    def transform(
+        self, grads: Grads, state: State, params: Params
+    ) -> tuple[Updates, State]:
+        """The unchecked update rule; see the class docstring."""
+
+    def update(
+        self, grads: Grads, state: State, params: Params, *, donate: bool = False
+    ) -> tuple[Updates, State]:
+        """Computes the updates for one step.
+
+        **Arguments:**
+
+        - `grads`: a tree with the structure of `params`; `None` where a parameter
+          has no gradient (as `eqx.filter_grad` gives for non-float leaves). A
+          parameter whose gradient is `None` is left alone: no update, no decay, and
+          its state stays as it was.
+        - `state`: the state from `init` or a previous `update`/`step`.
+        - `params`: the current parameters.
+        - `donate`: let XLA reuse the buffers of `state` for the new state. The
+          state passed in must not be used afterwards.
+
+        **Returns:** `(updates, new_state)`; each update has its parameter's shape and
+        dtype (`None` for leaves that are not updated).
+        """
+        return _dispatch.call(_update_entry, (self, grads, state, params), _donated(donate, 2))
+
+    def step(
+        self, grads: Grads, state: State, params: Params, *, donate: bool = False
+    ) -> tuple[Params, State]:
+        """`update` and the apply in one compiled function.
+
+        **Arguments:** as `update`; with `donate=True` the buffers of `state` and
+        `params` are reused for the results, so the step runs in place (neither may
+        be used afterwards).
+
+        **Returns:** `(new_params, new_state)`; every parameter keeps its dtype and
+        non-float leaves are passed through unchanged.
+        """
+        return _dispatch.call(
+            _step_entry, (self, grads, state, params), _donated(donate, 2, 3)
+        )
+
+
+def _donated(donate: bool, *positions: int) -> tuple[int, ...]:
+    return positions if donate else ()
+
+
+@functools.cache
+def _typechecked(method: Callable) -> Callable:
+    return jaxtyped(typechecker=beartype)(method)
+
+
+def _checked_transform(
+    opt: AbstractTransform, grads: Grads, state: State, params: Params
+) -> tuple[Updates, State]:
+    # Our own checks first: they name the leaf; jaxtyping's would not.
+    check_grads(grads, params)
+    check_state(opt, state, params)
+    return _typechecked(type(opt).transform)(opt, grads, state, params)
+
+
+def _update_entry(opt, grads, state, params):
+    updates, new_state = _checked_transform(opt, grads, state, params)
+    return cast_like(updates, params), new_state
+
+
+def _step_entry(opt, grads, state, params):
+    updates, new_state = _checked_transform(opt, grads, state, params)
+    return apply_updates(params, updates), new_state

@@ -1,0 +1,176 @@
+"""Validation with messages in words: hyperparameters at construction, and the
+grads/state/params agreement at trace time (naming the leaf path)."""
+
+import math
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, PyTree
+
+from ._tree import align_grads, is_float_leaf, is_none, leaf_paths
+
+
+def is_concrete(x: Any) -> bool:
+    """True for values whose number can be read now (not tracers)."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+def hyperparameter(
+    name: str,
+    value: Any,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> Float[Array, ""]:
+    """Converts a float hyperparameter to a scalar JAX array field.
+
+    Concrete values are checked against `[low, high]` (each end open if asked) and a
+    `ValueError` names the argument; traced values are taken as they come, since their
+    number is not known until run time.
+    """
+    if isinstance(value, bool) or not (
+        isinstance(value, (int, float, np.number, np.ndarray, jax.Array))
+    ):
+        raise TypeError(
+            f"{name} must be a float or a scalar array, got {type(value).__name__}"
+        )
+    if jnp.ndim(value) != 0:
+        raise ValueError(f"{name} must be a scalar, got shape {jnp.shape(value)}")
+    if not jnp.issubdtype(jnp.result_type(value), jnp.number):
+        raise TypeError(f"{name} must be a number, got dtype {jnp.result_type(value)}")
+    if is_concrete(value):
+        number = float(np.asarray(value))
+        too_low = number <= low if low_open else number < low
+        too_high = number >= high if high_open else number > high
+        if math.isnan(number) or too_low or too_high:
+            left = "(" if low_open else "["
+            right = ")" if high_open else "]"
+            raise ValueError(
+                f"{name} must be in {left}{_fmt(low)}, {_fmt(high)}{right}, "
+                f"got {number!r}"
+            )
+    return jnp.asarray(value, dtype=float)
+
+
+def _fmt(x: float) -> str:
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return repr(x)
+
+
+def structure_mismatch(
+    actual: PyTree, actual_name: str, expected: PyTree, expected_name: str
+) -> ValueError:
+    """A `ValueError` saying where two trees' structures part, by leaf path.
+
+    `None` in `actual` stands for a whole absent subtree of `expected`."""
+    actual_paths = [
+        jax.tree_util.keystr(p)
+        for p, _ in jax.tree.leaves_with_path(actual, is_leaf=is_none)
+    ]
+    expected_paths = [
+        jax.tree_util.keystr(p)
+        for p, _ in jax.tree.leaves_with_path(expected, is_leaf=is_none)
+    ]
+    covered = set(actual_paths)
+
+    def is_covered(path: str) -> bool:
+        return any(path == a or path.startswith(a) for a in covered)
+
+    missing = [p for p in expected_paths if not is_covered(p)]
+    extra = [p for p in actual_paths if p not in set(expected_paths)]
+    parts = []
+    if missing:
+        parts.append(f"{expected_name} has {_few(missing)} that {actual_name} lacks")
+    if extra:
+        parts.append(f"{actual_name} has {_few(extra)} that {expected_name} lacks")
+    if not parts:
+        parts.append(
+            f"the containers differ: {actual_name} is "
+            f"{_short(jax.tree.structure(actual, is_leaf=is_none))}, {expected_name} "
+            f"is {_short(jax.tree.structure(expected, is_leaf=is_none))}"
+        )
+    return ValueError(
+        f"{actual_name} does not have the tree structure of {expected_name}: "
+        + "; ".join(parts)
+    )
+
+
+def _few(paths: list[str]) -> str:
+    shown = ", ".join(p or "<root>" for p in paths[:3])
+    return shown + (f" (and {len(paths) - 3} more)" if len(paths) > 3 else "")
+
+
+def _short(treedef: Any) -> str:
+    text = str(treedef)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def check_grads(grads: PyTree, params: PyTree) -> list[Any]:
+    """Checks `grads` against `params` and returns the gradient of each params leaf
+    (`None` where absent). Raises naming the leaf path on any mismatch."""
+    aligned = align_grads(grads, params)
+    for path, g, p in zip(leaf_paths(params), aligned, jax.tree.leaves(params)):
+        if g is None:
+            continue
+        if not is_float_leaf(p):
+            raise ValueError(
+                f"grads{path} is an array but params{path} is not a float array "
+                f"({_describe(p)}); only float parameters have gradients"
+            )
+        if not isinstance(g, (jax.Array, np.ndarray)):
+            raise TypeError(
+                f"grads{path} must be an array or None, got {type(g).__name__}"
+            )
+        if g.shape != p.shape:
+            raise ValueError(
+                f"grads{path} has shape {g.shape} but params{path} has shape {p.shape}"
+            )
+        if g.dtype != p.dtype:
+            raise TypeError(
+                f"grads{path} has dtype {g.dtype} but params{path} has dtype {p.dtype}; "
+                "cast the gradient to the parameter's dtype"
+            )
+    return aligned
+
+
+def _describe(x: Any) -> str:
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"{x.dtype}{list(x.shape)}"
+    return type(x).__name__
+
+
+def check_state(opt: Any, state: PyTree, params: PyTree) -> None:
+    """Checks `state` against what `opt.init(params)` makes: the same type, tree
+    structure, shapes and dtypes, naming the first leaf that differs."""
+    expected = eqx.filter_eval_shape(opt.init, params)
+    owner = type(opt).__name__
+    if type(state) is not type(expected):
+        raise TypeError(
+            f"state must be the {type(expected).__name__} that {owner}.init(params) "
+            f"returns, got {type(state).__name__}"
+        )
+    expected_leaves, expected_def = jax.tree.flatten(expected)
+    actual_leaves, actual_def = jax.tree.flatten(state)
+    if expected_def != actual_def:
+        raise structure_mismatch(
+            state, "state", expected, f"{owner}.init(params)"
+        ) from None
+    paths = leaf_paths(state)
+    for path, want, got in zip(paths, expected_leaves, actual_leaves):
+        got_shape, got_dtype = jnp.shape(got), jnp.result_type(got)
+        if got_shape != want.shape:
+            raise ValueError(
+                f"state{path} has shape {got_shape} but {owner}.init(params) makes "
+                f"shape {want.shape} there"
+            )
+        if got_dtype != want.dtype:
+            raise TypeError(
+                f"state{path} has dtype {got_dtype} but {owner}.init(params) makes "
+                f"dtype {want.dtype} there"
+            )

@@ -1,0 +1,114 @@
+"""Tree helpers shared by every optimizer: which leaves are optimised, zeros for
+state, dtype rules, the step counter and the dtype-preserving apply."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Int, PyTree
+
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def is_none(x: Any) -> bool:
+    return x is None
+
+
+def is_float_leaf(x: Any) -> bool:
+    """The leaves an optimizer works on: inexact (floating or complex) arrays.
+
+    Everything else in a parameter tree (integer arrays, functions, Python scalars,
+    strings) is passed through untouched and gets `None` in the state.
+    """
+    return eqx.is_inexact_array(x)
+
+
+def compute_dtype(dtype: Any) -> Any:
+    """The dtype the per-leaf maths runs in: at least float32, so bf16/f16 moments and
+    hyperparameters such as b2 = 0.999 are never rounded mid-computation."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def float_leaves_like(params: PyTree, dtype: Any = None, fill: float = 0.0) -> PyTree:
+    """A tree shaped like `params`: `fill` for every float leaf (in `dtype`, or the
+    leaf's own dtype), `None` for every other leaf."""
+
+    def make(p):
+        if not is_float_leaf(p):
+            return None
+        return jnp.full(jnp.shape(p), fill, dtype=p.dtype if dtype is None else dtype)
+
+    return jax.tree.map(make, params)
+
+
+def zero_step() -> Int[Array, ""]:
+    return jnp.zeros((), jnp.int32)
+
+
+def increment(step: Int[Array, ""]) -> Int[Array, ""]:
+    """`step + 1`, saturating at the int32 maximum instead of wrapping negative."""
+    return jnp.where(step < _INT32_MAX, step + 1, step).astype(jnp.int32)
+
+
+def apply_updates(params: PyTree, updates: PyTree) -> PyTree:
+    """`params + updates`, leaf by leaf, keeping each parameter's dtype.
+
+    `None` updates (and non-float leaves) leave the parameter as it is. The sum is
+    formed in at least float32, so a bf16 parameter receives the full-precision
+    update before its single rounding (`eqx.apply_updates` would promote the bf16
+    parameter to float32 instead).
+
+    **Arguments:**
+
+    - `params`: any pytree.
+    - `updates`: a tree with the structure of `params`, `None` where there is no
+      update.
+    """
+
+    def apply(u, p):
+        if u is None or not is_float_leaf(p):
+            return p
+        dtype = compute_dtype(p.dtype)
+        return (p.astype(dtype) + u.astype(dtype)).astype(p.dtype)
+
+    return jax.tree.map(apply, updates, params, is_leaf=is_none)
+
+
+def cast_like(updates: PyTree, params: PyTree) -> PyTree:
+    """Casts each update leaf to the dtype of its parameter."""
+
+    def cast(u, p):
+        return None if u is None else u.astype(p.dtype)
+
+    return jax.tree.map(cast, updates, params, is_leaf=is_none)
+
+
+def align_grads(grads: PyTree, params: PyTree) -> list[Any]:
+    """The gradient for each leaf of `params` (in `jax.tree.leaves` order), `None`
+    where `grads` has `None` at that leaf or at any subtree above it.
+
+    Raises `ValueError` naming the path where the two structures part."""
+    from ._checks import structure_mismatch  # checks import this module
+
+    grad_leaves, grad_def = jax.tree.flatten(grads, is_leaf=is_none)
+    try:
+        param_subtrees = grad_def.flatten_up_to(params)
+    except (ValueError, TypeError):
+        raise structure_mismatch(grads, "grads", params, "params") from None
+    aligned: list[Any] = []
+    for g, p_sub in zip(grad_leaves, param_subtrees):
+        p_leaves = jax.tree.leaves(p_sub)
+        if g is None:
+            aligned.extend([None] * len(p_leaves))
+        elif len(p_leaves) == 1 and p_leaves[0] is p_sub:
+            aligned.append(g)
+        else:
+            raise structure_mismatch(grads, "grads", params, "params")
+    return aligned
+
+
+def leaf_paths(tree: PyTree) -> list[str]:
+    """`jax.tree_util.keystr` of every leaf's path, in `jax.tree.leaves` order."""
+    return [jax.tree_util.keystr(path) for path, _ in jax.tree.leaves_with_path(tree)]
