@@ -1,14 +1,21 @@
 """eqxopt: optimizers, gradient transforms and schedules as checked Equinox modules."""
 
-from ._adam import Adam as Adam, AdamState as AdamState, AdamW as AdamW
+from ._adam import Adam as Adam
+from ._adam import AdamState as AdamState
+from ._adam import AdamW as AdamW
 from ._base import AbstractTransform as AbstractTransform
 from ._leafwise import map_leaves as map_leaves
 from ._schedules import (
     AbstractSchedule as AbstractSchedule,
+)
+from ._schedules import (
     Constant as Constant,
+)
+from ._schedules import (
     WarmupCosine as WarmupCosine,
 )
-from ._sgd import SGD as SGD, SGDState as SGDState
+from ._sgd import SGD as SGD
+from ._sgd import SGDState as SGDState
 from ._tree import apply_updates as apply_updates
 
 __version__ = "0.1.0"

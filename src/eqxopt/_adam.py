@@ -34,7 +34,9 @@ def _dtype_or_none(name: str, dtype: Any) -> Any:
     try:
         dtype = jnp.dtype(dtype)
     except TypeError:
-        raise TypeError(f"{name} must be a float dtype or None, got {dtype!r}") from None
+        raise TypeError(
+            f"{name} must be a float dtype or None, got {dtype!r}"
+        ) from None
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"{name} must be a float dtype or None, got {dtype}")
     return dtype
@@ -69,7 +71,9 @@ def _adam_transform(
             direction = direction + weight_decay * p
         return -lr * direction, mu, nu
 
-    updates, (mu, nu) = map_leaves(rule, grads, params, (state.mu, state.nu))
+    updates, (mu, nu) = map_leaves(
+        rule, grads, params, (state.mu, state.nu), elementwise=True
+    )
     return updates, AdamState(step=t, mu=mu, nu=nu)
 
 

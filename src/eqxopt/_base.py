@@ -47,12 +47,19 @@ class AbstractTransform(eqx.Module):
 
     @abc.abstractmethod
     def transform(
-        self, grads: Grads, state: State, params: Params
+        self, grads: Grads, state: State, params: Params, **extra: Any
     ) -> tuple[Updates, State]:
-        """The unchecked update rule; see the class docstring."""
+        """The unchecked update rule; see the class docstring. `extra` holds the
+        keyword arguments some rules need (such as `value`, the loss)."""
 
     def update(
-        self, grads: Grads, state: State, params: Params, *, donate: bool = False
+        self,
+        grads: Grads,
+        state: State,
+        params: Params,
+        *,
+        donate: bool = False,
+        **extra: Any,
     ) -> tuple[Updates, State]:
         """Computes the updates for one step.
 
@@ -66,14 +73,25 @@ class AbstractTransform(eqx.Module):
         - `params`: the current parameters.
         - `donate`: let XLA reuse the buffers of `state` for the new state. The
           state passed in must not be used afterwards.
+        - `**extra`: keyword arguments for rules that need more than gradients, such
+          as `value=` (the loss) for `PolyakSGD`; see each optimizer. Others reject
+          them with a `TypeError`.
 
         **Returns:** `(updates, new_state)`; each update has its parameter's shape and
         dtype (`None` for leaves that are not updated).
         """
-        return _dispatch.call(_update_entry, (self, grads, state, params), _donated(donate, 2))
+        return _dispatch.call(
+            _update_entry, (self, grads, state, params, extra), _donated(donate, 2)
+        )
 
     def step(
-        self, grads: Grads, state: State, params: Params, *, donate: bool = False
+        self,
+        grads: Grads,
+        state: State,
+        params: Params,
+        *,
+        donate: bool = False,
+        **extra: Any,
     ) -> tuple[Params, State]:
         """`update` and the apply in one compiled function.
 
@@ -85,7 +103,7 @@ class AbstractTransform(eqx.Module):
         non-float leaves are passed through unchanged.
         """
         return _dispatch.call(
-            _step_entry, (self, grads, state, params), _donated(donate, 2, 3)
+            _step_entry, (self, grads, state, params, extra), _donated(donate, 2, 3)
         )
 
 
@@ -99,19 +117,23 @@ def _typechecked(method: Callable) -> Callable:
 
 
 def _checked_transform(
-    opt: AbstractTransform, grads: Grads, state: State, params: Params
+    opt: AbstractTransform,
+    grads: Grads,
+    state: State,
+    params: Params,
+    extra: dict[str, Any],
 ) -> tuple[Updates, State]:
     # Our own checks first: they name the leaf; jaxtyping's would not.
     check_grads(grads, params)
     check_state(opt, state, params)
-    return _typechecked(type(opt).transform)(opt, grads, state, params)
+    return _typechecked(type(opt).transform)(opt, grads, state, params, **extra)
 
 
-def _update_entry(opt, grads, state, params):
-    updates, new_state = _checked_transform(opt, grads, state, params)
+def _update_entry(opt, grads, state, params, extra):
+    updates, new_state = _checked_transform(opt, grads, state, params, extra)
     return cast_like(updates, params), new_state
 
 
-def _step_entry(opt, grads, state, params):
-    updates, new_state = _checked_transform(opt, grads, state, params)
+def _step_entry(opt, grads, state, params, extra):
+    updates, new_state = _checked_transform(opt, grads, state, params, extra)
     return apply_updates(params, updates), new_state

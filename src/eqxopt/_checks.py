@@ -133,8 +133,8 @@ def check_grads(grads: PyTree, params: PyTree) -> list[Any]:
             )
         if g.dtype != p.dtype:
             raise TypeError(
-                f"grads{path} has dtype {g.dtype} but params{path} has dtype {p.dtype}; "
-                "cast the gradient to the parameter's dtype"
+                f"grads{path} has dtype {g.dtype} but params{path} has dtype "
+                f"{p.dtype}; cast the gradient to the parameter's dtype"
             )
     return aligned
 

@@ -23,6 +23,9 @@ def map_leaves(
     grads: PyTree,
     params: PyTree,
     moments: Sequence[PyTree] = (),
+    *,
+    elementwise: bool = False,
+    flags: Sequence[Any] | None = None,
 ) -> tuple[PyTree, tuple[PyTree, ...]]:
     """Applies `rule` to every float leaf of `params` that has a gradient.
 
@@ -33,6 +36,13 @@ def map_leaves(
     - `grads`: gradients with the structure of `params` (`None` allowed).
     - `params`: the parameters.
     - `moments`: state trees shaped like `params` (`None` at non-float leaves).
+    - `elementwise`: promise that `rule` treats every element on its own (no norms,
+      reductions or shape-dependent maths). The engine may then run it on many leaves
+      at once, concatenated into flat buffers; the results are the same.
+    - `flags`: optional hashable Python values, one per leaf of `params` (in
+      `jax.tree.leaves` order, such as a resolved weight-decay mask); each is passed
+      to `rule` as its last argument. Leaves are only ever grouped with leaves of the
+      same flag.
 
     **Returns:** `(updates, new_moments)`: updates in the compute dtype (`None` where
     there is no update), and each moment tree with its stored dtypes.
@@ -51,7 +61,10 @@ def map_leaves(
                 column.append(value)
             continue
         dtype = compute_dtype(p.dtype)
-        outs = rule(g.astype(dtype), p.astype(dtype), *(m.astype(dtype) for m in old))
+        args = [g.astype(dtype), p.astype(dtype), *(m.astype(dtype) for m in old)]
+        if flags is not None:
+            args.append(flags[i])
+        outs = rule(*args)
         updates.append(outs[0])
         for column, value, stored in zip(new_moments, outs[1:], old):
             column.append(value.astype(stored.dtype))
@@ -59,4 +72,3 @@ def map_leaves(
         param_def.unflatten(updates),
         tuple(param_def.unflatten(column) for column in new_moments),
     )
-

@@ -72,9 +72,7 @@ class WarmupCosine(AbstractSchedule):
     warmup_steps: Int[Array, ""]
     total_steps: Int[Array, ""]
 
-    def __init__(
-        self, peak_lr: Any, min_lr: Any, warmup_steps: Any, total_steps: Any
-    ):
+    def __init__(self, peak_lr: Any, min_lr: Any, warmup_steps: Any, total_steps: Any):
         self.peak_lr = hyperparameter("peak_lr", peak_lr, low=0.0)
         self.min_lr = hyperparameter("min_lr", min_lr, low=0.0)
         self.warmup_steps = _step_count("warmup_steps", warmup_steps)

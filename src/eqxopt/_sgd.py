@@ -52,7 +52,9 @@ class SGD(AbstractTransform):
 
     def __init__(self, learning_rate: Any, momentum: Any = 0.0, nesterov: bool = False):
         self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.momentum = hyperparameter("momentum", momentum, low=0.0, high=1.0, high_open=True)
+        self.momentum = hyperparameter(
+            "momentum", momentum, low=0.0, high=1.0, high_open=True
+        )
         if not isinstance(nesterov, bool):
             raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
         self.nesterov = nesterov
@@ -71,5 +73,7 @@ class SGD(AbstractTransform):
             direction = g + momentum * v if self.nesterov else v
             return -lr * direction, v
 
-        updates, (velocity,) = map_leaves(rule, grads, params, (state.velocity,))
+        updates, (velocity,) = map_leaves(
+            rule, grads, params, (state.velocity,), elementwise=True
+        )
         return updates, SGDState(step=increment(state.step), velocity=velocity)

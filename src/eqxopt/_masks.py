@@ -1,0 +1,67 @@
+"""Boolean masks over parameter trees (which leaves get weight decay, ...)."""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+from jaxtyping import PyTree
+
+from ._tree import is_none
+
+Mask = PyTree[bool] | Callable[[PyTree], PyTree[bool]] | None
+
+
+def resolve_mask(mask: Mask, params: PyTree, name: str = "mask") -> list[bool]:
+    """One Python bool per leaf of `params` (in `jax.tree.leaves` order).
+
+    **Arguments:**
+
+    - `mask`: `None` (every leaf), a tree of bools with the structure of `params` or
+      a prefix of it (a bool covers the whole subtree below it), or a function of
+      `params` returning such a tree. An Equinox module is always read as a tree of
+      bools, never called as the function, even when it has a `__call__` (optax
+      calls it; equinox issue 193).
+    - `params`: the parameters.
+    - `name`: the argument's name, for error messages.
+    """
+    n_leaves = len(jax.tree.leaves(params))
+    if mask is None:
+        return [True] * n_leaves
+    if callable(mask) and not isinstance(mask, eqx.Module):
+        mask = mask(params)
+    from ._checks import structure_mismatch
+
+    mask_leaves, mask_def = jax.tree.flatten(mask, is_leaf=is_none)
+    try:
+        subtrees = mask_def.flatten_up_to(params)
+    except (ValueError, TypeError):
+        raise structure_mismatch(mask, name, params, "params") from None
+    flags: list[bool] = []
+    for path, value, sub in zip(
+        [
+            jax.tree_util.keystr(p)
+            for p, _ in jax.tree.leaves_with_path(mask, is_leaf=is_none)
+        ],
+        mask_leaves,
+        subtrees,
+    ):
+        flags.extend([_as_bool(name, path, value)] * len(jax.tree.leaves(sub)))
+    return flags
+
+
+def _as_bool(name: str, path: str, value: Any) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if (
+        isinstance(value, (np.ndarray, jax.Array))
+        and value.shape == ()
+        and value.dtype == bool
+    ):
+        if isinstance(value, jax.core.Tracer):
+            raise TypeError(f"{name}{path} must be a concrete bool, got a traced value")
+        return bool(value)
+    raise TypeError(f"{name}{path} must be a bool, got {value!r}")

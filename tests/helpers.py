@@ -1,0 +1,111 @@
+"""Shared test helpers: trees, reference runs against optax and torch."""
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import eqxopt
+
+
+def nested_tree(seed: int = 0, dtype: Any = jnp.float32) -> dict:
+    """A nested dict/list/tuple tree with leaves of 0 to 3 dimensions."""
+    rng = np.random.default_rng(seed)
+
+    def leaf(*shape):
+        return jnp.asarray(rng.normal(size=shape), dtype=dtype)
+
+    return {
+        "scale": leaf(),
+        "dense": {"w": leaf(3, 4), "b": leaf(4)},
+        "layers": [{"w": leaf(2, 3, 2), "b": leaf(2)}, (leaf(5), leaf())],
+    }
+
+
+def grad_stream(params: Any, steps: int, seed: int = 1) -> Iterator[Any]:
+    """`steps` gradient trees shaped like `params`, reproducible."""
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        yield jax.tree.map(
+            lambda p: jnp.asarray(rng.normal(size=p.shape), dtype=p.dtype), params
+        )
+
+
+def run_eqxopt(
+    opt: eqxopt.AbstractTransform, params: Any, grads: list[Any], **extra: Any
+) -> list[Any]:
+    """The parameters after each step of `opt.update` + `eqxopt.apply_updates`."""
+    state = opt.init(params)
+    history = []
+    for g in grads:
+        updates, state = opt.update(g, state, params, **extra)
+        params = eqxopt.apply_updates(params, updates)
+        history.append(params)
+    return history
+
+
+def run_optax(tx: Any, params: Any, grads: list[Any]) -> list[Any]:
+    import optax
+
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    history = []
+    for g in grads:
+        updates, state = update(g, state, params)
+        params = optax.apply_updates(params, updates)
+        history.append(params)
+    return history
+
+
+def run_torch(
+    make_opt: Callable[[list[Any]], Any],
+    params: Any,
+    grads: list[Any],
+) -> list[Any]:
+    """Runs a torch.optim optimizer on the leaves of `params` (float64 off)."""
+    import torch
+
+    leaves, treedef = jax.tree.flatten(params)
+    tensors = [
+        torch.nn.Parameter(torch.tensor(np.asarray(x, dtype=np.float32)))
+        for x in leaves
+    ]
+    opt = make_opt(tensors)
+    history = []
+    for g in grads:
+        for t, gl in zip(tensors, jax.tree.leaves(g)):
+            t.grad = torch.tensor(np.asarray(gl, dtype=np.float32))
+        opt.step()
+        history.append(
+            jax.tree.unflatten(treedef, [jnp.asarray(t.detach().numpy()) for t in tensors])
+        )
+    return history
+
+
+def assert_trees_close(actual: Any, expected: Any, rtol=2e-5, atol=2e-6) -> None:
+    a_leaves, a_def = jax.tree.flatten(actual)
+    e_leaves, e_def = jax.tree.flatten(expected)
+    assert a_def == e_def, f"{a_def} != {e_def}"
+    for path, a, e in zip(
+        [jax.tree_util.keystr(p) for p, _ in jax.tree.leaves_with_path(actual)],
+        a_leaves,
+        e_leaves,
+    ):
+        np.testing.assert_allclose(
+            np.asarray(a, np.float64),
+            np.asarray(e, np.float64),
+            rtol=rtol,
+            atol=atol,
+            err_msg=f"at {path}",
+        )
+
+
+def assert_histories_close(actual, expected, rtol=2e-5, atol=2e-6) -> None:
+    assert len(actual) == len(expected)
+    for step, (a, e) in enumerate(zip(actual, expected)):
+        try:
+            assert_trees_close(a, e, rtol=rtol, atol=atol)
+        except AssertionError as err:
+            raise AssertionError(f"step {step}: {err}") from None

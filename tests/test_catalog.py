@@ -1,0 +1,186 @@
+"""Properties every optimizer in the catalog shares, run over `catalog.all_cases()`."""
+
+import copy
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from catalog import all_cases
+from helpers import nested_tree
+
+import eqxopt
+from eqxopt import _base, _dispatch
+
+CASES = all_cases()
+case_params = pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+
+
+def quadratic_loss(params):
+    targets = nested_tree(seed=7)
+    return sum(
+        jnp.sum((p.astype(jnp.float32) - t) ** 2)
+        for p, t in zip(jax.tree.leaves(params), jax.tree.leaves(targets))
+    )
+
+
+def extra_for(case, loss_fn, params):
+    return {} if case.extra is None else case.extra(loss_fn, params)
+
+
+@case_params
+def test_updates_keep_structure_shape_and_dtype(case):
+    opt = case.make()
+    params = nested_tree()
+    grads = jax.grad(quadratic_loss)(params)
+    state = opt.init(params)
+    extra = extra_for(case, quadratic_loss, params)
+    updates, new_state = opt.update(grads, state, params, **extra)
+    assert jax.tree.structure(updates) == jax.tree.structure(params)
+    for u, p in zip(jax.tree.leaves(updates), jax.tree.leaves(params)):
+        assert u.shape == p.shape and u.dtype == p.dtype
+        assert bool(jnp.all(jnp.isfinite(u)))
+    new_params, stepped_state = opt.step(grads, state, params, **extra)
+    assert jax.tree.structure(new_params) == jax.tree.structure(params)
+    for a, b in zip(
+        jax.tree.leaves(new_params), jax.tree.leaves(eqxopt.apply_updates(params, updates))
+    ):
+        assert a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert jax.tree.structure(new_state) == jax.tree.structure(stepped_state)
+
+
+@case_params
+def test_inputs_are_not_mutated(case):
+    opt = case.make()
+    params = nested_tree()
+    grads = jax.grad(quadratic_loss)(params)
+    state = opt.init(params)
+    before = copy.deepcopy((params, grads))
+    before_leaves = [np.asarray(x).copy() for x in jax.tree.leaves((params, grads, state))]
+    extra = extra_for(case, quadratic_loss, params)
+    opt.update(grads, state, params, **extra)
+    opt.step(grads, state, params, **extra)
+    assert jax.tree.structure((params, grads)) == jax.tree.structure(before)
+    for x, y in zip(jax.tree.leaves((params, grads, state)), before_leaves):
+        np.testing.assert_array_equal(np.asarray(x), y)
+
+
+@case_params
+def test_none_gradients_leave_leaf_and_its_state_alone(case):
+    opt = case.make()
+    params = nested_tree()
+    grads = jax.grad(quadratic_loss)(params)
+    grads["dense"]["w"] = None
+    grads["layers"][1] = None  # a whole subtree without gradients
+    state = opt.init(params)
+    extra = extra_for(case, quadratic_loss, params)
+    # Two steps, so state that the first step would have filled in is compared too.
+    new_params, new_state = opt.step(grads, state, params, **extra)
+    new_params, new_state = opt.step(grads, new_state, new_params, **extra)
+    np.testing.assert_array_equal(new_params["dense"]["w"], params["dense"]["w"])
+    for a, b in zip(jax.tree.leaves(new_params["layers"][1]), jax.tree.leaves(params["layers"][1])):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(new_params["dense"]["b"], params["dense"]["b"])
+    skipped = ("['dense']['w']", "['layers'][1]")
+    old = dict(
+        (jax.tree_util.keystr(k), v) for k, v in jax.tree.leaves_with_path(state)
+    )
+    for path, leaf in jax.tree.leaves_with_path(new_state):
+        key = jax.tree_util.keystr(path)
+        if any(s in key for s in skipped):
+            np.testing.assert_array_equal(leaf, old[key], err_msg=f"state{key}")
+
+
+@case_params
+def test_whole_equinox_model_trains_without_filtering(case):
+    model = eqx.nn.MLP(3, 2, 16, 2, activation=jax.nn.tanh, key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (32, 3))
+    y = jnp.stack([jnp.sin(x[:, 0]), x[:, 1] * x[:, 2]], axis=1)
+
+    def loss_fn(m):
+        return jnp.mean((jax.vmap(m)(x) - y) ** 2)
+
+    opt = case.make()
+    state = opt.init(model)
+    start = loss_fn(model)
+    for _ in range(30):
+        grads = eqx.filter_grad(loss_fn)(model)
+        extra = extra_for(case, lambda m: loss_fn(m), model)
+        model, state = opt.step(grads, state, model, **extra)
+    assert model.activation is jax.nn.tanh  # non-array leaves pass through
+    assert loss_fn(model) < start
+
+
+@case_params
+def test_bfloat16_parameters_keep_their_dtype(case):
+    opt = case.make()
+    params = nested_tree(dtype=jnp.bfloat16)
+    grads = jax.grad(quadratic_loss)(params)
+    state = opt.init(params)
+    extra = extra_for(case, quadratic_loss, params)
+    for _ in range(3):
+        updates, _ = opt.update(grads, state, params, **extra)
+        params, state = opt.step(grads, state, params, **extra)
+        grads = jax.grad(quadratic_loss)(params)
+        extra = extra_for(case, quadratic_loss, params)
+    for leaf in jax.tree.leaves((updates, params)):
+        assert leaf.dtype == jnp.bfloat16
+        assert bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32))))
+    for leaf in jax.tree.leaves(state):
+        if jnp.issubdtype(leaf.dtype, jnp.inexact):
+            assert bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32))))
+
+
+@case_params
+def test_changing_a_hyperparameter_does_not_recompile(case):
+    params = nested_tree()
+    grads = jax.grad(quadratic_loss)(params)
+    extra = extra_for(case, quadratic_loss, params)
+    name, value = case.vary
+    results = []
+    for opt in (case.make(), case.make(**{name: value})):
+        state = opt.init(params)
+        p = params
+        for _ in range(3):
+            p, state = opt.step(grads, state, p, **extra)
+        results.append(p)
+        if len(results) == 1:
+            compiled = _dispatch.cache_size(_base._step_entry)
+    assert _dispatch.cache_size(_base._step_entry) == compiled
+    assert any(
+        not np.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1]))
+    ), f"changing {name} changed nothing"
+
+
+@case_params
+def test_hyperparameters_may_be_traced(case):
+    name, value = case.vary
+    params = nested_tree()
+    grads = jax.grad(quadratic_loss)(params)
+    extra = extra_for(case, quadratic_loss, params)
+
+    @jax.jit
+    def run(hyper, params):
+        opt = case.make(**{name: hyper})
+        return opt.step(grads, opt.init(params), params, **extra)
+
+    eager_opt = case.make(**{name: value})
+    expected, _ = eager_opt.step(grads, eager_opt.init(params), params, **extra)
+    hyper = value if not isinstance(value, float) else jnp.asarray(value)
+    got, _ = run(hyper, params)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+INVALID = [(c, arg, bad) for c in CASES for arg, bad in c.invalid]
+
+
+@pytest.mark.parametrize(
+    "case,arg,bad", INVALID, ids=[f"{c.name}-{a}={b!r}" for c, a, b in INVALID]
+)
+def test_invalid_hyperparameter_raises_naming_it(case, arg, bad):
+    with pytest.raises(ValueError, match=arg):
+        case.make(**{arg: bad})
