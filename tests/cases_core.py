@@ -3,7 +3,13 @@
 import eqxopt
 from catalog import CatalogCase
 
-BAD_UNIT = (("b1", 1.0), ("b2", 0.0), ("b2", 1.5), ("eps", 0.0), ("learning_rate", -1.0))
+BAD_UNIT = (
+    ("b1", 1.0),
+    ("b2", 0.0),
+    ("b2", 1.5),
+    ("eps", 0.0),
+    ("learning_rate", -1.0),
+)
 
 CASES = [
     CatalogCase(
@@ -33,7 +39,9 @@ CASES = [
     ),
     CatalogCase(
         "AdamW",
-        lambda **kw: eqxopt.AdamW(**{"learning_rate": 0.05, "weight_decay": 0.01, **kw}),
+        lambda **kw: eqxopt.AdamW(
+            **{"learning_rate": 0.05, "weight_decay": 0.01, **kw}
+        ),
         vary=("weight_decay", 0.1),
         invalid=(*BAD_UNIT, ("weight_decay", -0.01)),
     ),

@@ -79,7 +79,9 @@ def run_torch(
             t.grad = torch.tensor(np.asarray(gl, dtype=np.float32))
         opt.step()
         history.append(
-            jax.tree.unflatten(treedef, [jnp.asarray(t.detach().numpy()) for t in tensors])
+            jax.tree.unflatten(
+                treedef, [jnp.asarray(t.detach().numpy()) for t in tensors]
+            )
         )
     return history
 

@@ -7,11 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from catalog import all_cases
-from helpers import nested_tree
 
 import eqxopt
+from catalog import all_cases
 from eqxopt import _base, _dispatch
+from helpers import nested_tree
 
 CASES = all_cases()
 case_params = pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -44,7 +44,8 @@ def test_updates_keep_structure_shape_and_dtype(case):
     new_params, stepped_state = opt.step(grads, state, params, **extra)
     assert jax.tree.structure(new_params) == jax.tree.structure(params)
     for a, b in zip(
-        jax.tree.leaves(new_params), jax.tree.leaves(eqxopt.apply_updates(params, updates))
+        jax.tree.leaves(new_params),
+        jax.tree.leaves(eqxopt.apply_updates(params, updates)),
     ):
         assert a.dtype == b.dtype
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -58,7 +59,9 @@ def test_inputs_are_not_mutated(case):
     grads = jax.grad(quadratic_loss)(params)
     state = opt.init(params)
     before = copy.deepcopy((params, grads))
-    before_leaves = [np.asarray(x).copy() for x in jax.tree.leaves((params, grads, state))]
+    before_leaves = [
+        np.asarray(x).copy() for x in jax.tree.leaves((params, grads, state))
+    ]
     extra = extra_for(case, quadratic_loss, params)
     opt.update(grads, state, params, **extra)
     opt.step(grads, state, params, **extra)
@@ -80,7 +83,9 @@ def test_none_gradients_leave_leaf_and_its_state_alone(case):
     new_params, new_state = opt.step(grads, state, params, **extra)
     new_params, new_state = opt.step(grads, new_state, new_params, **extra)
     np.testing.assert_array_equal(new_params["dense"]["w"], params["dense"]["w"])
-    for a, b in zip(jax.tree.leaves(new_params["layers"][1]), jax.tree.leaves(params["layers"][1])):
+    for a, b in zip(
+        jax.tree.leaves(new_params["layers"][1]), jax.tree.leaves(params["layers"][1])
+    ):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(new_params["dense"]["b"], params["dense"]["b"])
     skipped = ("['dense']['w']", "['layers'][1]")
