@@ -47,10 +47,11 @@ class AbstractTransform(eqx.Module):
 
     @abc.abstractmethod
     def transform(
-        self, grads: Grads, state: State, params: Params, **extra: Any
+        self, grads: Grads, state: State, params: Params
     ) -> tuple[Updates, State]:
-        """The unchecked update rule; see the class docstring. `extra` holds the
-        keyword arguments some rules need (such as `value`, the loss)."""
+        """The unchecked update rule; see the class docstring. Rules that need more
+        than gradients (such as `value=`, the loss) add keyword-only arguments with
+        defaults; `update`/`step` pass their extra keywords on."""
 
     def update(
         self,
@@ -105,6 +106,13 @@ class AbstractTransform(eqx.Module):
         return _dispatch.call(
             _step_entry, (self, grads, state, params, extra), _donated(donate, 2, 3)
         )
+
+    def to_optax(self) -> Any:
+        """This transform as an `optax.GradientTransformationExtraArgs` (needs optax):
+        its `init`/`update` call this transform's `init`/`update`."""
+        from ._interop import to_optax
+
+        return to_optax(self)
 
 
 def _donated(donate: bool, *positions: int) -> tuple[int, ...]:

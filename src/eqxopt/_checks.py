@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 from jaxtyping import Array, Float, PyTree
 
 from ._tree import align_grads, is_float_leaf, is_none, leaf_paths
@@ -15,7 +16,7 @@ from ._tree import align_grads, is_float_leaf, is_none, leaf_paths
 
 def is_concrete(x: Any) -> bool:
     """True for values whose number can be read now (not tracers)."""
-    return not isinstance(x, jax.core.Tracer)
+    return not isinstance(x, Tracer)
 
 
 def hyperparameter(

@@ -6,6 +6,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import numpy as np
+from jax.core import Tracer
 from jaxtyping import PyTree
 
 from ._tree import is_none
@@ -61,7 +62,7 @@ def _as_bool(name: str, path: str, value: Any) -> bool:
         and value.shape == ()
         and value.dtype == bool
     ):
-        if isinstance(value, jax.core.Tracer):
+        if isinstance(value, Tracer):
             raise TypeError(f"{name}{path} must be a concrete bool, got a traced value")
         return bool(value)
     raise TypeError(f"{name}{path} must be a bool, got {value!r}")
