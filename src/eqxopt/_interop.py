@@ -1,0 +1,131 @@
+"""Both ways between eqxopt and optax: `from_optax(tx)` and `opt.to_optax()`.
+
+optax is an optional dependency: it is imported only when these are used."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ._base import AbstractTransform, Grads, Params, Updates
+from ._chain import extra_for
+from ._tree import align_grads, compute_dtype, is_float_leaf
+
+
+def _optax() -> Any:
+    try:
+        import optax
+    except ImportError:  # pragma: no cover - optax is installed for the tests
+        raise ImportError(
+            "optax is not installed; `pip install optax` to convert between eqxopt "
+            "and optax"
+        ) from None
+    return optax
+
+
+class FromOptaxState(eqx.Module):
+    """State of `FromOptax`.
+
+    **Fields:**
+
+    - `inner`: the optax state, as `tx.init` made it (for the float leaves only).
+    """
+
+    inner: Any
+
+
+class FromOptax(AbstractTransform):
+    """Any optax `GradientTransformation` as an eqxopt transform, so it can be
+    chained with eqxopt ones and used through `update`/`step` (checked inputs, the
+    compiled dispatch, dtype-keeping `step`, whole Equinox models without
+    `eqx.filter`). Build it with `eqxopt.from_optax(tx)`.
+
+    optax sees only the float leaves of the parameters (other leaves are `None` to
+    it). Where a gradient is `None`, optax is given zeros and the update is dropped,
+    but optax's state for that leaf advances as for a zero gradient (optax states
+    are opaque, so it cannot be held back as eqxopt's own transforms do).
+    Hyperparameters inside `tx` are baked into its functions: a new `tx` compiles a
+    new step. Keyword arguments (`value=`, ...) are passed on when `tx` is a
+    `GradientTransformationExtraArgs`.
+
+    **Arguments:**
+
+    - `tx`: an `optax.GradientTransformation`.
+    """
+
+    tx: Any
+
+    def __init__(self, tx: Any):
+        optax = _optax()
+        if not isinstance(tx, optax.GradientTransformation):
+            raise TypeError(
+                f"tx must be an optax.GradientTransformation, got {type(tx).__name__}"
+            )
+        self.tx = tx
+
+    def init(self, params: Params) -> FromOptaxState:
+        return FromOptaxState(inner=self.tx.init(_float_only(params)))
+
+    def transform(
+        self, grads: Grads, state: FromOptaxState, params: Params, **extra: Any
+    ) -> tuple[Updates, FromOptaxState]:
+        optax = _optax()
+        param_leaves, treedef = jax.tree.flatten(params)
+        aligned = align_grads(grads, params)
+        given = []
+        for g, p in zip(aligned, param_leaves):
+            if not is_float_leaf(p):
+                given.append(None)
+            elif g is None:
+                given.append(jnp.zeros_like(p))
+            else:
+                given.append(g.astype(p.dtype))
+        if extra and not isinstance(self.tx, optax.GradientTransformationExtraArgs):
+            raise TypeError(
+                f"this optax transformation takes no keyword arguments, got "
+                f"{', '.join(map(repr, extra))}"
+            )
+        updates, inner = self.tx.update(
+            treedef.unflatten(given), state.inner, _float_only(params), **extra
+        )
+        update_leaves = treedef.flatten_up_to(updates)
+        out = [
+            None if g is None or u is None else u.astype(compute_dtype(p.dtype))
+            for g, u, p in zip(aligned, update_leaves, param_leaves)
+        ]
+        return treedef.unflatten(out), FromOptaxState(inner=inner)
+
+
+def _float_only(params: Params) -> Params:
+    return jax.tree.map(lambda p: p if is_float_leaf(p) else None, params)
+
+
+def from_optax(tx: Any) -> FromOptax:
+    """Wraps an optax `GradientTransformation` as an eqxopt transform
+    (`FromOptax`), e.g.
+    `eqxopt.Chain(eqxopt.from_optax(optax.clip(1.0)), eqxopt.Adam(1e-3))`.
+    """
+    return FromOptax(tx)
+
+
+def to_optax(opt: AbstractTransform) -> Any:
+    """`opt` as an `optax.GradientTransformationExtraArgs`: `init(params)` and
+    `update(updates, state, params, **extra)` call `opt.init` and `opt.update` (so
+    inputs are checked, and updates come in each parameter's dtype). eqxopt
+    transforms need `params`; keyword arguments `opt` does not take are dropped, as
+    optax does for extra arguments."""
+    optax = _optax()
+
+    def init(params):
+        return opt.init(params)
+
+    def update(updates, state, params=None, **extra):
+        if params is None:
+            raise ValueError(
+                f"{type(opt).__name__}.to_optax(): eqxopt transforms need params; "
+                "call update(updates, state, params)"
+            )
+        return opt.update(updates, state, params, **extra_for(opt, extra))
+
+    return optax.GradientTransformationExtraArgs(init, update)
