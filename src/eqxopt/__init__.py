@@ -5,6 +5,13 @@ from ._adam import AdamState as AdamState
 from ._adam import AdamW as AdamW
 from ._base import AbstractTransform as AbstractTransform
 from ._leafwise import map_leaves as map_leaves
+from ._muon import Muon as Muon
+from ._muon import MuonState as MuonState
+from ._prodigy import Prodigy as Prodigy
+from ._prodigy import ProdigyState as ProdigyState
+from ._schedule_free import ScheduleFreeAdamW as ScheduleFreeAdamW
+from ._schedule_free import ScheduleFreeSGD as ScheduleFreeSGD
+from ._schedule_free import ScheduleFreeState as ScheduleFreeState
 from ._schedules import (
     AbstractSchedule as AbstractSchedule,
 )

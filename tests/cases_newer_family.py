@@ -1,0 +1,72 @@
+"""Catalog cases for the newer optimizers: Muon, Schedule-Free, Prodigy."""
+
+import eqxopt
+from catalog import CatalogCase
+
+CASES = [
+    CatalogCase(
+        "Muon",
+        lambda **kw: eqxopt.Muon(**{"learning_rate": 0.05, "weight_decay": 0.01, **kw}),
+        vary=("beta", 0.5),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("beta", 1.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+            ("adam_b1", 1.0),
+            ("adam_b2", 0.0),
+            ("adam_eps_root", -1.0),
+            ("adam_weight_decay", -1.0),
+            ("adam_learning_rate", -1.0),
+            ("ns_steps", 0),
+            ("ns_coeffs", (1.0, 2.0)),
+        ),
+    ),
+    CatalogCase(
+        "ScheduleFreeSGD",
+        lambda **kw: eqxopt.ScheduleFreeSGD(**{"learning_rate": 0.05, **kw}),
+        vary=("b1", 0.5),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("b1", 0.0),
+            ("b1", 1.5),
+            ("weight_decay", -0.1),
+            ("weight_lr_power", -1.0),
+        ),
+    ),
+    CatalogCase(
+        "ScheduleFreeAdamW",
+        lambda **kw: eqxopt.ScheduleFreeAdamW(
+            **{"learning_rate": 0.05, "weight_decay": 0.01, **kw}
+        ),
+        vary=("b2", 0.9),
+        invalid=(
+            ("b1", 0.0),
+            ("b2", 1.0),
+            ("eps", 0.0),
+            ("weight_decay", -0.1),
+        ),
+    ),
+    CatalogCase(
+        "ScheduleFreeAdamW-schedule",
+        lambda **kw: eqxopt.ScheduleFreeAdamW(
+            **{"learning_rate": eqxopt.WarmupCosine(0.05, 0.05, 2, 3), **kw}
+        ),
+        vary=("learning_rate", eqxopt.WarmupCosine(0.1, 0.1, 1, 2)),
+    ),
+    CatalogCase(
+        "Prodigy",
+        lambda **kw: eqxopt.Prodigy(**{"d0": 1e-2, **kw}),
+        vary=("d0", 1e-3),
+        invalid=(
+            ("learning_rate", -1.0),
+            ("b1", 1.0),
+            ("b2", 0.0),
+            ("b3", 1.0),
+            ("eps", 0.0),
+            ("d0", 0.0),
+            ("d_coef", 0.0),
+            ("weight_decay", -1.0),
+        ),
+    ),
+]

@@ -1,0 +1,320 @@
+"""Muon, Schedule-Free SGD/AdamW and Prodigy against optax.contrib."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import eqxopt
+from eqxopt._muon import newton_schulz
+from helpers import (
+    assert_histories_close,
+    assert_trees_close,
+    grad_stream,
+    nested_tree,
+    run_eqxopt,
+    run_optax,
+)
+
+STEPS = 30
+PARAMS = nested_tree()
+GRADS = list(grad_stream(PARAMS, STEPS))
+TARGETS = nested_tree(seed=7)
+
+
+def quadratic(params):
+    return sum(
+        jnp.sum((p - t) ** 2)
+        for p, t in zip(jax.tree.leaves(params), jax.tree.leaves(TARGETS))
+    )
+
+
+QUADRATIC_GRAD = jax.jit(jax.grad(quadratic))
+
+
+def closed_loop_eqxopt(opt, params, steps=STEPS):
+    """Parameters after each step, gradients taken at the current parameters."""
+    state = opt.init(params)
+    history = []
+    for _ in range(steps):
+        params, state = opt.step(QUADRATIC_GRAD(params), state, params)
+        history.append(params)
+    return history, state
+
+
+def closed_loop_optax(tx, params, steps=STEPS):
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    history = []
+    for _ in range(steps):
+        updates, state = update(QUADRATIC_GRAD(params), state, params)
+        params = optax.apply_updates(params, updates)
+        history.append(params)
+    return history, state
+
+
+# ------------------------------------------------------------------------------------
+# Muon
+# ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_muon_matches_optax(nesterov):
+    kw = dict(weight_decay=0.1, adam_weight_decay=0.05, nesterov=nesterov)
+    actual = run_eqxopt(eqxopt.Muon(0.02, **kw), PARAMS, GRADS)
+    expected = run_optax(optax.contrib.muon(0.02, **kw), PARAMS, GRADS)
+    assert_histories_close(actual, expected)
+
+
+def test_muon_with_schedule_and_other_hyperparameters_matches_optax():
+    opt = eqxopt.Muon(
+        eqxopt.WarmupCosine(0.05, 0.005, 3, 50),
+        beta=0.9,
+        ns_steps=4,
+        eps=1e-7,
+        adam_b1=0.8,
+        adam_b2=0.99,
+        adam_eps_root=1e-8,
+        adam_learning_rate=0.01,
+    )
+    tx = optax.contrib.muon(
+        optax.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, 0.005),
+        beta=0.9,
+        ns_steps=4,
+        eps=1e-7,
+        adam_b1=0.8,
+        adam_b2=0.99,
+        adam_eps_root=1e-8,
+        adam_learning_rate=0.01,
+    )
+    assert_histories_close(run_eqxopt(opt, PARAMS, GRADS), run_optax(tx, PARAMS, GRADS))
+
+
+def test_muon_mask_function_stacks_of_matrices_match_optax_dimension_numbers():
+    # The (2, 3, 2) leaf as a stack of two 3x2 matrices; the (3, 4) one via AdamW.
+    def muon_mask(params):
+        mask = jax.tree.map(lambda p: False, params)
+        mask["layers"][0]["w"] = True
+        return mask
+
+    dims = optax.contrib.MuonDimensionNumbers(reduction_axis=1, output_axis=2)
+
+    def optax_dims(params):
+        spec = jax.tree.map(lambda p: None, params)
+        spec["layers"][0]["w"] = dims
+        return spec
+
+    actual = run_eqxopt(eqxopt.Muon(0.02, muon_mask=muon_mask), PARAMS, GRADS)
+    expected = run_optax(
+        optax.contrib.muon(0.02, muon_weight_dimension_numbers=optax_dims),
+        PARAMS,
+        GRADS,
+    )
+    assert_histories_close(actual, expected)
+
+
+def test_muon_mask_equinox_module_is_read_as_a_tree_not_called():
+    class Net(eqx.Module):
+        w: jax.Array
+        b: jax.Array
+
+        def __call__(self, x):  # a mask function would be called; this must not be
+            raise AssertionError("the mask module was called")
+
+    params = Net(w=jnp.ones((3, 4)), b=jnp.ones(4))
+    opt = eqxopt.Muon(0.1, nesterov=False, muon_mask=Net(w=False, b=False))
+    state = opt.init(params)
+    assert state.nu.w is not None and state.nu.b is not None  # both via AdamW
+    grads = Net(w=jnp.full((3, 4), 0.5), b=jnp.full(4, 0.5))
+    updates, _ = opt.update(grads, state, params)
+    # AdamW's first step is -lr * sign(g) elementwise; Muon's would not be.
+    np.testing.assert_allclose(updates.w, -0.1 * np.ones((3, 4)), rtol=1e-5)
+
+
+def test_muon_default_uses_adamw_for_non_matrices_and_muon_state_has_no_nu():
+    state = eqxopt.Muon(0.1).init(PARAMS)
+    assert state.nu["dense"]["w"] is None
+    assert state.nu["layers"][0]["w"] is not None  # 3-D: AdamW unless masked in
+    assert state.nu["dense"]["b"] is not None
+    assert state.mu["dense"]["w"].shape == (3, 4)
+
+
+def test_newton_schulz_roughly_orthogonalises():
+    x = jax.random.normal(jax.random.key(0), (2, 8, 5))
+    o = newton_schulz(
+        x, jnp.broadcast_to(jnp.asarray((3.4445, -4.775, 2.0315)), (5, 3))
+    )
+    singular = np.linalg.svd(np.asarray(o), compute_uv=False)
+    assert o.shape == x.shape
+    assert np.all((singular > 0.5) & (singular < 1.5))
+
+
+def test_muon_errors_name_the_argument():
+    with pytest.raises(ValueError, match=r"muon_mask selects params\['dense'\]\['b'\]"):
+        eqxopt.Muon(0.1, muon_mask=lambda p: jax.tree.map(lambda _: True, p)).init(
+            PARAMS
+        )
+    with pytest.raises(ValueError, match=r"ns_coeffs must have shape \(3,\)"):
+        eqxopt.Muon(0.1, ns_coeffs=(1.0, 2.0))
+    with pytest.raises(ValueError, match="ns_coeffs must be finite"):
+        eqxopt.Muon(0.1, ns_coeffs=(1.0, float("nan"), 2.0))
+    with pytest.raises(ValueError, match="ns_steps must be an int >= 1"):
+        eqxopt.Muon(0.1, ns_steps=0)
+    with pytest.raises(ValueError, match=r"beta must be in \[0.0, 1.0\)"):
+        eqxopt.Muon(0.1, beta=1.0)
+    with pytest.raises(ValueError, match="adam_b2"):
+        eqxopt.Muon(0.1, adam_b2=1.0)
+
+
+# ------------------------------------------------------------------------------------
+# Schedule-Free
+# ------------------------------------------------------------------------------------
+
+
+def _lockstep(opt, tx, params=PARAMS):
+    """Steps both side by side; compares the parameters and the evaluation
+    parameters after every step."""
+    state, tx_state = opt.init(params), tx.init(params)
+    mine, theirs = params, params
+    update = jax.jit(tx.update)
+    for g in GRADS:
+        updates, state = opt.update(g, state, mine)
+        mine = eqxopt.apply_updates(mine, updates)
+        tx_updates, tx_state = update(g, tx_state, theirs)
+        theirs = optax.apply_updates(theirs, tx_updates)
+        assert_trees_close(mine, theirs)
+        assert_trees_close(
+            opt.eval_params(state, mine),
+            optax.contrib.schedule_free_eval_params(tx_state, theirs),
+        )
+    return state
+
+
+def test_schedule_free_adamw_and_eval_params_match_optax():
+    _lockstep(
+        eqxopt.ScheduleFreeAdamW(0.05, b1=0.85, b2=0.99, weight_decay=0.1),
+        optax.contrib.schedule_free_adamw(0.05, b1=0.85, b2=0.99, weight_decay=0.1),
+    )
+
+
+def test_schedule_free_sgd_and_eval_params_match_optax():
+    state = _lockstep(
+        eqxopt.ScheduleFreeSGD(0.05, weight_decay=0.1, weight_lr_power=1.0),
+        optax.contrib.schedule_free_sgd(0.05, weight_decay=0.1, weight_lr_power=1.0),
+    )
+    assert int(state.step) == STEPS and state.nu is None
+
+
+def test_schedule_free_adamw_with_a_warmup_schedule():
+    # eqxopt evaluates the schedule once, at `step`, for the step and the averaging
+    # weight; optax's wrapper evaluates its own at `step + 1`. Shifting optax's
+    # wrapper schedule by one makes the two the same algorithm.
+    sched = optax.warmup_cosine_decay_schedule(0.0, 0.05, 5, 40, 0.01)
+    base = optax.chain(
+        optax.scale_by_rms(0.999, 1e-8, eps_in_sqrt=False, bias_correction=True),
+        optax.add_decayed_weights(0.01),
+        optax.scale_by_learning_rate(sched),
+    )
+    tx = optax.contrib.schedule_free(base, lambda count: sched(count - 1), b1=0.9)
+    opt = eqxopt.ScheduleFreeAdamW(
+        eqxopt.WarmupCosine(0.05, 0.01, 5, 40), weight_decay=0.01
+    )
+    _lockstep(opt, tx)
+
+
+def test_schedule_free_eval_params_keep_dtype_and_pass_non_float_leaves():
+    params = {"w": jnp.ones(3, jnp.bfloat16), "n": jnp.arange(2), "f": jnp.tanh}
+    opt = eqxopt.ScheduleFreeSGD(0.1)
+    grads = {"w": jnp.ones(3, jnp.bfloat16), "n": None, "f": None}
+    state = opt.init(params)
+    params, state = opt.step(grads, state, params)
+    x = opt.eval_params(state, params)
+    assert x["w"].dtype == jnp.bfloat16 and x["f"] is jnp.tanh
+    np.testing.assert_array_equal(x["n"], params["n"])
+
+
+def test_schedule_free_converges_on_a_quadratic():
+    # From a loss of 44: SGD's averaged iterate reaches ~1e-11 in 200 steps, AdamW's
+    # (a fixed step size of about lr per coordinate) ~4e-3.
+    for opt, bound in (
+        (eqxopt.ScheduleFreeSGD(0.2), 1e-6),
+        (eqxopt.ScheduleFreeAdamW(0.1), 1e-2),
+    ):
+        history, state = closed_loop_eqxopt(opt, PARAMS, steps=200)
+        assert float(quadratic(opt.eval_params(state, history[-1]))) < bound
+
+
+def test_schedule_free_errors_name_the_argument():
+    with pytest.raises(ValueError, match=r"b1 must be in \(0.0, 1.0\]"):
+        eqxopt.ScheduleFreeAdamW(0.1, b1=0.0)
+    with pytest.raises(ValueError, match="weight_lr_power"):
+        eqxopt.ScheduleFreeSGD(0.1, weight_lr_power=-1.0)
+    with pytest.raises(ValueError, match="learning_rate"):
+        eqxopt.ScheduleFreeSGD(-0.1)
+    with pytest.raises(TypeError, match="z_dtype"):
+        eqxopt.ScheduleFreeSGD(0.1, z_dtype=jnp.int32)
+
+
+# ------------------------------------------------------------------------------------
+# Prodigy
+# ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mine,theirs",
+    [
+        (dict(weight_decay=0.1), dict(weight_decay=0.1)),
+        (
+            dict(b3=0.9, d0=1e-3, d_coef=0.5, safeguard_warmup=True, b1=0.8),
+            dict(
+                beta3=0.9,
+                estim_lr0=1e-3,
+                estim_lr_coef=0.5,
+                safeguard_warmup=True,
+                betas=(0.8, 0.999),
+            ),
+        ),
+    ],
+    ids=["default", "options"],
+)
+def test_prodigy_matches_optax(mine, theirs):
+    # Random gradients (d stays near d0) and gradients of a quadratic (d grows by
+    # orders of magnitude) both exercise the estimate of d.
+    assert_histories_close(
+        run_eqxopt(eqxopt.Prodigy(**mine), PARAMS, GRADS),
+        run_optax(optax.contrib.prodigy(**theirs), PARAMS, GRADS),
+    )
+    actual, state = closed_loop_eqxopt(eqxopt.Prodigy(**mine), PARAMS)
+    expected, tx_state = closed_loop_optax(optax.contrib.prodigy(**theirs), PARAMS)
+    # In the closed loop d grows more than 1e4-fold, and the whole-tree sums behind it are
+    # added in another order than optax's: a few elements near zero differ by
+    # ~3e-6 after 30 steps, hence atol 1e-5.
+    assert_histories_close(actual, expected, atol=1e-5)
+    np.testing.assert_allclose(state.d, tx_state.estim_lr, rtol=1e-4)
+    assert float(state.d) > 1e-3  # the estimate did grow from 1e-6 / 1e-3
+
+
+def test_prodigy_zero_gradients_keep_d_finite():
+    opt = eqxopt.Prodigy()
+    state = opt.init(PARAMS)
+    zeros = jax.tree.map(jnp.zeros_like, PARAMS)
+    params, state = opt.step(zeros, state, PARAMS)
+    assert float(state.d) == pytest.approx(1e-6)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(PARAMS)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_prodigy_converges_on_a_quadratic():
+    history, _ = closed_loop_eqxopt(eqxopt.Prodigy(), PARAMS, steps=150)
+    assert float(quadratic(history[-1])) < 1e-2 * float(quadratic(PARAMS))
+
+
+def test_prodigy_errors_name_the_argument():
+    with pytest.raises(ValueError, match=r"d0 must be in \(0.0, inf\]"):
+        eqxopt.Prodigy(d0=0.0)
+    with pytest.raises(ValueError, match="b3"):
+        eqxopt.Prodigy(b3=1.0)
+    with pytest.raises(ValueError, match="d_coef"):
+        eqxopt.Prodigy(d_coef=-1.0)
