@@ -7,20 +7,37 @@ from ._base import AbstractTransform as AbstractTransform
 from ._leafwise import map_leaves as map_leaves
 from ._muon import Muon as Muon
 from ._muon import MuonState as MuonState
+from ._plot import plot_schedules as plot_schedules
 from ._prodigy import Prodigy as Prodigy
 from ._prodigy import ProdigyState as ProdigyState
 from ._schedule_free import ScheduleFreeAdamW as ScheduleFreeAdamW
 from ._schedule_free import ScheduleFreeSGD as ScheduleFreeSGD
 from ._schedule_free import ScheduleFreeState as ScheduleFreeState
+from ._schedules import SGDR as SGDR
 from ._schedules import (
     AbstractSchedule as AbstractSchedule,
 )
 from ._schedules import (
     Constant as Constant,
 )
+from ._schedules import CosineDecay as CosineDecay
+from ._schedules import CosineOneCycle as CosineOneCycle
+from ._schedules import Cyclic as Cyclic
+from ._schedules import ExponentialDecay as ExponentialDecay
+from ._schedules import Join as Join
+from ._schedules import Linear as Linear
+from ._schedules import LinearOneCycle as LinearOneCycle
+from ._schedules import MultiStepDecay as MultiStepDecay
+from ._schedules import PiecewiseConstant as PiecewiseConstant
+from ._schedules import PiecewiseInterpolate as PiecewiseInterpolate
+from ._schedules import Polynomial as Polynomial
+from ._schedules import StepDecay as StepDecay
+from ._schedules import WarmupConstant as WarmupConstant
 from ._schedules import (
     WarmupCosine as WarmupCosine,
 )
+from ._schedules import WarmupExponentialDecay as WarmupExponentialDecay
+from ._schedules import WarmupStableDecay as WarmupStableDecay
 from ._sgd import SGD as SGD
 from ._sgd import SGDState as SGDState
 from ._tree import apply_updates as apply_updates

@@ -1,0 +1,890 @@
+"""Schedules against optax and torch.optim.lr_scheduler over thousands of steps, plus
+the contract every schedule shares (vectorised, traced, no recompiles, usable as a
+learning rate, errors in words) and the plot helper."""
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+
+import eqxopt
+from helpers import (
+    assert_histories_close,
+    grad_stream,
+    nested_tree,
+    run_eqxopt,
+    run_optax,
+)
+
+N_STEPS = 3001
+STEPS = jnp.arange(N_STEPS, dtype=jnp.int32)
+
+# Reference comparisons are float32 against float32 (optax) or float64 rounded to
+# float32 (torch): a few ulps relative, and an absolute floor of ~8 ulps of the
+# schedule's largest value where a curve passes near zero (a cosine at its end).
+RTOL = 2e-6
+ATOL_OF_MAX = 1e-6
+
+
+def f32(x: float) -> float:
+    """The float32 value of `x` as a Python float: eqxopt stores float hyperparameters
+    as float32 arrays, so the torch (float64) reference gets the same numbers."""
+    return float(np.float32(x))
+
+
+TRACES: list[str] = []  # one entry per trace of `evaluate`
+
+
+@eqx.filter_jit
+def evaluate(schedule, steps):
+    TRACES.append(type(schedule).__name__)
+    return schedule(steps)
+
+
+@eqx.filter_jit
+def evaluate_many(schedules, steps):
+    return [schedule(steps) for schedule in schedules]
+
+
+def assert_close(ours, ref):
+    ours = np.asarray(ours)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert ours.dtype == np.float32
+    assert ours.shape == ref.shape
+    assert np.all(np.isfinite(ours))
+    atol = ATOL_OF_MAX * float(np.max(np.abs(ref)))
+    np.testing.assert_allclose(ours, ref, rtol=RTOL, atol=atol)
+
+
+def optax_values(schedule: Callable, jit: bool = True) -> np.ndarray:
+    """optax's values at steps 0..N-1. `jit=False` runs eagerly: under jax.jit, XLA
+    turns optax's division by a constant step count into a multiplication by its
+    reciprocal, so `polynomial_schedule(power=0.5)` ends 1.6e-4 above `end_value`
+    instead of on it (sqrt of a 2.5e-8 rounding error). eqxopt divides by an array
+    field and is exact there."""
+    fn = jax.vmap(schedule)
+    return np.asarray((jax.jit(fn) if jit else fn)(STEPS))
+
+
+def torch_values(make: Callable, lr: float) -> np.ndarray:
+    """The learning rate torch uses at steps 0..N-1: read, then step the scheduler."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=lr)
+    scheduler = make(opt)
+    values = []
+    for _ in range(N_STEPS):
+        values.append(scheduler.get_last_lr()[0])
+        opt.step()
+        scheduler.step()
+    return np.asarray(values)
+
+
+def np_wsd(s, peak, warmup, total, decay, init, end, shape):
+    """Warmup-stable-decay written out in NumPy float64."""
+    s = np.asarray(s, dtype=np.float64)
+    p = np.clip((s - (total - decay)) / decay, 0.0, 1.0)
+    factor = {
+        "linear": 1.0 - p,
+        "cosine": 0.5 * (1.0 + np.cos(np.pi * p)),
+        "1-sqrt": 1.0 - np.sqrt(p),
+    }[shape]
+    ramp = init + (peak - init) * s / max(warmup, 1)
+    return np.where(s < warmup, ramp, end + (peak - end) * factor)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    schedule: Any
+    reference: Callable[[], np.ndarray]
+
+
+SGDR_CYCLES = [
+    dict(
+        init_value=0.0,
+        peak_value=1.0,
+        warmup_steps=100,
+        decay_steps=1000,
+        end_value=0.01,
+    ),
+    dict(
+        init_value=0.01,
+        peak_value=0.5,
+        warmup_steps=50,
+        decay_steps=800,
+        end_value=0.0,
+        exponent=2.0,
+    ),
+    dict(
+        init_value=0.0, peak_value=0.25, warmup_steps=0, decay_steps=700, end_value=0.0
+    ),
+]
+SCALES = {300: 4.0, 1000: 0.25, 2200: 0.1}
+L = torch.optim.lr_scheduler
+
+CASES = [
+    Case(
+        "Constant",
+        eqxopt.Constant(0.3),
+        lambda: np.full(N_STEPS, f32(0.3)),
+    ),
+    Case(
+        "Linear",
+        eqxopt.Linear(0.5, 0.01, 1500, transition_begin=200),
+        lambda: optax_values(optax.linear_schedule(0.5, 0.01, 1500, 200)),
+    ),
+    Case(
+        "Linear-rising",
+        eqxopt.Linear(0.0, 1.0, 1000),
+        lambda: optax_values(optax.linear_schedule(0.0, 1.0, 1000)),
+    ),
+    Case(
+        "Polynomial-2",
+        eqxopt.Polynomial(1.0, 0.001, 2.0, 2500, 100),
+        lambda: optax_values(optax.polynomial_schedule(1.0, 0.001, 2.0, 2500, 100)),
+    ),
+    Case(
+        "Polynomial-0.5",
+        eqxopt.Polynomial(1.0, 0.001, 0.5, 2500, 100),
+        lambda: optax_values(
+            optax.polynomial_schedule(1.0, 0.001, 0.5, 2500, 100), jit=False
+        ),
+    ),
+    Case(
+        "PiecewiseConstant",
+        eqxopt.PiecewiseConstant(0.1, {500: 0.5, 1200: 0.1, 2000: 2.0}),
+        lambda: optax_values(
+            optax.piecewise_constant_schedule(0.1, {500: 0.5, 1200: 0.1, 2000: 2.0})
+        ),
+    ),
+    Case(
+        "ExponentialDecay",
+        eqxopt.ExponentialDecay(1.0, 100, 0.97),
+        lambda: optax_values(optax.exponential_decay(1.0, 100, 0.97)),
+    ),
+    Case(
+        "ExponentialDecay-staircase",
+        eqxopt.ExponentialDecay(1.0, 100, 0.9, 150, staircase=True, end_value=0.2),
+        lambda: optax_values(optax.exponential_decay(1.0, 100, 0.9, 150, True, 0.2)),
+    ),
+    Case(
+        "ExponentialDecay-growth",
+        eqxopt.ExponentialDecay(0.01, 200, 1.5, end_value=0.5),
+        lambda: optax_values(optax.exponential_decay(0.01, 200, 1.5, 0, False, 0.5)),
+    ),
+    Case(
+        "CosineDecay",
+        eqxopt.CosineDecay(0.4, 2000, alpha=0.05),
+        lambda: optax_values(optax.cosine_decay_schedule(0.4, 2000, 0.05)),
+    ),
+    Case(
+        "CosineDecay-exponent",
+        eqxopt.CosineDecay(0.4, 2000, alpha=0.05, exponent=2.5),
+        lambda: optax_values(optax.cosine_decay_schedule(0.4, 2000, 0.05, 2.5)),
+    ),
+    Case(
+        "WarmupConstant",
+        eqxopt.WarmupConstant(0.01, 0.5, 300),
+        lambda: optax_values(optax.warmup_constant_schedule(0.01, 0.5, 300)),
+    ),
+    Case(
+        "WarmupCosine",
+        eqxopt.WarmupCosine(
+            peak_lr=1.0, min_lr=0.1, warmup_steps=200, total_steps=2500
+        ),
+        lambda: optax_values(
+            optax.warmup_cosine_decay_schedule(0.0, 1.0, 200, 2500, 0.1)
+        ),
+    ),
+    Case(
+        "WarmupExponentialDecay",
+        eqxopt.WarmupExponentialDecay(0.1, 0.8, 250, 100, 0.95),
+        lambda: optax_values(
+            optax.warmup_exponential_decay_schedule(0.1, 0.8, 250, 100, 0.95)
+        ),
+    ),
+    Case(
+        "WarmupExponentialDecay-staircase",
+        eqxopt.WarmupExponentialDecay(
+            0.0,
+            0.8,
+            250,
+            100,
+            0.95,
+            transition_begin=50,
+            staircase=True,
+            end_value=0.01,
+        ),
+        lambda: optax_values(
+            optax.warmup_exponential_decay_schedule(
+                0.0, 0.8, 250, 100, 0.95, 50, True, 0.01
+            )
+        ),
+    ),
+    Case(
+        "LinearOneCycle",
+        eqxopt.LinearOneCycle(2500, 0.7),
+        lambda: optax_values(optax.linear_onecycle_schedule(2500, 0.7)),
+    ),
+    Case(
+        "LinearOneCycle-custom",
+        eqxopt.LinearOneCycle(2999, 0.7, 0.25, 0.7, 10.0, 100.0),
+        lambda: optax_values(
+            optax.linear_onecycle_schedule(2999, 0.7, 0.25, 0.7, 10.0, 100.0)
+        ),
+    ),
+    Case(
+        "CosineOneCycle",
+        eqxopt.CosineOneCycle(2500, 0.7),
+        lambda: optax_values(optax.cosine_onecycle_schedule(2500, 0.7)),
+    ),
+    Case(
+        "CosineOneCycle-custom",
+        eqxopt.CosineOneCycle(2999, 0.7, 0.45, 5.0, 50.0),
+        lambda: optax_values(
+            optax.cosine_onecycle_schedule(2999, 0.7, 0.45, 5.0, 50.0)
+        ),
+    ),
+    Case(
+        "SGDR",
+        eqxopt.SGDR(SGDR_CYCLES),
+        lambda: optax_values(optax.sgdr_schedule(SGDR_CYCLES)),
+    ),
+    Case(
+        "PiecewiseInterpolate-linear",
+        eqxopt.PiecewiseInterpolate("linear", 0.1, SCALES),
+        lambda: optax_values(
+            optax.piecewise_interpolate_schedule("linear", 0.1, SCALES)
+        ),
+    ),
+    Case(
+        "PiecewiseInterpolate-cosine",
+        eqxopt.PiecewiseInterpolate("cosine", 0.1, SCALES),
+        lambda: optax_values(
+            optax.piecewise_interpolate_schedule("cosine", 0.1, SCALES)
+        ),
+    ),
+    Case(
+        "Join",
+        eqxopt.Join(
+            [
+                eqxopt.Linear(0.0, 1.0, 200),
+                eqxopt.CosineDecay(1.0, 1500, alpha=0.1),
+                eqxopt.Constant(0.05),
+            ],
+            [200, 1700],
+        ),
+        lambda: optax_values(
+            optax.join_schedules(
+                [
+                    optax.linear_schedule(0.0, 1.0, 200),
+                    optax.cosine_decay_schedule(1.0, 1500, 0.1),
+                    lambda c: jnp.full(jnp.shape(c), 0.05, jnp.float32),
+                ],
+                [200, 1700],
+            )
+        ),
+    ),
+    Case(
+        "StepDecay",
+        eqxopt.StepDecay(0.1, 250, 0.5),
+        lambda: torch_values(lambda o: L.StepLR(o, 250, 0.5), 0.1),
+    ),
+    Case(
+        "StepDecay-0.9",
+        eqxopt.StepDecay(0.1, 100, 0.9),
+        lambda: torch_values(lambda o: L.StepLR(o, 100, f32(0.9)), f32(0.1)),
+    ),
+    Case(
+        "MultiStepDecay",
+        # A repeated milestone decays twice, as in torch.
+        eqxopt.MultiStepDecay(0.1, [300, 800, 800, 2000], 0.3),
+        lambda: torch_values(
+            lambda o: L.MultiStepLR(o, [300, 800, 800, 2000], f32(0.3)), f32(0.1)
+        ),
+    ),
+    Case(
+        "Cyclic-triangular",
+        eqxopt.Cyclic(0.001, 0.1, 200, 300),
+        lambda: torch_values(
+            lambda o: L.CyclicLR(
+                o, f32(0.001), f32(0.1), 200, 300, cycle_momentum=False
+            ),
+            f32(0.001),
+        ),
+    ),
+    Case(
+        "Cyclic-triangular2",
+        eqxopt.Cyclic(0.001, 0.1, 250, mode="triangular2"),
+        lambda: torch_values(
+            lambda o: L.CyclicLR(
+                o, f32(0.001), f32(0.1), 250, mode="triangular2", cycle_momentum=False
+            ),
+            f32(0.001),
+        ),
+    ),
+    Case(
+        "Cyclic-exp_range",
+        eqxopt.Cyclic(0.001, 0.1, 150, 350, mode="exp_range", gamma=0.9995),
+        lambda: torch_values(
+            lambda o: L.CyclicLR(
+                o,
+                f32(0.001),
+                f32(0.1),
+                150,
+                350,
+                mode="exp_range",
+                gamma=f32(0.9995),
+                cycle_momentum=False,
+            ),
+            f32(0.001),
+        ),
+    ),
+    Case(
+        "WarmupStableDecay-linear-vs-optax-join",
+        eqxopt.WarmupStableDecay(0.6, 200, 2500, decay_steps=500, end_value=0.06),
+        lambda: optax_values(
+            optax.join_schedules(
+                [
+                    optax.linear_schedule(0.0, 0.6, 200),
+                    optax.constant_schedule(0.6),
+                    optax.linear_schedule(0.6, 0.06, 500),
+                ],
+                [200, 2000],
+            )
+        ),
+    ),
+    Case(
+        "WarmupStableDecay-cosine-vs-optax-join",
+        eqxopt.WarmupStableDecay(
+            0.6, 200, 2500, decay_fraction=0.3, end_value=0.06, decay_shape="cosine"
+        ),
+        lambda: optax_values(
+            optax.join_schedules(
+                [
+                    optax.linear_schedule(0.0, 0.6, 200),
+                    optax.constant_schedule(0.6),
+                    optax.cosine_decay_schedule(0.6, 750, 0.1),
+                ],
+                [200, 1750],
+            )
+        ),
+    ),
+    Case(
+        "WarmupStableDecay-1-sqrt-vs-numpy",
+        eqxopt.WarmupStableDecay(
+            1.0, 100, 2800, decay_steps=600, init_value=0.1, decay_shape="1-sqrt"
+        ),
+        lambda: np_wsd(
+            np.arange(N_STEPS), 1.0, 100, 2800, 600, f32(0.1), 0.0, "1-sqrt"
+        ),
+    ),
+]
+ids = [c.name for c in CASES]
+cases = pytest.mark.parametrize("case", CASES, ids=ids)
+
+
+@cases
+def test_matches_reference_over_thousands_of_steps(case):
+    ours = evaluate(case.schedule, STEPS)
+    assert_close(ours, case.reference())
+
+
+@pytest.mark.parametrize("shape", ["linear", "cosine", "1-sqrt"])
+def test_warmup_stable_decay_matches_numpy_formula(shape):
+    sched = eqxopt.WarmupStableDecay(
+        0.5,
+        300,
+        2700,
+        decay_fraction=0.25,
+        init_value=0.05,
+        end_value=0.01,
+        decay_shape=shape,
+    )
+    assert int(sched.decay_steps) == 675
+    ref = np_wsd(np.arange(N_STEPS), 0.5, 300, 2700, 675, f32(0.05), f32(0.01), shape)
+    assert_close(evaluate(sched, STEPS), ref)
+    values = np.asarray(evaluate(sched, STEPS))
+    np.testing.assert_array_equal(values[300:2025], np.float32(0.5))  # the plateau
+    np.testing.assert_array_equal(values[2700:], np.float32(0.01))  # the floor
+
+
+PICKS = [0, 1, 99, 100, 250, 299, 300, 1000, 1999, 2000, 2500, 3000]
+
+
+@eqx.filter_jit
+def scalars_and_batch(schedule, picks):
+    # Each picks[i] is a traced int32 scalar: no Python `if` on the step may run.
+    return [schedule(picks[i]) for i in range(picks.shape[0])], schedule(picks)
+
+
+@cases
+def test_scalar_and_vector_calls_agree_and_work_traced(case):
+    vector = np.asarray(evaluate(case.schedule, STEPS))
+    scalars, batch = scalars_and_batch(case.schedule, jnp.asarray(PICKS, jnp.int32))
+    for s, out in zip(PICKS, scalars):
+        assert out.shape == () and out.dtype == jnp.float32
+        np.testing.assert_allclose(float(out), vector[s], rtol=1e-6, atol=1e-9)
+    assert batch.shape == (len(PICKS),) and batch.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(batch), vector[PICKS], rtol=1e-6, atol=1e-9)
+
+
+def test_eager_calls_on_python_ints_and_numpy_arrays():
+    sched = eqxopt.WarmupStableDecay(1.0, 10, 100, decay_steps=20)
+    assert float(sched(5)) == pytest.approx(0.5)
+    out = sched(np.asarray([0, 50, 90, 100], np.int64))
+    assert out.dtype == jnp.float32 and out.shape == (4,)
+    np.testing.assert_allclose(np.asarray(out), [0.0, 1.0, 0.5, 0.0], atol=1e-7)
+    assert eqxopt.Cyclic(0.0, 1.0, 4)(jnp.int32(2)).dtype == jnp.float32
+
+
+def _scale_floats(tree, factor):
+    return jax.tree.map(lambda x: x * factor if eqx.is_inexact_array(x) else x, tree)
+
+
+@cases
+def test_changing_float_values_does_not_recompile(case):
+    # `evaluate` is shared with the reference test, so in a full run it is already
+    # compiled for this schedule; count traces from here.
+    first = np.asarray(evaluate(case.schedule, STEPS))
+    before = len(TRACES)
+    halved = _scale_floats(case.schedule, 0.5)
+    second = np.asarray(evaluate(halved, STEPS))
+    assert len(TRACES) == before, "a new float value recompiled"
+    assert not np.array_equal(first, second)
+
+
+def test_new_objects_with_other_values_and_steps_reuse_the_compiled_function():
+    traces = []
+
+    @eqx.filter_jit
+    def run(sched, steps):
+        traces.append(type(sched).__name__)
+        return sched(steps)
+
+    steps = jnp.arange(8, dtype=jnp.int32)
+    pairs = [
+        (
+            eqxopt.WarmupStableDecay(1.0, 10, 100),
+            eqxopt.WarmupStableDecay(
+                0.3, 20, 300, decay_steps=50, init_value=0.1, end_value=0.01
+            ),
+        ),
+        (
+            eqxopt.PiecewiseConstant(0.1, {10: 0.5, 20: 0.1}),
+            eqxopt.PiecewiseConstant(0.2, {15: 0.3, 40: 0.2}),
+        ),
+        (eqxopt.MultiStepDecay(0.1, [3, 5]), eqxopt.MultiStepDecay(0.5, [2, 9], 0.5)),
+        (eqxopt.Cyclic(0.1, 1.0, 4), eqxopt.Cyclic(0.2, 0.5, 3, 7)),
+        (eqxopt.LinearOneCycle(100, 1.0), eqxopt.LinearOneCycle(50, 2.0, 0.1, 0.5)),
+        (
+            eqxopt.SGDR(SGDR_CYCLES),
+            eqxopt.SGDR(
+                [
+                    dict(c, peak_value=0.9, decay_steps=c["decay_steps"] + 5)
+                    for c in SGDR_CYCLES
+                ]
+            ),
+        ),
+        (
+            eqxopt.Join([eqxopt.Constant(1.0), eqxopt.Linear(1.0, 0.0, 5)], [3]),
+            eqxopt.Join([eqxopt.Constant(2.0), eqxopt.Linear(3.0, 1.0, 9)], [5]),
+        ),
+    ]
+    for a, b in pairs:
+        before = len(traces)
+        va, vb = run(a, steps), run(b, steps)
+        assert len(traces) == before + 1, type(a).__name__
+        assert not np.array_equal(np.asarray(va), np.asarray(vb))
+
+
+def test_values_may_be_tracers():
+    @jax.jit
+    def build_and_call(peak, steps):
+        return (
+            eqxopt.WarmupStableDecay(peak, 2, 10, decay_steps=3)(steps),
+            eqxopt.CosineDecay(peak, 10, alpha=0.1)(steps),
+            eqxopt.LinearOneCycle(10, peak, pct_start=peak / 4)(steps),
+        )
+
+    steps = jnp.arange(12, dtype=jnp.int32)
+    concrete = [
+        eqxopt.WarmupStableDecay(0.8, 2, 10, decay_steps=3),
+        eqxopt.CosineDecay(0.8, 10, alpha=0.1),
+        eqxopt.LinearOneCycle(10, 0.8, pct_start=0.2),
+    ]
+    for got, want in zip(
+        build_and_call(jnp.float32(0.8), steps), evaluate_many(concrete, steps)
+    ):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+ONE_PER_CLASS = list({type(c.schedule): c for c in reversed(CASES)}.values())[::-1]
+
+
+@pytest.mark.parametrize("case", ONE_PER_CLASS, ids=[c.name for c in ONE_PER_CLASS])
+def test_usable_as_sgd_learning_rate(case):
+    # With a constant gradient of ones, SGD's parameter after n steps is
+    # -sum(lr(0..n-1)): the schedule is read at the step count before the increment.
+    opt = eqxopt.SGD(learning_rate=case.schedule)
+    params = {"w": jnp.zeros((2,), jnp.float32)}
+    grads = {"w": jnp.ones((2,), jnp.float32)}
+    state = opt.init(params)
+    for _ in range(4):
+        params, state = opt.step(grads, state, params)
+    lrs = np.asarray(evaluate(case.schedule, jnp.arange(4, dtype=jnp.int32)))
+    np.testing.assert_allclose(
+        np.asarray(params["w"]), np.full(2, -np.sum(lrs, dtype=np.float32)), rtol=1e-6
+    )
+
+
+def test_schedule_in_adamw_matches_optax_adamw_with_optax_schedule():
+    params = nested_tree()
+    grads = list(grad_stream(params, 40))
+    sched = eqxopt.WarmupStableDecay(1e-2, 5, 40, decay_steps=10, decay_shape="cosine")
+    ref = optax.join_schedules(
+        [
+            optax.linear_schedule(0.0, 1e-2, 5),
+            optax.constant_schedule(1e-2),
+            optax.cosine_decay_schedule(1e-2, 10),
+        ],
+        [5, 30],
+    )
+    ours = run_eqxopt(
+        eqxopt.AdamW(learning_rate=sched, weight_decay=0.1), params, grads
+    )
+    theirs = run_optax(optax.adamw(ref, weight_decay=0.1), params, grads)
+    assert_histories_close(ours, theirs)
+
+
+def test_degenerate_values_give_no_nan():
+    steps = jnp.arange(0, 40, dtype=jnp.int32)
+    schedules = [
+        # optax's warmup-cosine with peak 0 divides end by peak; here all zeros.
+        eqxopt.WarmupCosine(0.0, 0.0, 0, 10),
+        eqxopt.SGDR([dict(peak_value=0.0, decay_steps=5, end_value=0.1)]),
+        eqxopt.WarmupConstant(0.0, 1.0, 0),  # no warmup: the peak from step 0
+        eqxopt.WarmupStableDecay(1.0, 0, 10, decay_steps=10),  # all decay
+        eqxopt.Cyclic(0.1, 1.0, 5, 0),  # no way down: a sawtooth
+        eqxopt.LinearOneCycle(1, 1.0),  # phases of zero length
+        eqxopt.CosineOneCycle(10, 1.0, pct_start=0.0),
+        eqxopt.PiecewiseInterpolate("cosine", 1.0, {0: 2.0, 5: 0.0}),
+        eqxopt.PiecewiseConstant(1.0),
+        eqxopt.Join([eqxopt.Constant(1.0)], []),
+    ]
+    outputs = evaluate_many(schedules, steps)
+    for sched, values in zip(schedules, outputs):
+        assert np.all(np.isfinite(np.asarray(values))), type(sched).__name__
+    np.testing.assert_array_equal(np.asarray(outputs[0]), np.float32(0.0))
+    np.testing.assert_array_equal(np.asarray(outputs[2]), np.float32(1.0))
+    np.testing.assert_allclose(
+        np.asarray(outputs[4])[:7],
+        np.float32([0.1, 0.28, 0.46, 0.64, 0.82, 0.1, 0.28]),
+        rtol=1e-6,
+    )
+
+
+ERRORS = [
+    (
+        lambda: eqxopt.Linear(-1.0, 0.0, 10),
+        ValueError,
+        r"init_value must be in \[0.0, inf\)",
+    ),
+    (lambda: eqxopt.Linear(1.0, math.inf, 10), ValueError, "end_value must be in"),
+    (
+        lambda: eqxopt.Linear(1.0, 0.0, 0),
+        ValueError,
+        "transition_steps must be >= 1, got 0",
+    ),
+    (
+        lambda: eqxopt.Linear(1.0, 0.0, 10, -3),
+        ValueError,
+        "transition_begin must be >= 0",
+    ),
+    (
+        lambda: eqxopt.Linear(1.0, 0.0, 10.0),
+        TypeError,
+        "transition_steps must be an integer",
+    ),
+    (
+        lambda: eqxopt.Polynomial(1.0, 0.0, 0.0, 10),
+        ValueError,
+        r"power must be in \(0.0",
+    ),
+    (
+        lambda: eqxopt.PiecewiseConstant(1.0, [(1, 0.5)]),
+        TypeError,
+        "boundaries_and_scales must be a dict",
+    ),
+    (
+        lambda: eqxopt.PiecewiseConstant(1.0, {10: -0.5}),
+        ValueError,
+        r"boundaries_and_scales\[10\] must be in",
+    ),
+    (
+        lambda: eqxopt.PiecewiseConstant(1.0, {1.5: 0.5}),
+        TypeError,
+        "keys must be integer steps",
+    ),
+    (
+        lambda: eqxopt.PiecewiseConstant(1.0, {-4: 0.5}),
+        ValueError,
+        r"boundaries_and_scales\[0\] must be >= 0",
+    ),
+    (
+        lambda: eqxopt.ExponentialDecay(1.0, 10, 0.0),
+        ValueError,
+        r"decay_rate must be in \(0.0",
+    ),
+    (
+        lambda: eqxopt.ExponentialDecay(1.0, 0, 0.5),
+        ValueError,
+        "transition_steps must be >= 1",
+    ),
+    (
+        lambda: eqxopt.ExponentialDecay(1.0, 10, 0.5, staircase=1),
+        TypeError,
+        "staircase must be a bool",
+    ),
+    (
+        lambda: eqxopt.ExponentialDecay(1.0, 10, 0.5, end_value=-1.0),
+        ValueError,
+        "end_value must be in",
+    ),
+    (lambda: eqxopt.CosineDecay(1.0, 0), ValueError, "decay_steps must be >= 1"),
+    (
+        lambda: eqxopt.CosineDecay(1.0, 10, exponent=-1.0),
+        ValueError,
+        "exponent must be in",
+    ),
+    (lambda: eqxopt.CosineDecay(1.0, 10, alpha=-0.1), ValueError, "alpha must be in"),
+    (
+        lambda: eqxopt.WarmupConstant(0.0, 1.0, -1),
+        ValueError,
+        "warmup_steps must be >= 0",
+    ),
+    (
+        lambda: eqxopt.WarmupExponentialDecay(0.0, 1.0, 5, 10, -0.5),
+        ValueError,
+        "decay_rate must be in",
+    ),
+    (
+        lambda: eqxopt.PiecewiseInterpolate("cubic", 1.0),
+        ValueError,
+        "interpolate_type must be one of 'linear', 'cosine'",
+    ),
+    (
+        lambda: eqxopt.LinearOneCycle(0, 1.0),
+        ValueError,
+        "transition_steps must be >= 1",
+    ),
+    (
+        lambda: eqxopt.LinearOneCycle(100, 1.0, 0.9, 0.5),
+        ValueError,
+        "pct_final must be >= pct_start",
+    ),
+    (
+        lambda: eqxopt.LinearOneCycle(100, 1.0, 1.5),
+        ValueError,
+        r"pct_start must be in \[0.0, 1.0\]",
+    ),
+    (
+        lambda: eqxopt.CosineOneCycle(100, 1.0, div_factor=0.0),
+        ValueError,
+        r"div_factor must be in \(0.0",
+    ),
+    (
+        lambda: eqxopt.CosineOneCycle(100, 1.0, final_div_factor=-2.0),
+        ValueError,
+        "final_div_factor must be in",
+    ),
+    (lambda: eqxopt.SGDR([]), ValueError, "cycles must hold at least one cycle"),
+    (
+        lambda: eqxopt.SGDR(dict(peak_value=1.0, decay_steps=10)),
+        TypeError,
+        "cycles must be a list of dicts",
+    ),
+    (
+        lambda: eqxopt.SGDR([dict(peak_value=1.0)]),
+        ValueError,
+        r"cycles\[0\] needs the key 'decay_steps'",
+    ),
+    (
+        lambda: eqxopt.SGDR([dict(peak_value=1.0, decay_steps=10, alpha=0.1)]),
+        ValueError,
+        r"cycles\[0\] has unknown keys \['alpha'\]",
+    ),
+    (
+        lambda: eqxopt.SGDR(
+            [
+                dict(peak_value=1.0, decay_steps=10),
+                dict(peak_value=1.0, decay_steps=5, warmup_steps=5),
+            ]
+        ),
+        ValueError,
+        r"cycles\[1\]\['decay_steps'\] must be > cycles\[1\]\['warmup_steps'\]",
+    ),
+    (
+        lambda: eqxopt.SGDR([dict(peak_value=-1.0, decay_steps=10)]),
+        ValueError,
+        r"cycles\[0\]\['peak_value'\] must be in",
+    ),
+    (
+        lambda: eqxopt.Join([], []),
+        ValueError,
+        "schedules must hold at least one schedule",
+    ),
+    (
+        lambda: eqxopt.Join([eqxopt.Constant(1.0), 0.5], [3]),
+        TypeError,
+        r"schedules\[1\] must be an eqxopt schedule module",
+    ),
+    (
+        lambda: eqxopt.Join([eqxopt.Constant(1.0)] * 3, [3]),
+        ValueError,
+        r"boundaries must have len\(schedules\) - 1 = 2 entries, got 1",
+    ),
+    (
+        lambda: eqxopt.Join([eqxopt.Constant(1.0)] * 3, [5, 3]),
+        ValueError,
+        r"boundaries must be sorted, got \[5, 3\]",
+    ),
+    (
+        lambda: eqxopt.Join([eqxopt.Constant(1.0)] * 2, 3),
+        TypeError,
+        "boundaries must be a sequence of integer steps",
+    ),
+    (lambda: eqxopt.StepDecay(1.0, 0), ValueError, "step_size must be >= 1"),
+    (
+        lambda: eqxopt.StepDecay(1.0, 10, gamma=0.0),
+        ValueError,
+        r"gamma must be in \(0.0",
+    ),
+    (
+        lambda: eqxopt.MultiStepDecay(1.0, [30, 10]),
+        ValueError,
+        "milestones must be sorted",
+    ),
+    (
+        lambda: eqxopt.MultiStepDecay(1.0, [10, -1]),
+        ValueError,
+        r"milestones\[1\] must be >= 0",
+    ),
+    (lambda: eqxopt.Cyclic(0.1, 1.0, 0), ValueError, "step_size_up must be >= 1"),
+    (
+        lambda: eqxopt.Cyclic(0.1, 1.0, 10, -1),
+        ValueError,
+        "step_size_down must be >= 0",
+    ),
+    (
+        lambda: eqxopt.Cyclic(0.1, 1.0, 10, mode="sine"),
+        ValueError,
+        "mode must be one of 'triangular', 'triangular2', 'exp_range'",
+    ),
+    (
+        lambda: eqxopt.Cyclic(0.1, 1.0, 10, gamma=1.5),
+        ValueError,
+        r"gamma must be in \(0.0, 1.0\]",
+    ),
+    (
+        lambda: eqxopt.WarmupStableDecay(
+            1.0, 10, 100, decay_steps=20, decay_fraction=0.2
+        ),
+        ValueError,
+        "give decay_steps or decay_fraction, not both",
+    ),
+    (
+        lambda: eqxopt.WarmupStableDecay(1.0, 90, 100, decay_steps=20),
+        ValueError,
+        "warmup_steps \\+ decay_steps must be <= total_steps",
+    ),
+    (
+        lambda: eqxopt.WarmupStableDecay(1.0, 10, 100, decay_fraction=0.0),
+        ValueError,
+        r"decay_fraction must be in \(0.0, 1.0\]",
+    ),
+    (
+        lambda: eqxopt.WarmupStableDecay(1.0, 0, 10, decay_fraction=0.01),
+        ValueError,
+        "decay_fraction \\* total_steps must round to at least one step",
+    ),
+    (
+        lambda: eqxopt.WarmupStableDecay(1.0, 10, 100, decay_steps=0),
+        ValueError,
+        "decay_steps must be >= 1",
+    ),
+    (
+        lambda: eqxopt.WarmupStableDecay(1.0, 10, 100, decay_shape="exp"),
+        ValueError,
+        "decay_shape must be one of 'linear', 'cosine', '1-sqrt'",
+    ),
+    (
+        lambda: eqxopt.WarmupStableDecay(1.0, 10, 100, end_value=-0.1),
+        ValueError,
+        "end_value must be in",
+    ),
+    (
+        lambda: eqxopt.SGD(learning_rate=lambda s: 0.1),
+        TypeError,
+        "Wrap plain functions of the step",
+    ),
+]
+
+
+@pytest.mark.parametrize("make,error,match", ERRORS, ids=[e[2][:40] for e in ERRORS])
+def test_constructor_errors_name_the_argument(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_calling_with_a_float_step_is_rejected():
+    with pytest.raises(Exception, match="step"):
+        eqxopt.Linear(1.0, 0.0, 10)(jnp.float32(3.0))
+
+
+def test_plot_schedules_writes_pngs(tmp_path):
+    schedules = {
+        "warmup-cosine": eqxopt.WarmupCosine(1.0, 0.1, 10, 100),
+        "wsd": eqxopt.WarmupStableDecay(1.0, 10, 100, decay_shape="1-sqrt"),
+    }
+    overlay = eqxopt.plot_schedules(schedules, tmp_path / "overlay.png", 120, title="t")
+    grid = eqxopt.plot_schedules(
+        list(schedules.values()),
+        str(tmp_path / "grid.png"),
+        np.arange(0, 120, 3),
+        columns=3,
+        log_scale=True,
+    )
+    single = eqxopt.plot_schedules(
+        eqxopt.Cyclic(0.1, 1.0, 10), tmp_path / "one.png", 50, dpi=50
+    )
+    for path in (overlay, grid, single):
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        assert len(data) > 1000
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(schedules=[]), ValueError, "schedules must hold at least one schedule"),
+        (dict(schedules={"a": 0.1}), TypeError, r"schedules\['a'\] must be an eqxopt"),
+        (dict(schedules=0.1), TypeError, "schedules must be a schedule, a list"),
+        (dict(steps=0), ValueError, "steps must be >= 1, got 0"),
+        (dict(steps=np.linspace(0, 1, 5)), ValueError, "integer steps"),
+        (dict(columns=0), ValueError, "columns must be None or an int >= 1"),
+    ],
+)
+def test_plot_schedules_errors(tmp_path, kwargs, error, match):
+    args = dict(schedules=eqxopt.Constant(1.0), path=tmp_path / "x.png", steps=10)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        eqxopt.plot_schedules(**args)
