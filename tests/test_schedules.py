@@ -888,3 +888,27 @@ def test_plot_schedules_errors(tmp_path, kwargs, error, match):
     args.update(kwargs)
     with pytest.raises(error, match=match):
         eqxopt.plot_schedules(**args)
+
+
+def test_gallery_script_builds_every_schedule():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "docs" / "make_gallery.py"
+    spec = importlib.util.spec_from_file_location("make_gallery", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    schedules = module.gallery()
+    public = {
+        name
+        for name in dir(eqxopt)
+        if isinstance(getattr(eqxopt, name), type)
+        and issubclass(getattr(eqxopt, name), eqxopt.AbstractSchedule)
+        and name != "AbstractSchedule"
+    }
+    assert {type(s).__name__ for s in schedules.values()} == public
+    outputs = evaluate_many(list(schedules.values()), jnp.arange(1000))
+    for label, values in zip(schedules, outputs):
+        values = np.asarray(values)
+        assert np.all((values >= 0) & (values <= 1.0 + 1e-6)), label

@@ -110,6 +110,8 @@ def plot_schedules(
         ax.set_ylabel("value")
         if log_scale:
             ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=min(0.0, *(float(ys.min()) for _, ys in curves)))
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     else:
@@ -128,6 +130,8 @@ def plot_schedules(
             ax.set_title(label, fontsize="medium")
             if log_scale:
                 ax.set_yscale("log")
+            else:
+                ax.set_ylim(bottom=min(0.0, float(ys.min())))
             ax.grid(alpha=0.3)
             ax.tick_params(labelsize="x-small")
     if title is not None:
