@@ -1,12 +1,24 @@
 """eqxopt: optimizers, gradient transforms and schedules as checked Equinox modules."""
 
+from ._adafactor import Adafactor as Adafactor
+from ._adafactor import AdafactorState as AdafactorState
 from ._adam import Adam as Adam
 from ._adam import AdamState as AdamState
 from ._adam import AdamW as AdamW
+from ._adan import Adan as Adan
+from ._adan import AdanState as AdanState
 from ._base import AbstractTransform as AbstractTransform
+from ._fromage import Fromage as Fromage
+from ._fromage import FromageState as FromageState
+from ._lamb import LAMB as LAMB
+from ._lamb import LAMBState as LAMBState
+from ._lamb import LARS as LARS
+from ._lamb import LARSState as LARSState
 from ._leafwise import map_leaves as map_leaves
 from ._muon import Muon as Muon
 from ._muon import MuonState as MuonState
+from ._novograd import NovoGrad as NovoGrad
+from ._novograd import NovoGradState as NovoGradState
 from ._plot import plot_schedules as plot_schedules
 from ._prodigy import Prodigy as Prodigy
 from ._prodigy import ProdigyState as ProdigyState
@@ -40,6 +52,8 @@ from ._schedules import WarmupExponentialDecay as WarmupExponentialDecay
 from ._schedules import WarmupStableDecay as WarmupStableDecay
 from ._sgd import SGD as SGD
 from ._sgd import SGDState as SGDState
+from ._sm3 import SM3 as SM3
+from ._sm3 import SM3State as SM3State
 from ._tree import apply_updates as apply_updates
 
 __version__ = "0.1.0"
