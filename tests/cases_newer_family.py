@@ -70,3 +70,23 @@ CASES = [
         ),
     ),
 ]
+
+CASES.append(
+    CatalogCase(
+        "SOAP",
+        lambda **kw: eqxopt.SOAP(
+            **{"learning_rate": 0.05, "precondition_frequency": 2, **kw}
+        ),
+        vary=("b1", 0.5),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("b1", 1.0),
+            ("b2", 0.0),
+            ("shampoo_beta", 1.0),
+            ("eps", 0.0),
+            ("weight_decay", -0.1),
+            ("precondition_frequency", 0),
+            ("max_precond_dim", 0),
+        ),
+    )
+)

@@ -1,4 +1,5 @@
-"""Muon, Schedule-Free SGD/AdamW and Prodigy against optax.contrib."""
+"""Muon, Schedule-Free SGD/AdamW and Prodigy against optax.contrib; SOAP against a
+NumPy transcription of the authors' implementation."""
 
 import equinox as eqx
 import jax
@@ -288,9 +289,9 @@ def test_prodigy_matches_optax(mine, theirs):
     )
     actual, state = closed_loop_eqxopt(eqxopt.Prodigy(**mine), PARAMS)
     expected, tx_state = closed_loop_optax(optax.contrib.prodigy(**theirs), PARAMS)
-    # In the closed loop d grows more than 1e4-fold, and the whole-tree sums behind it are
-    # added in another order than optax's: a few elements near zero differ by
-    # ~3e-6 after 30 steps, hence atol 1e-5.
+    # In the closed loop d grows more than 1e4-fold, and the whole-tree sums behind
+    # it are added in another order than optax's: a few elements near zero differ
+    # by ~3e-6 after 30 steps, hence atol 1e-5.
     assert_histories_close(actual, expected, atol=1e-5)
     np.testing.assert_allclose(state.d, tx_state.estim_lr, rtol=1e-4)
     assert float(state.d) > 1e-3  # the estimate did grow from 1e-6 / 1e-3
@@ -318,3 +319,193 @@ def test_prodigy_errors_name_the_argument():
         eqxopt.Prodigy(b3=1.0)
     with pytest.raises(ValueError, match="d_coef"):
         eqxopt.Prodigy(d_coef=-1.0)
+
+
+# ------------------------------------------------------------------------------------
+# SOAP (no reference library: the authors' PyTorch code transcribed to NumPy)
+# ------------------------------------------------------------------------------------
+
+
+def soap_numpy(
+    params,
+    grads,
+    learning_rate=3e-3,
+    b1=0.95,
+    b2=0.95,
+    shampoo_beta=None,
+    eps=1e-8,
+    weight_decay=0.01,
+    precondition_frequency=10,
+    max_precond_dim=10000,
+    precondition_1d=False,
+):
+    """The authors' SOAP (github.com/nikhilvyas/SOAP, soap.py), transcribed for a
+    list of float64 NumPy arrays; returns the parameters after each step."""
+    lr = learning_rate
+    sb = b2 if shampoo_beta is None else shampoo_beta
+    params = [np.asarray(p, np.float64).copy() for p in params]
+    states = [{} for _ in params]
+    history = []
+
+    def project(x, Q):
+        for mat in Q:
+            x = (
+                np.moveaxis(x, 0, -1)
+                if mat is None
+                else np.tensordot(x, mat, axes=([0], [0]))
+            )
+        return x
+
+    def project_back(x, Q):
+        for mat in Q:
+            x = (
+                np.moveaxis(x, 0, -1)
+                if mat is None
+                else np.tensordot(x, mat, axes=([0], [1]))
+            )
+        return x
+
+    def update_preconditioner(grad, st):
+        if st["Q"] is not None:
+            st["exp_avg"] = project_back(st["exp_avg"], st["Q"])
+        for idx, m in enumerate(st["GG"]):
+            if m is not None:
+                others = [i for i in range(grad.ndim) if i != idx]
+                outer = np.tensordot(grad, grad, axes=(others, others))
+                st["GG"][idx] = m + (1 - sb) * (outer - m)  # torch lerp_
+        if st["Q"] is None:
+            st["Q"] = [
+                None
+                if m is None
+                else np.flip(np.linalg.eigh(m + 1e-30 * np.eye(m.shape[0]))[1], 1)
+                for m in st["GG"]
+            ]
+        if st["step"] > 0 and st["step"] % precondition_frequency == 0:
+            exp_avg_sq = st["exp_avg_sq"]
+            final = []
+            for ind, (m, o) in enumerate(zip(st["GG"], st["Q"])):
+                if m is None:
+                    final.append(None)
+                    continue
+                est_eig = np.diag(o.T @ m @ o)
+                sort_idx = np.argsort(-est_eig, kind="stable")
+                exp_avg_sq = np.take(exp_avg_sq, sort_idx, axis=ind)
+                o = o[:, sort_idx]
+                final.append(np.linalg.qr(m @ o)[0])
+            st["exp_avg_sq"] = exp_avg_sq
+            st["Q"] = final
+        if st["step"] > 0:
+            st["exp_avg"] = project(st["exp_avg"], st["Q"])
+
+    for step_grads in grads:
+        new = []
+        for p, g, st in zip(params, step_grads, states):
+            g = np.asarray(g, np.float64)
+            if "step" not in st:
+                st["step"] = 0
+                st["exp_avg"] = np.zeros_like(g)
+                st["exp_avg_sq"] = np.zeros_like(g)
+                if g.ndim == 1 and (
+                    not precondition_1d or g.shape[0] > max_precond_dim
+                ):
+                    st["GG"] = [None]
+                else:
+                    st["GG"] = [
+                        np.zeros((d, d)) if d <= max_precond_dim else None
+                        for d in g.shape
+                    ]
+                st["Q"] = None
+                update_preconditioner(g, st)
+                new.append(p)
+                continue
+            g_proj = project(g, st["Q"])
+            st["step"] += 1
+            st["exp_avg"] = b1 * st["exp_avg"] + (1 - b1) * g_proj
+            st["exp_avg_sq"] = b2 * st["exp_avg_sq"] + (1 - b2) * g_proj**2
+            denom = np.sqrt(st["exp_avg_sq"]) + eps
+            step_size = lr * np.sqrt(1 - b2 ** st["step"]) / (1 - b1 ** st["step"])
+            norm_grad = project_back(st["exp_avg"] / denom, st["Q"])
+            p = p - step_size * norm_grad
+            p = p - lr * weight_decay * p
+            update_preconditioner(g, st)
+            new.append(p)
+        params = new
+        history.append([q.copy() for q in params])
+    return history
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(learning_rate=0.01, precondition_frequency=3),
+        dict(
+            learning_rate=0.01,
+            b1=0.9,
+            b2=0.99,
+            shampoo_beta=0.9,
+            weight_decay=0.1,
+            precondition_frequency=2,
+            max_precond_dim=3,  # the 4-long axes are not rotated
+            precondition_1d=True,
+        ),
+    ],
+    ids=["default", "options"],
+)
+def test_soap_matches_numpy_transcription_of_the_authors_code(kw):
+    # float32 (eqxopt) against float64 (NumPy): the eigenbases agree to ~1e-6.
+    actual = run_eqxopt(eqxopt.SOAP(**kw), PARAMS, GRADS)
+    treedef = jax.tree.structure(PARAMS)
+    expected = [
+        jax.tree.unflatten(treedef, leaves)
+        for leaves in soap_numpy(
+            jax.tree.leaves(PARAMS), [jax.tree.leaves(g) for g in GRADS], **kw
+        )
+    ]
+    assert_histories_close(actual, expected)
+
+
+def test_soap_state_layout_and_first_step():
+    opt = eqxopt.SOAP(0.01, max_precond_dim=3)
+    state = opt.init(PARAMS)
+    gg = state.gg
+    assert gg["dense"]["w"][0].shape == (3, 3) and gg["dense"]["w"][1] is None
+    assert gg["dense"]["b"] == (None,)  # 1-D: plain Adam
+    assert [m.shape for m in gg["layers"][0]["w"]] == [(2, 2), (3, 3), (2, 2)]
+    params, state = opt.step(GRADS[0], state, PARAMS)
+    # The first step only builds the preconditioner, as in the authors' code.
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(PARAMS)):
+        np.testing.assert_array_equal(a, b)
+    q = np.asarray(state.q["dense"]["w"][0])
+    np.testing.assert_allclose(q.T @ q, np.eye(3), atol=1e-5)
+
+
+def test_soap_converges_on_an_ill_conditioned_regression():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(64, 8)) * np.logspace(0, 1, 8), jnp.float32)
+    y = x @ jnp.asarray(rng.normal(size=(8, 4)), jnp.float32)
+
+    def loss(p):
+        return jnp.mean((x @ p["w"] + p["b"] - y) ** 2)
+
+    grad = jax.jit(jax.grad(loss))
+    opt = eqxopt.SOAP(0.05, weight_decay=0.0, precondition_frequency=5)
+    params = {"w": jnp.zeros((8, 4)), "b": jnp.zeros(4)}
+    state = opt.init(params)
+    start = float(loss(params))
+    for _ in range(300):
+        params, state = opt.step(grad(params), state, params)
+    assert start > 100.0
+    assert float(loss(params)) < 1e-2
+
+
+def test_soap_errors_name_the_argument():
+    with pytest.raises(ValueError, match="precondition_frequency must be an int >= 1"):
+        eqxopt.SOAP(precondition_frequency=0)
+    with pytest.raises(ValueError, match="precondition_frequency must be an int >= 1"):
+        eqxopt.SOAP(precondition_frequency=2.5)
+    with pytest.raises(ValueError, match="max_precond_dim must be an int >= 1"):
+        eqxopt.SOAP(max_precond_dim=0)
+    with pytest.raises(ValueError, match="shampoo_beta"):
+        eqxopt.SOAP(shampoo_beta=1.0)
+    with pytest.raises(TypeError, match="precondition_1d must be a bool"):
+        eqxopt.SOAP(precondition_1d=1)

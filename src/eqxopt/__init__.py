@@ -54,6 +54,8 @@ from ._sgd import SGD as SGD
 from ._sgd import SGDState as SGDState
 from ._sm3 import SM3 as SM3
 from ._sm3 import SM3State as SM3State
+from ._soap import SOAP as SOAP
+from ._soap import SOAPState as SOAPState
 from ._tree import apply_updates as apply_updates
 
 __version__ = "0.1.0"
