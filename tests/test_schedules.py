@@ -348,6 +348,36 @@ CASES = [
             f32(0.001),
         ),
     ),
+    # torch's own versions of schedules that optax also has.
+    Case(
+        "Linear-vs-torch-LinearLR",
+        eqxopt.Linear(0.025, 0.1, 1000),
+        lambda: torch_values(lambda o: L.LinearLR(o, 0.25, 1.0, 1000), f32(0.1)),
+    ),
+    Case(
+        "CosineDecay-vs-torch-CosineAnnealingLR",
+        eqxopt.CosineDecay(0.1, 3000, alpha=0.01),
+        lambda: torch_values(
+            lambda o: L.CosineAnnealingLR(o, 3000, eta_min=f32(0.1) * f32(0.01)),
+            f32(0.1),
+        ),
+    ),
+    Case(
+        "ExponentialDecay-vs-torch-ExponentialLR",
+        eqxopt.ExponentialDecay(0.1, 1, 0.999),
+        lambda: torch_values(lambda o: L.ExponentialLR(o, f32(0.999)), f32(0.1)),
+    ),
+    Case(
+        "SGDR-vs-torch-CosineAnnealingWarmRestarts",
+        # torch restarts forever; seven 500-step cycles cover the 3001 steps.
+        eqxopt.SGDR(
+            [dict(init_value=0.1, peak_value=0.1, decay_steps=500, end_value=0.001)] * 7
+        ),
+        lambda: torch_values(
+            lambda o: L.CosineAnnealingWarmRestarts(o, 500, eta_min=f32(0.001)),
+            f32(0.1),
+        ),
+    ),
     Case(
         "WarmupStableDecay-linear-vs-optax-join",
         eqxopt.WarmupStableDecay(0.6, 200, 2500, decay_steps=500, end_value=0.06),

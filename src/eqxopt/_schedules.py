@@ -288,7 +288,7 @@ class Polynomial(AbstractSchedule):
 
     Equal to `optax.polynomial_schedule`. optax silently turns `transition_steps <= 0`
     into a constant `init_value` and a negative `transition_begin` into 0; here both
-    raise `ValueError`.
+    raise `ValueError`. A `power <= 0` (optax: `inf` at the end) is rejected too.
 
     **Arguments:**
 
@@ -386,7 +386,9 @@ class PiecewiseConstant(AbstractSchedule):
     f(s) = init_value * prod(scale_i for every boundary_i <= s)
     ```
 
-    Equal to `optax.piecewise_constant_schedule`. The number of boundaries is
+    Equal to `optax.piecewise_constant_schedule`, except that scales must be finite:
+    optax computes `v * 0 + inf * v` and returns NaN at every step for an infinite
+    scale. The number of boundaries is
     structure (it sets the array shapes); the boundary steps and the scales are array
     fields, so other steps or scales with the same count do not recompile.
 
@@ -494,7 +496,8 @@ class CosineDecay(AbstractSchedule):
     f(s) = init_value * ((1 - alpha) * k ** exponent + alpha)
     ```
 
-    Equal to `optax.cosine_decay_schedule`; torch's `CosineAnnealingLR` (without
+    Equal to `optax.cosine_decay_schedule` (which returns `inf` at the end for an
+    `exponent <= 0`; rejected here); torch's `CosineAnnealingLR` (without
     restarts) with `eta_min = alpha * init_value` and `T_max = decay_steps`, up to
     `T_max`.
 
@@ -676,7 +679,7 @@ class PiecewiseInterpolate(AbstractSchedule):
         )
 
 
-def _onecycle_step(name: str, pct: Array, total: Array) -> Int[Array, ""]:
+def _onecycle_step(pct: Array, total: Array) -> Int[Array, ""]:
     # optax computes int(pct * transition_steps) in Python floats; do the same when
     # both are known, so float32 rounding never moves a boundary by one step.
     if is_concrete(pct) and is_concrete(total):
@@ -691,9 +694,10 @@ class LinearOneCycle(AbstractSchedule):
     down to `peak_value / div_factor` at `int(pct_final * T)`, then down to
     `peak_value / div_factor / final_div_factor` at `T = transition_steps`, and held.
 
-    Equal to `optax.linear_onecycle_schedule`; torch's `OneCycleLR(...,
-    anneal_strategy="linear", three_phase=True)` up to where torch counts the phase
-    ends (one step earlier).
+    Equal to `optax.linear_onecycle_schedule` (where `div_factor=0` is a Python
+    `ZeroDivisionError`; here a `ValueError` naming it). torch's `OneCycleLR` is a
+    different curve: it ends its phases at `pct * total_steps - 1` and its linear
+    three-phase variant falls to the final value over the last phase only.
 
     **Arguments:**
 
@@ -732,8 +736,8 @@ class LinearOneCycle(AbstractSchedule):
                 f"pct_final must be >= pct_start, got pct_final={float(final)!r} and "
                 f"pct_start={float(start)!r}"
             )
-        self.start_step = _onecycle_step("pct_start", start, self.transition_steps)
-        self.final_step = _onecycle_step("pct_final", final, self.transition_steps)
+        self.start_step = _onecycle_step(start, self.transition_steps)
+        self.final_step = _onecycle_step(final, self.transition_steps)
         self.div_factor = _factor("div_factor", div_factor)
         self.final_div_factor = _factor("final_div_factor", final_div_factor)
 
@@ -762,8 +766,8 @@ class CosineOneCycle(AbstractSchedule):
     down to `peak_value / (div_factor * final_div_factor)` at `T = transition_steps`,
     both along half cosines, then held.
 
-    Equal to `optax.cosine_onecycle_schedule`; torch's `OneCycleLR` (two phases)
-    counts the phase ends one step earlier.
+    Equal to `optax.cosine_onecycle_schedule`. torch's `OneCycleLR` ends its phases at
+    `pct * total_steps - 1`, so its curve is close to this one but not equal.
 
     **Arguments:**
 
@@ -794,7 +798,7 @@ class CosineOneCycle(AbstractSchedule):
         self.transition_steps = _positive_count("transition_steps", transition_steps)
         self.peak_value = _value("peak_value", peak_value)
         start = hyperparameter("pct_start", pct_start, low=0.0, high=1.0)
-        self.start_step = _onecycle_step("pct_start", start, self.transition_steps)
+        self.start_step = _onecycle_step(start, self.transition_steps)
         self.div_factor = _factor("div_factor", div_factor)
         self.final_div_factor = _factor("final_div_factor", final_div_factor)
 
