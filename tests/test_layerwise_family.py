@@ -118,7 +118,8 @@ def test_trust_ratio_is_one_for_zero_parameters():
     grads = {"w": jnp.ones((3, 2)), "b": jnp.ones(2)}
     opt = eqxopt.LAMB(0.1)
     updates, _ = opt.update(grads, opt.init(params), params)
-    expected, _ = optax.lamb(0.1).update(grads, optax.lamb(0.1).init(params), params)
+    tx = optax.lamb(0.1)
+    expected, _ = jax.jit(tx.update)(grads, tx.init(params), params)
     assert float(jnp.max(jnp.abs(updates["w"]))) > 0
     assert_histories_close([updates], [expected])
 

@@ -48,7 +48,8 @@ class NovoGrad(AbstractTransform):
     ```
 
     The same as `optax.novograd` (note `mu` is a sum, not an average: no `1 - b1`
-    factor, no bias correction). "First step" is the optimizer's first update.
+    factor, no bias correction). "First step" is the optimizer's first update: a leaf
+    whose gradient is `None` then starts its averages from 0 on its first gradient.
 
     **Arguments:**
 
