@@ -1,7 +1,11 @@
 """eqxopt: optimizers, gradient transforms and schedules as checked Equinox modules."""
 
+from ._adadelta import Adadelta as Adadelta
+from ._adadelta import AdadeltaState as AdadeltaState
 from ._adafactor import Adafactor as Adafactor
 from ._adafactor import AdafactorState as AdafactorState
+from ._adagrad import Adagrad as Adagrad
+from ._adagrad import AdagradState as AdagradState
 from ._adam import Adam as Adam
 from ._adam import AdamState as AdamState
 from ._adam import AdamW as AdamW
@@ -17,11 +21,23 @@ from ._lamb import LARSState as LARSState
 from ._leafwise import map_leaves as map_leaves
 from ._muon import Muon as Muon
 from ._muon import MuonState as MuonState
+from ._noisy_sgd import NoisySGD as NoisySGD
+from ._noisy_sgd import NoisySGDState as NoisySGDState
 from ._novograd import NovoGrad as NovoGrad
 from ._novograd import NovoGradState as NovoGradState
+from ._optimistic import OptimisticGradientDescent as OptimisticGradientDescent
+from ._optimistic import (
+    OptimisticGradientDescentState as OptimisticGradientDescentState,
+)
 from ._plot import plot_schedules as plot_schedules
+from ._polyak import PolyakSGD as PolyakSGD
+from ._polyak import PolyakSGDState as PolyakSGDState
 from ._prodigy import Prodigy as Prodigy
 from ._prodigy import ProdigyState as ProdigyState
+from ._rmsprop import RMSProp as RMSProp
+from ._rmsprop import RMSPropState as RMSPropState
+from ._rprop import Rprop as Rprop
+from ._rprop import RpropState as RpropState
 from ._schedule_free import ScheduleFreeAdamW as ScheduleFreeAdamW
 from ._schedule_free import ScheduleFreeSGD as ScheduleFreeSGD
 from ._schedule_free import ScheduleFreeState as ScheduleFreeState
@@ -52,6 +68,12 @@ from ._schedules import WarmupExponentialDecay as WarmupExponentialDecay
 from ._schedules import WarmupStableDecay as WarmupStableDecay
 from ._sgd import SGD as SGD
 from ._sgd import SGDState as SGDState
+from ._sign import Lion as Lion
+from ._sign import LionState as LionState
+from ._sign import SignSGD as SignSGD
+from ._sign import SignSGDState as SignSGDState
+from ._sign import Signum as Signum
+from ._sign import SignumState as SignumState
 from ._sm3 import SM3 as SM3
 from ._sm3 import SM3State as SM3State
 from ._soap import SOAP as SOAP

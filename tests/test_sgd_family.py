@@ -1,0 +1,523 @@
+"""The adaptive-rate and sign/SGD-like optimizers against optax 0.2.8 and
+torch.optim over 30 steps on `nested_tree()`.
+
+Conventions that differ between the references are each tested:
+
+- Adagrad: optax starts the sum at 0.1 and puts eps=1e-7 inside the root; torch
+  starts at 0 and puts eps=1e-10 outside (`eps_in_sqrt=False`).
+- RMSProp: optax puts eps inside the root by default, torch outside
+  (`eps_in_sqrt=False`, `decay` is torch's `alpha`); optax scales by the learning
+  rate before the momentum buffer, torch after: equal for a constant rate, and the
+  schedule test checks the optax order.
+- Rprop: optax 0.2.8 returns each update one call late (optax PR 1725); eqxopt
+  follows torch, and a test pins down the exact relation to optax's output.
+- PolyakSGD: equal to optax for `scaling=1`; for other scalings optax measures
+  the norm of the scaled gradient, so that case is checked against the documented
+  formula written out in NumPy.
+- NoisySGD: optax's noise generation (key splitting) is reproduced exactly, so it
+  is compared with optax for the same key.
+
+Tolerances are `assert_histories_close`'s defaults (rtol 2e-5, atol 2e-6) unless a
+comment says otherwise.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+
+import eqxopt
+from helpers import (
+    assert_histories_close,
+    grad_stream,
+    nested_tree,
+    run_eqxopt,
+    run_optax,
+    run_torch,
+)
+
+STEPS = 30
+PARAMS = nested_tree()
+GRADS = list(grad_stream(PARAMS, STEPS))
+
+
+def _check_optax(opt, tx, **tol):
+    assert_histories_close(
+        run_eqxopt(opt, PARAMS, GRADS), run_optax(tx, PARAMS, GRADS), **tol
+    )
+
+
+def _check_torch(opt, make_torch, **tol):
+    assert_histories_close(
+        run_eqxopt(opt, PARAMS, GRADS), run_torch(make_torch, PARAMS, GRADS), **tol
+    )
+
+
+# --------------------------------------------------------------------- optax
+
+OPTAX_CASES = {
+    "Adagrad": (
+        lambda: eqxopt.Adagrad(0.1),
+        lambda: optax.adagrad(0.1),
+    ),
+    "Adagrad-options": (
+        lambda: eqxopt.Adagrad(0.05, initial_accumulator_value=0.5, eps=1e-3),
+        lambda: optax.adagrad(0.05, initial_accumulator_value=0.5, eps=1e-3),
+    ),
+    "Adadelta": (
+        lambda: eqxopt.Adadelta(),
+        lambda: optax.adadelta(1.0),
+    ),
+    "Adadelta-decay": (
+        lambda: eqxopt.Adadelta(0.5, rho=0.8, eps=1e-4, weight_decay=0.05),
+        lambda: optax.adadelta(0.5, rho=0.8, eps=1e-4, weight_decay=0.05),
+    ),
+    "RMSProp": (
+        lambda: eqxopt.RMSProp(0.01),
+        lambda: optax.rmsprop(0.01),
+    ),
+    "RMSProp-eps-outside": (
+        lambda: eqxopt.RMSProp(0.01, decay=0.95, eps=1e-3, eps_in_sqrt=False),
+        lambda: optax.rmsprop(0.01, decay=0.95, eps=1e-3, eps_in_sqrt=False),
+    ),
+    "RMSProp-initial-scale-bias-correction": (
+        lambda: eqxopt.RMSProp(0.01, initial_scale=1.0, bias_correction=True),
+        lambda: optax.rmsprop(0.01, initial_scale=1.0, bias_correction=True),
+    ),
+    "RMSProp-centered": (
+        lambda: eqxopt.RMSProp(0.01, eps=1e-4, centered=True),
+        lambda: optax.rmsprop(0.01, eps=1e-4, centered=True),
+    ),
+    # Centered with bias correction: the first step's corrected variance is zero
+    # in exact arithmetic, so the result depends on a rounding residue of about
+    # 1e-6 (optax itself differs from its own jitted run by 2e-6 there); eps=1
+    # keeps that residue below the tolerance.
+    "RMSProp-centered-bias-correction": (
+        lambda: eqxopt.RMSProp(0.01, eps=1.0, centered=True, bias_correction=True),
+        lambda: optax.rmsprop(0.01, eps=1.0, centered=True, bias_correction=True),
+    ),
+    "RMSProp-momentum": (
+        lambda: eqxopt.RMSProp(0.01, momentum=0.9),
+        lambda: optax.rmsprop(0.01, momentum=0.9),
+    ),
+    "RMSProp-centered-nesterov": (
+        lambda: eqxopt.RMSProp(
+            0.01, eps=1e-4, centered=True, momentum=0.8, nesterov=True
+        ),
+        lambda: optax.rmsprop(
+            0.01, eps=1e-4, centered=True, momentum=0.8, nesterov=True
+        ),
+    ),
+    "RMSProp-schedule-momentum": (
+        lambda: eqxopt.RMSProp(eqxopt.WarmupCosine(0.02, 0.001, 5, 25), momentum=0.9),
+        lambda: optax.rmsprop(
+            optax.warmup_cosine_decay_schedule(0.0, 0.02, 5, 25, 0.001), momentum=0.9
+        ),
+    ),
+    "SignSGD": (
+        lambda: eqxopt.SignSGD(0.01),
+        lambda: optax.sign_sgd(0.01),
+    ),
+    "Signum": (
+        lambda: eqxopt.Signum(0.01, beta=0.8),
+        lambda: optax.signum(0.01, beta=0.8),
+    ),
+    "Lion": (
+        lambda: eqxopt.Lion(0.01),
+        lambda: optax.lion(0.01),
+    ),
+    "Lion-decay-mask": (
+        lambda: eqxopt.Lion(
+            eqxopt.WarmupCosine(0.01, 0.001, 3, 30),
+            b1=0.8,
+            b2=0.95,
+            weight_decay=0.5,
+            mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p),
+        ),
+        lambda: optax.lion(
+            optax.warmup_cosine_decay_schedule(0.0, 0.01, 3, 30, 0.001),
+            b1=0.8,
+            b2=0.95,
+            weight_decay=0.5,
+            mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p),
+        ),
+    ),
+    "OptimisticGradientDescent": (
+        lambda: eqxopt.OptimisticGradientDescent(0.05),
+        lambda: optax.optimistic_gradient_descent(0.05),
+    ),
+    "OptimisticGradientDescent-alpha-beta": (
+        lambda: eqxopt.OptimisticGradientDescent(0.05, alpha=0.5, beta=0.3),
+        lambda: optax.optimistic_gradient_descent(0.05, alpha=0.5, beta=0.3),
+    ),
+    "NoisySGD": (
+        lambda: eqxopt.NoisySGD(0.05, eta=0.1, gamma=0.55, key=jax.random.key(3)),
+        lambda: optax.noisy_sgd(0.05, eta=0.1, gamma=0.55, key=jax.random.key(3)),
+    ),
+    "NoisySGD-int-seed": (
+        lambda: eqxopt.NoisySGD(0.05, eta=0.3, gamma=1.0, key=7),
+        lambda: optax.noisy_sgd(0.05, eta=0.3, gamma=1.0, key=7),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTAX_CASES))
+def test_matches_optax(name):
+    make, make_optax = OPTAX_CASES[name]
+    _check_optax(make(), make_optax())
+
+
+# --------------------------------------------------------------------- torch
+
+TORCH_CASES = {
+    "Adagrad": (
+        lambda: eqxopt.Adagrad(
+            0.1, initial_accumulator_value=0.0, eps=1e-10, eps_in_sqrt=False
+        ),
+        lambda ps: torch.optim.Adagrad(ps, lr=0.1),
+    ),
+    "Adagrad-decay-initial": (
+        lambda: eqxopt.Adagrad(
+            0.05,
+            initial_accumulator_value=0.3,
+            eps=1e-6,
+            eps_in_sqrt=False,
+            weight_decay=0.1,
+        ),
+        lambda ps: torch.optim.Adagrad(
+            ps, lr=0.05, initial_accumulator_value=0.3, eps=1e-6, weight_decay=0.1
+        ),
+    ),
+    "Adadelta": (
+        lambda: eqxopt.Adadelta(),
+        lambda ps: torch.optim.Adadelta(ps),
+    ),
+    "Adadelta-decay": (
+        lambda: eqxopt.Adadelta(0.5, rho=0.8, eps=1e-4, weight_decay=0.05),
+        lambda ps: torch.optim.Adadelta(
+            ps, lr=0.5, rho=0.8, eps=1e-4, weight_decay=0.05
+        ),
+    ),
+    "RMSprop": (
+        lambda: eqxopt.RMSProp(0.01, decay=0.99, eps_in_sqrt=False),
+        lambda ps: torch.optim.RMSprop(ps, lr=0.01),
+    ),
+    "RMSprop-centered": (
+        lambda: eqxopt.RMSProp(0.01, decay=0.99, eps_in_sqrt=False, centered=True),
+        lambda ps: torch.optim.RMSprop(ps, lr=0.01, centered=True),
+    ),
+    "RMSprop-momentum-decay": (
+        lambda: eqxopt.RMSProp(
+            0.01,
+            decay=0.9,
+            eps=1e-6,
+            eps_in_sqrt=False,
+            momentum=0.9,
+            weight_decay=0.01,
+        ),
+        lambda ps: torch.optim.RMSprop(
+            ps, lr=0.01, alpha=0.9, eps=1e-6, momentum=0.9, weight_decay=0.01
+        ),
+    ),
+    "RMSprop-centered-momentum": (
+        lambda: eqxopt.RMSProp(
+            0.01, decay=0.99, eps_in_sqrt=False, centered=True, momentum=0.5
+        ),
+        lambda ps: torch.optim.RMSprop(ps, lr=0.01, centered=True, momentum=0.5),
+    ),
+    "Rprop": (
+        lambda: eqxopt.Rprop(0.01),
+        lambda ps: torch.optim.Rprop(ps, lr=0.01),
+    ),
+    "Rprop-options": (
+        lambda: eqxopt.Rprop(
+            0.1, eta_minus=0.3, eta_plus=1.5, min_step_size=0.02, max_step_size=0.3
+        ),
+        lambda ps: torch.optim.Rprop(
+            ps, lr=0.1, etas=(0.3, 1.5), step_sizes=(0.02, 0.3)
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(TORCH_CASES))
+def test_matches_torch(name):
+    make, make_torch = TORCH_CASES[name]
+    _check_torch(make(), make_torch)
+
+
+def test_rprop_relation_to_optax_stale_update():
+    """optax 0.2.8's rprop returns at call k the update eqxopt (and torch) make at
+    call k - 1, zeroed where the gradient's sign flips at call k (PR 1725)."""
+    opt = eqxopt.Rprop(0.01)
+    state = opt.init(PARAMS)
+    tx = optax.rprop(0.01)
+    tx_state = tx.init(PARAMS)
+    previous = jax.tree.map(jnp.zeros_like, PARAMS)
+    prev_grads = jax.tree.map(jnp.zeros_like, PARAMS)
+    for g in GRADS[:10]:
+        ours, state = opt.update(g, state, PARAMS)
+        theirs, tx_state = tx.update(g, tx_state, PARAMS)
+        expected = jax.tree.map(
+            lambda u, g1, g0: jnp.where(g1 * g0 < 0, 0.0, u), previous, g, prev_grads
+        )
+        for a, b in zip(jax.tree.leaves(theirs), jax.tree.leaves(expected)):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+        # Where the sign flipped, the stored gradient is zero (torch's convention),
+        # so the next product is 0, exactly as it is in optax's state.
+        previous, prev_grads = ours, state.prev_grad
+
+
+def test_rprop_numpy_reference():
+    """The rule written out in NumPy, per element, over 30 steps."""
+    x = np.asarray(PARAMS["dense"]["w"], np.float64)
+    size = np.full_like(x, 0.05)
+    prev = np.zeros_like(x)
+    expected = []
+    for g in GRADS:
+        g = np.asarray(g["dense"]["w"], np.float64)
+        q = g * prev
+        size = np.clip(
+            size * np.where(q > 0, 1.2, np.where(q < 0, 0.5, 1.0)), 1e-6, 50.0
+        )
+        g = np.where(q < 0, 0.0, g)
+        x = x - size * np.sign(g)
+        prev = g
+        expected.append(x)
+    got = run_eqxopt(eqxopt.Rprop(0.05), PARAMS, GRADS)
+    for step, (a, b) in enumerate(zip(got, expected)):
+        np.testing.assert_allclose(a["dense"]["w"], b, rtol=1e-5, err_msg=f"{step}")
+
+
+# ---------------------------------------------------------------- Polyak SGD
+
+TARGETS = nested_tree(seed=7)
+
+
+def _quadratic(params):
+    return (
+        sum(
+            0.5 * jnp.sum((p - t) ** 2)
+            for p, t in zip(jax.tree.leaves(params), jax.tree.leaves(TARGETS))
+        )
+        + 0.1
+    )
+
+
+def _run_polyak_eqxopt(opt, steps=STEPS):
+    params, state, history = PARAMS, opt.init(PARAMS), []
+    for _ in range(steps):
+        value, grads = jax.value_and_grad(_quadratic)(params)
+        params, state = opt.step(grads, state, params, value=value)
+        history.append(params)
+    return history
+
+
+def _run_polyak_optax(tx, steps=STEPS):
+    params, state, history = PARAMS, tx.init(PARAMS), []
+    for _ in range(steps):
+        value, grads = jax.value_and_grad(_quadratic)(params)
+        updates, state = tx.update(grads, state, params, value=value)
+        params = optax.apply_updates(params, updates)
+        history.append(params)
+    return history
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"max_learning_rate": 0.3, "f_min": 0.05, "eps": 1e-3},
+        {"max_learning_rate": 2.0, "f_min": 1.0, "variant": "sps+"},
+        {"max_learning_rate": 2.0, "f_min": 1.0, "variant": "sps"},
+    ],
+    ids=["default", "options", "sps+", "sps-negative-gap"],
+)
+def test_polyak_matches_optax(kwargs):
+    assert_histories_close(
+        _run_polyak_eqxopt(eqxopt.PolyakSGD(**kwargs)),
+        _run_polyak_optax(optax.polyak_sgd(**kwargs)),
+    )
+
+
+def test_polyak_scaling_follows_the_documented_formula():
+    """scaling * min(gap / (|g|^2 + eps), max_lr) * g, in NumPy (optax differs
+    for scaling != 1; see the PolyakSGD docstring)."""
+    scaling, max_lr, f_min, eps = 0.5, 0.8, 0.02, 1e-4
+    leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(PARAMS)]
+    targets = [np.asarray(x, np.float64) for x in jax.tree.leaves(TARGETS)]
+    expected = []
+    for _ in range(STEPS):
+        grads = [p - t for p, t in zip(leaves, targets)]
+        value = sum(0.5 * np.sum(g**2) for g in grads) + 0.1
+        sq = sum(np.sum(g**2) for g in grads)
+        rate = min((value - f_min) / (sq + eps), max_lr)
+        leaves = [p - scaling * rate * g for p, g in zip(leaves, grads)]
+        expected.append(leaves)
+    got = _run_polyak_eqxopt(
+        eqxopt.PolyakSGD(max_lr, scaling=scaling, f_min=f_min, eps=eps)
+    )
+    for step, (a, b) in enumerate(zip(got, expected)):
+        for x, y in zip(jax.tree.leaves(a), b):
+            np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-6, err_msg=f"{step}")
+
+
+def test_polyak_converges_on_least_squares():
+    """An interpolating least-squares problem (f_min = 0 is exact) reaches a loss
+    below 1e-6 in 100 steps."""
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.normal(size=(40, 8)), jnp.float32)
+    w_true = jnp.asarray(rng.normal(size=8), jnp.float32)
+    b = a @ w_true
+
+    def loss_fn(params):
+        return 0.5 * jnp.mean((a @ params["w"] + params["c"] - b) ** 2)
+
+    params = {"w": jnp.zeros(8), "c": jnp.zeros(())}
+    opt = eqxopt.PolyakSGD(max_learning_rate=10.0)
+    state = opt.init(params)
+    start = loss_fn(params)
+    for _ in range(100):
+        value, grads = jax.value_and_grad(loss_fn)(params)
+        params, state = opt.step(grads, state, params, value=value)
+    assert float(start) > 1.0
+    assert float(loss_fn(params)) < 1e-6
+
+
+def test_polyak_zero_gradient_takes_no_step():
+    opt = eqxopt.PolyakSGD()
+    zeros = jax.tree.map(jnp.zeros_like, PARAMS)
+    new, _ = opt.step(zeros, opt.init(PARAMS), PARAMS, value=jnp.asarray(3.0))
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(PARAMS)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_polyak_errors():
+    opt = eqxopt.PolyakSGD()
+    state = opt.init(PARAMS)
+    with pytest.raises(TypeError, match=r"value=loss"):
+        opt.update(GRADS[0], state, PARAMS)
+    with pytest.raises(ValueError, match=r"value must be the scalar loss.*\(2,\)"):
+        opt.update(GRADS[0], state, PARAMS, value=jnp.ones(2))
+    with pytest.raises(TypeError, match=r"value must be a float scalar.*int32"):
+        opt.update(GRADS[0], state, PARAMS, value=jnp.asarray(1, jnp.int32))
+    with pytest.raises(ValueError, match=r"variant must be 'sps' or 'sps\+'"):
+        eqxopt.PolyakSGD(variant="adaptive")
+
+
+# ------------------------------------------------------------------ NoisySGD
+
+
+def test_noisy_sgd_same_key_same_result_other_key_differs():
+    grads = GRADS[:5]
+    a = run_eqxopt(eqxopt.NoisySGD(0.05, key=jax.random.key(1)), PARAMS, grads)
+    b = run_eqxopt(eqxopt.NoisySGD(0.05, key=jax.random.key(1)), PARAMS, grads)
+    c = run_eqxopt(eqxopt.NoisySGD(0.05, key=jax.random.key(2)), PARAMS, grads)
+    for x, y, z in zip(jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(c)):
+        np.testing.assert_array_equal(x, y)
+        assert not np.array_equal(x, z)
+    # An integer seed and raw key data (jax.random.PRNGKey) name the same key.
+    d = run_eqxopt(eqxopt.NoisySGD(0.05, key=1), PARAMS, grads)
+    e = run_eqxopt(eqxopt.NoisySGD(0.05, key=jax.random.PRNGKey(1)), PARAMS, grads)
+    for x, y, z in zip(jax.tree.leaves(a), jax.tree.leaves(d), jax.tree.leaves(e)):
+        np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(x, z)
+
+
+def test_noisy_sgd_key_advances_and_eta_zero_is_sgd():
+    opt = eqxopt.NoisySGD(0.05, eta=0.0, key=0)
+    state = opt.init(PARAMS)
+    _, new_state = opt.update(GRADS[0], state, PARAMS)
+    assert not np.array_equal(new_state.key, state.key)
+    assert int(new_state.step) == 1
+    assert_histories_close(
+        run_eqxopt(opt, PARAMS, GRADS[:5]),
+        run_eqxopt(eqxopt.SGD(0.05), PARAMS, GRADS[:5]),
+        rtol=0,
+        atol=0,
+    )
+
+
+def test_noisy_sgd_noise_statistics():
+    """With zero gradients the update is -lr * sigma * N(0, 1), sigma**2 =
+    eta / (1 + t)**gamma: check the standard deviation at t = 0 and t = 3."""
+    big = {"w": jnp.zeros((200, 200))}
+    zeros = {"w": jnp.zeros((200, 200))}
+    lr, eta, gamma = 0.5, 0.04, 1.0
+    opt = eqxopt.NoisySGD(lr, eta=eta, gamma=gamma, key=11)
+    state = opt.init(big)
+    stds = []
+    for _ in range(4):
+        updates, state = opt.update(zeros, state, big)
+        u = np.asarray(updates["w"]) / -lr
+        assert abs(u.mean()) < 5 * np.sqrt(eta) / 200
+        stds.append(u.std())
+    for t in (0, 3):
+        sigma = np.sqrt(eta / (1 + t) ** gamma)
+        assert abs(stds[t] / sigma - 1) < 0.02  # 40000 samples: about 0.4% s.d.
+
+
+def test_noisy_sgd_key_errors():
+    with pytest.raises(TypeError, match=r"key must be an integer seed or a JAX"):
+        eqxopt.NoisySGD(0.1, key="zero")
+    with pytest.raises(ValueError, match=r"key must be a single key"):
+        eqxopt.NoisySGD(0.1, key=jax.random.split(jax.random.key(0), 2))
+    with pytest.raises(ValueError, match=r"key must be an integer seed, a typed key"):
+        eqxopt.NoisySGD(0.1, key=jnp.zeros(2, jnp.float32))
+    with pytest.raises(TypeError, match=r"key"):
+        eqxopt.NoisySGD(0.1)  # type: ignore[call-arg]
+
+
+# -------------------------------------------------------------------- errors
+
+
+def test_construction_errors_name_the_argument():
+    with pytest.raises(ValueError, match=r"nesterov=True needs a momentum"):
+        eqxopt.RMSProp(0.01, nesterov=True)
+    with pytest.raises(TypeError, match=r"centered must be a bool"):
+        eqxopt.RMSProp(0.01, centered=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"eps_in_sqrt must be a bool"):
+        eqxopt.Adagrad(0.01, eps_in_sqrt="no")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"min_step_size must be <= max_step_size"):
+        eqxopt.Rprop(0.01, min_step_size=1.0, max_step_size=0.5)
+    with pytest.raises(TypeError, match=r"learning_rate must be a float"):
+        eqxopt.Rprop(eqxopt.WarmupCosine(0.1, 0.0, 2, 10))
+    with pytest.raises(TypeError, match=r"mu_dtype must be a float dtype"):
+        eqxopt.Lion(0.01, mu_dtype=jnp.int32)
+    with pytest.raises(TypeError, match=r"mu_dtype must be a float dtype"):
+        eqxopt.Signum(0.01, mu_dtype="nonsense")
+
+
+def test_lion_mask_errors_name_the_mask():
+    opt = eqxopt.Lion(0.01, mask={"not": True})
+    with pytest.raises(ValueError, match=r"mask does not have the tree structure"):
+        opt.update(GRADS[0], opt.init(PARAMS), PARAMS)
+
+
+def test_state_holds_what_the_docstrings_say():
+    rms = eqxopt.RMSProp(0.01, centered=True, momentum=0.9)
+    state = rms.init(PARAMS)
+    assert state.mu is not None and state.momentum is not None
+    plain = eqxopt.RMSProp(0.01).init(PARAMS)
+    assert plain.mu is None and plain.momentum is None
+    sums = eqxopt.Adagrad(0.1, initial_accumulator_value=0.25).init(PARAMS)
+    assert all(
+        np.all(np.asarray(x) == 0.25) for x in jax.tree.leaves(sums.sum_of_squares)
+    )
+    sizes = eqxopt.Rprop(0.03).init(PARAMS).step_sizes
+    assert all(np.allclose(np.asarray(x), 0.03) for x in jax.tree.leaves(sizes))
+
+
+def test_mu_dtype_float32_for_bf16_params():
+    params = nested_tree(dtype=jnp.bfloat16)
+    for opt in (
+        eqxopt.Lion(0.01, mu_dtype=jnp.float32),
+        eqxopt.Signum(0.01, mu_dtype=jnp.float32),
+    ):
+        state = opt.init(params)
+        grads = jax.tree.map(jnp.ones_like, params)
+        new_params, state = opt.step(grads, state, params)
+        assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.mu))
+        assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(new_params))
