@@ -95,6 +95,8 @@ class Partition(AbstractTransform):
 
       An Equinox module given as labels is read as a tree, never called (optax
       calls a callable module; equinox issue 193). Non-float leaves need no label.
+      Labels are static (part of the compiled step's key): reuse one function
+      rather than a new lambda for every optimizer you build.
 
     Keyword arguments of `update`/`step` go to the transforms that take them.
     """

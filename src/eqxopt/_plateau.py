@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Int
+from jaxtyping import Array, Float, Int
 
 from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter, is_concrete
@@ -153,13 +153,13 @@ class ReduceOnPlateau(AbstractTransform):
         state: ReduceOnPlateauState,
         params: Params,
         *,
-        value: Float[ArrayLike, ""] | None = None,
+        value: Any = None,
     ) -> tuple[Updates, ReduceOnPlateauState]:
         if value is None:
             raise TypeError(
                 "ReduceOnPlateau needs the loss: pass value=loss to update/step"
             )
-        if jnp.ndim(value) != 0:
+        if jnp.ndim(value) != 0:  # checked here, to say what `value` is
             raise ValueError(
                 f"value (the loss) must be a scalar, got shape {jnp.shape(value)}"
             )

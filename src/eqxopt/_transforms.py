@@ -29,7 +29,9 @@ class AddDecayedWeights(AbstractTransform):
     - `weight_decay`: the coefficient, `>= 0`.
     - `mask`: which leaves to decay: `None` (all), a tree of Python bools shaped like
       the parameters (or a prefix of them), or a function of the parameters returning
-      one. An Equinox module is always read as a tree, never called.
+      one. An Equinox module is always read as a tree, never called. The mask is
+      static (part of the compiled step's key): reuse one function rather than
+      writing a new lambda for every optimizer you build.
     """
 
     weight_decay: Float[Array, ""]

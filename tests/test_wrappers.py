@@ -1,0 +1,404 @@
+"""Wrappers (accumulation, non-finite handling, averaging, plateau, optax interop)
+against optax or a NumPy rule; and the composition of all of them training an MLP."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import optax.contrib
+import pytest
+
+import eqxopt
+from helpers import (
+    assert_histories_close,
+    grad_stream,
+    nested_tree,
+    run_eqxopt,
+    run_optax,
+)
+
+STEPS = 30
+PARAMS = nested_tree()
+GRADS = list(grad_stream(PARAMS, STEPS))
+
+
+def with_nans(grads, steps, value=jnp.nan):
+    """`grads` with one element of one leaf set to `value` at each of `steps`."""
+    out = list(grads)
+    for i in steps:
+        out[i] = dict(
+            out[i], dense=dict(out[i]["dense"], b=out[i]["dense"]["b"].at[1].set(value))
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------
+# MultiSteps
+
+
+def test_multisteps_matches_optax():
+    ours = eqxopt.MultiSteps(eqxopt.Adam(0.05), every_k=3)
+    ref = optax.MultiSteps(optax.adam(0.05), every_k_schedule=3)
+    history = run_eqxopt(ours, PARAMS, GRADS)
+    assert_histories_close(history, run_optax(ref, PARAMS, GRADS))
+    # Parameters move only on every third call.
+    np.testing.assert_array_equal(history[0]["scale"], PARAMS["scale"])
+    np.testing.assert_array_equal(history[1]["scale"], PARAMS["scale"])
+    assert not np.array_equal(history[2]["scale"], PARAMS["scale"])
+
+
+def test_multisteps_sum_matches_optax_and_the_state_reads_well():
+    ours = eqxopt.MultiSteps(eqxopt.SGD(0.05, momentum=0.9), every_k=2, mean=False)
+    ref = optax.MultiSteps(optax.sgd(0.05, momentum=0.9), 2, use_grad_mean=False)
+    assert_histories_close(
+        run_eqxopt(ours, PARAMS, GRADS), run_optax(ref, PARAMS, GRADS)
+    )
+    state = ours.init(PARAMS)
+    assert set(vars(state)) == {"mini_step", "gradient_step", "acc", "inner"}
+    _, state = ours.update(GRADS[0], state, PARAMS)
+    assert int(state.mini_step) == 1 and int(state.gradient_step) == 0
+    assert not bool(ours.has_updated(state))
+    np.testing.assert_allclose(state.acc["dense"]["w"], GRADS[0]["dense"]["w"])
+    _, state = ours.update(GRADS[1], state, PARAMS)
+    assert int(state.mini_step) == 0 and int(state.gradient_step) == 1
+    assert bool(ours.has_updated(state))
+    assert int(state.inner.step) == 1
+    np.testing.assert_array_equal(state.acc["dense"]["w"], 0.0)
+
+
+def test_multisteps_keeps_a_float32_accumulator_for_bfloat16():
+    params = nested_tree(dtype=jnp.bfloat16)
+    state = eqxopt.MultiSteps(eqxopt.SGD(0.1), every_k=4).init(params)
+    assert state.acc["dense"]["w"].dtype == jnp.float32
+
+
+def test_multisteps_errors():
+    with pytest.raises(ValueError, match="every_k must be >= 1, got 0"):
+        eqxopt.MultiSteps(eqxopt.SGD(0.1), every_k=0)
+    with pytest.raises(TypeError, match="every_k must be an integer"):
+        eqxopt.MultiSteps(eqxopt.SGD(0.1), every_k=2.0)
+    with pytest.raises(TypeError, match="inner must be an eqxopt transform"):
+        eqxopt.MultiSteps(optax.sgd(0.1), every_k=2)  # type: ignore[arg-type]
+    opt = eqxopt.MultiSteps(eqxopt.SGD(0.1), every_k=2)
+    with pytest.raises(TypeError, match="MultiSteps got the keyword argument"):
+        opt.update(GRADS[0], opt.init(PARAMS), PARAMS, value=1.0)
+
+
+# ---------------------------------------------------------------------------------
+# Non-finite gradients
+
+
+def test_skip_non_finite_matches_optax_apply_if_finite():
+    # Bad steps 3, then 10-12 (three in a row: the third is past the bound of 2
+    # and is applied, as optax does), then an inf at 20.
+    grads = with_nans(GRADS, [3, 10, 11, 12])
+    grads = with_nans(grads, [20], jnp.inf)
+    # SGD with momentum inside: its state shows whether a step was skipped, and
+    # it matches optax to rounding (eqxopt.Adam and optax.adam alone drift apart by
+    # ~5e-6 over 30 unit-size steps, which would blur what this test checks).
+    ours = eqxopt.SkipNonFinite(
+        eqxopt.SGD(0.05, momentum=0.9), max_consecutive_errors=2
+    )
+    ref = optax.apply_if_finite(optax.sgd(0.05, momentum=0.9), max_consecutive_errors=2)
+    history = run_eqxopt(ours, PARAMS, grads)
+    assert_histories_close(history, run_optax(ref, PARAMS, grads))
+    assert bool(jnp.isnan(history[12]["dense"]["b"][1]))  # the give-up step
+
+
+def test_nan_gradients_never_reach_the_parameters():
+    bad = [2, 5, 6, 7, 15]
+    grads = with_nans(GRADS, bad)
+    opt = eqxopt.SkipNonFinite(eqxopt.Adam(0.05), max_consecutive_errors=10)
+    state = opt.init(PARAMS)
+    params = PARAMS
+    for i, g in enumerate(grads):
+        new_params, state = opt.step(g, state, params)
+        for leaf in jax.tree.leaves(new_params):
+            assert bool(jnp.all(jnp.isfinite(leaf)))
+        if i in bad:
+            for a, b in zip(jax.tree.leaves(new_params), jax.tree.leaves(params)):
+                np.testing.assert_array_equal(a, b)
+            assert not bool(state.last_finite)
+        params = new_params
+    assert int(state.total_notfinite) == len(bad)
+    assert int(state.notfinite_count) == 0
+    # The same as Adam run on the good gradients only.
+    good = [g for i, g in enumerate(GRADS) if i not in bad]
+    expected = run_eqxopt(eqxopt.Adam(0.05), PARAMS, good)[-1]
+    assert_histories_close([params], [expected])
+    assert int(state.inner.step) == len(good)
+
+
+def test_apply_if_finite_is_skip_non_finite_and_errors_are_clear():
+    opt = eqxopt.apply_if_finite(eqxopt.SGD(0.1), 3)
+    assert isinstance(opt, eqxopt.SkipNonFinite)
+    assert int(opt.max_consecutive_errors) == 3
+    with pytest.raises(ValueError, match="max_consecutive_errors must be >= 0, got -1"):
+        eqxopt.SkipNonFinite(eqxopt.SGD(0.1), -1)
+    with pytest.raises(TypeError, match="max_consecutive_errors must be an integer"):
+        eqxopt.SkipNonFinite(eqxopt.SGD(0.1), 1.5)
+
+
+def test_zero_nans_matches_optax_and_records_where():
+    grads = with_nans(GRADS, [1, 4])
+    ours = eqxopt.Chain(eqxopt.ZeroNans(), eqxopt.SGD(0.1))
+    ref = optax.chain(optax.zero_nans(), optax.sgd(0.1))
+    assert_histories_close(
+        run_eqxopt(ours, PARAMS, grads), run_optax(ref, PARAMS, grads)
+    )
+    opt = eqxopt.ZeroNans()
+    updates, state = opt.update(grads[1], opt.init(PARAMS), PARAMS)
+    assert bool(state.found_nan["dense"]["b"])
+    assert not bool(state.found_nan["dense"]["w"])
+    assert float(updates["dense"]["b"][1]) == 0.0
+
+
+# ---------------------------------------------------------------------------------
+# Averaging
+
+
+def test_param_ema_follows_the_numpy_rule():
+    decay = 0.9
+    opt = eqxopt.ParamEMA(eqxopt.SGD(0.1, momentum=0.5), decay=decay)
+    state = opt.init(PARAMS)
+    params = PARAMS
+    ema = [np.asarray(p, np.float64) for p in jax.tree.leaves(PARAMS)]
+    for g in GRADS:
+        params, state = opt.step(g, state, params)
+        ema = [
+            decay * e + (1 - decay) * np.asarray(p, np.float64)
+            for e, p in zip(ema, jax.tree.leaves(params))
+        ]
+    for got, want in zip(jax.tree.leaves(state.ema), ema):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    # The updates are the inner optimizer's, untouched.
+    assert_histories_close(
+        [params], [run_optax(optax.sgd(0.1, momentum=0.5), PARAMS, GRADS)[-1]]
+    )
+
+
+def test_param_ema_averaged_model_keeps_dtypes_and_static_leaves():
+    model = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.key(0))
+    model = jax.tree.map(
+        lambda x: x.astype(jnp.bfloat16) if eqx.is_inexact_array(x) else x, model
+    )
+    opt = eqxopt.ParamEMA(eqxopt.SGD(0.1), decay=0.5)
+    state = opt.init(model)
+    assert state.ema.layers[0].weight.dtype == jnp.float32
+    grads = jax.tree.map(jnp.ones_like, eqx.filter(model, eqx.is_inexact_array))
+    model, state = opt.step(grads, state, model)
+    averaged = state.averaged(model)
+    assert averaged.activation is model.activation
+    assert averaged.layers[0].weight.dtype == jnp.bfloat16
+    with pytest.raises(ValueError, match="decay must be in"):
+        eqxopt.ParamEMA(eqxopt.SGD(0.1), decay=1.5)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.8])
+def test_lookahead_matches_optax(alpha):
+    ours = eqxopt.Lookahead(eqxopt.SGD(0.05, momentum=0.9), sync_period=4, alpha=alpha)
+    tx = optax.lookahead(
+        optax.sgd(0.05, momentum=0.9), sync_period=4, slow_step_size=alpha
+    )
+    fast = optax.LookaheadParams.init_synced(PARAMS)
+    state = tx.init(fast)
+    update = jax.jit(tx.update)
+    expected = []
+    for g in GRADS:
+        updates, state = update(g, state, fast)
+        fast = optax.apply_updates(fast, updates)
+        expected.append(fast.fast)
+    assert_histories_close(run_eqxopt(ours, PARAMS, GRADS), expected)
+
+
+def test_lookahead_state_and_errors():
+    opt = eqxopt.Lookahead(eqxopt.SGD(0.1), sync_period=2)
+    state = opt.init(PARAMS)
+    assert set(vars(state)) == {"steps_since_sync", "slow", "inner"}
+    params, state = opt.step(GRADS[0], state, PARAMS)
+    np.testing.assert_array_equal(state.slow["scale"], PARAMS["scale"])
+    params, state = opt.step(GRADS[1], state, params)
+    np.testing.assert_allclose(state.slow["scale"], params["scale"], rtol=1e-6)
+    with pytest.raises(ValueError, match="sync_period must be >= 1"):
+        eqxopt.Lookahead(eqxopt.SGD(0.1), sync_period=0)
+    with pytest.raises(ValueError, match="alpha must be in"):
+        eqxopt.Lookahead(eqxopt.SGD(0.1), alpha=2.0)
+
+
+# ---------------------------------------------------------------------------------
+# ReduceOnPlateau
+
+
+def test_reduce_on_plateau_matches_optax_contrib():
+    kwargs = dict(
+        factor=0.5, patience=2, rtol=1e-3, atol=0.0, cooldown=1, accumulation_size=2
+    )
+    ours = eqxopt.Chain(
+        eqxopt.SGD(0.1), eqxopt.ReduceOnPlateau(**kwargs, min_scale=0.01)
+    )
+    ref = optax.chain(
+        optax.sgd(0.1), optax.contrib.reduce_on_plateau(**kwargs, min_scale=0.01)
+    )
+    # A loss that improves, then plateaus (with noise), then improves again.
+    rng = np.random.default_rng(0)
+    losses = np.concatenate(
+        [
+            np.linspace(2.0, 1.0, 12),
+            1.0 + 0.01 * rng.random(36),
+            np.linspace(0.9, 0.5, 12),
+        ]
+    )
+    grads = list(grad_stream(PARAMS, len(losses), seed=4))
+    state, ref_state = ours.init(PARAMS), ref.init(PARAMS)
+    ref_update = jax.jit(ref.update)
+    scales = []
+    for g, loss in zip(grads, losses):
+        value = jnp.asarray(loss, jnp.float32)
+        u, state = ours.update(g, state, PARAMS, value=value)
+        ru, ref_state = ref_update(g, ref_state, PARAMS, value=value)
+        assert_histories_close([u], [ru])
+        ours_s, ref_s = state["ReduceOnPlateau"], ref_state[1]
+        assert float(ours_s.scale) == float(ref_s.scale)
+        assert int(ours_s.plateau_count) == int(ref_s.plateau_count)
+        assert int(ours_s.cooldown_count) == int(ref_s.cooldown_count)
+        np.testing.assert_allclose(
+            float(ours_s.best_value), float(ref_s.best_value), rtol=1e-6
+        )
+        scales.append(float(ours_s.scale))
+    assert min(scales) < 0.2  # it did reduce, several times
+
+
+def test_reduce_on_plateau_errors():
+    opt = eqxopt.ReduceOnPlateau()
+    with pytest.raises(TypeError, match="needs the loss: pass value=loss"):
+        opt.update(GRADS[0], opt.init(PARAMS), PARAMS)
+    with pytest.raises(ValueError, match="must be a scalar"):
+        opt.update(GRADS[0], opt.init(PARAMS), PARAMS, value=jnp.ones(2))
+    with pytest.raises(ValueError, match="factor must be in"):
+        eqxopt.ReduceOnPlateau(factor=1.0)
+    with pytest.raises(ValueError, match="rtol and atol must not both be 0"):
+        eqxopt.ReduceOnPlateau(rtol=0.0, atol=0.0)
+    with pytest.raises(ValueError, match="accumulation_size must be >= 1"):
+        eqxopt.ReduceOnPlateau(accumulation_size=0)
+
+
+# ---------------------------------------------------------------------------------
+# optax interop
+
+
+def test_from_optax_matches_optax_and_chains_with_eqxopt():
+    ours = eqxopt.Chain(
+        eqxopt.from_optax(optax.clip_by_global_norm(1.0)),
+        eqxopt.SGD(0.05, momentum=0.9),
+    )
+    ref = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.05, momentum=0.9))
+    assert_histories_close(
+        run_eqxopt(ours, PARAMS, GRADS), run_optax(ref, PARAMS, GRADS)
+    )
+
+
+def test_from_optax_takes_a_whole_equinox_model():
+    model = eqx.nn.MLP(2, 1, 8, 1, key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (16, 2))
+
+    def loss_fn(m):
+        return jnp.mean((jax.vmap(m)(x)[:, 0] - x[:, 0] * x[:, 1]) ** 2)
+
+    ours, theirs = eqxopt.from_optax(optax.adamw(0.01)), eqxopt.AdamW(0.01)
+    s1, s2 = ours.init(model), theirs.init(model)
+    m1 = m2 = model
+    for _ in range(10):
+        m1, s1 = ours.step(eqx.filter_grad(loss_fn)(m1), s1, m1)
+        m2, s2 = theirs.step(eqx.filter_grad(loss_fn)(m2), s2, m2)
+    assert_histories_close(
+        [eqx.filter(m1, eqx.is_array)], [eqx.filter(m2, eqx.is_array)]
+    )
+    assert loss_fn(m1) < loss_fn(model)
+
+
+def test_to_optax_works_inside_optax_chain():
+    sgd = eqxopt.SGD(0.05, momentum=0.9)
+    ours = optax.chain(optax.clip_by_global_norm(1.0), sgd.to_optax())
+    ref = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.05, momentum=0.9))
+    assert isinstance(ours, optax.GradientTransformation)
+    assert_histories_close(
+        run_optax(ours, PARAMS, GRADS), run_optax(ref, PARAMS, GRADS)
+    )
+    # The same numbers as the eqxopt chain run natively.
+    adam = optax.chain(optax.clip_by_global_norm(1.0), eqxopt.Adam(0.05).to_optax())
+    native = eqxopt.Chain(eqxopt.ClipByGlobalNorm(1.0), eqxopt.Adam(0.05))
+    assert_histories_close(
+        run_optax(adam, PARAMS, GRADS), run_eqxopt(native, PARAMS, GRADS)
+    )
+
+
+def test_to_optax_passes_the_loss_to_transforms_that_take_it():
+    tx = eqxopt.Chain(eqxopt.SGD(0.1), eqxopt.ReduceOnPlateau(patience=0)).to_optax()
+    state = tx.init(PARAMS)
+    _, state = tx.update(GRADS[0], state, PARAMS, value=1.0, other=3)
+    assert float(state["ReduceOnPlateau"].best_value) == 1.0
+
+
+def test_interop_errors():
+    with pytest.raises(ValueError, match="need params"):
+        tx = eqxopt.SGD(0.1).to_optax()
+        tx.update(GRADS[0], tx.init(PARAMS))
+    with pytest.raises(TypeError, match=r"tx must be an optax\.GradientTransformation"):
+        eqxopt.from_optax(eqxopt.SGD(0.1))
+    sgd = optax.sgd(0.1)
+    opt = eqxopt.from_optax(optax.GradientTransformation(sgd.init, sgd.update))
+    with pytest.raises(TypeError, match="takes no keyword arguments"):
+        opt.update(GRADS[0], opt.init(PARAMS), PARAMS, value=1.0)
+
+
+# ---------------------------------------------------------------------------------
+# Everything together
+
+
+def test_clip_accumulate_partition_skip_around_adamw_trains_an_mlp():
+    model = eqx.nn.MLP(3, 2, 16, 2, activation=jax.nn.tanh, key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (64, 3))
+    y = jnp.stack([jnp.sin(x[:, 0]), x[:, 1] * x[:, 2]], axis=1)
+
+    def loss_fn(m, xb, yb):
+        return jnp.mean((jax.vmap(m)(xb) - yb) ** 2)
+
+    opt = eqxopt.SkipNonFinite(
+        eqxopt.MultiSteps(
+            eqxopt.Chain(
+                eqxopt.ClipByGlobalNorm(1.0),
+                eqxopt.Partition(
+                    {
+                        "decay": eqxopt.AdamW(0.02, weight_decay=1e-3),
+                        "no_decay": eqxopt.AdamW(0.02, weight_decay=0.0),
+                    },
+                    labels=lambda leaf: "decay" if leaf.ndim >= 2 else "no_decay",
+                ),
+                names=("clip", "groups"),
+            ),
+            every_k=2,
+        ),
+        max_consecutive_errors=3,
+    )
+    state = opt.init(model)
+    chain_state = state.inner.inner
+    assert chain_state.names == ("clip", "groups")
+    assert set(chain_state["groups"].groups) == {"decay", "no_decay"}
+    assert chain_state["groups"]["no_decay"].mu.layers[0].weight is None
+
+    start = loss_fn(model, x, y)
+    bad_steps = {7, 30}
+    for i in range(120):
+        xb, yb = x[(i % 4) * 16 : (i % 4 + 1) * 16], y[(i % 4) * 16 : (i % 4 + 1) * 16]
+        grads = eqx.filter_grad(loss_fn)(model, xb, yb)
+        if i in bad_steps:
+            grads = jax.tree.map(lambda g: g * jnp.nan, grads)
+        model, state = opt.step(grads, state, model)
+        assert all(
+            bool(jnp.all(jnp.isfinite(p)))
+            for p in jax.tree.leaves(eqx.filter(model, eqx.is_array))
+        )
+    assert int(state.total_notfinite) == len(bad_steps)
+    assert int(state.inner.gradient_step) == (120 - len(bad_steps)) // 2
+    assert loss_fn(model, x, y) < 0.3 * start
