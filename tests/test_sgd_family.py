@@ -255,11 +255,12 @@ def test_rprop_relation_to_optax_stale_update():
     state = opt.init(PARAMS)
     tx = optax.rprop(0.01)
     tx_state = tx.init(PARAMS)
+    tx_update = jax.jit(tx.update)
     previous = jax.tree.map(jnp.zeros_like, PARAMS)
     prev_grads = jax.tree.map(jnp.zeros_like, PARAMS)
     for g in GRADS[:10]:
         ours, state = opt.update(g, state, PARAMS)
-        theirs, tx_state = tx.update(g, tx_state, PARAMS)
+        theirs, tx_state = tx_update(g, tx_state, PARAMS)
         expected = jax.tree.map(
             lambda u, g1, g0: jnp.where(g1 * g0 < 0, 0.0, u), previous, g, prev_grads
         )
@@ -306,10 +307,13 @@ def _quadratic(params):
     )
 
 
+_value_and_grad = jax.jit(jax.value_and_grad(_quadratic))
+
+
 def _run_polyak_eqxopt(opt, steps=STEPS):
     params, state, history = PARAMS, opt.init(PARAMS), []
     for _ in range(steps):
-        value, grads = jax.value_and_grad(_quadratic)(params)
+        value, grads = _value_and_grad(params)
         params, state = opt.step(grads, state, params, value=value)
         history.append(params)
     return history
@@ -317,9 +321,10 @@ def _run_polyak_eqxopt(opt, steps=STEPS):
 
 def _run_polyak_optax(tx, steps=STEPS):
     params, state, history = PARAMS, tx.init(PARAMS), []
+    update = jax.jit(tx.update)
     for _ in range(steps):
-        value, grads = jax.value_and_grad(_quadratic)(params)
-        updates, state = tx.update(grads, state, params, value=value)
+        value, grads = _value_and_grad(params)
+        updates, state = update(grads, state, params, value=value)
         params = optax.apply_updates(params, updates)
         history.append(params)
     return history
@@ -379,8 +384,9 @@ def test_polyak_converges_on_least_squares():
     opt = eqxopt.PolyakSGD(max_learning_rate=10.0)
     state = opt.init(params)
     start = loss_fn(params)
+    value_and_grad = jax.jit(jax.value_and_grad(loss_fn))
     for _ in range(100):
-        value, grads = jax.value_and_grad(loss_fn)(params)
+        value, grads = value_and_grad(params)
         params, state = opt.step(grads, state, params, value=value)
     assert float(start) > 1.0
     assert float(loss_fn(params)) < 1e-6
@@ -424,6 +430,20 @@ def test_noisy_sgd_same_key_same_result_other_key_differs():
     for x, y, z in zip(jax.tree.leaves(a), jax.tree.leaves(d), jax.tree.leaves(e)):
         np.testing.assert_array_equal(x, y)
         np.testing.assert_array_equal(x, z)
+
+
+def test_noisy_sgd_none_gradient_leaves_other_noise_alone():
+    """Each leaf draws from its own key (by position in params), so a leaf
+    without a gradient changes neither its own parameter nor the others' noise."""
+    opt = eqxopt.NoisySGD(0.05, eta=0.5, key=4)
+    state = opt.init(PARAMS)
+    full, _ = opt.update(GRADS[0], state, PARAMS)
+    partial_grads = {**GRADS[0], "dense": None}
+    partial, new_state = opt.update(partial_grads, state, PARAMS)
+    assert partial["dense"]["w"] is None and partial["dense"]["b"] is None
+    for a, b in zip(jax.tree.leaves(partial), jax.tree.leaves({**full, "dense": None})):
+        np.testing.assert_array_equal(a, b)
+    assert int(new_state.step) == 1
 
 
 def test_noisy_sgd_key_advances_and_eta_zero_is_sgd():
