@@ -1,5 +1,6 @@
 """eqxopt: optimizers, gradient transforms and schedules as checked Equinox modules."""
 
+from ._adabelief import AdaBelief as AdaBelief
 from ._adadelta import Adadelta as Adadelta
 from ._adadelta import AdadeltaState as AdadeltaState
 from ._adafactor import Adafactor as Adafactor
@@ -7,10 +8,20 @@ from ._adafactor import AdafactorState as AdafactorState
 from ._adagrad import Adagrad as Adagrad
 from ._adagrad import AdagradState as AdagradState
 from ._adam import Adam as Adam
+from ._adam import Adamax as Adamax
+from ._adam import AdamaxW as AdamaxW
 from ._adam import AdamState as AdamState
 from ._adam import AdamW as AdamW
+from ._adam import AMSGrad as AMSGrad
+from ._adam import AMSGradState as AMSGradState
+from ._adam import NAdam as NAdam
+from ._adam import NAdamState as NAdamState
+from ._adam import NAdamW as NAdamW
 from ._adan import Adan as Adan
 from ._adan import AdanState as AdanState
+from ._ademamix import AdEMAMix as AdEMAMix
+from ._ademamix import AdEMAMixState as AdEMAMixState
+from ._adopt import ADOPT as ADOPT
 from ._base import AbstractTransform as AbstractTransform
 from ._accumulate import MultiSteps as MultiSteps
 from ._accumulate import MultiStepsState as MultiStepsState
@@ -48,6 +59,7 @@ from ._transforms import AddNoiseState as AddNoiseState
 from ._transforms import Centralize as Centralize
 from ._transforms import DecoupledWeightDecay as DecoupledWeightDecay
 from ._transforms import DecoupledWeightDecayState as DecoupledWeightDecayState
+from ._cautious import CAdamW as CAdamW
 from ._fromage import Fromage as Fromage
 from ._fromage import FromageState as FromageState
 from ._lamb import LAMB as LAMB
@@ -65,11 +77,14 @@ from ._optimistic import OptimisticGradientDescent as OptimisticGradientDescent
 from ._optimistic import (
     OptimisticGradientDescentState as OptimisticGradientDescentState,
 )
+from ._optimistic_adam import OptimisticAdam as OptimisticAdam
+from ._optimistic_adam import OptimisticAdamState as OptimisticAdamState
 from ._plot import plot_schedules as plot_schedules
 from ._polyak import PolyakSGD as PolyakSGD
 from ._polyak import PolyakSGDState as PolyakSGDState
 from ._prodigy import Prodigy as Prodigy
 from ._prodigy import ProdigyState as ProdigyState
+from ._radam import RAdam as RAdam
 from ._rmsprop import RMSProp as RMSProp
 from ._rmsprop import RMSPropState as RMSPropState
 from ._rprop import Rprop as Rprop
@@ -114,6 +129,8 @@ from ._sm3 import SM3 as SM3
 from ._sm3 import SM3State as SM3State
 from ._soap import SOAP as SOAP
 from ._soap import SOAPState as SOAPState
+from ._stable_adamw import StableAdamW as StableAdamW
 from ._tree import apply_updates as apply_updates
+from ._yogi import Yogi as Yogi
 
 __version__ = "0.1.0"

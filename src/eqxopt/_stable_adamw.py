@@ -1,0 +1,123 @@
+"""StableAdamW: AdamW with per-tensor update clipping."""
+
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from ._adam import (
+    AdamState,
+    abs_sq,
+    adam_state,
+    betas_and_eps,
+    bias_correction,
+    decay_flags,
+    dtype_or_none,
+    ema,
+    float_or_schedule,
+    freeze_mask,
+    value_at,
+    with_decay,
+)
+from ._base import AbstractTransform, Grads, Params, Updates
+from ._leafwise import map_leaves
+from ._schedules import AbstractSchedule, as_schedule
+from ._tree import increment
+
+
+class StableAdamW(AbstractTransform):
+    """StableAdamW (Wortsman et al., 2023, "Stable and low-precision training for
+    large-scale vision-language models", Algorithm 2): AdamW whose step size is cut,
+    per tensor, when the gradient is large compared with the second moment (the
+    AdaFactor-style update clipping that prevents loss spikes).
+
+    Per leaf, with `t = step + 1` and `lr`, `wd` the learning rate and weight decay
+    at `step`:
+
+    ```
+    mu = b1 * mu + (1 - b1) * g
+    nu = b2 * nu + (1 - b2) * g**2
+    m_hat, v_hat = mu / (1 - b1**t), nu / (1 - b2**t)
+    rms = sqrt(mean(g**2 / max(v_hat, eps**2)))          (over the leaf)
+    eta = lr / max(1, rms)
+    p  = p - eta * (m_hat / (sqrt(v_hat + eps_root) + eps) + wd * p)
+    ```
+
+    The paper writes the moments with bias-corrected decays
+    `b_hat = b * (1 - b**(t-1)) / (1 - b**t)`, which gives exactly `m_hat` and
+    `v_hat` above. The decay is clipped with the step, as in the paper, and uses the
+    parameter from before the update. Neither optax nor torch.optim has this
+    optimizer.
+
+    **Arguments:**
+
+    - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
+    - `b1`, `b2`, `eps`, `eps_root`: as for `Adam`.
+    - `weight_decay`, `mask`: as for `AdamW`.
+    - `mu_dtype`, `nu_dtype`: as for `Adam`.
+    """
+
+    learning_rate: AbstractSchedule
+    b1: Float[Array, ""]
+    b2: Float[Array, ""]
+    eps: Float[Array, ""]
+    eps_root: Float[Array, ""]
+    weight_decay: Float[Array, ""] | AbstractSchedule
+    mask: Any = eqx.field(static=True)
+    mu_dtype: Any = eqx.field(static=True)
+    nu_dtype: Any = eqx.field(static=True)
+
+    def __init__(
+        self,
+        learning_rate: Any,
+        b1: Any = 0.9,
+        b2: Any = 0.999,
+        eps: Any = 1e-8,
+        weight_decay: Any = 1e-4,
+        *,
+        eps_root: Any = 0.0,
+        mask: Any = None,
+        mu_dtype: Any = None,
+        nu_dtype: Any = None,
+    ):
+        self.learning_rate = as_schedule("learning_rate", learning_rate)
+        self.b1, self.b2, self.eps, self.eps_root = betas_and_eps(b1, b2, eps, eps_root)
+        self.weight_decay = float_or_schedule("weight_decay", weight_decay, low=0.0)
+        self.mask = freeze_mask(mask)
+        self.mu_dtype = dtype_or_none("mu_dtype", mu_dtype)
+        self.nu_dtype = dtype_or_none("nu_dtype", nu_dtype)
+
+    def init(self, params: Params) -> AdamState:
+        decay_flags(self.mask, params)
+        return adam_state(params, self.mu_dtype, self.nu_dtype)
+
+    def transform(
+        self, grads: Grads, state: AdamState, params: Params
+    ) -> tuple[Updates, AdamState]:
+        lr = self.learning_rate(state.step)
+        wd = value_at(self.weight_decay, state.step)
+        b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
+        t = increment(state.step)
+        bias1 = bias_correction(b1, t)
+        bias2 = bias_correction(b2, t)
+
+        def rule(g, p, mu, nu, flag):
+            mu = ema(mu, g, b1)
+            nu = ema(nu, abs_sq(g), b2)
+            v_hat = nu / bias2
+            rms = jnp.sqrt(jnp.mean(abs_sq(g) / jnp.maximum(v_hat, eps * eps)))
+            eta = lr / jnp.maximum(1.0, rms)
+            direction = (mu / bias1) / (jnp.sqrt(v_hat + eps_root) + eps)
+            return -eta * with_decay(direction, p, wd, flag), mu, nu
+
+        # Not elementwise: the clipping factor is a mean over each leaf.
+        updates, (mu, nu) = map_leaves(
+            rule,
+            grads,
+            params,
+            (state.mu, state.nu),
+            elementwise=False,
+            flags=decay_flags(self.mask, params),
+        )
+        return updates, AdamState(step=t, mu=mu, nu=nu)
