@@ -14,6 +14,8 @@ import numpy as np
 import optax
 import pytest
 import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import eqxopt
 from helpers import (
@@ -942,3 +944,150 @@ def test_gallery_script_builds_every_schedule():
     for label, values in zip(schedules, outputs):
         values = np.asarray(values)
         assert np.all((values >= 0) & (values <= 1.0 + 1e-6)), label
+
+
+# --------------------------------------------------------------------------------------
+# Random configurations against optax (eager reference, 600 steps). eqxopt compiles
+# once per structure: every example below reuses the compiled `evaluate`.
+# --------------------------------------------------------------------------------------
+
+SHORT = jnp.arange(600, dtype=jnp.int32)
+# Zero or a realistic magnitude: values near float32's smallest normal (1e-38) flush
+# to zero in one library's intermediate and not the other's.
+value = (st.just(0.0) | st.floats(1e-4, 2.0)).map(f32)
+count = st.integers(1, 400)
+begin = st.integers(0, 200)
+random_settings = settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+def assert_matches_optax(ours, optax_schedule):
+    assert_close(evaluate(ours, SHORT), np.asarray(jax.vmap(optax_schedule)(SHORT)))
+
+
+def arr(x):
+    """optax gets its numbers as arrays here: eager JAX inlines Python scalars into
+    each primitive's kernel, so every new example would compile new kernels; arrays
+    reuse them. (Integer step counts as Python ints also become constants that XLA
+    divides by via their reciprocal: `1 - c / T` can be 6e-8 instead of 0 at the end,
+    which a power of 0.5 turns into 2.4e-4.)"""
+    return jnp.asarray(x, jnp.int32 if isinstance(x, int) else jnp.float32)
+
+
+@random_settings
+@given(value, value, st.floats(0.25, 3.0).map(f32), count, begin)
+def test_random_polynomial_matches_optax(init, end, power, steps, start):
+    assert_matches_optax(
+        eqxopt.Polynomial(init, end, power, steps, start),
+        optax.polynomial_schedule(*map(arr, (init, end, power, steps, start))),
+    )
+    assert_matches_optax(
+        eqxopt.Linear(init, end, steps, start),
+        optax.linear_schedule(*map(arr, (init, end, steps, start))),
+    )
+
+
+@random_settings
+@given(
+    value,
+    st.integers(1, 200),
+    st.floats(0.5, 1.5).map(f32),
+    st.integers(0, 100),
+    st.booleans(),
+    st.none() | value,
+)
+def test_random_exponential_decay_matches_optax(init, steps, rate, start, stairs, end):
+    assert_matches_optax(
+        eqxopt.ExponentialDecay(init, steps, rate, start, stairs, end),
+        optax.exponential_decay(
+            *map(arr, (init, steps, rate, start)),
+            staircase=stairs,
+            end_value=None if end is None else arr(end),
+        ),
+    )
+
+
+@random_settings
+@given(
+    value,
+    st.integers(1, 600),
+    st.floats(0.0, 1.0).map(f32),
+    st.floats(0.5, 3.0).map(f32),
+)
+def test_random_cosine_decay_matches_optax(init, steps, alpha, exponent):
+    assert_matches_optax(
+        eqxopt.CosineDecay(init, steps, alpha, exponent),
+        optax.cosine_decay_schedule(*map(arr, (init, steps, alpha, exponent))),
+    )
+
+
+@random_settings
+@given(value, st.floats(0.0, 1.0), st.integers(0, 300), st.integers(1, 400))
+def test_random_warmup_cosine_matches_optax(peak, floor_fraction, warmup, length):
+    floor = f32(peak * floor_fraction)
+    total = warmup + length
+    assert_matches_optax(
+        eqxopt.WarmupCosine(peak, floor, warmup, total),
+        optax.warmup_cosine_decay_schedule(
+            *map(arr, (0.0, peak, warmup, total, floor))
+        ),
+    )
+
+
+@random_settings
+@given(
+    st.sampled_from(["linear", "cosine"]),
+    value,
+    st.dictionaries(
+        st.integers(0, 600), st.floats(0.0, 4.0).map(f32), min_size=3, max_size=3
+    ),
+)
+def test_random_piecewise_schedules_match_optax(kind, init, scales):
+    array_scales = {k: arr(v) for k, v in scales.items()}
+    assert_matches_optax(
+        eqxopt.PiecewiseInterpolate(kind, init, scales),
+        optax.piecewise_interpolate_schedule(kind, arr(init), array_scales),
+    )
+    assert_matches_optax(
+        eqxopt.PiecewiseConstant(init, scales),
+        optax.piecewise_constant_schedule(arr(init), array_scales),
+    )
+
+
+@random_settings
+@given(
+    st.integers(10, 600),
+    value,
+    st.floats(0.05, 0.45),
+    st.floats(0.55, 1.0),
+    st.floats(1.0, 50.0).map(f32),
+    st.floats(1.0, 1e4).map(f32),
+)
+def test_random_one_cycles_match_optax(steps, peak, start, final, div, final_div):
+    # Distinct phase ends: optax builds a dict keyed by them, so equal ends would
+    # merge (a degenerate case where the two libraries differ; see the docstring).
+    # The fractions stay Python floats on both sides: the phase ends are
+    # int(pct * steps) in float64, which `0.9` in float32 would round one step lower.
+    assume(len({int(start * steps), int(final * steps), steps}) == 3)
+    assert_matches_optax(
+        eqxopt.LinearOneCycle(steps, peak, start, final, div, final_div),
+        optax.linear_onecycle_schedule(
+            steps, arr(peak), start, final, arr(div), arr(final_div)
+        ),
+    )
+    assert_matches_optax(
+        eqxopt.CosineOneCycle(steps, peak, start, div, final_div),
+        optax.cosine_onecycle_schedule(
+            steps, arr(peak), start, arr(div), arr(final_div)
+        ),
+    )
+
+
+def test_one_cycle_phase_ends_use_the_fraction_as_given():
+    # int(0.9 * 10) == 9, but int(float32(0.9) * 10) == 8.
+    assert int(eqxopt.LinearOneCycle(10, 1.0, 0.3, 0.9).final_step) == 9
+    assert int(eqxopt.CosineOneCycle(10, 1.0, 0.7).start_step) == 7
+    assert (
+        int(eqxopt.WarmupStableDecay(1.0, 0, 10, decay_fraction=0.9).decay_steps) == 9
+    )

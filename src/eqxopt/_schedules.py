@@ -679,12 +679,22 @@ class PiecewiseInterpolate(AbstractSchedule):
         )
 
 
-def _onecycle_step(pct: Array, total: Array) -> Int[Array, ""]:
-    # optax computes int(pct * transition_steps) in Python floats; do the same when
-    # both are known, so float32 rounding never moves a boundary by one step.
-    if is_concrete(pct) and is_concrete(total):
-        return jnp.asarray(int(float(pct) * int(total)), jnp.int32)
-    return jnp.floor(pct * total).astype(jnp.int32)
+def _fraction_of(raw: Any, checked: Array, total: Array, rounding: Any) -> Array:
+    """`rounding(raw * total)` as an int32 scalar, for a fraction of a step count.
+
+    optax computes `int(pct * transition_steps)` in Python floats. When both numbers
+    are known this does the same with the value as given (a Python float is a
+    float64), so rounding `0.9` to float32 (0.8999999762) never moves a boundary by
+    one step (`int(0.9 * 10) == 9`, `int(float32(0.9) * 10) == 8`). Traced values
+    use the checked float32 array.
+    """
+    if is_concrete(raw) and is_concrete(total):
+        return jnp.asarray(
+            int(rounding(float(np.asarray(raw, dtype=np.float64)) * int(total))),
+            jnp.int32,
+        )
+    exact = checked * total
+    return (jnp.floor(exact) if rounding is int else jnp.round(exact)).astype(jnp.int32)
 
 
 class LinearOneCycle(AbstractSchedule):
@@ -736,8 +746,8 @@ class LinearOneCycle(AbstractSchedule):
                 f"pct_final must be >= pct_start, got pct_final={float(final)!r} and "
                 f"pct_start={float(start)!r}"
             )
-        self.start_step = _onecycle_step(start, self.transition_steps)
-        self.final_step = _onecycle_step(final, self.transition_steps)
+        self.start_step = _fraction_of(pct_start, start, self.transition_steps, int)
+        self.final_step = _fraction_of(pct_final, final, self.transition_steps, int)
         self.div_factor = _factor("div_factor", div_factor)
         self.final_div_factor = _factor("final_div_factor", final_div_factor)
 
@@ -798,7 +808,7 @@ class CosineOneCycle(AbstractSchedule):
         self.transition_steps = _positive_count("transition_steps", transition_steps)
         self.peak_value = _value("peak_value", peak_value)
         start = hyperparameter("pct_start", pct_start, low=0.0, high=1.0)
-        self.start_step = _onecycle_step(start, self.transition_steps)
+        self.start_step = _fraction_of(pct_start, start, self.transition_steps, int)
         self.div_factor = _factor("div_factor", div_factor)
         self.final_div_factor = _factor("final_div_factor", final_div_factor)
 
@@ -1211,14 +1221,11 @@ class WarmupStableDecay(AbstractSchedule):
                 f"decay_steps={decay_steps!r} and decay_fraction={decay_fraction!r}"
             )
         if decay_steps is None:
+            raw = 0.2 if decay_fraction is None else decay_fraction
             fraction = hyperparameter(
-                "decay_fraction",
-                0.2 if decay_fraction is None else decay_fraction,
-                low=0.0,
-                high=1.0,
-                low_open=True,
+                "decay_fraction", raw, low=0.0, high=1.0, low_open=True
             )
-            decay_steps = jnp.round(fraction * self.total_steps).astype(jnp.int32)
+            decay_steps = _fraction_of(raw, fraction, self.total_steps, round)
             if is_concrete(decay_steps) and int(decay_steps) < 1:
                 raise ValueError(
                     "decay_fraction * total_steps must round to at least one step, "
