@@ -718,7 +718,10 @@ class LinearOneCycle(AbstractSchedule):
     - `div_factor`: `peak_value / div_factor` is the starting value, `> 0`.
     - `final_div_factor`: the final value is the starting value over this, `> 0`.
 
-    The phase ends `int(pct * T)` are int32 fields computed at construction.
+    The phase ends `int(pct * T)` are int32 fields computed at construction (in
+    float64 from the fractions as given, like optax; in float32 when they are traced).
+    When two phase ends coincide, optax's dict of boundaries merges them and drops a
+    factor; here the phase simply has zero length.
     """
 
     transition_steps: Int[Array, ""]
