@@ -97,9 +97,10 @@ class ClipByGlobalNorm(AbstractTransform):
     ```
 
     The same as `optax.clip_by_global_norm` and `torch.nn.utils.clip_grad_norm_`
-    (torch divides by `n + 1e-6`), except that all-zero gradients give zeros,
-    never NaN, also in the gradient of this function (optax PR 1752). Leaves with a
-    `None` gradient are left out of the norm.
+    (torch divides by `n + 1e-6`), except that all-zero gradients give zeros and
+    never NaN, also in the gradient of this function (optax 0.2.8 gives NaN there,
+    and for `max_norm=0`; optax PR 1752). Leaves with a `None` gradient are left
+    out of the norm.
 
     **Arguments:**
 

@@ -199,8 +199,10 @@ class Masked(AbstractTransform):
     through unchanged, as `optax.masked`. `inner` keeps no state for them.
 
     Use it for a gradient transform inside a `Chain`
-    (`Masked(ClipByValue(1.0), mask)`); to keep leaves from changing at all use
-    `Freeze`.
+    (`Masked(ClipByValue(1.0), mask)`). Do not wrap a whole optimizer in it: the
+    leaves outside the mask would get their raw gradient as the update (as in
+    optax). To keep leaves from changing at all use `Freeze`; for different
+    optimizers per group use `Partition`.
 
     **Arguments:**
 
