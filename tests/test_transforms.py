@@ -345,7 +345,7 @@ def test_partition_errors_name_the_leaf_and_label():
         TypeError, match=r"transforms\['a'\] must be an eqxopt transform"
     ):
         eqxopt.Partition({"a": optax.sgd(0.1)}, label_by_rank)  # type: ignore[dict-item]
-    with pytest.raises(TypeError, match="hashable label"):
+    with pytest.raises(TypeError, match=r"hashable label.*called on each leaf"):
         eqxopt.Partition(GROUPS, lambda x: [1]).init(PARAMS)
 
 
@@ -383,3 +383,14 @@ def test_masked_mask_of_wrong_structure_names_it():
     opt = eqxopt.Masked(eqxopt.ClipByValue(1.0), {"dense": True})
     with pytest.raises(ValueError, match="mask does not have the tree structure"):
         opt.init(PARAMS)
+
+
+def test_masked_reads_an_equinox_module_mask_as_a_tree():
+    model = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.key(0))
+    mask = jax.tree.map(lambda x: x.ndim == 2, eqx.filter(model, eqx.is_array))
+    assert callable(mask)
+    opt = eqxopt.Chain(eqxopt.Masked(eqxopt.ClipByValue(0.0), mask), eqxopt.SGD(1.0))
+    grads = jax.tree.map(jnp.ones_like, eqx.filter(model, eqx.is_inexact_array))
+    new, _ = opt.step(grads, opt.init(model), model)
+    np.testing.assert_array_equal(new.layers[0].weight, model.layers[0].weight)
+    np.testing.assert_allclose(new.layers[0].bias, model.layers[0].bias - 1.0)

@@ -53,8 +53,15 @@ def resolve_labels(labels: Any, params: PyTree) -> list[Hashable | None]:
             try:
                 hash(value)
             except TypeError:
+                hint = ""
+                if _is_label_fn(label):
+                    hint = (
+                        "; a function given as labels is called on each leaf, as "
+                        "eqx.filter calls a filter (for an optax-style function of "
+                        "the whole tree, pass labels=label_fn(params))"
+                    )
                 raise TypeError(
-                    f"labels{path} must give a hashable label, got {value!r}"
+                    f"labels{path} must give a hashable label, got {value!r}{hint}"
                 ) from None
             out.append(value)
     return out
