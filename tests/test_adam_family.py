@@ -691,3 +691,16 @@ def test_bad_moment_dtypes():
         eqxopt.RAdam(0.01, nu_dtype=jnp.int32)
     with pytest.raises(TypeError, match="mu_dtype must be a float dtype or None"):
         eqxopt.CAdamW(0.01, mu_dtype="not a dtype")
+
+
+class _UnhashableMaskFn:
+    __hash__ = None  # type: ignore[assignment]
+
+    def __call__(self, params):
+        return jax.tree.map(lambda _: True, params)
+
+
+def test_mask_function_must_be_hashable():
+    # It sits in a static field, which is part of the compiled step's cache key.
+    with pytest.raises(TypeError, match="mask must be hashable when it is a function"):
+        eqxopt.AdamW(0.01, mask=_UnhashableMaskFn())
