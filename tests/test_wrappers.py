@@ -404,3 +404,37 @@ def test_clip_accumulate_partition_skip_around_adamw_trains_an_mlp():
     assert int(state.total_notfinite) == len(bad_steps)
     assert int(state.inner.gradient_step) == (120 - len(bad_steps)) // 2
     assert loss_fn(model, x, y) < 0.3 * start
+
+
+def test_reduce_on_plateau_matches_torch_with_patience_one_more():
+    # torch reduces once the bad evaluations exceed `patience`, optax and eqxopt
+    # once they reach it: eqxopt patience=p+1 is torch patience=p.
+    import torch
+
+    rng = np.random.default_rng(1)
+    losses = np.concatenate(
+        [
+            np.linspace(2.0, 1.0, 10),
+            1.0 + 0.01 * rng.random(40),
+            np.linspace(0.9, 0.5, 10),
+        ]
+    )
+    param = torch.nn.Parameter(torch.zeros(1))
+    sgd = torch.optim.SGD([param], lr=1.0)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        sgd, factor=0.5, patience=1, threshold=1e-3, cooldown=2, min_lr=0.05
+    )
+    opt = eqxopt.ReduceOnPlateau(
+        factor=0.5, patience=2, rtol=1e-3, cooldown=2, min_scale=0.05
+    )
+    params = {"w": jnp.zeros(1)}
+    state = opt.init(params)
+    scales = []
+    for loss in losses:
+        _, state = opt.update(params, state, params, value=jnp.float32(loss))
+        sched.step(float(loss))
+        np.testing.assert_allclose(
+            float(state.scale), sgd.param_groups[0]["lr"], rtol=1e-6
+        )
+        scales.append(float(state.scale))
+    assert min(scales) == pytest.approx(0.05)

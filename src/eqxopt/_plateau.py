@@ -50,8 +50,10 @@ def _count(name: str, value: Any, low: int) -> Int[Array, ""]:
 class ReduceOnPlateau(AbstractTransform):
     """Multiplies the incoming updates by a scale that drops by `factor` when the
     loss has not improved for `patience` evaluations, as
-    `optax.contrib.reduce_on_plateau` and (for the learning rate)
-    `torch.optim.lr_scheduler.ReduceLROnPlateau(mode="min")`.
+    `optax.contrib.reduce_on_plateau`. It also gives the learning-rate factor of
+    `torch.optim.lr_scheduler.ReduceLROnPlateau(mode="min", threshold=rtol)`
+    with torch's `patience` one less: torch reduces once the bad evaluations
+    exceed `patience`, optax and eqxopt once they reach it.
 
     Place it after the optimizer, `Chain(Adam(lr), ReduceOnPlateau(...))`, and pass
     the loss to every `update`/`step` as `value=loss`. Every `accumulation_size`
