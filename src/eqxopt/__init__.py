@@ -46,6 +46,8 @@ from ._finite import apply_if_finite as apply_if_finite
 from ._interop import FromOptax as FromOptax
 from ._interop import FromOptaxState as FromOptaxState
 from ._interop import from_optax as from_optax
+from ._lbfgs import LBFGS as LBFGS
+from ._lbfgs import LBFGSState as LBFGSState
 from ._partition import Freeze as Freeze
 from ._partition import Masked as Masked
 from ._partition import MaskedState as MaskedState
