@@ -637,6 +637,33 @@ def test_lbfgs_data_keywords_reach_value_fn_without_recompiling():
     np.testing.assert_allclose(params["w"][:, 0], [1.0, -2.0, 0.5], atol=0.05)
 
 
+def test_lbfgs_value_and_grad_reuses_the_linesearch_evaluation():
+    model = eqx.nn.MLP(2, 1, 8, 1, activation=jnp.tanh, key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (32, 2))
+    y = x[:, :1] * x[:, 1:]
+
+    def loss(m, x, y):
+        return jnp.mean((jax.vmap(m)(x) - y) ** 2)
+
+    opt = eqxopt.LBFGS()
+    state = opt.init(model)
+    for _ in range(5):
+        value, grads = opt.value_and_grad(state, model, loss, x=x, y=y)
+        want_value, want_grads = eqx.filter_value_and_grad(loss)(model, x, y)
+        np.testing.assert_allclose(value, want_value, rtol=1e-5)
+        assert_trees_close(grads, want_grads, rtol=1e-4, atol=1e-6)
+        model, state = opt.step(
+            grads, state, model, value=value, value_fn=loss, x=x, y=y
+        )
+    assert model.activation is jnp.tanh
+    # The stored evaluation really is reused (so it must be for the same loss):
+    stale, _ = opt.value_and_grad(state, model, loss, x=x, y=2 * y)
+    np.testing.assert_array_equal(stale, state.value)
+    assert float(loss(model, x, y)) < float(
+        loss(eqx.nn.MLP(2, 1, 8, 1, activation=jnp.tanh, key=jax.random.key(0)), x, y)
+    )
+
+
 def test_lbfgs_errors_say_what_to_pass():
     opt = eqxopt.LBFGS()
     state = opt.init(PARAMS)

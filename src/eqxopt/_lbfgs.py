@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
+from . import _dispatch
 from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter, is_concrete
 from ._schedules import AbstractSchedule, as_schedule
@@ -359,7 +360,9 @@ class LBFGS(AbstractTransform):
     an Equinox module (whose arrays are inputs). A fresh `lambda` or
     `functools.partial` each step recompiles each step, and so does a Python
     float `value`. After an update, `state.value` and `state.grad` hold the loss
-    and its gradient at the new parameters, computed by the linesearch.
+    and its gradient at the new parameters, computed by the linesearch;
+    `opt.value_and_grad(state, params, value_fn, **fn_kwargs)` returns them (or
+    evaluates the loss before the first update), saving one evaluation per update.
 
     Leaves whose gradient is `None` stay fixed: the search runs over the others.
 
@@ -606,3 +609,44 @@ class LBFGS(AbstractTransform):
             linesearch_steps=steps,
         )
         return updates, new_state
+
+    def value_and_grad(
+        self,
+        state: LBFGSState,
+        params: Params,
+        value_fn: Callable[..., Any],
+        **fn_kwargs: Any,
+    ) -> tuple[Float[Array, ""], Grads]:
+        """The loss and its gradient at `params`, reusing what the last update's
+        linesearch computed there (as `optax.value_and_grad_from_state`), which
+        saves one evaluation of `value_fn` and its gradient per update.
+
+        Valid when `params` are the parameters the last `step` returned and the
+        loss (`value_fn` and `fn_kwargs`) has not changed since; before the first
+        update, and without linesearch, it evaluates `value_fn`. Compiled, with
+        `value_fn` in the cache key as for `update`.
+
+        **Returns:** `(value, grads)`: float32 loss; gradients with `None` at
+        non-float leaves, each in its parameter's dtype.
+        """
+        return _dispatch.call(
+            _value_and_grad_entry, (state, params, value_fn, fn_kwargs)
+        )
+
+
+def _value_and_grad_entry(state, params, value_fn, fn_kwargs):
+    def compute(_):
+        value, grads = eqx.filter_value_and_grad(value_fn)(params, **fn_kwargs)
+        return jnp.asarray(value).astype(jnp.float32), grads
+
+    def reuse(_):
+        grads = jax.tree.map(
+            lambda g, p: None if g is None else g.astype(p.dtype),
+            state.grad,
+            params,
+            is_leaf=lambda x: x is None,
+        )
+        return state.value, grads
+
+    stored = jnp.isfinite(state.value) & (state.step > 0)
+    return jax.lax.cond(stored, reuse, compute, None)
