@@ -79,6 +79,7 @@ def test_muon_with_schedule_and_other_hyperparameters_matches_optax():
         adam_b2=0.99,
         adam_eps_root=1e-8,
         adam_learning_rate=0.01,
+        consistent_rms=0.2,
     )
     tx = optax.contrib.muon(
         optax.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, 0.005),
@@ -89,6 +90,7 @@ def test_muon_with_schedule_and_other_hyperparameters_matches_optax():
         adam_b2=0.99,
         adam_eps_root=1e-8,
         adam_learning_rate=0.01,
+        consistent_rms=0.2,
     )
     assert_histories_close(run_eqxopt(opt, PARAMS, GRADS), run_optax(tx, PARAMS, GRADS))
 
@@ -165,6 +167,8 @@ def test_muon_errors_name_the_argument():
         eqxopt.Muon(0.1, ns_steps=0)
     with pytest.raises(ValueError, match=r"beta must be in \[0.0, 1.0\)"):
         eqxopt.Muon(0.1, beta=1.0)
+    with pytest.raises(ValueError, match="consistent_rms"):
+        eqxopt.Muon(0.1, consistent_rms=0.0)
     with pytest.raises(ValueError, match="adam_b2"):
         eqxopt.Muon(0.1, adam_b2=1.0)
 

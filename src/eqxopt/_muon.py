@@ -95,7 +95,9 @@ class Muon(AbstractTransform):
     mu_hat = beta * mu / (1 - beta**(t+1)) + (1 - beta) * g / (1 - beta**t)  (nesterov)
     mu_hat = mu / (1 - beta**t)                                        (otherwise)
     O = newton_schulz(mu_hat)           (ns_steps quintic steps, coeffs ns_coeffs)
-    p = p - lr * (sqrt(max(1, n / m)) * O + weight_decay * p)
+    p = p - lr * (scale * O + weight_decay * p)
+    scale = sqrt(max(1, n / m))                  (consistent_rms=None)
+    scale = sqrt(max(m, n)) * consistent_rms     (otherwise)
     ```
 
     Every other float leaf gets AdamW (`optax.adamw` with the same `nesterov`) with
@@ -108,8 +110,8 @@ class Muon(AbstractTransform):
                        + adam_weight_decay * p)
     ```
 
-    The same as `optax.contrib.muon` with its default `'frobenius'` preconditioning
-    and width scaling (`consistent_rms=None`). Differences: `weight_decay_mask`
+    The same as `optax.contrib.muon` with its default `'frobenius'`
+    preconditioning. Differences: `weight_decay_mask`
     applies to both branches (optax applies it to the Muon leaves only), and which
     leaves get Muon is a mask of bools (optax: a tree of dimension numbers).
 
@@ -129,6 +131,9 @@ class Muon(AbstractTransform):
     - `muon_mask`: which leaves get Muon: `None` (every leaf with `ndim == 2`), a
       tree of bools (an Equinox module is always read as a tree, never called) or a
       function of params returning one. Selected leaves need `ndim >= 2`.
+    - `consistent_rms`: `None` for Jordan's width scaling, or a float `> 0` for
+      the RMS-matching scaling of Liu et al. (2025) (`0.2` matches AdamW's update
+      RMS).
     - `adam_b1`, `adam_b2`: AdamW's decays, in `[0, 1)` and `(0, 1)`.
     - `adam_eps_root`: added inside AdamW's root, `>= 0`.
     - `adam_weight_decay`: AdamW's decoupled decay, `>= 0`.
@@ -147,6 +152,7 @@ class Muon(AbstractTransform):
     adam_b2: Float[Array, ""]
     adam_eps_root: Float[Array, ""]
     adam_weight_decay: Float[Array, ""]
+    consistent_rms: Float[Array, ""] | None
     weight_decay_mask: Any
     muon_mask: Any
     nesterov: bool = eqx.field(static=True)
@@ -165,6 +171,7 @@ class Muon(AbstractTransform):
         weight_decay_mask: Mask = None,
         nesterov: bool = True,
         muon_mask: Mask = None,
+        consistent_rms: Any = None,
         adam_b1: Any = 0.9,
         adam_b2: Any = 0.999,
         adam_eps_root: Any = 0.0,
@@ -195,6 +202,13 @@ class Muon(AbstractTransform):
         self.adam_weight_decay = hyperparameter(
             "adam_weight_decay", adam_weight_decay, low=0.0
         )
+        self.consistent_rms = (
+            None
+            if consistent_rms is None
+            else hyperparameter(
+                "consistent_rms", consistent_rms, low=0.0, low_open=True
+            )
+        )
         self.weight_decay_mask = weight_decay_mask
         self.muon_mask = muon_mask
         if not isinstance(nesterov, bool):
@@ -223,6 +237,7 @@ class Muon(AbstractTransform):
         lr = self.learning_rate(state.step)
         beta, eps, wd = self.beta, self.eps, self.weight_decay
         coeffs = self.ns_coeffs
+        rms = self.consistent_rms
 
         def muon_rule(g, p, mu, decay):
             mu = beta * mu + (1 - beta) * g
@@ -233,7 +248,9 @@ class Muon(AbstractTransform):
             else:
                 mu_hat = mu / (1 - beta**t)
             m, n = p.shape[-2:]
-            direction = max(1.0, n / m) ** 0.5 * newton_schulz(mu_hat, coeffs, eps)
+            # Jordan's width scaling, or Liu et al.'s RMS matching.
+            scale = max(1.0, n / m) ** 0.5 if rms is None else max(m, n) ** 0.5 * rms
+            direction = scale * newton_schulz(mu_hat, coeffs, eps)
             if decay:
                 direction = direction + wd * p
             return -lr * direction, mu
