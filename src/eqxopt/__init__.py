@@ -46,8 +46,6 @@ from ._finite import apply_if_finite as apply_if_finite
 from ._interop import FromOptax as FromOptax
 from ._interop import FromOptaxState as FromOptaxState
 from ._interop import from_optax as from_optax
-from ._lbfgs import LBFGS as LBFGS
-from ._lbfgs import LBFGSState as LBFGSState
 from ._partition import Freeze as Freeze
 from ._partition import Masked as Masked
 from ._partition import MaskedState as MaskedState
@@ -68,6 +66,8 @@ from ._lamb import LAMB as LAMB
 from ._lamb import LAMBState as LAMBState
 from ._lamb import LARS as LARS
 from ._lamb import LARSState as LARSState
+from ._lbfgs import LBFGS as LBFGS
+from ._lbfgs import LBFGSState as LBFGSState
 from ._leafwise import map_leaves as map_leaves
 from ._muon import Muon as Muon
 from ._muon import MuonState as MuonState
