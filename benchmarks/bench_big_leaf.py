@@ -1,0 +1,123 @@
+"""Case 1: one big leaf (16M float32), AdamW and SGD-momentum.
+
+eqxopt `opt.step` (plain and `donate=True`) vs optax under `jax.jit` (with and
+without donating params and state), torch.optim `fused=True` and `foreach=True`, and
+the memory floor: a donated jitted op moving the same bytes per parameter as the
+optimizer must (AdamW: read p, g, mu, nu and write p, mu, nu = 28 bytes; SGD with
+momentum: read p, g, v and write p, v = 20 bytes).
+"""
+
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+
+import eqxopt
+from _common import Stepper, interleaved, ms, rounds, save, table
+
+N = 16_000_000
+LR, WD, MOMENTUM = 1e-3, 1e-2, 0.9
+
+
+def optax_step(tx, donate):
+    def step(p, s, g):
+        u, s = tx.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    return jax.jit(step, donate_argnums=(0, 1) if donate else ())
+
+
+def floor_fn(n_moments):
+    def floor(p, g, moments, c):
+        return p + c * g, tuple(m * c for m in moments)
+
+    return jax.jit(floor, donate_argnums=(0, 2))
+
+
+def torch_stepper(kind, opt_name, p0, g0):
+    tp = torch.nn.Parameter(torch.from_numpy(np.array(p0)))
+    tp.grad = torch.from_numpy(np.array(g0))
+    fused, foreach = kind == "fused", kind == "foreach"
+    if opt_name == "adamw":
+        topt = torch.optim.AdamW(
+            [tp], lr=LR, weight_decay=WD, fused=fused, foreach=foreach
+        )
+    else:
+        topt = torch.optim.SGD(
+            [tp], lr=LR, momentum=MOMENTUM, fused=fused, foreach=foreach
+        )
+
+    def run(_):
+        topt.step()
+        return None
+
+    return Stepper(run, None)
+
+
+def main() -> dict:
+    rng = np.random.default_rng(0)
+    p0 = jnp.asarray(rng.normal(size=N), jnp.float32)
+    g0 = jnp.asarray(rng.normal(size=N), jnp.float32)
+    results: dict[str, Any] = {"threads": torch.get_num_threads()}
+    for name, opt, tx, n_mom in [
+        (
+            "adamw",
+            eqxopt.AdamW(LR, weight_decay=WD),
+            optax.adamw(LR, weight_decay=WD),
+            2,
+        ),
+        (
+            "sgd_momentum",
+            eqxopt.SGD(LR, momentum=MOMENTUM),
+            optax.sgd(LR, momentum=MOMENTUM),
+            1,
+        ),
+    ]:
+        copy = lambda: jnp.array(p0, copy=True)  # noqa: E731
+        steppers = {}
+
+        def eqx_plain(s, opt=opt):
+            return opt.step(g0, s[1], s[0])
+
+        def eqx_donated(s, opt=opt):
+            return opt.step(g0, s[1], s[0], donate=True)
+
+        steppers["eqxopt step"] = Stepper(eqx_plain, (copy(), opt.init(p0)))
+        steppers["eqxopt step donate"] = Stepper(
+            eqx_donated, (copy(), opt.init(copy()))
+        )
+        for donate in (False, True):
+            f = optax_step(tx, donate)
+            steppers[f"optax jit{' donate' if donate else ''}"] = Stepper(
+                lambda s, f=f: f(s[0], s[1], g0), (copy(), tx.init(copy()))
+            )
+        fl = floor_fn(n_mom)
+        c = jnp.float32(0.999)
+        steppers["memory floor"] = Stepper(
+            lambda s, fl=fl, c=c: fl(s[0], g0, s[1], c),
+            (copy(), tuple(jnp.zeros(N) for _ in range(n_mom))),
+        )
+        for kind in ("fused", "foreach"):
+            try:
+                steppers[f"torch {kind}"] = torch_stepper(kind, name, p0, g0)
+            except (RuntimeError, TypeError) as e:  # not every torch build has both
+                print(f"torch {kind} {name} unavailable: {e}", file=sys.stderr)
+        med = interleaved(steppers, rounds(15))
+        ref = med["optax jit donate"]
+        rows = [(k, ms(v), v / ref, v / med["memory floor"]) for k, v in med.items()]
+        table(
+            f"Case 1: one 16M-float32 leaf, {name} step (median of interleaved runs)",
+            rows,
+            ("variant", "ms", "/ optax jit donate", "/ memory floor"),
+        )
+        results[name] = {k: ms(v) for k, v in med.items()}
+    save("big_leaf", results)
+    return results
+
+
+if __name__ == "__main__":
+    main()
