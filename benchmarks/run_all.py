@@ -12,8 +12,10 @@ import time
 
 from _common import HERE, RESULTS
 
+MOF_FLAG = "--xla_backend_extra_options=xla_cpu_use_multi_output_fusion"
 CASES = [
     "bench_big_leaf.py",
+    "bench_big_leaf.py+mof",
     "bench_many_leaves.py",
     "bench_overhead.py",
     "bench_recompiles.py",
@@ -52,7 +54,12 @@ def chart() -> None:
 
     big = data.get("big_leaf", {})
     if "adamw" in big:
-        bars(axes[0, 0], big["adamw"], "1. one 16M leaf, AdamW step", "ms")
+        adamw = dict(big["adamw"])
+        mof = data.get("big_leaf_multi_output_fusion", {}).get("adamw", {})
+        for name in ("eqxopt step donate", "optax jit donate", "memory floor"):
+            if name in mof:
+                adamw[f"{name} (+MOF flag)"] = mof[name]
+        bars(axes[0, 0], adamw, "1. one 16M leaf, AdamW step", "ms")
     many = data.get("many_leaves", {})
     if many:
         ratios = {}
@@ -131,9 +138,12 @@ def main() -> None:
     for case in CASES:
         print(f"\n== {case}", flush=True)
         t0 = time.time()
-        rc = subprocess.call(
-            [sys.executable, str(HERE / case)], cwd=HERE, env=os.environ
-        )
+        env = dict(os.environ)
+        script = case
+        if case.endswith("+mof"):
+            script = case[: -len("+mof")]
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + MOF_FLAG).strip()
+        rc = subprocess.call([sys.executable, str(HERE / script)], cwd=HERE, env=env)
         print(f"== {case}: {time.time() - t0:.0f} s", flush=True)
         if rc:
             failed.append(case)
