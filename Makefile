@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(PY) examples/train_digits.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
