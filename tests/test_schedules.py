@@ -14,8 +14,7 @@ import numpy as np
 import optax
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import eqxopt
 from helpers import (
