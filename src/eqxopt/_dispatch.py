@@ -13,6 +13,10 @@ compiled function, and neither waits for the result:
   flattened in Python; array leaves become the traced inputs and every other leaf
   (activation functions, Python scalars, ...) becomes part of the cache key.
 
+Steps with many leaves (768+ array leaves, nothing donated) go through the split
+path below: the traced step is cut into per-leaf pieces run in chunks by reused
+executables, because XLA's compile time grows faster than the program size.
+
 Inside someone else's trace the direct path simply nests in the outer `jit` (the
 general path calls the function), and the enclosing `jit` compiles it.
 """
