@@ -12,8 +12,8 @@ Two rules keep the compiled step from recompiling:
 
 - pass the *same* `value_fn` object every step (a module-level function, or an
   Equinox module); a fresh `lambda` or `functools.partial` is a new cache key;
-- pass data (and `value`) as JAX arrays through the keywords, not closed over and
-  not as Python floats.
+- pass data as arrays through the keywords, not closed over (a Python number
+  passed as a keyword, `value` included, is turned into an array).
 
 After a step, `state.value` is the loss at the new parameters (the linesearch
 computed it, with the gradient) and `state.linesearch_steps` how many evaluations

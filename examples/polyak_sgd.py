@@ -8,8 +8,8 @@ the keyword `value=`:
     loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
     model, state = opt.step(grads, state, model, value=loss)
 
-Pass the loss as the JAX array it is (not `float(loss)`: a Python float is a
-constant of the compiled step and would recompile it every time).
+The loss may be the JAX array it is or a Python number: `step` turns numbers into
+arrays, so a new loss never recompiles.
 
 This script fits a student MLP to a teacher MLP's outputs (a problem the student
 can fit exactly, so `f_min = 0` is right), with PolyakSGD and, for comparison,

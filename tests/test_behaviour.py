@@ -168,3 +168,15 @@ def test_state_fields_can_be_edited_with_tree_at():
     state = eqx.tree_at(lambda s: s.mu["w"], state, jnp.full(2, 0.5))
     _, new_state = opt.step({"w": jnp.zeros(2)}, state, params)
     np.testing.assert_allclose(new_state.mu["w"], 0.45, rtol=1e-6)
+
+
+def test_a_python_float_loss_does_not_recompile():
+    params = {"w": jnp.array([3.0, -2.0])}
+    opt = eqxopt.PolyakSGD()
+    state = opt.init(params)
+    before = _dispatch.cache_size(_base._step_entry)
+    for _ in range(4):
+        loss = float(jnp.sum(params["w"] ** 2))  # a Python float each step
+        params, state = opt.step({"w": 2 * params["w"]}, state, params, value=loss)
+    assert _dispatch.cache_size(_base._step_entry) == before + 1
+    assert float(jnp.sum(params["w"] ** 2)) < 13.0

@@ -53,10 +53,7 @@ SCRIPT = textwrap.dedent(
         moments = [getattr(state, f) for f in ("mu", "nu", "velocity")
                    if hasattr(state, f)]
         for m in moments:
-            for k, x in m.items():  # same devices as the parameter (see below)
-                if x is not None:
-                    assert x.sharding.device_set == params[k].sharding.device_set or (
-                        not x.committed), (k, x.sharding)
+            check(m, "init state")  # placed like its parameter from the start
         updates, state1 = opt.update(grads, state, params)
         check(updates, "updates")
         for f in ("mu", "nu", "velocity"):

@@ -7,6 +7,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import PyTree, jaxtyped
 
@@ -124,7 +125,9 @@ class AbstractTransform(eqx.Module):
         dtype (`None` for leaves that are not updated).
         """
         new_state, updates = _dispatch.call(
-            _update_entry, (self, grads, state, params, extra), _donated(donate, 2)
+            _update_entry,
+            (self, grads, state, params, _numbers_as_arrays(extra)),
+            _donated(donate, 2),
         )
         return updates, new_state
 
@@ -148,7 +151,9 @@ class AbstractTransform(eqx.Module):
         non-float leaves are passed through unchanged.
         """
         return _dispatch.call(
-            _step_entry, (self, grads, params, state, extra), _donated(donate, 2, 3)
+            _step_entry,
+            (self, grads, params, state, _numbers_as_arrays(extra)),
+            _donated(donate, 2, 3),
         )
 
     def to_optax(self) -> Any:
@@ -157,6 +162,17 @@ class AbstractTransform(eqx.Module):
         from ._interop import to_optax
 
         return to_optax(self)
+
+
+def _numbers_as_arrays(extra: dict[str, Any]) -> dict[str, Any]:
+    # A Python number would be a static cache key (a recompile per new loss value);
+    # as a (strongly typed) array it is traced. Bools stay static: they are switches.
+    def convert(v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return v
+        return jnp.asarray(v, dtype=float if isinstance(v, float) else int)
+
+    return {k: convert(v) for k, v in extra.items()}
 
 
 def _donated(donate: bool, *positions: int) -> tuple[int, ...]:

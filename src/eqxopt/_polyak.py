@@ -52,8 +52,8 @@ class PolyakSGD(AbstractTransform):
     model, state = opt.step(grads, state, model, value=loss)
     ```
 
-    Pass the loss as the JAX array `value_and_grad` returns: a Python float is a
-    constant of the compiled program, so every new value would compile it again.
+    `value` may be the JAX array `value_and_grad` returns or a Python number
+    (`update`/`step` turn numbers into arrays, so a new loss does not recompile).
     Leaving `value` out raises a `TypeError`. Only leaves with a gradient count
     towards `|g|**2`.
 

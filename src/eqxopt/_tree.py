@@ -31,14 +31,17 @@ def compute_dtype(dtype: Any) -> Any:
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def float_leaves_like(params: PyTree, dtype: Any = None, fill: float = 0.0) -> PyTree:
+def float_leaves_like(
+    params: PyTree, dtype: Any = None, fill: float | Array = 0.0
+) -> PyTree:
     """A tree shaped like `params`: `fill` for every float leaf (in `dtype`, or the
-    leaf's own dtype), `None` for every other leaf."""
+    leaf's own dtype), `None` for every other leaf. Each new leaf is placed like its
+    parameter, so sharded parameters get sharded state from the start."""
 
     def make(p):
         if not is_float_leaf(p):
             return None
-        return jnp.full(jnp.shape(p), fill, dtype=p.dtype if dtype is None else dtype)
+        return jnp.full_like(p, fill, dtype=p.dtype if dtype is None else dtype)
 
     return jax.tree.map(make, params)
 
