@@ -359,8 +359,9 @@ class LBFGS(AbstractTransform):
     pass the same function object every step, such as a module-level function or
     an Equinox module (whose arrays are inputs). A fresh `lambda` or
     `functools.partial` each step recompiles each step (Python numbers passed as
-    keywords, `value` included, are turned into arrays and do not). After an update, `state.value` and `state.grad` hold the loss
-    and its gradient at the new parameters, computed by the linesearch;
+    keywords, `value` included, are turned into arrays and do not). After an
+    update, `state.value` and `state.grad` hold the loss and its gradient at the
+    new parameters, computed by the linesearch;
     `opt.value_and_grad(state, params, value_fn, **fn_kwargs)` returns them (or
     evaluates the loss before the first update), saving one evaluation per update.
 
