@@ -16,6 +16,7 @@ import optax
 
 import eqxopt
 from _common import Stepper, interleaved, ms, rounds, save, table
+from eqxopt._dispatch import _SPLIT_MIN_LEAVES
 
 LR, WD = 1e-3, 1e-2
 
@@ -96,6 +97,19 @@ def optax_step(tx, donate):
     return jax.jit(step, donate_argnums=(0, 1) if donate else ())
 
 
+def with_split(enabled, fn):
+    """`fn` run with eqxopt's split compilation on or off (default: off)."""
+
+    def run(*args):
+        eqxopt.set_split_compilation(enabled)
+        try:
+            return fn(*args)
+        finally:
+            eqxopt.set_split_compilation(False)
+
+    return run
+
+
 def run_tree(label, params, donated, events, n_rounds):
     grads = jax.tree.map(lambda x: x * 0.01, params)
     opt = eqxopt.AdamW(LR, weight_decay=WD)
@@ -104,15 +118,26 @@ def run_tree(label, params, donated, events, n_rounds):
     steppers, compile_rows = {}, {}
     variants = [(False, "")] + ([(True, " donate")] if donated else [])
     for donate, suffix in variants:
-        st = opt.init(params)
-        p0 = copy()
-        compile_rows["eqxopt step" + suffix] = events.measure(
-            lambda st=st, p0=p0, d=donate: opt.step(grads, st, p0, donate=d)
-        )
-        steppers["eqxopt step" + suffix] = Stepper(
-            lambda s, d=donate: opt.step(grads, s[1], s[0], donate=d),
-            (copy(), opt.init(params)),
-        )
+        eqxopt_variants = [("eqxopt step" + suffix, False)]
+        # The opt-in split compilation: only for steps above its leaf threshold and
+        # never with donation.
+        if not donate and 3 * len(jax.tree.leaves(params)) >= _SPLIT_MIN_LEAVES:
+            eqxopt_variants.append(("eqxopt step split", True))
+        for name, split in eqxopt_variants:
+            st = opt.init(params)
+            p0 = copy()
+            compile_rows[name] = events.measure(
+                with_split(
+                    split,
+                    lambda st=st, p0=p0, d=donate: opt.step(grads, st, p0, donate=d),
+                )
+            )
+            steppers[name] = Stepper(
+                with_split(
+                    split, lambda s, d=donate: opt.step(grads, s[1], s[0], donate=d)
+                ),
+                (copy(), opt.init(params)),
+            )
         f = optax_step(tx, donate)
         os0, p1 = tx.init(params), copy()
         compile_rows["optax jit" + suffix] = events.measure(
@@ -136,6 +161,8 @@ def run_tree(label, params, donated, events, n_rounds):
                 c["trace_s"] + c["lower_s"],
                 c["compile_s"],
                 c["compile_s"] / cref["compile_s"],
+                (c["trace_s"] + c["lower_s"] + c["compile_s"])
+                / (cref["trace_s"] + cref["lower_s"] + cref["compile_s"]),
             )
         )
     table(
@@ -148,6 +175,7 @@ def run_tree(label, params, donated, events, n_rounds):
             "trace+lower s",
             "compile s",
             "compile / optax",
+            "all compile / optax",
         ),
     )
     return {

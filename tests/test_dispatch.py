@@ -243,7 +243,19 @@ def assert_close(a, b):
 
 
 @pytest.fixture
-def split_everything(monkeypatch):
+def split_on(monkeypatch):
+    """The split path switched on (it is opt-in), with fresh caches."""
+    monkeypatch.setattr(_dispatch, "_use_split", [True])
+    monkeypatch.setattr(_dispatch, "_small", set())
+    monkeypatch.setattr(_dispatch, "_splits", {})
+
+
+def test_split_path_is_off_by_default():
+    assert _dispatch._use_split == [False]
+
+
+@pytest.fixture
+def split_everything(monkeypatch, split_on):
     """The split path for every tree, however small (normally 768+ leaves)."""
     monkeypatch.setattr(_dispatch, "_SPLIT_MIN_LEAVES", 1)
     monkeypatch.setattr(_dispatch, "_SPLIT_CHUNK", 2)  # several chunks per group
@@ -283,7 +295,7 @@ def test_split_path_steps_aside_for_maths_across_leaves(split_everything):
     assert_same(new_params, reference)
 
 
-def test_split_path_on_a_many_leaf_tree():
+def test_split_path_on_a_many_leaf_tree(split_on):
     """The default threshold: 300 leaves take the split path, and new
     hyperparameter values reuse its compiled pieces."""
     params = {f"w{i:03d}": jnp.full((7,), 0.01 * i) for i in range(300)}

@@ -37,6 +37,7 @@ from ._clip import (
     GlobalNormState as GlobalNormState,
     global_norm as global_norm,
 )
+from ._dispatch import set_split_compilation as set_split_compilation
 from ._finite import (
     SkipNonFinite as SkipNonFinite,
     SkipNonFiniteState as SkipNonFiniteState,
