@@ -78,9 +78,12 @@ def run_torch(
         for t, gl in zip(tensors, jax.tree.leaves(g)):
             t.grad = torch.tensor(np.asarray(gl, dtype=np.float32))
         opt.step()
+        # Copy: `numpy()` shares torch's buffer, and `jnp.asarray` of a suitably
+        # aligned NumPy array may share it too, so without the copy torch's in-place
+        # updates of later steps would rewrite this step's record (now and then).
         history.append(
             jax.tree.unflatten(
-                treedef, [jnp.asarray(t.detach().numpy()) for t in tensors]
+                treedef, [jnp.array(t.detach().numpy(), copy=True) for t in tensors]
             )
         )
     return history
