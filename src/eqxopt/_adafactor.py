@@ -8,9 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Float32, Int, PyTree
 
-from ._adam import _dtype_or_none
 from ._base import AbstractTransform, Grads, Params, Updates
-from ._checks import hyperparameter, is_concrete
+from ._checks import float_dtype_or_none, hyperparameter, is_concrete
 from ._lamb import check_bool
 from ._leafwise import map_leaves
 from ._masks import Mask, resolve_mask
@@ -171,7 +170,7 @@ class Adafactor(AbstractTransform):
             if momentum is None
             else hyperparameter("momentum", momentum, low=0.0, high=1.0, high_open=True)
         )
-        self.dtype_momentum = _dtype_or_none("dtype_momentum", dtype_momentum)
+        self.dtype_momentum = float_dtype_or_none("dtype_momentum", dtype_momentum)
         self.weight_decay_rate = hyperparameter(
             "weight_decay_rate", weight_decay_rate, low=0.0
         )

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ._base import AbstractTransform, Grads, Params, Updates
-from ._checks import hyperparameter
+from ._checks import float_dtype_or_none, hyperparameter
 from ._leafwise import map_leaves
 from ._masks import _as_bool, resolve_mask
 from ._schedules import AbstractSchedule, as_schedule
@@ -23,22 +23,7 @@ from ._tree import float_leaves_like, increment, is_none, zero_step
 # --------------------------------------------------------------------------------------
 
 
-def dtype_or_none(name: str, dtype: Any) -> Any:
-    """`None`, or `dtype` checked to be a float dtype (`TypeError` naming `name`)."""
-    if dtype is None:
-        return None
-    try:
-        dtype = jnp.dtype(dtype)
-    except TypeError:
-        raise TypeError(
-            f"{name} must be a float dtype or None, got {dtype!r}"
-        ) from None
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"{name} must be a float dtype or None, got {dtype}")
-    return dtype
-
-
-_dtype_or_none = dtype_or_none  # the name other families import
+dtype_or_none = float_dtype_or_none  # the name this family's files use
 
 
 def check_bool(name: str, value: Any) -> bool:

@@ -175,3 +175,19 @@ def check_state(opt: Any, state: PyTree, params: PyTree) -> None:
                 f"state{path} has dtype {got_dtype} but {owner}.init(params) makes "
                 f"dtype {want.dtype} there"
             )
+
+
+def float_dtype_or_none(name: str, dtype: Any) -> Any:
+    """`None`, or `dtype` checked to be a float dtype (`TypeError` naming `name`);
+    for options such as `mu_dtype` that choose how state is stored."""
+    if dtype is None:
+        return None
+    try:
+        dtype = jnp.dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a float dtype or None, got {dtype!r}"
+        ) from None
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"{name} must be a float dtype or None, got {dtype}")
+    return dtype

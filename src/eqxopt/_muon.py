@@ -7,9 +7,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ._adam import _dtype_or_none
 from ._base import AbstractTransform, Grads, Params, Updates
-from ._checks import hyperparameter, is_concrete
+from ._checks import float_dtype_or_none, hyperparameter, is_concrete
 from ._leafwise import map_leaves
 from ._masks import Mask, resolve_mask
 from ._schedules import AbstractSchedule, as_schedule
@@ -214,8 +213,8 @@ class Muon(AbstractTransform):
         if not isinstance(nesterov, bool):
             raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
         self.nesterov = nesterov
-        self.mu_dtype = _dtype_or_none("mu_dtype", mu_dtype)
-        self.nu_dtype = _dtype_or_none("nu_dtype", nu_dtype)
+        self.mu_dtype = float_dtype_or_none("mu_dtype", mu_dtype)
+        self.nu_dtype = float_dtype_or_none("nu_dtype", nu_dtype)
 
     def init(self, params: Params) -> MuonState:
         flags = _muon_flags(self.muon_mask, params)

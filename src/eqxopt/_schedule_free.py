@@ -8,9 +8,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ._adam import _dtype_or_none
 from ._base import AbstractTransform, Grads, Params, Updates
-from ._checks import hyperparameter
+from ._checks import float_dtype_or_none, hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
 from ._tree import (
@@ -108,13 +107,11 @@ def _common_init(
     weight_lr_power: Any,
     z_dtype: Any,
 ) -> None:
-    from ._adam import _dtype_or_none
-
     opt.learning_rate = as_schedule("learning_rate", learning_rate)
     opt.b1 = hyperparameter("b1", b1, low=0.0, high=1.0, low_open=True)
     opt.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
     opt.weight_lr_power = hyperparameter("weight_lr_power", weight_lr_power, low=0.0)
-    opt.z_dtype = _dtype_or_none("z_dtype", z_dtype)
+    opt.z_dtype = float_dtype_or_none("z_dtype", z_dtype)
 
 
 class ScheduleFreeSGD(AbstractTransform):
@@ -256,7 +253,7 @@ class ScheduleFreeAdamW(AbstractTransform):
             "b2", b2, low=0.0, high=1.0, low_open=True, high_open=True
         )
         self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
-        self.nu_dtype = _dtype_or_none("nu_dtype", nu_dtype)
+        self.nu_dtype = float_dtype_or_none("nu_dtype", nu_dtype)
 
     def init(self, params: Params) -> ScheduleFreeState:
         return ScheduleFreeState(

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ._base import AbstractTransform, Grads, Params, Updates
-from ._checks import hyperparameter
+from ._checks import float_dtype_or_none, hyperparameter
 from ._leafwise import map_leaves
 from ._masks import Mask, resolve_mask
 from ._schedules import AbstractSchedule, as_schedule
@@ -104,7 +104,7 @@ class Signum(AbstractTransform):
     def __init__(self, learning_rate: Any, beta: Any = 0.9, *, mu_dtype: Any = None):
         self.learning_rate = as_schedule("learning_rate", learning_rate)
         self.beta = hyperparameter("beta", beta, low=0.0, high=1.0, high_open=True)
-        self.mu_dtype = _dtype_or_none("mu_dtype", mu_dtype)
+        self.mu_dtype = float_dtype_or_none("mu_dtype", mu_dtype)
 
     def init(self, params: Params) -> SignumState:
         return SignumState(
@@ -190,7 +190,7 @@ class Lion(AbstractTransform):
         self.b2 = hyperparameter("b2", b2, low=0.0, high=1.0, high_open=True)
         self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
         self.mask = mask
-        self.mu_dtype = _dtype_or_none("mu_dtype", mu_dtype)
+        self.mu_dtype = float_dtype_or_none("mu_dtype", mu_dtype)
 
     def init(self, params: Params) -> LionState:
         return LionState(step=zero_step(), mu=float_leaves_like(params, self.mu_dtype))
@@ -216,18 +216,3 @@ class Lion(AbstractTransform):
             flags=resolve_mask(self.mask, params),
         )
         return updates, LionState(step=increment(state.step), mu=mu)
-
-
-def _dtype_or_none(name: str, dtype: Any) -> Any:
-    """`None`, or `dtype` checked to be a float dtype (`TypeError` naming `name`)."""
-    if dtype is None:
-        return None
-    try:
-        dtype = jnp.dtype(dtype)
-    except TypeError:
-        raise TypeError(
-            f"{name} must be a float dtype or None, got {dtype!r}"
-        ) from None
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"{name} must be a float dtype or None, got {dtype}")
-    return dtype
