@@ -78,12 +78,13 @@ def run_torch(
         for t, gl in zip(tensors, jax.tree.leaves(g)):
             t.grad = torch.tensor(np.asarray(gl, dtype=np.float32))
         opt.step()
-        # Copy: `numpy()` shares torch's buffer, and `jnp.asarray` of a suitably
-        # aligned NumPy array may share it too, so without the copy torch's in-place
-        # updates of later steps would rewrite this step's record (now and then).
+        # Copy on the host first: `numpy()` shares torch's buffer, and JAX may read
+        # (or alias) a NumPy array after `jnp.asarray` returns, so torch's in-place
+        # updates of later steps would otherwise rewrite this step's record now and
+        # then.
         history.append(
             jax.tree.unflatten(
-                treedef, [jnp.array(t.detach().numpy(), copy=True) for t in tensors]
+                treedef, [jnp.asarray(t.detach().numpy().copy()) for t in tensors]
             )
         )
     return history
