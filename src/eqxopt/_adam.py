@@ -4,6 +4,7 @@ shares: moment updates, bias corrections, decoupled decay with a mask, and the
 validation of the arguments they all take."""
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import equinox as eqx
@@ -243,32 +244,48 @@ def adam_state(params: Params, mu_dtype: Any, nu_dtype: Any) -> AdamState:
 # --------------------------------------------------------------------------------------
 
 
-def _adam_transform(
-    opt: "Adam | AdamW",
+def adam_transform(
+    opt: Any,
     grads: Grads,
     state: AdamState,
     params: Params,
     weight_decay: Array | None,
     flags: list[bool] | None,
+    *,
+    nesterov: bool = False,
+    adjust: Callable[..., tuple[Array, Array]] | None = None,
 ) -> tuple[Updates, AdamState]:
+    """One Adam(W) step with `opt`'s `learning_rate`, `b1`, `b2`, `eps`, `eps_root`.
+
+    `adjust(g, mu, v_hat, direction, lr) -> (direction, step_size)` reshapes each
+    leaf's step before the decay is added (cautious masking, update clipping); it may
+    reduce over the leaf, so with it the rule is not elementwise."""
     lr = opt.learning_rate(state.step)
     b1, b2, eps, eps_root = opt.b1, opt.b2, opt.eps, opt.eps_root
     t = increment(state.step)
     bias1 = bias_correction(b1, t)
     bias2 = bias_correction(b2, t)
-    nesterov = opt.nesterov
 
     def rule(g, p, mu, nu, *flag):
         mu = ema(mu, g, b1)
         nu = ema(nu, abs_sq(g), b2)
         mu_hat = nesterov_mean(mu, g, b1, t) if nesterov else mu / bias1
-        direction = mu_hat / (jnp.sqrt(nu / bias2 + eps_root) + eps)
+        v_hat = nu / bias2
+        direction = mu_hat / (jnp.sqrt(v_hat + eps_root) + eps)
+        step_size = lr
+        if adjust is not None:
+            direction, step_size = adjust(g, mu, v_hat, direction, lr)
         if flag:
             direction = with_decay(direction, p, weight_decay, flag[0])
-        return -lr * direction, mu, nu
+        return -step_size * direction, mu, nu
 
     updates, (mu, nu) = map_leaves(
-        rule, grads, params, (state.mu, state.nu), elementwise=True, flags=flags
+        rule,
+        grads,
+        params,
+        (state.mu, state.nu),
+        elementwise=adjust is None,
+        flags=flags,
     )
     return updates, AdamState(step=t, mu=mu, nu=nu)
 
@@ -336,7 +353,9 @@ class Adam(AbstractTransform):
     def transform(
         self, grads: Grads, state: AdamState, params: Params
     ) -> tuple[Updates, AdamState]:
-        return _adam_transform(self, grads, state, params, None, None)
+        return adam_transform(
+            self, grads, state, params, None, None, nesterov=self.nesterov
+        )
 
 
 class AdamW(AbstractTransform):
@@ -416,13 +435,14 @@ class AdamW(AbstractTransform):
     def transform(
         self, grads: Grads, state: AdamState, params: Params
     ) -> tuple[Updates, AdamState]:
-        return _adam_transform(
+        return adam_transform(
             self,
             grads,
             state,
             params,
             value_at(self.weight_decay, state.step),
             decay_flags(self.mask, params),
+            nesterov=self.nesterov,
         )
 
 

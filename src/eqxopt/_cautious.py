@@ -9,22 +9,17 @@ from jaxtyping import Array, Float
 
 from ._adam import (
     AdamState,
-    abs_sq,
     adam_state,
+    adam_transform,
     betas_and_eps,
-    bias_correction,
     decay_flags,
     dtype_or_none,
-    ema,
     float_or_schedule,
     freeze_mask,
     value_at,
-    with_decay,
 )
 from ._base import AbstractTransform, Grads, Params, Updates
-from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import increment
 
 
 class CAdamW(AbstractTransform):
@@ -97,29 +92,18 @@ class CAdamW(AbstractTransform):
     def transform(
         self, grads: Grads, state: AdamState, params: Params
     ) -> tuple[Updates, AdamState]:
-        lr = self.learning_rate(state.step)
-        wd = value_at(self.weight_decay, state.step)
-        b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
-        t = increment(state.step)
-        bias1 = bias_correction(b1, t)
-        bias2 = bias_correction(b2, t)
-
-        def rule(g, p, mu, nu, flag):
-            mu = ema(mu, g, b1)
-            nu = ema(nu, abs_sq(g), b2)
-            u = (mu / bias1) / (jnp.sqrt(nu / bias2 + eps_root) + eps)
+        def cautious(g, mu, v_hat, u, lr):
             agree = (jnp.real(mu * jnp.conj(g)) > 0).astype(u.real.dtype)
             scale = agree.size / (jnp.sum(agree) + 1)
-            direction = with_decay(u * agree * scale, p, wd, flag)
-            return -lr * direction, mu, nu
+            return u * agree * scale, lr
 
         # Not elementwise: the rescaling counts the agreeing coordinates per leaf.
-        updates, (mu, nu) = map_leaves(
-            rule,
+        return adam_transform(
+            self,
             grads,
+            state,
             params,
-            (state.mu, state.nu),
-            elementwise=False,
-            flags=decay_flags(self.mask, params),
+            value_at(self.weight_decay, state.step),
+            decay_flags(self.mask, params),
+            adjust=cautious,
         )
-        return updates, AdamState(step=t, mu=mu, nu=nu)

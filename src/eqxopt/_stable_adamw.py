@@ -10,20 +10,16 @@ from ._adam import (
     AdamState,
     abs_sq,
     adam_state,
+    adam_transform,
     betas_and_eps,
-    bias_correction,
     decay_flags,
     dtype_or_none,
-    ema,
     float_or_schedule,
     freeze_mask,
     value_at,
-    with_decay,
 )
 from ._base import AbstractTransform, Grads, Params, Updates
-from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import increment
 
 
 class StableAdamW(AbstractTransform):
@@ -95,29 +91,19 @@ class StableAdamW(AbstractTransform):
     def transform(
         self, grads: Grads, state: AdamState, params: Params
     ) -> tuple[Updates, AdamState]:
-        lr = self.learning_rate(state.step)
-        wd = value_at(self.weight_decay, state.step)
-        b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
-        t = increment(state.step)
-        bias1 = bias_correction(b1, t)
-        bias2 = bias_correction(b2, t)
+        eps = self.eps
 
-        def rule(g, p, mu, nu, flag):
-            mu = ema(mu, g, b1)
-            nu = ema(nu, abs_sq(g), b2)
-            v_hat = nu / bias2
+        def clipped(g, mu, v_hat, direction, lr):
             rms = jnp.sqrt(jnp.mean(abs_sq(g) / jnp.maximum(v_hat, eps * eps)))
-            eta = lr / jnp.maximum(1.0, rms)
-            direction = (mu / bias1) / (jnp.sqrt(v_hat + eps_root) + eps)
-            return -eta * with_decay(direction, p, wd, flag), mu, nu
+            return direction, lr / jnp.maximum(1.0, rms)
 
         # Not elementwise: the clipping factor is a mean over each leaf.
-        updates, (mu, nu) = map_leaves(
-            rule,
+        return adam_transform(
+            self,
             grads,
+            state,
             params,
-            (state.mu, state.nu),
-            elementwise=False,
-            flags=decay_flags(self.mask, params),
+            value_at(self.weight_decay, state.step),
+            decay_flags(self.mask, params),
+            adjust=clipped,
         )
-        return updates, AdamState(step=t, mu=mu, nu=nu)
