@@ -319,3 +319,98 @@ def test_split_path_on_a_many_leaf_tree(split_on):
     assert_close((new_params, state), reference)
     assert compiled <= 2 * runners
     assert int(state.step) == 1
+
+
+class _Probe(eqxopt.AbstractTransform):
+    """Scalar hyperparameters of several kinds; records what its trace sees."""
+
+    a: jax.Array
+    b: jax.Array
+    n: jax.Array
+    m: jax.Array
+    weak: jax.Array
+    half: jax.Array
+    vector: jax.Array
+    placed: jax.Array
+
+    def init(self, params):
+        return eqxopt.EmptyState()
+
+    def transform(self, grads, state, params):
+        _probe_seen.append([jax.typeof(x) for x in jax.tree.leaves(self)])
+        scale = (
+            self.a * self.b
+            + (self.n - self.m)
+            + self.weak
+            + self.half
+            + self.vector.sum()
+            + self.placed
+        )
+        return jax.tree.map(lambda g: -g * scale, grads), state
+
+
+_probe_seen: list = []
+
+
+def _probe(a: float) -> _Probe:
+    return _Probe(
+        a=jnp.asarray(a, jnp.float32),
+        b=jnp.asarray(0.5, jnp.float32),
+        n=jnp.asarray(3, jnp.int32),
+        m=jnp.asarray(1, jnp.int32),
+        weak=jnp.asarray(0.25),  # a weak-typed float
+        half=jnp.asarray(0.125, jnp.bfloat16),  # the only one of its dtype
+        vector=jnp.arange(3.0, dtype=jnp.float32),
+        placed=jax.device_put(jnp.asarray(1.0, jnp.float32), jax.devices()[0]),
+    )
+
+
+def test_scalar_hyperparameters_are_packed_exactly():
+    """The optimizer's 0-d leaves cross into the compiled step stacked, one array
+    per dtype: inside, every leaf has its own dtype, shape and weak type; the
+    numbers are the general path's; new values reuse the compiled step."""
+    params = {"w": jnp.ones(3), "b": jnp.zeros(2)}
+    grads = jax.tree.map(lambda p: p + 0.5, params)
+    opt = _probe(2.0)
+    state = opt.init(params)
+    expected = [jax.typeof(x) for x in jax.tree.leaves(opt)]
+    assert expected[4].weak_type and not expected[0].weak_type
+    _probe_seen.clear()
+    direct = opt.step(grads, state, params)
+    assert _probe_seen == [expected]
+    # Only the f32 pair and the i32 pair are packed: the weak, the lone bf16, the
+    # vector and the placed (committed) leaf cross as they are.
+    record = _dispatch._first(opt)
+    packs, others = record.packed
+    assert [(x.dtype, x.shape) for x in packs] == [
+        (jnp.float32, (2,)),
+        (jnp.int32, (2,)),
+    ]
+    assert len(others) == 4
+    with _use_general_path():
+        general = opt.step(grads, state, params)
+    assert_same(direct, general)
+    assert_same(
+        direct, eqx.filter_jit(_base._step_entry)(opt, grads, params, state, {})
+    )
+    # Another optimizer object with other values: no new trace, other numbers.
+    before = _dispatch.cache_size(_base._step_entry), len(_probe_seen)
+    other = _probe(-1.0)
+    moved, _ = other.step(grads, state, params)
+    assert (_dispatch.cache_size(_base._step_entry), len(_probe_seen)) == before
+    with _use_general_path():
+        assert_same(moved, other.step(grads, state, params)[0])
+    assert not np.allclose(moved["w"], direct[0]["w"])
+    # Inside a user's jit the packing is traced, never cached as tracers.
+    third = _probe(3.0)
+    nested = jax.jit(lambda g, s, p: third.step(g, s, p))(grads, state, params)
+    assert _dispatch._first(third).packed is None
+    assert_same(nested, third.step(grads, state, params))
+
+
+class _use_general_path:
+    def __enter__(self):
+        _dispatch.use_direct_path(False)
+
+    def __exit__(self, *exc):
+        _dispatch.use_direct_path(True)

@@ -126,8 +126,8 @@ class AbstractTransform(eqx.Module):
         """
         new_state, updates = _dispatch.call(
             _update_entry,
-            (self, grads, state, params, _numbers_as_arrays(extra)),
-            _donated(donate, 2),
+            (self, grads, state, params, _numbers_as_arrays(extra) if extra else extra),
+            (2,) if donate else (),
         )
         return updates, new_state
 
@@ -152,8 +152,8 @@ class AbstractTransform(eqx.Module):
         """
         return _dispatch.call(
             _step_entry,
-            (self, grads, params, state, _numbers_as_arrays(extra)),
-            _donated(donate, 2, 3),
+            (self, grads, params, state, _numbers_as_arrays(extra) if extra else extra),
+            (2, 3) if donate else (),
         )
 
     def to_optax(self) -> Any:
@@ -173,10 +173,6 @@ def _numbers_as_arrays(extra: dict[str, Any]) -> dict[str, Any]:
         return jnp.asarray(v, dtype=float if isinstance(v, float) else int)
 
     return {k: convert(v) for k, v in extra.items()}
-
-
-def _donated(donate: bool, *positions: int) -> tuple[int, ...]:
-    return positions if donate else ()
 
 
 @functools.cache

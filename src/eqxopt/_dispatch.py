@@ -5,8 +5,10 @@ compiled function, and neither waits for the result:
 
 - The direct path, for the common case where every leaf is an array: the first
   argument (the optimizer, usually the same object call after call) is flattened
-  once and remembered by identity; the other arguments go to a cached `jax.jit` as
-  they are, so JAX's C++ code flattens them and unflattens the outputs. A leaf that
+  once and remembered by identity, its scalar leaves stacked into one array per
+  dtype (fewer arrays to cross into the compiled code); the other arguments go to a
+  cached `jax.jit` as they are, so JAX's C++ code flattens them and unflattens the
+  outputs. A leaf that
   is not an array (a function, a string) or may be a Python number makes the direct
   path step aside, and those argument types then always take the general path.
 - The general path, as `eqx.filter_jit` treats arguments: the arguments are
@@ -131,19 +133,105 @@ _cache: "weakref.WeakKeyDictionary[Callable, dict[Hashable, _Entry]]" = (
 )
 
 
-_last_first: list[Any] = [
-    (None, [], None)
-]  # (the last first argument, its leaves, def)
+class _First:
+    """What is remembered of the first argument (the optimizer, usually the very
+    same immutable object call after call), by identity: its leaves and treedef;
+    for the direct path, which of its leaves are packed and how (`layout`), the
+    packed leaves themselves once made, and the `_Direct` (or `None`: the general
+    path) for each kind of call made with it."""
+
+    __slots__ = ("direct", "layout", "leaves", "obj", "pack", "packed", "treedef")
+
+    def __init__(self, obj: Any, pack: bool = True):
+        self.obj, self.pack = obj, pack
+        self.leaves, self.treedef = jax.tree.flatten(obj)
+        self.layout = _layout(self.leaves, pack)
+        self.packed: Any = None
+        self.direct: dict[Hashable, _Direct | None] = {}
 
 
-def _flatten_first(first: Any) -> tuple[list[Any], Any]:
-    # The first argument is the optimizer, usually the very same (immutable) object
-    # call after call; its flattening is remembered by identity.
-    last, leaves, treedef = _last_first[0]
-    if first is not last:
-        leaves, treedef = jax.tree.flatten(first)
-        _last_first[0] = (first, leaves, treedef)
-    return leaves, treedef
+# --- Packed hyperparameters -------------------------------------------------------
+#
+# Every array crossing the `jax.jit` boundary costs the direct call about half a
+# microsecond (AdamW has six scalar hyperparameters, more with a schedule). So the
+# optimizer's scalar leaves are stacked into one array per dtype, once per
+# optimizer object, and indexed back inside the compiled function: the same values,
+# dtypes and shapes, and a new optimizer object with other values reuses the
+# compiled step (the stacked arrays have the same shapes). Only leaves whose
+# stacking changes nothing are packed: 0-d, not weak-typed (a stacked array would
+# not be weak), not committed to a device or sharding, and two or more of a dtype.
+
+
+def _layout(leaves: list[Any], pack: bool) -> tuple[Any, ...] | None:
+    """Per leaf of the first argument, the dtype it is packed with (`None`: passed
+    as it is); `None` when some leaf is not a concrete array (no direct path)."""
+    if not set(map(type, leaves)) <= _ALL_ARRAYS:
+        return None
+    if not pack:
+        return (None,) * len(leaves)
+    codes = [
+        None if a.shape or a.weak_type or x.committed else a.dtype
+        for x in leaves
+        for a in (x.aval,)
+    ]
+    if len(set(codes)) == len(codes):  # no dtype twice: nothing to pack
+        return (None,) * len(codes)
+    lone = {c for c in codes if codes.count(c) == 1}
+    return tuple(None if c in lone else c for c in codes)
+
+
+@jax.jit
+def _stack(groups: list[list[Any]]) -> list[Any]:
+    return [jax.numpy.stack(group) for group in groups]
+
+
+def _pack(record: _First) -> tuple[list[Any], list[Any]]:
+    """The first argument's leaves as the direct path passes them: the packed
+    arrays (one per dtype, in order of first appearance) and the other leaves."""
+    if record.packed is not None:
+        return record.packed
+    assert record.layout is not None
+    groups: dict[Any, list[Any]] = {}
+    others = []
+    for x, code in zip(record.leaves, record.layout):
+        if code is None:
+            others.append(x)
+        else:
+            groups.setdefault(code, []).append(x)
+    packed = (_stack(list(groups.values())) if groups else [], others)
+    if not any(isinstance(x, jax.core.Tracer) for x in packed[0]):
+        record.packed = packed  # (inside someone's trace it is made per call)
+    return packed
+
+
+def _unpacker(layout: tuple[Any, ...]) -> Callable[[Any], list[Any]]:
+    """The inverse of `_pack` for one layout, for use inside the trace."""
+    groups = list(dict.fromkeys(c for c in layout if c is not None))
+    counters = dict.fromkeys(groups, 0)
+    where: list[tuple[int, int] | None] = []
+    for code in layout:
+        if code is None:
+            where.append(None)
+        else:
+            where.append((groups.index(code), counters[code]))
+            counters[code] += 1
+
+    def unpack(first: Any) -> list[Any]:
+        packs, others = first
+        it = iter(others)
+        return [next(it) if w is None else packs[w[0]][w[1]] for w in where]
+
+    return unpack
+
+
+_last_first: list[_First] = [_First(None)]
+
+
+def _first(first: Any, pack: bool = True) -> _First:
+    record = _last_first[0]
+    if record.obj is not first or record.pack is not pack:
+        record = _last_first[0] = _First(first, pack)
+    return record
 
 
 class _NotPlain(Exception):
@@ -152,25 +240,40 @@ class _NotPlain(Exception):
 
 
 class _Direct:
-    """`jax.jit` over `(first_leaves, *rest)`, the rest passed as pytrees.
+    """`jax.jit` over `(first, *rest)`, the rest passed as pytrees.
 
     JAX flattens the pytrees in C++ and unflattens the outputs, so nothing is done
     per leaf in Python. This is only right when every leaf of the rest is an array:
     a Python number would be traced (as a weak-typed scalar) where `eqx.filter_jit`
     keeps it static, and a function or string is rejected by `jax.jit` with a
     `TypeError`. Both send the call to the general path, which is then remembered for
-    those argument types.
+    those argument types. `first` is the first argument's leaves as `_pack` makes
+    them; `run` takes them unpacked (for the split path).
     """
 
-    def __init__(self, fn: Callable, first_def: Any, donate: tuple[int, ...]):
+    def __init__(
+        self,
+        fn: Callable,
+        first_def: Any,
+        layout: tuple[Any, ...],
+        donate: tuple[int, ...],
+        kinds: tuple[Any, ...] = (),
+    ):
+        self.kinds = kinds  # its key in `_direct`
+
         def run(first_leaves, *rest):
             for leaf in jax.tree.leaves(rest):
                 if getattr(leaf, "weak_type", False) and not jax.numpy.ndim(leaf):
                     raise _NotPlain
             return fn(first_def.unflatten(first_leaves), *rest)
 
+        unpack = _unpacker(layout)
+
+        def run_packed(first, *rest):
+            return run(unpack(first), *rest)
+
         self.run = run
-        self.jitted = jax.jit(run, donate_argnums=donate)
+        self.jitted = jax.jit(run_packed, donate_argnums=donate)
 
 
 # How `jax.jit` words its refusal of a leaf that is not an array (new and old JAX).
@@ -423,36 +526,59 @@ def use_direct_path(enabled: bool) -> None:
     _use_direct[0] = bool(enabled)
 
 
-def call(fn: Callable, args: tuple[Any, ...], donate: tuple[int, ...] = ()) -> Any:
+def call(
+    fn: Callable,
+    args: tuple[Any, ...],
+    donate: tuple[int, ...] = (),
+    pack: bool = True,
+) -> Any:
     """`fn(*args)`, compiled. `donate` lists positions of `args` whose array buffers
-    XLA may reuse for the outputs (the caller must not use them afterwards)."""
-    first_leaves, first_def = _flatten_first(args[0])
-    kinds = (fn, first_def, donate, tuple(map(type, args)))
-    if (
-        _use_direct[0]
-        and kinds not in _general
-        and set(map(type, first_leaves)) <= _ALL_ARRAYS
-    ):
-        direct = _direct.get(kinds)
-        if direct is None:
-            direct = _direct[kinds] = _Direct(fn, first_def, donate)
+    XLA may reuse for the outputs (the caller must not use them afterwards). `pack`
+    (for a first argument that is usually the same object call after call, such as
+    the optimizer) passes its scalar leaves packed; a first argument that is new
+    each call (a state) would pay for the packing every time."""
+    record = _first(args[0], pack)
+    if record.layout is not None and _use_direct[0]:
+        key = (fn, donate, *map(type, args))
         try:
-            if _use_split[0] and not donate and kinds not in _small:
-                out = _try_split(kinds, direct, first_leaves, args)
-                if out is not None:
-                    return out
-            return direct.jitted(first_leaves, *args[1:])
-        except _NotPlain:
-            pass
-        except TypeError as error:
-            if not any(m in str(error) for m in _NOT_AN_ARRAY):
-                raise
-        _general.add(kinds)
-    return _general_call(fn, args, donate)
+            direct = record.direct[key]
+        except KeyError:
+            direct = record.direct[key] = _find_direct(fn, record, donate, args)
+        if direct is not None:
+            try:
+                if _use_split[0] and not donate and direct.kinds not in _small:
+                    out = _try_split(direct.kinds, direct, record.leaves, args)
+                    if out is not None:
+                        return out
+                return direct.jitted(_pack(record), *args[1:])
+            except _NotPlain:
+                pass
+            except TypeError as error:
+                if not any(m in str(error) for m in _NOT_AN_ARRAY):
+                    raise
+            _general.add(direct.kinds)
+            record.direct[key] = None
+    return _general_call(fn, args, donate, record)
 
 
-def _general_call(fn: Callable, args: tuple[Any, ...], donate: tuple[int, ...]) -> Any:
-    first_leaves, first_def = _flatten_first(args[0])
+def _find_direct(
+    fn: Callable, record: _First, donate: tuple[int, ...], args: tuple[Any, ...]
+) -> "_Direct | None":
+    assert record.layout is not None
+    kinds = (fn, record.treedef, record.layout, donate, tuple(map(type, args)))
+    if kinds in _general:
+        return None
+    direct = _direct.get(kinds)
+    if direct is None:
+        direct = _Direct(fn, record.treedef, record.layout, donate, kinds)
+        _direct[kinds] = direct
+    return direct
+
+
+def _general_call(
+    fn: Callable, args: tuple[Any, ...], donate: tuple[int, ...], record: _First
+) -> Any:
+    first_leaves, first_def = record.leaves, record.treedef
     rest_leaves, rest_def = jax.tree.flatten(args[1:])
     leaves = first_leaves + rest_leaves
     per_fn = _cache.get(fn)
@@ -477,11 +603,19 @@ def _general_call(fn: Callable, args: tuple[Any, ...], donate: tuple[int, ...]) 
     return compiled(groups)
 
 
-def lower(fn: Callable, args: tuple[Any, ...], donate: tuple[int, ...] = ()) -> Any:
-    """The `jax.stages.Lowered` program that `call(fn, args, donate)` runs when every
-    leaf is an array (for benchmarks: `.compile()` it, read `memory_analysis()`)."""
-    first_leaves, first_def = jax.tree.flatten(args[0])
-    return _Direct(fn, first_def, donate).jitted.lower(first_leaves, *args[1:])
+def lower(
+    fn: Callable,
+    args: tuple[Any, ...],
+    donate: tuple[int, ...] = (),
+    pack: bool = True,
+) -> Any:
+    """The `jax.stages.Lowered` program that `call(fn, args, donate, pack)` runs when
+    every leaf is an array (for benchmarks: `.compile()` it, read
+    `memory_analysis()`)."""
+    record = _First(args[0], pack)
+    assert record.layout is not None, "some leaf of the first argument is no array"
+    direct = _Direct(fn, record.treedef, record.layout, donate)
+    return direct.jitted.lower(_pack(record), *args[1:])
 
 
 def cache_size(fn: Callable) -> int:

@@ -631,7 +631,7 @@ class LBFGS(AbstractTransform):
         non-float leaves, each in its parameter's dtype.
         """
         return _dispatch.call(
-            _value_and_grad_entry, (state, params, value_fn, fn_kwargs)
+            _value_and_grad_entry, (state, params, value_fn, fn_kwargs), pack=False
         )
 
 
