@@ -80,11 +80,14 @@ SCRIPT = textwrap.dedent(
                 np.asarray(single[0][k], np.float32), rtol=1e-6, atol=1e-6)
         # No collective (gather) in the compiled step, donated or not.
         for donate in ((), (2, 3)):
+            entry = _base._step_entry_donated if donate else _base._step_entry
             text = _dispatch.lower(
-                _base._step_entry, (opt, grads, params, state, {}), donate
+                entry, (opt, grads, params, state, {}), donate
             ).compile().as_text()
             for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
                 assert op not in text, (type(opt).__name__, op)
+            # Several devices: XLA's own code, never the native custom call.
+            assert "eqxopt_elementwise" not in text
     print("SHARDING-OK")
     """
 )

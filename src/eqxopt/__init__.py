@@ -46,6 +46,10 @@ from ._finite import (
     apply_if_finite as apply_if_finite,
 )
 from ._fromage import Fromage as Fromage, FromageState as FromageState
+from ._fused import (
+    native_kernels_available as native_kernels_available,
+    set_native_kernels as set_native_kernels,
+)
 from ._interop import (
     FromOptax as FromOptax,
     FromOptaxState as FromOptaxState,

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import PyTree, jaxtyped
 
-from . import _dispatch
+from . import _dispatch, _fused
 from ._checks import check_grads, check_state
 from ._tree import apply_updates, cast_like
 
@@ -125,7 +125,7 @@ class AbstractTransform(eqx.Module):
         dtype (`None` for leaves that are not updated).
         """
         new_state, updates = _dispatch.call(
-            _update_entry,
+            _update_entry_donated if donate else _update_entry,
             (self, grads, state, params, _numbers_as_arrays(extra) if extra else extra),
             (2,) if donate else (),
         )
@@ -151,7 +151,7 @@ class AbstractTransform(eqx.Module):
         non-float leaves are passed through unchanged.
         """
         return _dispatch.call(
-            _step_entry,
+            _step_entry_donated if donate else _step_entry,
             (self, grads, params, state, _numbers_as_arrays(extra) if extra else extra),
             (2, 3) if donate else (),
         )
@@ -199,11 +199,33 @@ def _checked_transform(
 # the buffer of the old `nu` and XLA would add full-size copies to undo it.
 
 
-def _update_entry(opt, grads, state, params, extra):
-    updates, new_state = _checked_transform(opt, grads, state, params, extra)
+# Each entry tells the engine (`_fused`) whether its outputs may overwrite the
+# donated inputs and, for `step`, that the updates only get applied.
+
+
+def _update(opt, grads, state, params, extra, *, donated):
+    with _fused.tracing_entry(step=False, donated=donated):
+        updates, new_state = _checked_transform(opt, grads, state, params, extra)
     return new_state, cast_like(updates, params)
 
 
+def _step(opt, grads, params, state, extra, *, donated):
+    with _fused.tracing_entry(step=True, donated=donated) as applied:
+        updates, new_state = _checked_transform(opt, grads, state, params, extra)
+    return apply_updates(params, updates, applied), new_state
+
+
+def _update_entry(opt, grads, state, params, extra):
+    return _update(opt, grads, state, params, extra, donated=False)
+
+
+def _update_entry_donated(opt, grads, state, params, extra):
+    return _update(opt, grads, state, params, extra, donated=True)
+
+
 def _step_entry(opt, grads, params, state, extra):
-    updates, new_state = _checked_transform(opt, grads, state, params, extra)
-    return apply_updates(params, updates), new_state
+    return _step(opt, grads, params, state, extra, donated=False)
+
+
+def _step_entry_donated(opt, grads, params, state, extra):
+    return _step(opt, grads, params, state, extra, donated=True)

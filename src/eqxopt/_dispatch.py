@@ -520,6 +520,18 @@ def use_split_path(enabled: bool) -> None:
 set_split_compilation = use_split_path  # the public name
 
 
+def clear_caches() -> None:
+    """Forgets every compiled step (the next call of each traces again): for
+    switches that change what a trace produces, such as the native kernels."""
+    _cache.clear()
+    _direct.clear()
+    _general.clear()
+    _runners.clear()
+    _splits.clear()
+    _small.clear()
+    _last_first[0] = _First(None)
+
+
 def use_direct_path(enabled: bool) -> None:
     """Turns the direct path on (the default) or off, so that every call takes the
     general path (for tests comparing the two, and for debugging)."""

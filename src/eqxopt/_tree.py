@@ -55,7 +55,7 @@ def increment(step: Int[Array, ""]) -> Int[Array, ""]:
     return jnp.where(step < _INT32_MAX, step + 1, step).astype(jnp.int32)
 
 
-def apply_updates(params: PyTree, updates: PyTree) -> PyTree:
+def apply_updates(params: PyTree, updates: PyTree, applied: Any = None) -> PyTree:
     """`params + updates`, leaf by leaf, keeping each parameter's dtype.
 
     `None` updates (and non-float leaves) leave the parameter as it is. The sum is
@@ -68,11 +68,16 @@ def apply_updates(params: PyTree, updates: PyTree) -> PyTree:
     - `params`: any pytree.
     - `updates`: a tree with the structure of `params`, `None` where there is no
       update.
+    - `applied`: used by `step` (the new parameters native kernels have already
+      formed, by update).
     """
+    from ._fused import applied_param  # _fused imports the engine, which imports us
 
     def apply(u, p):
         if u is None or not is_float_leaf(p):
             return p
+        if (new := applied_param(applied, u)) is not None:
+            return new
         dtype = compute_dtype(p.dtype)
         return (p.astype(dtype) + u.astype(dtype)).astype(p.dtype)
 

@@ -1,0 +1,143 @@
+// eqxopt's element-wise step kernel for XLA:CPU, called through `jax.ffi`.
+//
+// `_native.py` turns an optimizer's per-leaf rule into a small C function (one loop
+// over the elements, every intermediate in registers), compiles it once per rule
+// and registers its address here under a 64-bit id. This handler runs that
+// function over one leaf, splitting large leaves across threads. XLA:CPU would
+// instead run one single-threaded loop per output (new parameter, each moment),
+// reading the inputs again for each.
+//
+// Buffers: `scalars` (float32[k]: hyperparameters, bias corrections, literals),
+// then the leaf's inputs, then its outputs; every leaf buffer is float32 and all
+// have one element count. Outputs may alias inputs (in-place, donated steps): the
+// generated loop reads element i of every input before writing element i.
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#define EQXOPT_HAS_MXCSR 1
+#endif
+
+namespace ffi = xla::ffi;
+
+using KernelFn = void (*)(const float* const* in, float* const* out,
+                          const float* scalars, int64_t n);
+
+namespace {
+
+std::mutex registry_mutex;
+std::unordered_map<int64_t, KernelFn>& registry() {
+  static auto* kernels = new std::unordered_map<int64_t, KernelFn>();
+  return *kernels;
+}
+
+KernelFn lookup(int64_t id) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry().find(id);
+  return it == registry().end() ? nullptr : it->second;
+}
+
+// Below this many elements a leaf runs on the calling thread: starting a thread
+// costs tens of microseconds. Above it, one thread per `kPerThread` elements, up to
+// the number of cores.
+constexpr int64_t kParallelThreshold = 1 << 18;
+constexpr int64_t kPerThread = 1 << 17;
+constexpr int64_t kAlign = 64;  // elements; keeps each thread's range aligned
+
+ffi::Error Elementwise(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
+                       ffi::RemainingRets rets, int64_t kernel, int64_t n_in) {
+  KernelFn fn = lookup(kernel);
+  if (fn == nullptr) {
+    return ffi::Error::Internal(
+        "eqxopt: element-wise kernel not loaded in this process (the step was "
+        "compiled elsewhere); call eqxopt.set_native_kernels(False) or retrace");
+  }
+  if (n_in <= 0 || static_cast<int64_t>(args.size()) != n_in) {
+    return ffi::Error::InvalidArgument("eqxopt: input count does not match");
+  }
+  std::vector<const float*> in(n_in);
+  std::vector<float*> out(rets.size());
+  int64_t n = -1;
+  for (int64_t i = 0; i < n_in; ++i) {
+    auto buf = args.get<ffi::AnyBuffer>(i);
+    if (!buf.has_value() || buf->element_type() != ffi::F32) {
+      return ffi::Error::InvalidArgument("eqxopt: inputs must be float32");
+    }
+    const int64_t count = static_cast<int64_t>(buf->element_count());
+    if (n >= 0 && count != n) {
+      return ffi::Error::InvalidArgument("eqxopt: inputs differ in size");
+    }
+    n = count;
+    in[i] = reinterpret_cast<const float*>(buf->untyped_data());
+  }
+  for (size_t o = 0; o < rets.size(); ++o) {
+    auto buf = rets.get<ffi::AnyBuffer>(o);
+    if (!buf.has_value() || (*buf)->element_type() != ffi::F32 ||
+        static_cast<int64_t>((*buf)->element_count()) != n) {
+      return ffi::Error::InvalidArgument("eqxopt: outputs must match the inputs");
+    }
+    out[o] = reinterpret_cast<float*>((*buf)->untyped_data());
+  }
+  const float* s = scalars.typed_data();
+  int64_t n_threads = 1;
+  if (n >= kParallelThreshold) {
+    const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+    n_threads = std::max<int64_t>(1, std::min(cores, n / kPerThread));
+  }
+  if (n_threads == 1) {
+    fn(in.data(), out.data(), s, n);
+    return ffi::Error::Success();
+  }
+  const int64_t per = ((n + n_threads - 1) / n_threads + kAlign - 1) / kAlign * kAlign;
+#ifdef EQXOPT_HAS_MXCSR
+  // Worker threads take the caller's floating-point mode (XLA runs its code with
+  // denormals flushed to zero), so every element rounds the same way.
+  const unsigned int mxcsr = _mm_getcsr();
+#endif
+  auto run = [&](int64_t begin) {
+#ifdef EQXOPT_HAS_MXCSR
+    _mm_setcsr(mxcsr);
+#endif
+    const int64_t end = std::min(n, begin + per);
+    if (begin >= end) return;
+    std::vector<const float*> in_at(in.size());
+    std::vector<float*> out_at(out.size());
+    for (size_t i = 0; i < in.size(); ++i) in_at[i] = in[i] + begin;
+    for (size_t o = 0; o < out.size(); ++o) out_at[o] = out[o] + begin;
+    fn(in_at.data(), out_at.data(), s, end - begin);
+  };
+  std::vector<std::thread> workers;
+  for (int64_t t = 1; t < n_threads; ++t) workers.emplace_back(run, t * per);
+  run(0);
+  for (auto& w : workers) w.join();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+extern "C" {
+
+// Called from Python (ctypes) once a rule's function is loaded.
+void eqxopt_register_kernel(int64_t id, void* fn) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry()[id] = reinterpret_cast<KernelFn>(fn);
+}
+
+}  // extern "C"
+
+// Attributes are declared in name order, as XLA passes them.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptElementwise, Elementwise,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("kernel")
+                                  .Attr<int64_t>("n_in"));

@@ -1,0 +1,308 @@
+"""eqxopt's native CPU kernels (`_fused`, `_native`): element-wise rules translated to
+C give XLA's numbers to rounding, on every optimizer that uses them, and everything
+they cannot take falls back to XLA's code."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqxopt
+from catalog import all_cases
+from eqxopt import _base, _dispatch
+from eqxopt._leafwise import map_leaves
+from helpers import assert_trees_close, nested_tree
+from test_catalog import extra_for, quadratic_loss
+
+CASES = all_cases()
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Rules with norms, factored or matrix statistics are not element-wise and keep XLA's
+# code; every other optimizer in the catalog must run through the kernels.
+NOT_ELEMENTWISE = {
+    "CAdamW",
+    "StableAdamW",
+    "LAMB",
+    "LARS",
+    "Fromage",
+    "NovoGrad",
+    "SM3",
+    "Adafactor",
+    "Adafactor-factored-momentum",
+    "SOAP",
+    "LBFGS",
+}
+
+
+@pytest.fixture
+def xla_only():
+    eqxopt.set_native_kernels(False)
+    yield
+    eqxopt.set_native_kernels(True)
+
+
+def with_native(enabled, fn, *args):
+    eqxopt.set_native_kernels(enabled)
+    try:
+        return fn(*args)
+    finally:
+        eqxopt.set_native_kernels(True)
+
+
+def native_calls(fn, *args):
+    return eqx.filter_jit(fn).lower(*args).as_text().count("eqxopt_elementwise")
+
+
+def test_kernels_are_available_here():
+    # The CPU machines this project runs on have a C++ compiler; without one the
+    # library still works (see test_build_failure_warns_and_falls_back).
+    assert eqxopt.native_kernels_available()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_catalog_matches_xla(case):
+    def run():
+        opt = case.make()
+        params = nested_tree()
+        state = opt.init(params)
+        history = []
+        for _ in range(5):
+            grads = jax.grad(quadratic_loss)(params)
+            extra = extra_for(case, quadratic_loss, params)
+            params, state = opt.step(grads, state, params, **extra)
+            history.append(params)
+        grads = jax.grad(quadratic_loss)(params)
+        extra = extra_for(case, quadratic_loss, params)
+        updates, state = opt.update(grads, state, params, **extra)
+        return history, updates, state
+
+    native = with_native(True, run)
+    xla = with_native(False, run)
+    assert_trees_close(native, xla, rtol=2e-5, atol=2e-6)
+
+    opt = case.make()
+    params = nested_tree()
+    grads = jax.grad(quadratic_loss)(params)
+    extra = extra_for(case, quadratic_loss, params)
+    args = (opt, grads, params, opt.init(params), extra)
+    used = native_calls(_base._step_entry, *args)
+    if case.name in NOT_ELEMENTWISE:
+        assert used == 0
+    else:
+        assert used > 0
+        assert with_native(False, native_calls, _base._step_entry, *args) == 0
+
+
+ORDINARY = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e-30, -1e-30, 3e38, -3e38, 7.25, 1e-3]
+SPECIAL = np.array([*ORDINARY, np.inf, -np.inf, np.nan], np.float32)
+
+
+def many_ops(g, p, m):
+    a = jnp.where(g > 0, jnp.sqrt(jnp.abs(g)), jnp.exp(-jnp.abs(g)))
+    b = jnp.maximum(p, m) - jnp.minimum(p, g) + jnp.sign(g) * jnp.tanh(p)
+    c = jnp.clip(m, -0.5, 0.5) + jax.lax.rsqrt(jnp.abs(p) + 1) + jnp.log1p(jnp.abs(g))
+    d = g**3 + (jnp.abs(p) + 1) ** -2 + jnp.expm1(p * 0.1) - jnp.log(jnp.abs(m) + 2)
+    e = jnp.where((jnp.isfinite(g) & (p != 0)) | ~(m < 0), 1.0, 2.0)
+    f = jax.nn.sigmoid(g) + jnp.floor(p * 3) + jnp.ceil(m * 3) + jnp.square(g)
+    h = g / (p + 2) + jnp.power(jnp.abs(p) + 1, 1.5) + (g >= m) * 0.25 - (p <= m)
+    return a + b, c + d + e + f + h
+
+
+def test_every_translated_primitive_matches_xla():
+    g, p, m = np.meshgrid(SPECIAL, SPECIAL, SPECIAL[::3], indexing="ij")
+    g, p, m = (jnp.asarray(x.ravel()) for x in (g, p, m))
+
+    @jax.jit
+    def run(g, p, m):
+        updates, (moment,) = map_leaves(many_ops, g, p, (m,), elementwise=True)
+        return updates, moment
+
+    assert "eqxopt_elementwise" in run.lower(g, p, m).as_text()
+    native = run(g, p, m)
+    expected = jax.jit(many_ops)(g, p, m)
+    for got, want in zip(native, expected):
+        # tanh, exp and log come from the C library here, from XLA's own
+        # approximations there: a few ulps apart (of terms of order 1).
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        lambda g, p: (g * jnp.sum(p),),  # a reduction (wrongly called element-wise)
+        lambda g, p: ((g * 4).astype(jnp.int32).astype(jnp.float32) * p,),
+        lambda g, p: (jax.lax.cumsum(g) + p,),
+    ],
+    ids=["reduction", "integer-maths", "cumsum"],
+)
+def test_untranslatable_rules_fall_back_to_xla(rule):
+    g, p = jnp.linspace(-1, 1, 7), jnp.linspace(2, 3, 7)
+
+    @jax.jit
+    def run(g, p):
+        return map_leaves(lambda g, p: rule(g, p), g, p, elementwise=True)[0]
+
+    assert "eqxopt_elementwise" not in run.lower(g, p).as_text()
+    np.testing.assert_array_equal(run(g, p), jax.jit(rule)(g, p)[0])
+
+
+def test_large_leaf_split_across_threads_matches_xla():
+    n = (1 << 19) + 13  # several threads, and a ragged last range
+    params = {"w": jnp.linspace(-1.0, 1.0, n), "b": jnp.ones(5)}
+    grads = jax.tree.map(lambda x: jnp.cos(7 * x) * 0.1, params)
+    opt = eqxopt.AdamW(1e-2, weight_decay=0.1)
+
+    def run(donate):
+        p = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+        s = opt.init(p)
+        for _ in range(4):
+            p, s = opt.step(grads, s, p, donate=donate)
+        return p, s
+
+    native = with_native(True, run, False)
+    assert_trees_close(with_native(True, run, True), native, rtol=0, atol=0)
+    assert_trees_close(native, with_native(False, run, False), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "xla"])
+def test_donated_entries_write_in_place(native):
+    eqxopt.set_native_kernels(native)
+    try:
+        params = {"a": jnp.zeros((256, 64)), "c": jnp.zeros(64)}
+        opt = eqxopt.AdamW(1e-3)
+        state = opt.init(params)
+        for entry, args, donate in [
+            (_base._step_entry_donated, (opt, params, params, state, {}), (2, 3)),
+            (_base._update_entry_donated, (opt, params, state, params, {}), (2,)),
+        ]:
+            compiled = _dispatch.lower(entry, args, donate).compile()
+            text = compiled.as_text()
+            # Scalars and the custom calls' small result tables only.
+            assert compiled.memory_analysis().temp_size_in_bytes < 1024
+            assert " copy(" not in text
+            assert ("eqxopt_elementwise" in text) == native
+            # The update of `step` is only made when something reads it.
+            if native and entry is _base._step_entry_donated:
+                assert text.count("custom-call(") == 2
+    finally:
+        eqxopt.set_native_kernels(True)
+
+
+def test_derivatives_and_vmap_through_a_native_step():
+    params = {"w": jnp.linspace(-1.0, 1.0, 6)}
+    grads = {"w": jnp.linspace(0.5, -0.5, 6)}
+
+    def loss_of_lr(lr):
+        opt = eqxopt.AdamW(lr, weight_decay=0.1)
+        new, _ = opt.step(grads, opt.init(params), params)
+        return jnp.sum(new["w"] ** 2)
+
+    d_native = with_native(True, jax.grad(loss_of_lr), 0.1)
+    d_xla = with_native(False, jax.grad(loss_of_lr), 0.1)
+    np.testing.assert_allclose(d_native, d_xla, rtol=1e-6)
+
+    opt = eqxopt.Adam(0.1)
+    batched = jax.tree.map(lambda x: jnp.stack([x, 2 * x, -x]), grads)
+
+    def vmapped():
+        return jax.vmap(lambda g: opt.step(g, opt.init(params), params)[0])(batched)
+
+    assert_trees_close(with_native(True, vmapped), with_native(False, vmapped))
+
+
+def test_only_float32_leaves_take_the_kernel():
+    params = {
+        "f32": jnp.linspace(-1.0, 1.0, 8),
+        "bf16": jnp.linspace(-1.0, 1.0, 8).astype(jnp.bfloat16),
+        "int": jnp.arange(3),
+    }
+    grads = {"f32": params["f32"] * 0.5, "bf16": params["bf16"] * 2, "int": None}
+    for opt in [eqxopt.AdamW(1e-2), eqxopt.Adam(1e-2, mu_dtype=jnp.bfloat16)]:
+        args = (opt, grads, params, opt.init(params), {})
+        # AdamW: one call, for the f32 leaf (its unused update call is dropped);
+        # Adam with bf16 moments: no leaf has all-float32 inputs.
+        expected = 1 if opt.mu_dtype is None else 0
+        assert native_calls(_base._step_entry, *args) == expected
+
+        def run(opt=opt):
+            return opt.step(grads, opt.init(params), params)
+
+        native, xla = with_native(True, run), with_native(False, run)
+        assert_trees_close(native, xla, rtol=1e-6, atol=1e-7)
+        assert jax.tree.map(lambda x: x.dtype, native[0]) == jax.tree.map(
+            lambda x: x.dtype, params
+        )
+
+
+def test_set_native_kernels_takes_a_bool():
+    with pytest.raises(TypeError, match="enabled must be a bool, got int"):
+        eqxopt.set_native_kernels(1)  # type: ignore[arg-type]
+
+
+def test_switching_recompiles_eqxopt_steps(xla_only):
+    params = {"w": jnp.ones(4)}
+    opt = eqxopt.SGD(0.1, momentum=0.9)
+    opt.step(params, opt.init(params), params)
+    eqxopt.set_native_kernels(True)
+    assert _dispatch.cache_size(_base._step_entry) == 0
+    opt.step(params, opt.init(params), params)
+    assert _dispatch.cache_size(_base._step_entry) == 1
+
+
+def run_script(script, **env):
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+STEP_SCRIPT = """
+    import warnings
+    import jax.numpy as jnp
+    import numpy as np
+    import eqxopt
+    params = {"w": jnp.linspace(-1.0, 1.0, 6)}
+    opt = eqxopt.AdamW(0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        available = eqxopt.native_kernels_available()
+        new, _ = opt.step(params, opt.init(params), params)
+    print("available", available)
+    print("warnings", [str(w.message) for w in caught])
+    print("result", np.asarray(new["w"]).tolist())
+"""
+
+
+def test_build_failure_warns_and_falls_back(tmp_path):
+    result = run_script(
+        STEP_SCRIPT,
+        CXX=str(tmp_path / "no-such-compiler"),
+        EQXOPT_CACHE_DIR=str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "available False" in result.stdout
+    assert "could not build its native CPU kernels" in result.stdout
+    assert "no-such-compiler" in result.stdout
+    params = {"w": jnp.linspace(-1.0, 1.0, 6)}
+    opt = eqxopt.AdamW(0.1)
+    expected = opt.step(params, opt.init(params), params)[0]["w"]
+    got = eval(result.stdout.split("result ")[1])
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_environment_variable_turns_kernels_off(tmp_path):
+    result = run_script(STEP_SCRIPT, EQXOPT_NATIVE="0", EQXOPT_CACHE_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "available False" in result.stdout
+    assert "warnings []" in result.stdout
+    assert list(tmp_path.iterdir()) == []  # nothing was built
