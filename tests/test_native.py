@@ -50,6 +50,7 @@ def xla_only():
 
 def with_native(enabled, fn, *args):
     eqxopt.set_native_kernels(enabled)
+    jax.clear_caches()  # JAX's own trace caches (eqx.filter_jit(...).lower)
     try:
         return fn(*args)
     finally:

@@ -977,10 +977,15 @@ def arr(x):
 @random_settings
 @given(value, value, st.floats(0.25, 3.0).map(f32), count, begin)
 def test_random_polynomial_matches_optax(init, end, power, steps, start):
-    assert_matches_optax(
-        eqxopt.Polynomial(init, end, power, steps, start),
-        optax.polynomial_schedule(*map(arr, (init, end, power, steps, start))),
-    )
+    ours = evaluate(eqxopt.Polynomial(init, end, power, steps, start), SHORT)
+    theirs = optax.polynomial_schedule(*map(arr, (init, end, power, steps, start)))
+    expected = np.asarray(jax.vmap(theirs)(SHORT), np.float64)
+    # From the end of the transition on the value is `end` exactly. optax's float32
+    # fraction `1 - count / steps` can stop at 6e-8 instead of 0 there (hypothesis
+    # found init=0, end=1, power=0.5, steps=47: optax ends at 0.99975586).
+    done = np.asarray(SHORT) >= start + steps
+    np.testing.assert_array_equal(np.asarray(ours)[done], np.float32(end))
+    assert_close(ours, np.where(done, np.float64(np.float32(end)), expected))
     assert_matches_optax(
         eqxopt.Linear(init, end, steps, start),
         optax.linear_schedule(*map(arr, (init, end, steps, start))),

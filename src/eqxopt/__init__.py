@@ -74,6 +74,7 @@ from ._optimistic_adam import (
     OptimisticAdam as OptimisticAdam,
     OptimisticAdamState as OptimisticAdamState,
 )
+from ._packed import Packed as Packed, pack as pack
 from ._partition import (
     Freeze as Freeze,
     Masked as Masked,

@@ -95,9 +95,12 @@ def _handler() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     lib.eqxopt_register_kernel.argtypes = [ctypes.c_int64, ctypes.c_void_p]
     lib.eqxopt_register_kernel.restype = None
-    jax.ffi.register_ffi_target(
-        _TARGET, jax.ffi.pycapsule(lib.EqxoptElementwise), platform="cpu"
-    )
+    for name, symbol in (
+        (_TARGET, lib.EqxoptElementwise),
+        ("eqxopt_split", lib.EqxoptSplit),
+        ("eqxopt_concat", lib.EqxoptConcat),
+    ):
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(symbol), platform="cpu")
     return lib
 
 

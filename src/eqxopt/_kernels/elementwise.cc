@@ -13,6 +13,7 @@
 // generated loop reads element i of every input before writing element i.
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <mutex>
 #include <thread>
@@ -121,6 +122,43 @@ ffi::Error Elementwise(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
   return ffi::Error::Success();
 }
 
+// `Packed` (eqxopt.pack): one flat buffer cut into many leaves and back, as plain
+// copies. XLA:CPU would compile each slice at its own offset into a kernel of its
+// own (minutes for a few thousand leaves); here the whole cut is one call.
+ffi::Error Split(ffi::AnyBuffer flat, ffi::RemainingRets parts) {
+  const char* src = static_cast<const char*>(flat.untyped_data());
+  size_t offset = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    auto part = parts.get<ffi::AnyBuffer>(k);
+    if (!part.has_value()) return ffi::Error::InvalidArgument("eqxopt: bad split");
+    const size_t bytes = (*part)->size_bytes();
+    if (offset + bytes > flat.size_bytes())
+      return ffi::Error::InvalidArgument("eqxopt: split parts exceed the buffer");
+    std::memcpy((*part)->untyped_data(), src + offset, bytes);
+    offset += bytes;
+  }
+  if (offset != flat.size_bytes())
+    return ffi::Error::InvalidArgument("eqxopt: split parts do not fill the buffer");
+  return ffi::Error::Success();
+}
+
+ffi::Error Concat(ffi::RemainingArgs parts, ffi::Result<ffi::AnyBuffer> flat) {
+  char* dst = static_cast<char*>(flat->untyped_data());
+  size_t offset = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    auto part = parts.get<ffi::AnyBuffer>(k);
+    if (!part.has_value()) return ffi::Error::InvalidArgument("eqxopt: bad concat");
+    const size_t bytes = part->size_bytes();
+    if (offset + bytes > flat->size_bytes())
+      return ffi::Error::InvalidArgument("eqxopt: concat parts exceed the buffer");
+    std::memcpy(dst + offset, part->untyped_data(), bytes);
+    offset += bytes;
+  }
+  if (offset != flat->size_bytes())
+    return ffi::Error::InvalidArgument("eqxopt: concat parts do not fill the buffer");
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 extern "C" {
@@ -141,3 +179,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptElementwise, Elementwise,
                                   .RemainingRets()
                                   .Attr<int64_t>("kernel")
                                   .Attr<int64_t>("n_in"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptSplit, Split,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptConcat, Concat,
+                              ffi::Ffi::Bind().RemainingArgs().Ret<ffi::AnyBuffer>());

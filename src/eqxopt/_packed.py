@@ -1,0 +1,241 @@
+"""`Packed`: a parameter tree kept as a few flat buffers (an explicit layout option).
+
+Every array that crosses a `jax.jit` boundary costs JAX a few microseconds, and XLA
+runs at least one kernel per leaf: a step over 2000 leaves of 1000 floats spends
+most of its time on that, not on arithmetic (an identity function over such a tree
+already takes about 8 ms a call here). Packed, the same parameters are one buffer
+per dtype (and per label), so the optimizer sees a handful of large leaves.
+
+The model gets its tree back with `packed.unpack()` inside the loss function;
+`jax.grad` through it gives the gradients packed the same way. With the native
+kernels, cutting the buffer into leaves and gluing the gradients back are each one
+copy (`eqxopt_split`/`eqxopt_concat`), so neither compile time nor run time grows
+with the number of leaves the way XLA's slices do; elsewhere XLA's slices and
+concatenation are used (correct, but slow to compile for thousands of leaves).
+"""
+
+import functools
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, PyTree
+
+from . import _fused
+
+# One leaf of the original tree: ("array", buffer index, shape, dtype) or
+# ("static", value) for anything that is not an array (kept as it is).
+_Slot = tuple[Any, ...]
+
+
+class _Static:
+    """A non-array leaf, compared by identity unless it is hashable."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def _key(self) -> Any:
+        try:
+            hash(self.value)
+        except TypeError:
+            return id(self.value)
+        return self.value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Static) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+class _Layout:
+    """Where each leaf lives: hashable, so a `Packed` of the same layout reuses
+    compiled code."""
+
+    __slots__ = ("keys", "slots", "treedef")
+
+    def __init__(self, treedef: Any, slots: tuple[_Slot, ...], keys: tuple):
+        self.treedef, self.slots, self.keys = treedef, slots, keys
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Layout)
+            and self.treedef == other.treedef
+            and self.slots == other.slots
+            and self.keys == other.keys
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.treedef, self.slots, self.keys))
+
+    def members(self, index: int) -> list[tuple[int, ...]]:
+        return [s[2] for s in self.slots if s[0] == "array" and s[1] == index]
+
+
+class Packed(eqx.Module):
+    """Parameters (or gradients, or a moment) stored as one flat buffer per dtype and
+    label: make it with `eqxopt.pack(tree)`, read it with `.unpack()`.
+
+    Any optimizer takes a `Packed` as its parameters; its state then holds `Packed`
+    moments with the same layout (`state.mu.unpack()` is params-shaped). Element-wise
+    optimizers (SGD, the Adam family, Lion, ...) give the same numbers as on the
+    tree. Optimizers that reduce over a leaf (LAMB, LARS, Adafactor, Muon, SOAP,
+    `ClipByBlockRMS`, ...) would see one leaf per buffer instead of one per
+    parameter: use the tree for those.
+
+    **Fields:**
+
+    - `buffers`: the flat buffers (1-D arrays), in the order of `labels()`.
+    - `layout`: static: the tree structure and where each leaf lives.
+    """
+
+    buffers: tuple[Any, ...]
+    layout: _Layout = eqx.field(static=True)
+
+    def unpack(self) -> PyTree:
+        """The tree this was packed from (leaves in their shapes and dtypes). Inside
+        `jax.grad`, the gradient with respect to the `Packed` comes back packed."""
+        pieces = [split(b, self.layout.members(k)) for k, b in enumerate(self.buffers)]
+        iterators = [iter(p) for p in pieces]
+        leaves = [
+            next(iterators[slot[1]]) if slot[0] == "array" else slot[1].value
+            for slot in self.layout.slots
+        ]
+        return jax.tree.unflatten(self.layout.treedef, leaves)
+
+    def labels(self) -> "Packed":
+        """A `Packed` with the same structure whose buffers are replaced by their
+        labels (see `pack`): with bool labels, a weight-decay mask for
+        `AdamW(mask=...)` and the like."""
+        return Packed(tuple(key[0] for key in self.layout.keys), self.layout)
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def pack(tree: PyTree, labels: PyTree | Callable | None = None) -> Packed:
+    """Packs the arrays of `tree` into one flat buffer per dtype (and per label).
+
+    **Arguments:**
+
+    - `tree`: any pytree (an Equinox model included); its non-array leaves
+      (activation functions, ...) are kept as they are, outside the buffers.
+    - `labels`: optional: a tree with the structure of `tree` (or a function of
+      `tree` returning one) holding a hashable label per array leaf, such as a bool
+      for "gets weight decay"; leaves with different labels go to different buffers,
+      and `Packed.labels()` gives the labels back in the packed structure.
+
+    **Returns:** a `Packed`; `pack(tree).unpack()` equals `tree`.
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    if labels is None:
+        label_leaves: list[Hashable] = [None] * len(leaves)
+    else:
+        label_tree = labels(tree) if callable(labels) else labels
+        label_leaves = treedef.flatten_up_to(label_tree)
+    keys: list[tuple] = []
+    grouped: list[list[Any]] = []
+    slots: list[_Slot] = []
+    for leaf, label in zip(leaves, label_leaves):
+        if not _is_array(leaf):
+            slots.append(("static", _Static(leaf)))
+            continue
+        try:
+            hash(label)
+        except TypeError:
+            raise TypeError(f"labels must be hashable, got {label!r}") from None
+        key = (label, jnp.dtype(leaf.dtype).name)
+        if key not in keys:
+            keys.append(key)
+            grouped.append([])
+        index = keys.index(key)
+        grouped[index].append(leaf)
+        slots.append(("array", index, tuple(np.shape(leaf)), jnp.dtype(leaf.dtype)))
+    buffers = tuple(concat([jnp.ravel(x) for x in group]) for group in grouped)
+    return Packed(buffers, _Layout(treedef, tuple(slots), tuple(keys)))
+
+
+# --------------------------------------------------------------------------------------
+# Split and concatenate: one FFI copy each on a single CPU device, XLA otherwise.
+# --------------------------------------------------------------------------------------
+
+
+def _native() -> bool:
+    return _fused.usable()
+
+
+def _split_xla(flat: Array, shapes: tuple) -> list[Array]:
+    sizes = [int(np.prod(s)) for s in shapes]
+    offsets = np.cumsum([0, *sizes]).tolist()
+    return [
+        jax.lax.slice(flat, (a,), (b,)).reshape(s)
+        for a, b, s in zip(offsets[:-1], offsets[1:], shapes)
+    ]
+
+
+def _split_ffi(flat: Array, shapes: tuple) -> list[Array]:
+    outs = [jax.ShapeDtypeStruct(s, flat.dtype) for s in shapes]
+    call = jax.ffi.ffi_call("eqxopt_split", outs, vmap_method="sequential")
+    return list(call(flat))
+
+
+def _concat_ffi(parts: list[Array]) -> Array:
+    size = sum(int(np.prod(p.shape)) for p in parts)
+    out = jax.ShapeDtypeStruct((size,), parts[0].dtype)
+    return jax.ffi.ffi_call("eqxopt_concat", out, vmap_method="sequential")(*parts)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _split_native(flat: Array, shapes: tuple) -> list[Array]:
+    return _split_ffi(flat, shapes)
+
+
+def _split_native_fwd(flat, shapes):
+    return _split_ffi(flat, shapes), None
+
+
+def _split_native_bwd(shapes, _, cotangents):
+    return (_concat_ffi(list(cotangents)),)
+
+
+_split_native.defvjp(_split_native_fwd, _split_native_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _concat_native(shapes: tuple, *parts: Array) -> Array:
+    return _concat_ffi(list(parts))
+
+
+def _concat_native_fwd(shapes, *parts):
+    return _concat_ffi(list(parts)), None
+
+
+def _concat_native_bwd(shapes, _, cotangent):
+    return tuple(_split_ffi(cotangent, shapes))
+
+
+_concat_native.defvjp(_concat_native_fwd, _concat_native_bwd)
+
+
+def split(flat: Array, shapes: list[tuple[int, ...]]) -> list[Array]:
+    """`flat` cut into consecutive pieces of the given shapes."""
+    if not shapes:
+        return []
+    shapes_t = tuple(tuple(s) for s in shapes)
+    if _native() and len(shapes_t) > 1 and flat.dtype != jax.dtypes.float0:
+        return _split_native(flat, shapes_t)
+    return _split_xla(flat, shapes_t)
+
+
+def concat(parts: list[Array]) -> Array:
+    """The 1-D concatenation of `parts` (all of one dtype)."""
+    if _native() and len(parts) > 1:
+        arrays = [jnp.asarray(p) for p in parts]
+        return _concat_native(tuple(a.shape for a in arrays), *arrays)
+    return jnp.concatenate([jnp.ravel(p) for p in parts])

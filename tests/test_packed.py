@@ -1,0 +1,153 @@
+"""`eqxopt.pack` / `Packed`: a tree as a few flat buffers, round trips, gradients,
+and optimizers on it giving the numbers they give on the tree."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqxopt
+from eqxopt import _base, _dispatch
+from helpers import assert_trees_close, nested_tree
+
+
+@pytest.fixture(params=[True, False], ids=["native", "xla"])
+def native(request):
+    eqxopt.set_native_kernels(request.param)
+    jax.clear_caches()
+    yield request.param
+    eqxopt.set_native_kernels(True)
+
+
+def mixed_tree():
+    tree = nested_tree()
+    tree["half"] = jnp.linspace(-1, 1, 6).astype(jnp.bfloat16).reshape(2, 3)
+    tree["count"] = jnp.arange(4)
+    tree["scalar"] = jnp.float32(3.5)
+    return tree
+
+
+def test_round_trip_keeps_shapes_dtypes_and_static_leaves(native):
+    tree = mixed_tree()
+    packed = eqxopt.pack(tree)
+    # One buffer per dtype present: float32, bfloat16, int32.
+    assert sorted(b.dtype.name for b in packed.buffers) == [
+        "bfloat16",
+        "float32",
+        "int32",
+    ]
+    assert all(b.ndim == 1 for b in packed.buffers)
+    back = packed.unpack()
+    assert jax.tree.structure(back) == jax.tree.structure(tree)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(tree)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    model = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.key(0))
+    rebuilt = eqx.filter_jit(lambda p: p.unpack())(eqxopt.pack(model))
+    x = jnp.ones(3)
+    np.testing.assert_array_equal(rebuilt(x), model(x))
+    assert rebuilt.activation is model.activation
+
+
+def test_gradients_come_back_packed(native):
+    model = eqx.nn.MLP(4, 3, 16, 2, key=jax.random.key(1))
+    x = jnp.linspace(-1, 1, 4)
+
+    def loss(m):
+        return jnp.sum(m(x) ** 2)
+
+    packed = eqxopt.pack(model)
+    grads = jax.jit(jax.grad(lambda p: loss(p.unpack())))(packed)
+    assert isinstance(grads, eqxopt.Packed) and grads.layout == packed.layout
+    expected = eqx.filter_grad(loss)(model)
+    assert_trees_close(
+        eqx.filter(grads.unpack(), eqx.is_array),
+        eqx.filter(expected, eqx.is_array),
+        rtol=1e-6,
+        atol=1e-7,
+    )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: eqxopt.AdamW(1e-2, weight_decay=0.1),
+        lambda: eqxopt.SGD(1e-2, momentum=0.9, nesterov=True),
+        lambda: eqxopt.Lion(1e-3),
+        lambda: eqxopt.RMSProp(1e-2, centered=True),
+    ],
+    ids=["AdamW", "SGD", "Lion", "RMSProp"],
+)
+def test_elementwise_optimizers_match_the_tree(make, native):
+    params = nested_tree()
+    opt = make()
+
+    def grads_at(p):
+        return jax.tree.map(lambda x: jnp.sin(3 * x) + 0.1, p)
+
+    tree_p, tree_s = params, opt.init(params)
+    packed_p = eqxopt.pack(params)
+    packed_s = opt.init(packed_p)
+    for _ in range(10):
+        tree_p, tree_s = opt.step(grads_at(tree_p), tree_s, tree_p)
+        grads = eqxopt.pack(grads_at(packed_p.unpack()))
+        packed_p, packed_s = opt.step(grads, packed_s, packed_p)
+    assert_trees_close(packed_p.unpack(), tree_p, rtol=1e-6, atol=1e-7)
+    first_moment = next(
+        getattr(packed_s, f) for f in ("mu", "velocity", "nu") if hasattr(packed_s, f)
+    )
+    assert isinstance(first_moment, eqxopt.Packed)
+    assert jax.tree.structure(first_moment.unpack()) == jax.tree.structure(params)
+
+
+def test_state_moments_read_and_replace_like_params():
+    params = nested_tree()
+    packed = eqxopt.pack(params)
+    opt = eqxopt.Adam(1e-2)
+    state = opt.init(packed)
+    state = opt.step(packed, state, packed)[1]
+    mu = state.mu.unpack()
+    assert_trees_close(mu, jax.tree.map(lambda p: 0.1 * p, params), rtol=1e-6)
+    zeroed = eqx.tree_at(
+        lambda s: s.mu, state, eqxopt.pack(jax.tree.map(jnp.zeros_like, params))
+    )
+    assert all(float(jnp.sum(jnp.abs(b))) == 0.0 for b in zeroed.mu.buffers)
+    opt.step(packed, zeroed, packed)  # still a valid state
+
+
+def test_labels_split_buffers_and_serve_as_a_mask():
+    params = {"w": jnp.ones((3, 2)), "b": jnp.ones(2), "scale": jnp.ones(2)}
+    decay = {"w": True, "b": False, "scale": False}
+    packed = eqxopt.pack(params, labels=decay)
+    assert len(packed.buffers) == 2
+    assert sorted(packed.labels().buffers) == [False, True]
+    tree_opt = eqxopt.AdamW(0.1, weight_decay=0.5, mask=decay)
+    packed_opt = eqxopt.AdamW(0.1, weight_decay=0.5, mask=packed.labels())
+    grads = jax.tree.map(lambda x: 0.3 * x, params)
+    expected = tree_opt.step(grads, tree_opt.init(params), params)[0]
+    got = packed_opt.step(
+        eqxopt.pack(grads, labels=decay), packed_opt.init(packed), packed
+    )
+    assert_trees_close(got[0].unpack(), expected, rtol=1e-6)
+    by_function = eqxopt.pack(
+        params, labels=lambda t: jax.tree.map(lambda x: x.ndim > 1, t)
+    )
+    # Buffers in order of first appearance (dict keys sorted: b, scale, w).
+    assert by_function.layout.keys == ((False, "float32"), (True, "float32"))
+
+
+def test_a_new_pack_with_the_same_layout_reuses_the_compiled_step():
+    opt = eqxopt.AdamW(1e-2)
+    packed = eqxopt.pack(nested_tree(seed=0))
+    state = opt.init(packed)
+    opt.step(packed, state, packed)
+    before = _dispatch.cache_size(_base._step_entry)
+    other = eqxopt.pack(nested_tree(seed=3))
+    opt.step(other, opt.init(other), other)
+    assert _dispatch.cache_size(_base._step_entry) == before
+
+
+def test_labels_must_be_hashable():
+    with pytest.raises(TypeError, match=r"labels must be hashable, got \[1\]"):
+        eqxopt.pack({"a": jnp.ones(2)}, labels={"a": [1]})
