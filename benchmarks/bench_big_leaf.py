@@ -96,6 +96,19 @@ def main() -> dict:
         steppers["eqxopt step donate"] = Stepper(
             eqx_donated, (copy(), opt.init(copy()))
         )
+        # XLA's own code for the same step (native kernels off while it compiles).
+        eqxopt.set_native_kernels(False)
+        try:
+            xla_step = jax.jit(
+                lambda p, s, opt=opt: opt.step(g0, s, p), donate_argnums=(0, 1)
+            )
+            xla_state = (copy(), opt.init(copy()))
+            xla_state = xla_step(*xla_state)
+        finally:
+            eqxopt.set_native_kernels(True)
+        steppers["eqxopt step donate, xla"] = Stepper(
+            lambda s, f=xla_step: f(s[0], s[1]), xla_state
+        )
         for donate in (False, True):
             f = optax_step(tx, donate)
             steppers[f"optax jit{' donate' if donate else ''}"] = Stepper(

@@ -70,9 +70,10 @@ def chart() -> None:
             r = many[key]
             for name, t in r["step_ms"].items():
                 if name.startswith("eqxopt"):
-                    ref = "optax jit" + (" donate" if name.endswith("donate") else "")
-                    ratios[f"{label} step{name[11:]}"] = t / r["step_ms"][ref]
-                    ratios[f"{label} compile{name[11:]}"] = (
+                    ref = "optax jit" + (" donate" if name.endswith(" donate") else "")
+                    variant = name[len("eqxopt ") :]
+                    ratios[f"{label} {variant}: step"] = t / r["step_ms"][ref]
+                    ratios[f"{label} {variant}: compile"] = (
                         r["compile"][name]["compile_s"] / r["compile"][ref]["compile_s"]
                     )
         bars(

@@ -13,9 +13,13 @@
 // generated loop reads element i of every input before writing element i.
 
 #include <algorithm>
+#include <condition_variable>
+#include <functional>
+#include <pthread.h>
 #include <cstring>
 #include <cstdint>
 #include <mutex>
+#include <atomic>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -46,12 +50,93 @@ KernelFn lookup(int64_t id) {
   return it == registry().end() ? nullptr : it->second;
 }
 
-// Below this many elements a leaf runs on the calling thread: starting a thread
-// costs tens of microseconds. Above it, one thread per `kPerThread` elements, up to
-// the number of cores.
+// Below this many elements a leaf runs on the calling thread. Above it, one task
+// per `kPerThread` elements, up to the number of cores, shared with a pool of
+// threads that live as long as the process (starting a thread per call cost about
+// as much as a medium leaf's whole step).
 constexpr int64_t kParallelThreshold = 1 << 18;
 constexpr int64_t kPerThread = 1 << 17;
-constexpr int64_t kAlign = 64;  // elements; keeps each thread's range aligned
+constexpr int64_t kAlign = 64;  // elements; keeps each task's range aligned
+
+class Pool {
+ public:
+  explicit Pool(int n_workers) : size_(n_workers + 1) {
+    for (int w = 0; w < n_workers; ++w) std::thread([this] { Work(); }).detach();
+  }
+
+  int size() const { return size_; }
+
+  // Runs fn(0), ..., fn(n_tasks - 1) on the caller and the workers; returns when
+  // all are done. One job at a time: a caller that finds the pool busy (XLA running
+  // two custom calls at once) runs its tasks itself.
+  void Run(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
+    std::unique_lock<std::mutex> busy(run_mutex_, std::try_to_lock);
+    if (!busy.owns_lock()) {
+      for (int64_t t = 0; t < n_tasks; ++t) fn(t);
+      return;
+    }
+    Job job{&fn, n_tasks, {0}};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = &job;
+      ++generation_;
+    }
+    wake_.notify_all();
+    Drain(job);  // every task is claimed when this returns
+    std::unique_lock<std::mutex> lock(mutex_);
+    job_ = nullptr;  // no worker joins any more; wait for those that did
+    finished_.wait(lock, [&] { return active_ == 0; });
+  }
+
+ private:
+  struct Job {
+    const std::function<void(int64_t)>* fn;
+    int64_t n_tasks;
+    std::atomic<int64_t> next;
+  };
+
+  static void Drain(Job& job) {
+    for (int64_t t; (t = job.next.fetch_add(1)) < job.n_tasks;) (*job.fn)(t);
+  }
+
+  void Work() {
+    uint64_t seen = 0;
+    for (;;) {
+      Job* job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
+        job = job_;
+        if (job == nullptr) continue;
+        ++active_;
+      }
+      Drain(*job);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--active_ == 0) finished_.notify_all();
+    }
+  }
+
+  const int size_;
+  std::mutex run_mutex_, mutex_;
+  std::condition_variable wake_, finished_;
+  Job* job_ = nullptr;
+  int active_ = 0;
+  uint64_t generation_ = 0;
+};
+
+Pool* pool_instance = nullptr;
+std::once_flag pool_once;
+
+Pool& pool() {
+  std::call_once(pool_once, [] {
+    const int cores = std::max(1u, std::thread::hardware_concurrency());
+    pool_instance = new Pool(cores - 1);  // never freed: its threads outlive main
+    // A forked child has none of the parent's threads: it runs without a pool.
+    pthread_atfork(nullptr, nullptr, [] { pool_instance = new Pool(0); });
+  });
+  return *pool_instance;
+}
 
 ffi::Error Elementwise(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
                        ffi::RemainingRets rets, int64_t kernel, int64_t n_in) {
@@ -88,37 +173,37 @@ ffi::Error Elementwise(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
     out[o] = reinterpret_cast<float*>((*buf)->untyped_data());
   }
   const float* s = scalars.typed_data();
-  int64_t n_threads = 1;
+  int64_t n_tasks = 1;
   if (n >= kParallelThreshold) {
-    const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
-    n_threads = std::max<int64_t>(1, std::min(cores, n / kPerThread));
+    n_tasks = std::max<int64_t>(1, std::min<int64_t>(pool().size(), n / kPerThread));
   }
-  if (n_threads == 1) {
+  if (n_tasks == 1) {
     fn(in.data(), out.data(), s, n);
     return ffi::Error::Success();
   }
-  const int64_t per = ((n + n_threads - 1) / n_threads + kAlign - 1) / kAlign * kAlign;
+  const int64_t per = ((n + n_tasks - 1) / n_tasks + kAlign - 1) / kAlign * kAlign;
 #ifdef EQXOPT_HAS_MXCSR
-  // Worker threads take the caller's floating-point mode (XLA runs its code with
+  // Every task takes the caller's floating-point mode (XLA runs its code with
   // denormals flushed to zero), so every element rounds the same way.
   const unsigned int mxcsr = _mm_getcsr();
 #endif
-  auto run = [&](int64_t begin) {
+  pool().Run(n_tasks, [&](int64_t task) {
 #ifdef EQXOPT_HAS_MXCSR
+    const unsigned int saved = _mm_getcsr();
     _mm_setcsr(mxcsr);
 #endif
-    const int64_t end = std::min(n, begin + per);
-    if (begin >= end) return;
-    std::vector<const float*> in_at(in.size());
-    std::vector<float*> out_at(out.size());
-    for (size_t i = 0; i < in.size(); ++i) in_at[i] = in[i] + begin;
-    for (size_t o = 0; o < out.size(); ++o) out_at[o] = out[o] + begin;
-    fn(in_at.data(), out_at.data(), s, end - begin);
-  };
-  std::vector<std::thread> workers;
-  for (int64_t t = 1; t < n_threads; ++t) workers.emplace_back(run, t * per);
-  run(0);
-  for (auto& w : workers) w.join();
+    const int64_t begin = task * per, end = std::min(n, begin + per);
+    if (begin < end) {
+      std::vector<const float*> in_at(in.size());
+      std::vector<float*> out_at(out.size());
+      for (size_t i = 0; i < in.size(); ++i) in_at[i] = in[i] + begin;
+      for (size_t o = 0; o < out.size(); ++o) out_at[o] = out[o] + begin;
+      fn(in_at.data(), out_at.data(), s, end - begin);
+    }
+#ifdef EQXOPT_HAS_MXCSR
+    _mm_setcsr(saved);
+#endif
+  });
   return ffi::Error::Success();
 }
 
