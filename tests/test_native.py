@@ -307,3 +307,20 @@ def test_environment_variable_turns_kernels_off(tmp_path):
     assert "available False" in result.stdout
     assert "warnings []" in result.stdout
     assert list(tmp_path.iterdir()) == []  # nothing was built
+
+
+def test_a_rule_that_cannot_be_built_runs_xla_code(monkeypatch):
+    from eqxopt import _native
+
+    def broken(source):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(_native, "load_kernel", broken)
+    monkeypatch.setattr(_native, "_warned", [])
+    params = {"w": jnp.linspace(-1.0, 1.0, 6)}
+    opt = eqxopt.AdamW(0.1)
+    with pytest.warns(RuntimeWarning, match="No space left on device"):
+        got = jax.jit(lambda p: opt.step(p, opt.init(p), p))(params)
+    monkeypatch.undo()
+    expected = with_native(False, lambda: opt.step(params, opt.init(params), params))
+    assert_trees_close(got, expected, rtol=0, atol=0)

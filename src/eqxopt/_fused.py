@@ -500,7 +500,11 @@ def run(program: Program, inputs: Sequence[jax.Array], aliases: dict[int, int]) 
     """Runs `program` on one leaf's inputs; `aliases` maps input positions (in
     `inputs`) to outputs that may reuse their buffer."""
     if program.kernel_id is None:
-        program.kernel_id = _native.load_kernel(program.source)
+        try:
+            program.kernel_id = _native.load_kernel(program.source)
+        except Exception as error:  # a full disk, a compiler error: XLA's code
+            _native.warn_once(error)
+            raise Unsupported(f"the kernel could not be built: {error}") from error
         program.vector = scalar_vector(program)
     # Argument 0 of the custom call is the scalar vector.
     spec = _Spec(program, program.kernel_id, {i + 1: o for i, o in aliases.items()})

@@ -117,13 +117,22 @@ def handler() -> ctypes.CDLL | None:
             return _handler()
     except Exception as error:  # any failure means: use XLA's code instead
         _failed.append(error)
+        warn_once(error)
+        return None
+
+
+_warned: list[bool] = []
+
+
+def warn_once(error: BaseException) -> None:
+    if not _warned:
+        _warned.append(True)
         warnings.warn(
             "eqxopt could not build its native CPU kernels, so optimizer steps run "
             f"XLA's per-leaf code instead (same results, slower): {error}",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-        return None
 
 
 # Portable speed: GCC/Clang compile a function twice (AVX2 and baseline) and pick one
