@@ -16,7 +16,7 @@ import pytest
 
 import eqxopt
 from catalog import all_cases
-from eqxopt import _base, _dispatch
+from eqxopt import _base, _dispatch, _fused
 from eqxopt._leafwise import map_leaves
 from helpers import assert_trees_close, nested_tree
 from test_catalog import extra_for, quadratic_loss
@@ -70,6 +70,7 @@ def test_kernels_are_available_here():
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_catalog_matches_xla(case):
     def run():
+        # Donated steps: the ones the kernels run.
         opt = case.make()
         params = nested_tree()
         state = opt.init(params)
@@ -77,12 +78,13 @@ def test_catalog_matches_xla(case):
         for _ in range(5):
             grads = jax.grad(quadratic_loss)(params)
             extra = extra_for(case, quadratic_loss, params)
-            params, state = opt.step(grads, state, params, **extra)
-            history.append(params)
+            kept = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+            params, state = opt.step(grads, state, params, donate=True, **extra)
+            history.append(kept)
         grads = jax.grad(quadratic_loss)(params)
         extra = extra_for(case, quadratic_loss, params)
-        updates, state = opt.update(grads, state, params, **extra)
-        return history, updates, state
+        updates, state = opt.update(grads, state, params, donate=True, **extra)
+        return history, params, updates, state
 
     native = with_native(True, run)
     xla = with_native(False, run)
@@ -93,12 +95,14 @@ def test_catalog_matches_xla(case):
     grads = jax.grad(quadratic_loss)(params)
     extra = extra_for(case, quadratic_loss, params)
     args = (opt, grads, params, opt.init(params), extra)
-    used = native_calls(_base._step_entry, *args)
+    used = native_calls(_base._step_entry_donated, *args)
     if case.name in NOT_ELEMENTWISE:
         assert used == 0
     else:
         assert used > 0
-        assert with_native(False, native_calls, _base._step_entry, *args) == 0
+        assert with_native(False, native_calls, _base._step_entry_donated, *args) == 0
+    # A step into new buffers keeps XLA's code (allocation-bound either way).
+    assert native_calls(_base._step_entry, *args) == 0
 
 
 ORDINARY = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e-30, -1e-30, 3e38, -3e38, 7.25, 1e-3]
@@ -122,7 +126,8 @@ def test_every_translated_primitive_matches_xla():
 
     @jax.jit
     def run(g, p, m):
-        updates, (moment,) = map_leaves(many_ops, g, p, (m,), elementwise=True)
+        with _fused.tracing_entry(step=False, donated=True):
+            updates, (moment,) = map_leaves(many_ops, g, p, (m,), elementwise=True)
         return updates, moment
 
     assert "eqxopt_elementwise" in run.lower(g, p, m).as_text()
@@ -148,7 +153,8 @@ def test_untranslatable_rules_fall_back_to_xla(rule):
 
     @jax.jit
     def run(g, p):
-        return map_leaves(lambda g, p: rule(g, p), g, p, elementwise=True)[0]
+        with _fused.tracing_entry(step=False, donated=True):
+            return map_leaves(lambda g, p: rule(g, p), g, p, elementwise=True)[0]
 
     assert "eqxopt_elementwise" not in run.lower(g, p).as_text()
     np.testing.assert_array_equal(run(g, p), jax.jit(rule)(g, p)[0])
@@ -167,9 +173,9 @@ def test_large_leaf_split_across_threads_matches_xla():
             p, s = opt.step(grads, s, p, donate=donate)
         return p, s
 
-    native = with_native(True, run, False)
-    assert_trees_close(with_native(True, run, True), native, rtol=0, atol=0)
-    assert_trees_close(native, with_native(False, run, False), rtol=2e-6, atol=1e-7)
+    native = with_native(True, run, True)
+    assert_trees_close(native, with_native(False, run, True), rtol=2e-6, atol=1e-7)
+    assert_trees_close(native, with_native(True, run, False), rtol=2e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "xla"])
@@ -189,20 +195,23 @@ def test_donated_entries_write_in_place(native):
             assert compiled.memory_analysis().temp_size_in_bytes < 1024
             assert " copy(" not in text
             assert ("eqxopt_elementwise" in text) == native
-            # The update of `step` is only made when something reads it.
+            # Both (small) leaves share one call; the update of `step` is only
+            # made when something reads it.
             if native and entry is _base._step_entry_donated:
-                assert text.count("custom-call(") == 2
+                assert text.count("custom-call(") == 1
     finally:
         eqxopt.set_native_kernels(True)
 
 
+# Donation inside `jax.grad`'s trace cannot be used (JAX says so); the step runs.
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 def test_derivatives_and_vmap_through_a_native_step():
     params = {"w": jnp.linspace(-1.0, 1.0, 6)}
     grads = {"w": jnp.linspace(0.5, -0.5, 6)}
 
     def loss_of_lr(lr):
         opt = eqxopt.AdamW(lr, weight_decay=0.1)
-        new, _ = opt.step(grads, opt.init(params), params)
+        new, _ = opt.step(grads, opt.init(params), params, donate=True)
         return jnp.sum(new["w"] ** 2)
 
     d_native = with_native(True, jax.grad(loss_of_lr), 0.1)
@@ -213,7 +222,10 @@ def test_derivatives_and_vmap_through_a_native_step():
     batched = jax.tree.map(lambda x: jnp.stack([x, 2 * x, -x]), grads)
 
     def vmapped():
-        return jax.vmap(lambda g: opt.step(g, opt.init(params), params)[0])(batched)
+        def one(g):
+            return opt.step(g, opt.init(params), params, donate=True)[0]
+
+        return jax.vmap(one)(batched)
 
     assert_trees_close(with_native(True, vmapped), with_native(False, vmapped))
 
@@ -230,10 +242,11 @@ def test_only_float32_leaves_take_the_kernel():
         # AdamW: one call, for the f32 leaf (its unused update call is dropped);
         # Adam with bf16 moments: no leaf has all-float32 inputs.
         expected = 1 if opt.mu_dtype is None else 0
-        assert native_calls(_base._step_entry, *args) == expected
+        assert native_calls(_base._step_entry_donated, *args) == expected
 
         def run(opt=opt):
-            return opt.step(grads, opt.init(params), params)
+            p = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+            return opt.step(grads, opt.init(p), p, donate=True)
 
         native, xla = with_native(True, run), with_native(False, run)
         assert_trees_close(native, xla, rtol=1e-6, atol=1e-7)
@@ -320,26 +333,30 @@ def test_a_rule_that_cannot_be_built_runs_xla_code(monkeypatch):
     params = {"w": jnp.linspace(-1.0, 1.0, 6)}
     opt = eqxopt.AdamW(0.1)
     with pytest.warns(RuntimeWarning, match="No space left on device"):
-        got = jax.jit(lambda p: opt.step(p, opt.init(p), p))(params)
+        got = jax.jit(lambda p: opt.step(p, opt.init(p), p, donate=True))(params)
     monkeypatch.undo()
     expected = with_native(False, lambda: opt.step(params, opt.init(params), params))
     assert_trees_close(got, expected, rtol=0, atol=0)
 
 
-def test_inside_a_donating_jit_the_step_writes_in_place():
-    """Nested in the user's own `jit`, the kernels write over their inputs, so a
-    `jit` that donates its arguments gets no copies and no full-size temporaries
-    (and one that does not gets XLA's copies of the old state, never wrong)."""
+def fresh(tree):
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
+
+
+def test_inside_a_donating_jit_donate_true_writes_in_place():
+    """Nested in the user's own `jit`, `donate=True` lets the kernels write over their
+    inputs: a `jit` that donates its arguments then gets no copies and no full-size
+    temporaries (one that does not gets XLA's copies first, never wrong)."""
     params = {"w": jnp.ones(1 << 16), "b": jnp.ones(8)}
     grads = jax.tree.map(lambda x: 0.1 * x, params)
     opt = eqxopt.AdamW(1e-3)
     state = opt.init(params)
 
     def step(p, s, g):
-        return opt.step(g, s, p)
+        return opt.step(g, s, p, donate=True)
 
     def update(p, s, g):
-        updates, s = opt.update(g, s, p)
+        updates, s = opt.update(g, s, p, donate=True)
         return eqxopt.apply_updates(p, updates), s
 
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
@@ -347,9 +364,11 @@ def test_inside_a_donating_jit_the_step_writes_in_place():
     for fn, temporaries in ((step, 1024), (update, param_bytes + 1024)):
         compiled = jax.jit(fn, donate_argnums=(0, 1)).lower(params, state, grads)
         compiled = compiled.compile()
+        assert "eqxopt_elementwise" in compiled.as_text()
         assert " copy(" not in compiled.as_text()
         assert compiled.memory_analysis().temp_size_in_bytes < temporaries
-        p = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
-        got = jax.jit(fn)(p, opt.init(p), grads)  # not donated: still right
-        expected = with_native(False, lambda: fn(params, opt.init(params), grads))
+        got = jax.jit(fn)(fresh(params), opt.init(params), grads)  # not donated
+        expected = with_native(
+            False, lambda fn=fn: fn(fresh(params), opt.init(params), grads)
+        )
         assert_trees_close(got, expected, rtol=1e-6, atol=1e-7)

@@ -17,10 +17,13 @@ bytes would do. Every rule that `map_leaves` is told is element-wise
    called through an XLA FFI custom call, one per leaf, which splits large leaves
    across threads.
 
-Inside `step`, the loop also adds the update to the parameter (`p + u`, exactly as
-`apply_updates` does for float32), so the step is a single pass; the update itself
-is then produced only if something other than the apply reads it. With donated
-buffers the outputs are written in place (the custom call aliases them).
+They run the steps that write in place (`update`/`step` with `donate=True`, the
+custom call aliasing each output to the buffer it replaces). A step into new buffers
+is bound by their allocation (page faults on every new page), which XLA's passes pay
+no worse, so those keep XLA's code. Inside `step`, the loop also adds the update to
+the parameter (`p + u`, exactly as `apply_updates` does for float32), so the step is
+a single pass; the update itself is then produced only if something other than the
+apply reads it.
 
 The results are those of XLA's code to rounding: each operation rounds the same
 way (no fast-math, no FMA contraction), but XLA may contract `a * b + c` into an FMA
@@ -54,9 +57,10 @@ _enabled = [os.environ.get("EQXOPT_NATIVE", "1") != "0"]
 def set_native_kernels(enabled: bool) -> None:
     """Turns eqxopt's native CPU kernels on (the default) or off.
 
-    With them on, element-wise optimizer rules on float32 leaves run as one compiled
-    C loop per leaf (single pass, multi-threaded for large leaves) when the default
-    JAX backend is a single CPU device. With them off, XLA's own per-leaf code runs.
+    With them on, donated steps (`donate=True`) of element-wise optimizer rules on
+    float32 leaves run as one compiled C loop per leaf (single pass, in place,
+    multi-threaded for large leaves) when the default JAX backend is a single CPU
+    device. With them off, XLA's own per-leaf code runs.
     Results agree to rounding. eqxopt's own compiled steps are dropped, so the next
     `opt.step`/`opt.update` traces again; a step inside your own `jax.jit` keeps the
     code it was compiled with until that function traces again. The environment
@@ -467,38 +471,48 @@ def _wants_bool(op: Op, position: int) -> bool:
 class _Spec:
     """Static data of one kernel call (hashed by identity for `custom_jvp`)."""
 
-    def __init__(self, program: Program, kernel_id: int, aliases: dict[int, int]):
-        self.program, self.kernel_id, self.aliases = program, kernel_id, aliases
+    def __init__(
+        self, program: Program, kernel_id: int, n_leaves: int, aliases: dict[int, int]
+    ):
+        self.program, self.kernel_id = program, kernel_id
+        self.n_leaves, self.aliases = n_leaves, aliases
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _call(spec: _Spec, scalars: jax.Array, *inputs: jax.Array) -> list:
-    n_out = len(spec.program.outputs)
-    shape = jax.ShapeDtypeStruct(jnp.shape(inputs[0]), jnp.float32)
+    n_in, n_out = spec.program.n_in, len(spec.program.outputs)
+    shapes = [
+        jax.ShapeDtypeStruct(jnp.shape(inputs[j * n_in]), jnp.float32)
+        for j in range(spec.n_leaves)
+        for _ in range(n_out)
+    ]
     call = jax.ffi.ffi_call(
         _native.target_name(),
-        [shape] * n_out,
+        shapes,
         input_output_aliases=spec.aliases,
         vmap_method="sequential",
     )
     return list(
-        call(
-            scalars,
-            *inputs,
-            kernel=np.int64(spec.kernel_id),
-            n_in=np.int64(len(inputs)),
-        )
+        call(scalars, *inputs, kernel=np.int64(spec.kernel_id), n_in=np.int64(n_in))
     )
+
+
+def _reference_leaves(spec: _Spec, scalars: jax.Array, *inputs: jax.Array) -> list:
+    n_in = spec.program.n_in
+    return [
+        out
+        for j in range(spec.n_leaves)
+        for out in reference(spec.program, scalars, *inputs[j * n_in : (j + 1) * n_in])
+    ]
 
 
 @_call.defjvp
 def _call_jvp(spec: _Spec, primals: tuple, tangents: tuple) -> tuple:
-    return jax.jvp(functools.partial(reference, spec.program), primals, tangents)
+    return jax.jvp(functools.partial(_reference_leaves, spec), primals, tangents)
 
 
-def run(program: Program, inputs: Sequence[jax.Array], aliases: dict[int, int]) -> list:
-    """Runs `program` on one leaf's inputs; `aliases` maps input positions (in
-    `inputs`) to outputs that may reuse their buffer."""
+def load(program: Program) -> int:
+    """Builds (or finds) `program`'s kernel; `Unsupported` if that fails."""
     if program.kernel_id is None:
         try:
             program.kernel_id = _native.load_kernel(program.source)
@@ -506,9 +520,31 @@ def run(program: Program, inputs: Sequence[jax.Array], aliases: dict[int, int]) 
             _native.warn_once(error)
             raise Unsupported(f"the kernel could not be built: {error}") from error
         program.vector = scalar_vector(program)
-    # Argument 0 of the custom call is the scalar vector.
-    spec = _Spec(program, program.kernel_id, {i + 1: o for i, o in aliases.items()})
-    return _call(spec, program.vector, *inputs)
+    return program.kernel_id
+
+
+def run(program: Program, inputs: Sequence[jax.Array], aliases: dict[int, int]) -> list:
+    """Runs `program` on one leaf's inputs; `aliases` maps input positions (in
+    `inputs`) to outputs that may reuse their buffer."""
+    return run_many(program, [inputs], aliases)
+
+
+def run_many(
+    program: Program, leaves: Sequence[Sequence[jax.Array]], aliases: dict[int, int]
+) -> list[list]:
+    """Runs `program` on several leaves in one custom call (one XLA thunk instead of
+    one per leaf); `aliases` as for `run`, per leaf. Returns each leaf's outputs."""
+    kernel_id = load(program)
+    n_in, n_out = program.n_in, len(program.outputs)
+    # Argument 0 of the custom call is the scalar vector; leaves are leaf-major.
+    flat_aliases = {
+        1 + j * n_in + i: j * n_out + o
+        for j in range(len(leaves))
+        for i, o in aliases.items()
+    }
+    spec = _Spec(program, kernel_id, len(leaves), flat_aliases)
+    outs = _call(spec, program.vector, *(x for leaf in leaves for x in leaf))
+    return [outs[j * n_out : (j + 1) * n_out] for j in range(len(leaves))]
 
 
 def in_place() -> bool:

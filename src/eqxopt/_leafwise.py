@@ -63,7 +63,13 @@ def map_leaves(
     moment_leaves = [param_def.flatten_up_to(m) for m in moments]
     updates: list[Any] = []
     new_moments: list[list[Any]] = [[] for _ in moments]
-    native = _Native(rule, len(moments)) if elementwise and _fused.usable() else None
+    # Native kernels for steps that write in place: a step into new buffers is bound
+    # by their allocation (page faults), which XLA's passes pay no worse.
+    native = (
+        _Native(rule, len(moments))
+        if elementwise and _fused.in_place() and _fused.usable()
+        else None
+    )
     for i, (g, p) in enumerate(zip(grad_leaves, param_leaves)):
         old = [m[i] for m in moment_leaves]
         if g is None or not is_float_leaf(p):
@@ -74,13 +80,13 @@ def map_leaves(
         if native is not None and native.takes(g, p, old):
             flag = () if flags is None else (flags[i],)
             try:
-                outs = native(g, p, old, flag)
+                native.add(i, g, p, old, flag)
             except _fused.Unsupported:
-                native = None  # XLA's code for this rule, on every leaf
+                native = None  # XLA's code for this rule, on every other leaf
             else:
-                updates.append(outs[0])
-                for column, value in zip(new_moments, outs[1:]):
-                    column.append(value)
+                updates.append(None)  # filled in by `native.finish()` below
+                for column in new_moments:
+                    column.append(None)
                 continue
         dtype = compute_dtype(p.dtype)
         args = [g.astype(dtype), p.astype(dtype), *(m.astype(dtype) for m in old)]
@@ -90,6 +96,11 @@ def map_leaves(
         updates.append(outs[0])
         for column, value, stored in zip(new_moments, outs[1:], old):
             column.append(value.astype(stored.dtype))
+    if native is not None:
+        for i, outs in native.finish().items():
+            updates[i] = outs[0]
+            for column, value in zip(new_moments, outs[1:]):
+                column[i] = value
     return (
         param_def.unflatten(updates),
         tuple(param_def.unflatten(column) for column in new_moments),
@@ -100,12 +111,15 @@ _F32 = jnp.dtype(jnp.float32)
 
 
 class _Native:
-    """Runs one rule through `_fused` (native kernels), leaf by leaf.
+    """Runs one rule through `_fused` (native kernels).
 
-    Programs are translated once per flag value and output set. Inside `step` the
-    kernel also applies the update and the update itself is left to a second,
-    normally unused call (XLA drops it); under donation outputs reuse the buffers of
-    the parameter and moments they replace."""
+    Programs are translated once per flag value and output set. Leaves below
+    `_GROUP_BELOW` elements share custom calls, `_GROUP_SIZE` at a time (each call
+    is an XLA thunk with a few microseconds of overhead; more leaves per call would
+    make XLA's alias analysis slow to compile); larger leaves get one call each, which
+    splits them across threads. Inside `step` the kernel also applies the update and
+    the update itself is left to a second, normally unused call (XLA drops it); in
+    place, outputs reuse the buffers of the parameter and moments they replace."""
 
     def __init__(self, rule: LeafRule, n_moments: int):
         self.rule = rule
@@ -113,6 +127,7 @@ class _Native:
         self.programs: dict[tuple, _fused.Program] = {}
         self.applied = _fused.applying()
         self.in_place = _fused.in_place()
+        self.pending: dict[tuple, list[tuple[int, list[Any]]]] = {}
 
     def takes(self, g: Any, p: Any, old: list[Any]) -> bool:
         return all(
@@ -126,13 +141,41 @@ class _Native:
             self.programs[key] = _fused.translate(self.rule, self.n_in, flag, outputs)
         return self.programs[key]
 
-    def __call__(self, g: Any, p: Any, old: list[Any], flag: tuple) -> list[Any]:
-        inputs = [g, p, *old]
-        moments = {2 + k: 1 + k for k in range(len(old))} if self.in_place else {}
+    def add(self, index: int, g: Any, p: Any, old: list[Any], flag: tuple) -> None:
+        # Translate and build now, so that an untranslatable rule (or a kernel that
+        # cannot be built) falls back before any leaf is queued.
+        kinds = ("update",) if self.applied is None else ("step", "direction")
+        for kind in kinds:
+            _fused.load(self.program(kind, flag))
+        small = p.size < _GROUP_BELOW
+        self.pending.setdefault((flag, small), []).append((index, [g, p, *old]))
+
+    def finish(self) -> dict[int, list[Any]]:
+        results: dict[int, list[Any]] = {}
+        for (flag, small), queued in self.pending.items():
+            size = _GROUP_SIZE if small else 1
+            for start in range(0, len(queued), size):
+                chunk = queued[start : start + size]
+                for (index, _), outs in zip(chunk, self.run(chunk, flag)):
+                    results[index] = outs
+        return results
+
+    def run(self, chunk: list[tuple[int, list[Any]]], flag: tuple) -> list[list[Any]]:
+        inputs = [leaf for _, leaf in chunk]
+        n_moments = self.n_in - 2
+        moments = {2 + k: 1 + k for k in range(n_moments)} if self.in_place else {}
         if self.applied is None:
-            return _fused.run(self.program("update", flag), inputs, moments)
+            return _fused.run_many(self.program("update", flag), inputs, moments)
         aliases = {1: 0, **moments} if self.in_place else {}
-        new_p, *new_moments = _fused.run(self.program("step", flag), inputs, aliases)
-        (update,) = _fused.run(self.program("direction", flag), inputs, {})
-        self.applied[id(update)] = (update, new_p)
-        return [update, *new_moments]
+        stepped = _fused.run_many(self.program("step", flag), inputs, aliases)
+        directions = _fused.run_many(self.program("direction", flag), inputs, {})
+        results = []
+        for (new_p, *new_moments), (update,) in zip(stepped, directions):
+            self.applied[id(update)] = (update, new_p)
+            results.append([update, *new_moments])
+        return results
+
+
+# Leaves smaller than this share custom calls, this many at a time.
+_GROUP_BELOW = 1 << 16
+_GROUP_SIZE = 32

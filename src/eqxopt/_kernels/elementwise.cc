@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <functional>
 #include <pthread.h>
+#include <cstdlib>
 #include <cstring>
 #include <cstdint>
 #include <mutex>
@@ -54,8 +55,8 @@ KernelFn lookup(int64_t id) {
 // per `kPerThread` elements, up to the number of cores, shared with a pool of
 // threads that live as long as the process (starting a thread per call cost about
 // as much as a medium leaf's whole step).
-constexpr int64_t kParallelThreshold = 1 << 18;
-constexpr int64_t kPerThread = 1 << 17;
+constexpr int64_t kParallelThreshold = 1 << 16;
+constexpr int64_t kPerThread = 1 << 15;
 constexpr int64_t kAlign = 64;  // elements; keeps each task's range aligned
 
 class Pool {
@@ -130,7 +131,11 @@ std::once_flag pool_once;
 
 Pool& pool() {
   std::call_once(pool_once, [] {
-    const int cores = std::max(1u, std::thread::hardware_concurrency());
+    int cores = std::max(1u, std::thread::hardware_concurrency());
+    // EQXOPT_NUM_THREADS caps the threads one step uses (like OMP_NUM_THREADS).
+    if (const char* cap = std::getenv("EQXOPT_NUM_THREADS")) {
+      cores = std::max(1, std::min(cores, std::atoi(cap)));
+    }
     pool_instance = new Pool(cores - 1);  // never freed: its threads outlive main
     // A forked child has none of the parent's threads: it runs without a pool.
     pthread_atfork(nullptr, nullptr, [] { pool_instance = new Pool(0); });
@@ -138,48 +143,16 @@ Pool& pool() {
   return *pool_instance;
 }
 
-ffi::Error Elementwise(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
-                       ffi::RemainingRets rets, int64_t kernel, int64_t n_in) {
-  KernelFn fn = lookup(kernel);
-  if (fn == nullptr) {
-    return ffi::Error::Internal(
-        "eqxopt: element-wise kernel not loaded in this process (the step was "
-        "compiled elsewhere); call eqxopt.set_native_kernels(False) or retrace");
-  }
-  if (n_in <= 0 || static_cast<int64_t>(args.size()) != n_in) {
-    return ffi::Error::InvalidArgument("eqxopt: input count does not match");
-  }
-  std::vector<const float*> in(n_in);
-  std::vector<float*> out(rets.size());
-  int64_t n = -1;
-  for (int64_t i = 0; i < n_in; ++i) {
-    auto buf = args.get<ffi::AnyBuffer>(i);
-    if (!buf.has_value() || buf->element_type() != ffi::F32) {
-      return ffi::Error::InvalidArgument("eqxopt: inputs must be float32");
-    }
-    const int64_t count = static_cast<int64_t>(buf->element_count());
-    if (n >= 0 && count != n) {
-      return ffi::Error::InvalidArgument("eqxopt: inputs differ in size");
-    }
-    n = count;
-    in[i] = reinterpret_cast<const float*>(buf->untyped_data());
-  }
-  for (size_t o = 0; o < rets.size(); ++o) {
-    auto buf = rets.get<ffi::AnyBuffer>(o);
-    if (!buf.has_value() || (*buf)->element_type() != ffi::F32 ||
-        static_cast<int64_t>((*buf)->element_count()) != n) {
-      return ffi::Error::InvalidArgument("eqxopt: outputs must match the inputs");
-    }
-    out[o] = reinterpret_cast<float*>((*buf)->untyped_data());
-  }
-  const float* s = scalars.typed_data();
+// Runs `fn` over one leaf of `n` elements, on the pool if the leaf is large.
+void RunLeaf(KernelFn fn, const std::vector<const float*>& in,
+             const std::vector<float*>& out, const float* s, int64_t n) {
   int64_t n_tasks = 1;
   if (n >= kParallelThreshold) {
     n_tasks = std::max<int64_t>(1, std::min<int64_t>(pool().size(), n / kPerThread));
   }
   if (n_tasks == 1) {
     fn(in.data(), out.data(), s, n);
-    return ffi::Error::Success();
+    return;
   }
   const int64_t per = ((n + n_tasks - 1) / n_tasks + kAlign - 1) / kAlign * kAlign;
 #ifdef EQXOPT_HAS_MXCSR
@@ -204,6 +177,52 @@ ffi::Error Elementwise(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
     _mm_setcsr(saved);
 #endif
   });
+}
+
+ffi::Error Elementwise(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
+                       ffi::RemainingRets rets, int64_t kernel, int64_t n_in) {
+  KernelFn fn = lookup(kernel);
+  if (fn == nullptr) {
+    return ffi::Error::Internal(
+        "eqxopt: element-wise kernel not loaded in this process (the step was "
+        "compiled elsewhere); call eqxopt.set_native_kernels(False) or retrace");
+  }
+  // Leaf-major: leaf j's inputs are arguments [j * n_in, (j + 1) * n_in), its
+  // outputs results [j * n_out, (j + 1) * n_out).
+  const int64_t n_args = static_cast<int64_t>(args.size());
+  if (n_in <= 0 || n_args == 0 || n_args % n_in != 0 ||
+      static_cast<int64_t>(rets.size()) % (n_args / n_in) != 0) {
+    return ffi::Error::InvalidArgument("eqxopt: argument counts do not match");
+  }
+  const int64_t n_leaves = n_args / n_in;
+  const int64_t n_out = static_cast<int64_t>(rets.size()) / n_leaves;
+  const float* s = scalars.typed_data();
+  std::vector<const float*> in(n_in);
+  std::vector<float*> out(n_out);
+  for (int64_t leaf = 0; leaf < n_leaves; ++leaf) {
+    int64_t n = -1;
+    for (int64_t i = 0; i < n_in; ++i) {
+      auto buf = args.get<ffi::AnyBuffer>(leaf * n_in + i);
+      if (!buf.has_value() || buf->element_type() != ffi::F32) {
+        return ffi::Error::InvalidArgument("eqxopt: inputs must be float32");
+      }
+      const int64_t count = static_cast<int64_t>(buf->element_count());
+      if (n >= 0 && count != n) {
+        return ffi::Error::InvalidArgument("eqxopt: inputs differ in size");
+      }
+      n = count;
+      in[i] = reinterpret_cast<const float*>(buf->untyped_data());
+    }
+    for (int64_t o = 0; o < n_out; ++o) {
+      auto buf = rets.get<ffi::AnyBuffer>(leaf * n_out + o);
+      if (!buf.has_value() || (*buf)->element_type() != ffi::F32 ||
+          static_cast<int64_t>((*buf)->element_count()) != n) {
+        return ffi::Error::InvalidArgument("eqxopt: outputs must match the inputs");
+      }
+      out[o] = reinterpret_cast<float*>((*buf)->untyped_data());
+    }
+    RunLeaf(fn, in, out, s, n);
+  }
   return ffi::Error::Success();
 }
 
