@@ -189,3 +189,30 @@ INVALID = [(c, arg, bad) for c in CASES for arg, bad in c.invalid]
 def test_invalid_hyperparameter_raises_naming_it(case, arg, bad):
     with pytest.raises(ValueError, match=arg):
         case.make(**{arg: bad})
+
+
+@case_params
+def test_state_buffers_are_its_own(case):
+    """No two state leaves share a buffer, nor with params or the optimizer (a
+    0-d fill used to return the hyperparameter array itself): otherwise a donated
+    step fails ("donate the same buffer twice") or deletes the optimizer's field."""
+    opt = case.make()
+    params = nested_tree()
+    state = opt.init(params)
+
+    def pointers(tree):
+        return [
+            x.unsafe_buffer_pointer()
+            for x in jax.tree.leaves(tree)
+            if isinstance(x, jax.Array)
+        ]
+
+    mine = pointers(state)
+    assert len(set(mine)) == len(mine)
+    assert not set(mine) & set(pointers(params) + pointers(opt))
+    # And so a donated step runs and leaves the optimizer usable.
+    grads = jax.grad(quadratic_loss)(params)
+    extra = extra_for(case, quadratic_loss, params)
+    donated = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+    opt.step(grads, state, donated, donate=True, **extra)
+    opt.step(grads, opt.init(params), params, **extra)

@@ -11,7 +11,7 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, zero_step
+from ._tree import float_leaves_like, increment, own_buffer, zero_step
 
 
 class AdagradState(eqx.Module):
@@ -120,5 +120,6 @@ def _flag(name: str, value: Any) -> bool:
 def _filled(params: Params, value: Array) -> PyTree:
     """`value` at every float leaf of `params` (in its dtype), `None` elsewhere."""
     return jax.tree.map(
-        lambda z: jnp.full(z.shape, value, z.dtype), float_leaves_like(params)
+        lambda z: own_buffer(jnp.full(z.shape, value, z.dtype)),
+        float_leaves_like(params),
     )

@@ -116,7 +116,10 @@ class AbstractTransform(eqx.Module):
         - `state`: the state from `init` or a previous `update`/`step`.
         - `params`: the current parameters.
         - `donate`: let XLA reuse the buffers of `state` for the new state. The
-          state passed in must not be used afterwards.
+          state passed in must not be used afterwards. Such in-place steps of
+          element-wise optimizers run eqxopt's native CPU kernels (see
+          `set_native_kernels`). Inside your own `jit`, donate its arguments too, or
+          XLA copies them first.
         - `**extra`: keyword arguments for rules that need more than gradients, such
           as `value=` (the loss) for `PolyakSGD`; see each optimizer. Others reject
           them with a `TypeError`.
@@ -145,7 +148,7 @@ class AbstractTransform(eqx.Module):
 
         **Arguments:** as `update`; with `donate=True` the buffers of `state` and
         `params` are reused for the results, so the step runs in place (neither may
-        be used afterwards).
+        be used afterwards), as one pass of the native kernels on CPU.
 
         **Returns:** `(new_params, new_state)`; every parameter keeps its dtype and
         non-float leaves are passed through unchanged.

@@ -81,7 +81,8 @@ class NoisySGD(AbstractTransform):
         self.key, self.key_impl = _key_data("key", key)
 
     def init(self, params: Params) -> NoisySGDState:
-        return NoisySGDState(step=zero_step(), key=self.key)
+        # A copy: a donated step must not delete the optimizer's own key.
+        return NoisySGDState(step=zero_step(), key=jnp.array(self.key, copy=True))
 
     def transform(
         self, grads: Grads, state: NoisySGDState, params: Params

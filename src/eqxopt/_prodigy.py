@@ -130,7 +130,7 @@ class Prodigy(AbstractTransform):
             nu=float_leaves_like(params),
             grad_sum=float_leaves_like(params),
             params0=jax.tree.map(copy, params),
-            d=self.d0.astype(jnp.float32),
+            d=jnp.array(self.d0, jnp.float32, copy=True),  # not the field itself
             numerator=jnp.zeros((), jnp.float32),
         )
 

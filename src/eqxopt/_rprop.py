@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Int, PyTree
 from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter, is_concrete
 from ._leafwise import map_leaves
-from ._tree import float_leaves_like, increment, zero_step
+from ._tree import float_leaves_like, increment, own_buffer, zero_step
 
 
 class RpropState(eqx.Module):
@@ -132,5 +132,6 @@ class Rprop(AbstractTransform):
 def _filled(params: Params, value: Array) -> PyTree:
     """`value` at every float leaf of `params` (in its dtype), `None` elsewhere."""
     return jax.tree.map(
-        lambda z: jnp.full(z.shape, value, z.dtype), float_leaves_like(params)
+        lambda z: own_buffer(jnp.full(z.shape, value, z.dtype)),
+        float_leaves_like(params),
     )

@@ -200,7 +200,7 @@ class SOAP(AbstractTransform):
             mu=float_leaves_like(params),
             nu=float_leaves_like(params),
             gg=gg,
-            q=jax.tree.map(lambda x: x, gg),
+            q=jax.tree.map(jnp.copy, gg),  # buffers of its own (donation)
         )
 
     def transform(

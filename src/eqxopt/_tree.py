@@ -41,9 +41,21 @@ def float_leaves_like(
     def make(p):
         if not is_float_leaf(p):
             return None
-        return jnp.full_like(p, fill, dtype=p.dtype if dtype is None else dtype)
+        return own_buffer(
+            jnp.full_like(p, fill, dtype=p.dtype if dtype is None else dtype)
+        )
 
     return jax.tree.map(make, params)
+
+
+def own_buffer(x: Array) -> Array:
+    """`x`, as a buffer of its own if it is 0-d.
+
+    Filling a 0-d leaf with a 0-d array fill (a hyperparameter field) returns that
+    very array, so two state leaves, or a state leaf and the optimizer, would share
+    one buffer, and a donated step (`donate=True`) would fail or delete the
+    optimizer's field."""
+    return jnp.array(x, copy=True) if jnp.ndim(x) == 0 else x
 
 
 def zero_step() -> Int[Array, ""]:
