@@ -523,17 +523,12 @@ def load(program: Program) -> int:
     return program.kernel_id
 
 
-def run(program: Program, inputs: Sequence[jax.Array], aliases: dict[int, int]) -> list:
-    """Runs `program` on one leaf's inputs; `aliases` maps input positions (in
-    `inputs`) to outputs that may reuse their buffer."""
-    return run_many(program, [inputs], aliases)
-
-
 def run_many(
     program: Program, leaves: Sequence[Sequence[jax.Array]], aliases: dict[int, int]
 ) -> list[list]:
-    """Runs `program` on several leaves in one custom call (one XLA thunk instead of
-    one per leaf); `aliases` as for `run`, per leaf. Returns each leaf's outputs."""
+    """Runs `program` on one or more leaves in one custom call (one XLA thunk);
+    `aliases` maps a leaf's input positions to the outputs that reuse their buffers.
+    Returns each leaf's outputs."""
     kernel_id = load(program)
     n_in, n_out = program.n_in, len(program.outputs)
     # Argument 0 of the custom call is the scalar vector; leaves are leaf-major.

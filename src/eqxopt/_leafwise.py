@@ -118,15 +118,13 @@ class _Native:
     is an XLA thunk with a few microseconds of overhead; more leaves per call would
     make XLA's alias analysis slow to compile); larger leaves get one call each, which
     splits them across threads. Inside `step` the kernel also applies the update and
-    the update itself is left to a second, normally unused call (XLA drops it); in
-    place, outputs reuse the buffers of the parameter and moments they replace."""
+    the update itself is left to a second, normally unused call (XLA drops it)."""
 
     def __init__(self, rule: LeafRule, n_moments: int):
         self.rule = rule
         self.n_in = 2 + n_moments
         self.programs: dict[tuple, _fused.Program] = {}
         self.applied = _fused.applying()
-        self.in_place = _fused.in_place()
         self.pending: dict[tuple, list[tuple[int, list[Any]]]] = {}
 
     def takes(self, g: Any, p: Any, old: list[Any]) -> bool:
@@ -163,11 +161,12 @@ class _Native:
     def run(self, chunk: list[tuple[int, list[Any]]], flag: tuple) -> list[list[Any]]:
         inputs = [leaf for _, leaf in chunk]
         n_moments = self.n_in - 2
-        moments = {2 + k: 1 + k for k in range(n_moments)} if self.in_place else {}
+        # In place (the engine runs only donated steps here): each output reuses
+        # the buffer of the parameter or moment it replaces.
+        moments = {2 + k: 1 + k for k in range(n_moments)}
         if self.applied is None:
             return _fused.run_many(self.program("update", flag), inputs, moments)
-        aliases = {1: 0, **moments} if self.in_place else {}
-        stepped = _fused.run_many(self.program("step", flag), inputs, aliases)
+        stepped = _fused.run_many(self.program("step", flag), inputs, {1: 0, **moments})
         directions = _fused.run_many(self.program("direction", flag), inputs, {})
         results = []
         for (new_p, *new_moments), (update,) in zip(stepped, directions):
