@@ -1,0 +1,69 @@
+"""The documentation site stays true: every ```python block of docs/*.md runs (the
+blocks of a page in order, in one namespace), the API reference has an entry for every
+public name, and every public name documents its arguments."""
+
+import inspect
+import pathlib
+import re
+
+import pytest
+
+import eqxopt
+
+DOCS = pathlib.Path(__file__).parent.parent / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+# A block that cannot run says so on its first line, visibly, with the reason.
+NOT_RUN = "# not run:"
+
+
+def python_blocks(page: pathlib.Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
+
+
+def test_docs_have_python_blocks():
+    pages = [page.name for page in PAGES if python_blocks(page)]
+    assert {"getting-started.md", "concepts.md", "cookbook.md"} <= set(pages)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.stem)
+def test_docs_python_blocks_run(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # blocks that write files (plots, checkpoints)
+    namespace: dict = {"__name__": f"docs_{page.stem}"}
+    for index, block in enumerate(python_blocks(page)):
+        if block.startswith(NOT_RUN):
+            continue
+        try:
+            exec(compile(block, f"{page.name} block {index}", "exec"), namespace)
+        except Exception as error:
+            raise AssertionError(f"{page.name} block {index} failed:\n{block}") from error
+
+
+def test_all_lists_every_public_name():
+    public = {
+        name
+        for name, value in vars(eqxopt).items()
+        if not name.startswith("_") and not inspect.ismodule(value)
+    }
+    assert sorted(eqxopt.__all__) == eqxopt.__all__
+    assert set(eqxopt.__all__) == public
+
+
+def test_api_reference_covers_every_public_name():
+    entries = []
+    for page in sorted((DOCS / "api").glob("*.md")):
+        entries += re.findall(r"^::: eqxopt\.(\w+)$", page.read_text(), re.M)
+    assert sorted(entries) == sorted(set(entries)), "a name has two API entries"
+    assert set(entries) == set(eqxopt.__all__)
+
+
+@pytest.mark.parametrize("name", eqxopt.__all__)
+def test_public_name_documents_its_arguments(name):
+    obj = getattr(eqxopt, name)
+    doc = inspect.getdoc(obj)
+    assert doc, f"eqxopt.{name} has no docstring"
+    parameters = [p for p in inspect.signature(obj).parameters if p != "self"]
+    if parameters:
+        assert "**Arguments:**" in doc or "**Fields:**" in doc, (
+            f"eqxopt.{name} takes {parameters} but its docstring has no "
+            "**Arguments:** (or, for a state, **Fields:**) list"
+        )
