@@ -35,7 +35,9 @@ def test_docs_python_blocks_run(page, tmp_path, monkeypatch):
         try:
             exec(compile(block, f"{page.name} block {index}", "exec"), namespace)
         except Exception as error:
-            raise AssertionError(f"{page.name} block {index} failed:\n{block}") from error
+            raise AssertionError(
+                f"{page.name} block {index} failed:\n{block}"
+            ) from error
 
 
 def test_all_lists_every_public_name():
@@ -67,3 +69,33 @@ def test_public_name_documents_its_arguments(name):
             f"eqxopt.{name} takes {parameters} but its docstring has no "
             "**Arguments:** (or, for a state, **Fields:**) list"
         )
+
+
+def _public_functions(module) -> set[str]:
+    return {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_") and name[0].islower() and callable(value)
+    }
+
+
+def test_optax_migration_names_every_optax_function():
+    """Every function of optax (optimizers, schedules, transforms, contrib) is on
+    the page, mapped or marked missing (optax's own names, from the installed one)."""
+    optax = pytest.importorskip("optax")
+    contrib = pytest.importorskip("optax.contrib")
+
+    page = (DOCS / "migrating-optax.md").read_text()
+    names = set()
+    for module in (optax, contrib, optax.schedules, optax.transforms):
+        names |= _public_functions(module)
+    # as code: `optax.name`, `optax.name(...)`, or `name` in a list of names
+    missing = [name for name in names if not re.search(rf"[.`\s]{name}[`(]", page)]
+    assert sorted(missing) == []
+
+
+def test_torch_migration_names_every_torch_optimizer_and_scheduler():
+    torch = pytest.importorskip("torch")
+    page = (DOCS / "migrating-torch.md").read_text()
+    names = set(torch.optim.__all__) | set(torch.optim.lr_scheduler.__all__)
+    assert sorted(name for name in names if name not in page) == []
