@@ -2,6 +2,7 @@
 blocks of a page in order, in one namespace), the API reference has an entry for every
 public name, and every public name documents its arguments."""
 
+import importlib.util
 import inspect
 import pathlib
 import re
@@ -99,3 +100,31 @@ def test_torch_migration_names_every_torch_optimizer_and_scheduler():
     page = (DOCS / "migrating-torch.md").read_text()
     names = set(torch.optim.__all__) | set(torch.optim.lr_scheduler.__all__)
     assert sorted(name for name in names if name not in page) == []
+
+
+def test_catalog_page_is_current():
+    """docs/catalog.md is what docs/make_catalog.py writes from today's docstrings."""
+    spec = importlib.util.spec_from_file_location(
+        "make_catalog", DOCS / "make_catalog.py"
+    )
+    assert spec is not None and spec.loader is not None
+    make_catalog = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_catalog)
+    assert (DOCS / "catalog.md").read_text() == make_catalog.render(), (
+        "docs/catalog.md is out of date: run `python docs/make_catalog.py`"
+    )
+    names = [entry[0] for entry in make_catalog.CATALOG]
+    optimizers = [
+        name
+        for name in eqxopt.__all__
+        if isinstance(getattr(eqxopt, name), type)
+        and issubclass(getattr(eqxopt, name), eqxopt.AbstractTransform)
+    ]
+    # every optimizer has an entry; the rest of the transforms are wrappers and links
+    wrappers = {
+        "AddDecayedWeights", "AddNoise", "AdaptiveGradClip", "Centralize", "Chain",
+        "ClipByBlockRMS", "ClipByGlobalNorm", "ClipByValue", "DecoupledWeightDecay",
+        "Freeze", "FromOptax", "Lookahead", "Masked", "MultiSteps", "ParamEMA",
+        "Partition", "ReduceOnPlateau", "SkipNonFinite", "ZeroNans", "AbstractTransform",
+    }  # fmt: skip
+    assert sorted(set(optimizers) - wrappers) == sorted(names)
