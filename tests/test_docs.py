@@ -122,9 +122,25 @@ def test_catalog_page_is_current():
     ]
     # every optimizer has an entry; the rest of the transforms are wrappers and links
     wrappers = {
-        "AddDecayedWeights", "AddNoise", "AdaptiveGradClip", "Centralize", "Chain",
+        "AbstractTransform", "AddDecayedWeights", "AddNoise", "AdaptiveGradClip",
+        "Centralize", "Chain",
         "ClipByBlockRMS", "ClipByGlobalNorm", "ClipByValue", "DecoupledWeightDecay",
         "Freeze", "FromOptax", "Lookahead", "Masked", "MultiSteps", "ParamEMA",
-        "Partition", "ReduceOnPlateau", "SkipNonFinite", "ZeroNans", "AbstractTransform",
+        "Partition", "ReduceOnPlateau", "SkipNonFinite", "ZeroNans",
     }  # fmt: skip
     assert sorted(set(optimizers) - wrappers) == sorted(names)
+
+
+def test_schedules_page_has_every_schedule_and_plot():
+    page = (DOCS / "schedules.md").read_text()
+    schedules = [
+        name
+        for name in eqxopt.__all__
+        if isinstance(getattr(eqxopt, name), type)
+        and issubclass(getattr(eqxopt, name), eqxopt.AbstractSchedule)
+        and name != "AbstractSchedule"
+    ]
+    assert [name for name in schedules if f"\n## {name}\n" not in page] == []
+    plots = {path.name for path in (DOCS / "schedules").glob("*.png")}
+    shown = set(re.findall(r"\(schedules/([\w-]+\.png)\)", page))
+    assert plots == shown
