@@ -1,9 +1,11 @@
-"""Draws every eqxopt schedule to docs/schedule_gallery.png (shown in README).
+"""Draws every eqxopt schedule to docs/schedule_gallery.png (shown in README), and
+each one on its own to docs/schedules/<name>.png (shown in docs/schedules.md).
 
 Run from the repository root: `python docs/make_gallery.py` (needs `eqxopt[plot]`).
 """
 
 import pathlib
+import re
 
 import eqxopt
 
@@ -73,6 +75,19 @@ def main() -> None:
         dpi=80,
     )
     print(f"wrote {out} ({out.stat().st_size // 1024} KB)")
+    folder = out.parent / "schedules"
+    folder.mkdir(exist_ok=True)
+    for label, schedule in gallery().items():
+        path = folder / f"{slug(label)}.png"
+        eqxopt.plot_schedules(
+            {label: schedule}, path, STEPS, title=label, panel_size=(2.6, 1.3), dpi=70
+        )
+    print(f"wrote {len(gallery())} plots to {folder}")
+
+
+def slug(label: str) -> str:
+    """The file name of a schedule's plot: `SGDR (3 cycles)` -> `sgdr-3-cycles`."""
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
 
 
 if __name__ == "__main__":

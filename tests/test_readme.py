@@ -13,7 +13,8 @@ README = pathlib.Path(__file__).parent.parent / "README.md"
 def test_readme_python_blocks_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the schedule snippet writes a PNG
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert len(blocks) >= 10
+    # README is the front page; the longer examples are in docs/ (tests/test_docs.py)
+    assert len(blocks) >= 4
     # The first snippet shows the API on a model and gradients the reader already has.
     model = eqx.nn.MLP(4, 1, 8, 1, key=jax.random.key(0))
     grads = jax.tree.map(lambda x: jnp.ones_like(x) if eqx.is_array(x) else None, model)

@@ -13,7 +13,7 @@ import eqxopt
 ROOT = pathlib.Path(__file__).parent.parent
 _PROJECTS = ("optax", "equinox", "jax", "torch", "pytorch", "flax")
 _CITATION = re.compile(r"(\w+)\s+(?:issues?|PRs?)\s+#?\d+", re.I)
-_INTERNAL = re.compile(r"\bseed\s+0\d\d\b|\bissue\s+\d+\b", re.I)
+_INTERNAL = re.compile(r"\bseed[\s-]+0\d\d\b|\bissue\s+\d+\b", re.I)
 
 
 def _texts() -> list[tuple[str, str]]:

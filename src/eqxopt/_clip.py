@@ -24,6 +24,10 @@ def global_norm(tree: PyTree) -> Float[Array, ""]:
 
     `None` and non-float leaves are skipped; an empty tree has norm 0, and the
     gradient of the norm at all-zero leaves is 0 (not NaN).
+
+    **Arguments:**
+
+    - `tree`: any pytree.
     """
     leaves = [x for x in jax.tree.leaves(tree, is_leaf=is_none) if is_float_leaf(x)]
     if not leaves:

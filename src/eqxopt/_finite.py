@@ -104,7 +104,13 @@ class SkipNonFinite(AbstractTransform):
 def apply_if_finite(
     inner: AbstractTransform, max_consecutive_errors: Any
 ) -> SkipNonFinite:
-    """`SkipNonFinite(inner, max_consecutive_errors)`, under optax's name."""
+    """`SkipNonFinite(inner, max_consecutive_errors)`, under optax's name.
+
+    **Arguments:**
+
+    - `inner`: the optimizer (or chain) to protect.
+    - `max_consecutive_errors`: how many bad steps in a row to skip, an int `>= 0`.
+    """
     return SkipNonFinite(inner, max_consecutive_errors)
 
 

@@ -65,6 +65,10 @@ def set_native_kernels(enabled: bool) -> None:
     `opt.step`/`opt.update` traces again; a step inside your own `jax.jit` keeps the
     code it was compiled with until that function traces again. The environment
     variable `EQXOPT_NATIVE=0` sets the default to off.
+
+    **Arguments:**
+
+    - `enabled`: a bool.
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")

@@ -105,6 +105,10 @@ def from_optax(tx: Any) -> FromOptax:
     """Wraps an optax `GradientTransformation` as an eqxopt transform
     (`FromOptax`), e.g.
     `eqxopt.Chain(eqxopt.from_optax(optax.clip(1.0)), eqxopt.Adam(1e-3))`.
+
+    **Arguments:**
+
+    - `tx`: an `optax.GradientTransformation`.
     """
     return FromOptax(tx)
 

@@ -577,7 +577,14 @@ class WarmupExponentialDecay(AbstractSchedule):
     staircase, end_value)` counted from the end of warmup.
 
     Equal to `optax.warmup_exponential_decay_schedule` (with the argument checks of
-    `ExponentialDecay`). Arguments as in `WarmupConstant` and `ExponentialDecay`.
+    `ExponentialDecay`).
+
+    **Arguments:**
+
+    - `init_value`, `peak_value`, `warmup_steps`: as in `WarmupConstant`.
+    - `transition_steps`, `decay_rate`, `transition_begin`, `staircase`,
+      `end_value`: as in `ExponentialDecay`, with steps counted from the end of
+      warmup.
     """
 
     init_value: Float[Array, ""]

@@ -1,0 +1,60 @@
+"""mkdocs hooks: pages that are files elsewhere in the repository.
+
+- The home page is README.md and the performance page is benchmarks/README.md, read
+  at build time so each has one source. Their relative links are rewritten to the
+  site's: `docs/x.md` -> `x.md`, `benchmarks/README.md` -> `performance.md`; an image
+  outside docs/ (the benchmark chart) is added to the site under its repository path;
+  a link to another file of the repository becomes that path in code.
+"""
+
+import pathlib
+import posixpath
+import re
+
+from mkdocs.structure.files import File
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# page in docs/ -> the repository file it shows (the page holds only a comment)
+INCLUDED = {"index.md": "README.md", "performance.md": "benchmarks/README.md"}
+PAGE_OF = {source: page for page, source in INCLUDED.items()}
+# files outside docs/ that included pages show (copied under their repository path)
+ASSETS = ["benchmarks/results.png"]
+_LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
+
+
+def on_files(files, config):
+    for path in ASSETS:
+        files.append(
+            File.generated(config, path, abs_src_path=str(ROOT / path))  # type: ignore[arg-type]
+        )
+    return files
+
+
+def _rewrite(text: str, source: str) -> str:
+    base = posixpath.dirname(source)
+
+    def link(match: re.Match) -> str:
+        bang, label, target = match.groups()
+        if re.match(r"^[a-z][a-z0-9+.-]*:|^#", target):
+            return match.group(0)  # a URL or an anchor on the same page
+        path, _, anchor = target.partition("#")
+        path = posixpath.normpath(posixpath.join(base, path))
+        anchor = f"#{anchor}" if anchor else ""
+        if path in PAGE_OF:
+            return f"{bang}[{label}]({PAGE_OF[path]}{anchor})"
+        if path.startswith("docs/"):
+            return f"{bang}[{label}]({path[len('docs/') :]}{anchor})"
+        if path in ASSETS:
+            return f"{bang}[{label}]({path})"
+        if (ROOT / path).exists() and not bang:
+            return f"{label} (`{path}`)"  # a source file, not part of the site
+        return match.group(0)  # left for mkdocs --strict to report
+
+    return _LINK.sub(link, text)
+
+
+def on_page_markdown(markdown, page, config, files):
+    source = INCLUDED.get(page.file.src_uri)
+    if source is None:
+        return markdown
+    return _rewrite((ROOT / source).read_text(), source)
