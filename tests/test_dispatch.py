@@ -256,8 +256,11 @@ def assert_close(a, b):
 
 @pytest.fixture
 def split_on(monkeypatch):
-    """The split path switched on (it is opt-in), with fresh caches."""
+    """The split path switched on (it is opt-in), with fresh caches (argument
+    kinds that earlier tests sent to the general path, with non-array leaves,
+    would stay there)."""
     monkeypatch.setattr(_dispatch, "_use_split", [True])
+    monkeypatch.setattr(_dispatch, "_general", set())
     monkeypatch.setattr(_dispatch, "_small", set())
     monkeypatch.setattr(_dispatch, "_splits", {})
 

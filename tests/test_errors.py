@@ -1,11 +1,16 @@
 """Every error path names the argument or the leaf."""
 
+import inspect
+import math
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import eqxopt
+from catalog import all_cases
 
 
 def params():
@@ -209,3 +214,100 @@ def test_a_failed_call_changes_nothing_and_the_next_call_works():
     _new_p, new_state = opt.step(g, state, p)
     assert int(state.step) == 0 and int(new_state.step) == 1
     np.testing.assert_array_equal(p["encoder"]["w"], jnp.ones((2, 3)))
+
+
+def _float_hyperparameters(opt):
+    """Name and value of each float hyperparameter of `opt` and of the transforms
+    it holds: constructor arguments stored as a float scalar array (or as a
+    `Constant` schedule, as a number learning rate is)."""
+    found = {}
+    holders = jax.tree.leaves(
+        opt,
+        is_leaf=lambda x: x is not opt and isinstance(x, eqxopt.AbstractTransform),
+    )
+    for module in [opt, *holders]:
+        if not isinstance(module, eqxopt.AbstractTransform):
+            continue
+        for name in inspect.signature(type(module)).parameters:
+            value = getattr(module, name, None)
+            if isinstance(value, eqxopt.Constant):
+                value = value.value
+            if (
+                isinstance(value, jax.Array)
+                and value.ndim == 0
+                and jnp.issubdtype(value.dtype, jnp.floating)
+            ):
+                found.setdefault(name, float(value))
+    return found
+
+
+def _catalog_float_arguments():
+    out = []
+    for case in all_cases():
+        for name, value in _float_hyperparameters(case.make()).items():
+            try:
+                case.make(**{name: value})
+            except TypeError:  # held by an inner transform the case does not expose
+                continue
+            out.append((case, name))
+    return out
+
+
+CATALOG_FLOATS = _catalog_float_arguments()
+# `inf` means something for these (NAdam: no momentum warm-up, optax's NAdam).
+INF_ALLOWED = {"momentum_decay"}
+
+
+@pytest.mark.parametrize(
+    "case,name", CATALOG_FLOATS, ids=[f"{c.name}-{n}" for c, n in CATALOG_FLOATS]
+)
+def test_non_finite_float_hyperparameters_raise_naming_them(case, name):
+    """inf, and 1e40 (inf once stored as float32), are a ValueError naming the
+    argument, for every float hyperparameter of every catalog configuration."""
+    assert len(CATALOG_FLOATS) > 250
+    bad = [1e40, -1e40] + ([] if name in INF_ALLOWED else [math.inf, -math.inf])
+    for value in bad:
+        with pytest.raises(ValueError, match=rf"\b{name}\b"):
+            case.make(**{name: value})
+
+
+def test_inf_learning_rate_and_overflowing_sgd_rate_are_rejected():
+    with pytest.raises(ValueError, match=r"learning_rate must be .*got inf"):
+        eqxopt.AdamW(learning_rate=float("inf"))
+    with pytest.raises(ValueError, match=r"learning_rate must be finite in float32"):
+        eqxopt.SGD(1e40)
+    # A float64 value that float32 holds is fine; inf is allowed where it means
+    # something (NAdam's default momentum_decay).
+    eqxopt.SGD(np.float64(3e38))
+    assert float(eqxopt.NAdam(0.1).momentum_decay) == math.inf
+
+
+def test_donate_must_be_a_bool():
+    opt = eqxopt.SGD(0.1)
+    p, g = params(), grads()
+    state = opt.init(p)
+    for method in (opt.update, opt.step):
+        with pytest.raises(TypeError, match="donate must be a bool, got 'yes'"):
+            method(g, state, p, donate="yes")
+        with pytest.raises(TypeError, match="donate must be a bool, got 1"):
+            method(g, state, p, donate=1)
+    assert not jax.tree.leaves(state)[0].is_deleted()
+
+
+def test_swapped_arguments_name_the_leaf_where_the_trees_part():
+    """`opt.step(model, state, grads)`: the two trees print alike (None is a leaf to
+    the check), so the message names the leaf: the activation function."""
+    model = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.key(0))
+    model_grads = eqx.filter_grad(lambda m: jnp.sum(m(jnp.ones(2))))(model)
+    opt = eqxopt.Adam(1e-3)
+    state = opt.init(model)
+    message = (
+        r"at \.activation grads has the function relu where params has None "
+        r"\(update and step take grads, state, params in that order\)"
+    )
+    with pytest.raises(ValueError, match=message):
+        opt.step(model, state, model_grads)
+    with pytest.raises(ValueError, match=message):
+        opt.update(model, state, model_grads)
+    new_model, _ = opt.step(model_grads, state, model)  # the right order works
+    assert new_model.activation is model.activation

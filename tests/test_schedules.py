@@ -4,6 +4,7 @@ learning rate, errors in words) and the plot helper."""
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -1095,3 +1096,351 @@ def test_one_cycle_phase_ends_use_the_fraction_as_given():
     assert (
         int(eqxopt.WarmupStableDecay(1.0, 0, 10, decay_fraction=0.9).decay_steps) == 9
     )
+
+
+# --------------------------------------------------------------------------------------
+# Schedules as plain functions, and step counts beyond int32.
+# --------------------------------------------------------------------------------------
+
+
+@cases
+def test_jax_jit_takes_a_schedule_as_the_function(case):
+    """optax schedules are plain functions users `jax.jit`; so are these (a
+    schedule hashes by identity, as a function does)."""
+    jitted = jax.jit(case.schedule)
+    expected = np.asarray(evaluate(case.schedule, STEPS))
+    # Its values are constants to XLA here, which divides by a constant via its
+    # reciprocal (as under `jax.jit` of optax's schedules, see `optax_values`):
+    # power 0.5 turns that rounding into 1.6e-4 at the end.
+    atol = 2e-4 if case.name == "Polynomial-0.5" else 1e-6
+    np.testing.assert_allclose(jitted(STEPS), expected, rtol=1e-5, atol=atol)
+    for step in (0, 300, 3000):
+        np.testing.assert_allclose(
+            jitted(jnp.int32(step)), expected[step], rtol=1e-5, atol=atol
+        )
+    assert hash(case.schedule) == hash(case.schedule)
+    copy = jax.tree.map(lambda x: x, case.schedule)  # equal values, another object
+    assert hash(copy) != hash(case.schedule)
+    assert bool(copy == case.schedule)
+
+
+BIG = 10**10
+# Steps across the whole int32 range, the last ones included (the step counter
+# saturates at 2**31 - 1).
+INT32_STEPS = jnp.asarray(
+    [0, 1, 99, 100, 101, 5000, 2**20, 2**24 + 1, 2**30, 2**31 - 2, 2**31 - 1],
+    jnp.int32,
+)
+
+
+def _optax_onecycle(kind, total, peak, points):
+    return optax.piecewise_interpolate_schedule(
+        kind, peak / 25.0, {float(b): s for b, s in points(total)}
+    )
+
+
+def _formula(fn):
+    """Marks a float64 NumPy reference (called on all steps at once)."""
+    fn.formula = True
+    return fn
+
+
+def _np_cyclic(s, base, peak, up, down):
+    s = s.astype(np.float64)
+    r = np.mod(s, up + down)
+    height = np.where(r <= up, r / up, (up + down - r) / down)
+    return base + (peak - base) * height
+
+
+# (name, eqxopt schedule with a step count beyond int32, the reference at
+# INT32_STEPS). optax takes such counts as Python floats (its cosine schedules
+# convert ints to floats themselves; its others overflow on a huge int);
+# torch-only schedules get a float64 formula.
+HUGE = [
+    (
+        "CosineDecay",
+        lambda: eqxopt.CosineDecay(0.4, BIG, alpha=0.05),
+        lambda: optax.cosine_decay_schedule(0.4, BIG, 0.05),
+    ),
+    (
+        "WarmupCosine",
+        lambda: eqxopt.WarmupCosine(0.5, 0.05, 100, 2**40),
+        lambda: optax.warmup_cosine_decay_schedule(0.0, 0.5, 100, 2**40, 0.05),
+    ),
+    (
+        "Polynomial",
+        lambda: eqxopt.Polynomial(1.0, 0.001, 2.0, BIG, 100),
+        lambda: optax.polynomial_schedule(1.0, 0.001, 2.0, float(BIG), 100),
+    ),
+    (
+        "Polynomial-begin",
+        lambda: eqxopt.Polynomial(1.0, 0.001, 2.0, 1000, 2**35),
+        lambda: optax.polynomial_schedule(1.0, 0.001, 2.0, 1000, float(2**35)),
+    ),
+    (
+        "Linear",
+        lambda: eqxopt.Linear(0.5, 0.01, BIG, transition_begin=100),
+        lambda: optax.linear_schedule(0.5, 0.01, float(BIG), 100),
+    ),
+    (
+        "ExponentialDecay",
+        lambda: eqxopt.ExponentialDecay(1.0, BIG, 0.01, end_value=0.5),
+        lambda: optax.exponential_decay(1.0, float(BIG), 0.01, 0, False, 0.5),
+    ),
+    (
+        "ExponentialDecay-begin-staircase",
+        lambda: eqxopt.ExponentialDecay(1.0, 100, 0.5, 2**33, staircase=True),
+        lambda: optax.exponential_decay(1.0, 100, 0.5, float(2**33), True),
+    ),
+    (
+        "PiecewiseConstant",
+        lambda: eqxopt.PiecewiseConstant(0.1, {100: 0.5, 2**35: 0.1}),
+        lambda: optax.piecewise_constant_schedule(0.1, {100: 0.5, float(2**35): 0.1}),
+    ),
+    (
+        "WarmupConstant",
+        lambda: eqxopt.WarmupConstant(0.01, 0.5, 2**40),
+        lambda: optax.warmup_constant_schedule(0.01, 0.5, float(2**40)),
+    ),
+    (
+        "WarmupExponentialDecay",
+        lambda: eqxopt.WarmupExponentialDecay(0.0, 1.0, 100, BIG, 0.5, 2**32),
+        lambda: optax.warmup_exponential_decay_schedule(
+            0.0, 1.0, 100, float(BIG), 0.5, float(2**32)
+        ),
+    ),
+    (
+        "PiecewiseInterpolate",
+        lambda: eqxopt.PiecewiseInterpolate("cosine", 1.0, {100: 0.5, 2**35: 0.1}),
+        lambda: optax.piecewise_interpolate_schedule(
+            "cosine", 1.0, {100: 0.5, float(2**35): 0.1}
+        ),
+    ),
+    (
+        "LinearOneCycle",
+        lambda: eqxopt.LinearOneCycle(2**40, 1.0),
+        lambda: _optax_onecycle(
+            "linear",
+            2**40,
+            1.0,
+            lambda t: [(int(0.3 * t), 25.0), (int(0.85 * t), 1 / 25.0), (t, 1e-4)],
+        ),
+    ),
+    (
+        "CosineOneCycle",
+        lambda: eqxopt.CosineOneCycle(2**40, 1.0),
+        lambda: _optax_onecycle(
+            "cosine", 2**40, 1.0, lambda t: [(int(0.3 * t), 25.0), (t, 1 / 25e4)]
+        ),
+    ),
+    (
+        "SGDR",
+        lambda: eqxopt.SGDR(
+            [
+                dict(peak_value=1.0, warmup_steps=10, decay_steps=1000),
+                dict(peak_value=0.5, decay_steps=2**40, end_value=0.1),
+            ]
+        ),
+        lambda: optax.sgdr_schedule(
+            [
+                dict(init_value=0.0, peak_value=1.0, warmup_steps=10, decay_steps=1000),
+                dict(
+                    init_value=0.0,
+                    peak_value=0.5,
+                    warmup_steps=0,
+                    decay_steps=float(2**40),
+                    end_value=0.1,
+                ),
+            ]
+        ),
+    ),
+    (
+        "Join",
+        lambda: eqxopt.Join(
+            [eqxopt.Constant(1.0), eqxopt.Linear(1.0, 0.0, 10)], [2**40]
+        ),
+        lambda: optax.join_schedules(
+            [optax.constant_schedule(1.0), optax.linear_schedule(1.0, 0.0, 10)],
+            [float(2**40)],
+        ),
+    ),
+    (
+        "StepDecay",
+        lambda: eqxopt.StepDecay(1.0, 2**40, gamma=0.5),
+        lambda: _formula(lambda s: np.ones_like(s)),
+    ),
+    (
+        "MultiStepDecay",
+        lambda: eqxopt.MultiStepDecay(1.0, [100, 2**40], gamma=0.5),
+        lambda: _formula(lambda s: np.where(s >= 100, 0.5, 1.0)),
+    ),
+    (
+        "Cyclic",
+        lambda: eqxopt.Cyclic(
+            0.1, 1.0, step_size_up=2**31 - 2**20, step_size_down=2**40
+        ),
+        lambda: _formula(
+            lambda s: _np_cyclic(s, f32(0.1), f32(1.0), f32(2**31 - 2**20), 2.0**40)
+        ),
+    ),
+    (
+        "WarmupStableDecay",
+        lambda: eqxopt.WarmupStableDecay(0.5, 100, 2**40, decay_fraction=0.5),
+        lambda: _formula(
+            lambda s: np_wsd(s, 0.5, 100, 2**40, 2**39, 0.0, 0.0, "linear")
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("name,make,reference", HUGE, ids=[h[0] for h in HUGE])
+def test_step_counts_beyond_int32_match_the_reference(name, make, reference):
+    """Any step count a user can write is accepted (optax takes them), and every
+    int32 step gets the reference's value, the last ones included."""
+    schedule = make()
+    ref = reference()
+    steps = np.asarray(INT32_STEPS)
+    if getattr(ref, "formula", False):
+        expected = ref(steps.astype(np.float64))
+    else:  # optax, step by step, as its users call it
+        expected = np.asarray([float(ref(jnp.int32(s))) for s in steps])
+    for values in (evaluate(schedule, INT32_STEPS), jax.jit(schedule)(INT32_STEPS)):
+        values = np.asarray(values)
+        assert values.dtype == np.float32 and np.all(np.isfinite(values))
+        np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_huge_step_counts_work_in_every_schedule_class():
+    public = {
+        name
+        for name in dir(eqxopt)
+        if isinstance(getattr(eqxopt, name), type)
+        and issubclass(getattr(eqxopt, name), eqxopt.AbstractSchedule)
+        and getattr(eqxopt, name) is not eqxopt.AbstractSchedule
+    }
+    covered = {type(make()).__name__ for _, make, _ in HUGE}
+    assert public - covered == {"Constant"}  # no step count
+
+
+def test_counts_beyond_int32_compare_exactly_with_int32_steps():
+    """A count just past int32 is never rounded down onto an int32 step (float32
+    rounds 2**31 + 1 to 2**31, which the last steps would reach)."""
+    last = jnp.int32(2**31 - 1)
+    assert float(eqxopt.WarmupConstant(0.0, 1.0, 2**31 + 1)(last)) < 1.0
+    assert float(eqxopt.PiecewiseConstant(1.0, {2**31: 0.5})(last)) == 1.0
+    assert float(eqxopt.MultiStepDecay(1.0, [2**31], 0.5)(last)) == 1.0
+    join = eqxopt.Join([eqxopt.Constant(1.0), eqxopt.Constant(2.0)], [2**31])
+    assert float(join(last)) == 1.0
+    # Counts that fit stay int32 and exact.
+    assert eqxopt.CosineDecay(1.0, 2**31 - 1).decay_steps.dtype == jnp.int32
+    assert float(eqxopt.PiecewiseConstant(1.0, {2**31 - 1: 0.5})(last)) == 0.5
+    # Any size, as optax: beyond float32's range too.
+    assert float(eqxopt.CosineDecay(1.0, 10**100)(last)) == 1.0
+
+
+# Each schedule with every float argument it takes (built from keywords).
+SCHEDULE_FLOATS = [
+    (eqxopt.Constant, dict(value=0.1), ["value"]),
+    (
+        eqxopt.WarmupCosine,
+        dict(peak_lr=1.0, min_lr=0.1, warmup_steps=10, total_steps=100),
+        ["peak_lr", "min_lr"],
+    ),
+    (
+        eqxopt.Polynomial,
+        dict(init_value=1.0, end_value=0.1, power=2.0, transition_steps=10),
+        ["init_value", "end_value", "power"],
+    ),
+    (
+        eqxopt.Linear,
+        dict(init_value=1.0, end_value=0.1, transition_steps=10),
+        ["init_value", "end_value"],
+    ),
+    (eqxopt.PiecewiseConstant, dict(init_value=1.0), ["init_value"]),
+    (
+        eqxopt.ExponentialDecay,
+        dict(init_value=1.0, transition_steps=10, decay_rate=0.5, end_value=0.1),
+        ["init_value", "decay_rate", "end_value"],
+    ),
+    (
+        eqxopt.CosineDecay,
+        dict(init_value=1.0, decay_steps=10, alpha=0.1, exponent=1.0),
+        ["init_value", "alpha", "exponent"],
+    ),
+    (
+        eqxopt.WarmupConstant,
+        dict(init_value=0.0, peak_value=1.0, warmup_steps=10),
+        ["init_value", "peak_value"],
+    ),
+    (
+        eqxopt.WarmupExponentialDecay,
+        dict(
+            init_value=0.0,
+            peak_value=1.0,
+            warmup_steps=10,
+            transition_steps=10,
+            decay_rate=0.5,
+            end_value=0.1,
+        ),
+        ["init_value", "peak_value", "decay_rate", "end_value"],
+    ),
+    (
+        eqxopt.PiecewiseInterpolate,
+        dict(interpolate_type="linear", init_value=1.0),
+        ["init_value"],
+    ),
+    (
+        eqxopt.LinearOneCycle,
+        dict(transition_steps=100, peak_value=1.0),
+        ["peak_value", "pct_start", "pct_final", "div_factor", "final_div_factor"],
+    ),
+    (
+        eqxopt.CosineOneCycle,
+        dict(transition_steps=100, peak_value=1.0),
+        ["peak_value", "pct_start", "div_factor", "final_div_factor"],
+    ),
+    (eqxopt.StepDecay, dict(init_value=1.0, step_size=10), ["init_value", "gamma"]),
+    (
+        eqxopt.MultiStepDecay,
+        dict(init_value=1.0, milestones=[10]),
+        ["init_value", "gamma"],
+    ),
+    (eqxopt.Cyclic, dict(base_lr=0.1, max_lr=1.0), ["base_lr", "max_lr", "gamma"]),
+    (
+        eqxopt.WarmupStableDecay,
+        dict(peak_value=1.0, warmup_steps=10, total_steps=100),
+        ["peak_value", "init_value", "end_value", "decay_fraction"],
+    ),
+]
+NON_FINITE = [
+    (cls, base, name) for cls, base, names in SCHEDULE_FLOATS for name in names
+] + [
+    (eqxopt.PiecewiseConstant, dict(init_value=1.0), "boundaries_and_scales[10]"),
+    (
+        eqxopt.PiecewiseInterpolate,
+        dict(interpolate_type="linear", init_value=1.0),
+        "boundaries_and_scales[10]",
+    ),
+    (eqxopt.SGDR, {}, "cycles[0]['peak_value']"),
+    (eqxopt.SGDR, {}, "cycles[0]['exponent']"),
+]
+
+
+@pytest.mark.parametrize(
+    "cls,base,name", NON_FINITE, ids=[f"{c.__name__}-{n}" for c, _, n in NON_FINITE]
+)
+def test_non_finite_float_arguments_raise_naming_them(cls, base, name):
+    """inf, and 1e40 (inf once stored as float32), are a ValueError naming the
+    argument, for every float argument of every schedule."""
+    for bad in (math.inf, 1e40):
+        if name.startswith("boundaries_and_scales"):
+            kwargs = {**base, "boundaries_and_scales": {10: bad}}
+        elif name.startswith("cycles"):
+            key = name.split("'")[1]
+            kwargs = {"cycles": [{"peak_value": 1.0, "decay_steps": 10, key: bad}]}
+        else:
+            kwargs = {**base, name: bad}
+        with pytest.raises(ValueError, match=re.escape(name)):
+            cls(**kwargs)
+    covered = {c for c, _, _ in NON_FINITE}
+    assert len(covered) == len(ONE_PER_CLASS) - 1  # all but Join (no float)

@@ -495,7 +495,8 @@ def _nadam_transform(
 
 
 def _momentum_decay(value: Any) -> Array:
-    return hyperparameter("momentum_decay", value, low=0.0)
+    # inf (the default) means "no momentum warm-up": optax's NAdam.
+    return hyperparameter("momentum_decay", value, low=0.0, allow_inf=True)
 
 
 def _nadam_state(params: Params, mu_dtype: Any, nu_dtype: Any) -> NAdamState:

@@ -127,10 +127,12 @@ class AbstractTransform(eqx.Module):
         **Returns:** `(updates, new_state)`; each update has its parameter's shape and
         dtype (`None` for leaves that are not updated).
         """
+        _check_donate(donate)
         new_state, updates = _dispatch.call(
             _update_entry_donated if donate else _update_entry,
             (self, grads, state, params, _numbers_as_arrays(extra) if extra else extra),
             (2,) if donate else (),
+            bools=(3, 4),
         )
         return updates, new_state
 
@@ -153,10 +155,12 @@ class AbstractTransform(eqx.Module):
         **Returns:** `(new_params, new_state)`; every parameter keeps its dtype and
         non-float leaves are passed through unchanged.
         """
+        _check_donate(donate)
         return _dispatch.call(
             _step_entry_donated if donate else _step_entry,
             (self, grads, params, state, _numbers_as_arrays(extra) if extra else extra),
             (2, 3) if donate else (),
+            bools=(2, 4),
         )
 
     def to_optax(self) -> Any:
@@ -165,6 +169,12 @@ class AbstractTransform(eqx.Module):
         from ._interop import to_optax
 
         return to_optax(self)
+
+
+def _check_donate(donate: Any) -> None:
+    # A truthy string or number would silently pick in-place steps (or not).
+    if type(donate) is not bool:
+        raise TypeError(f"donate must be a bool, got {donate!r}")
 
 
 def _numbers_as_arrays(extra: dict[str, Any]) -> dict[str, Any]:

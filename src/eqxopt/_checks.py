@@ -27,12 +27,15 @@ def hyperparameter(
     high: float = math.inf,
     low_open: bool = False,
     high_open: bool = False,
+    allow_inf: bool = False,
 ) -> Float[Array, ""]:
     """Converts a float hyperparameter to a scalar JAX array field.
 
-    Concrete values are checked against `[low, high]` (each end open if asked) and a
-    `ValueError` names the argument; traced values are taken as they come, since their
-    number is not known until run time.
+    Concrete values are checked against `[low, high]` (each end open if asked), and
+    must be finite in the stored dtype (float32 unless 64-bit mode is on: `1e40`
+    would be `inf` there) unless `allow_inf` (for an `inf` that means something);
+    a `ValueError` names the argument. Traced values are taken as they come, since
+    their number is not known until run time.
     """
     if isinstance(value, bool) or not (
         isinstance(value, (int, float, np.number, np.ndarray, jax.Array))
@@ -55,6 +58,15 @@ def hyperparameter(
                 f"{name} must be in {left}{_fmt(low)}, {_fmt(high)}{right}, "
                 f"got {number!r}"
             )
+        if not (allow_inf and math.isinf(number)):
+            dtype = jax.dtypes.canonicalize_dtype(float)
+            with np.errstate(over="ignore"):
+                stored = np.asarray(number).astype(dtype)
+            if not np.isfinite(stored):
+                raise ValueError(
+                    f"{name} must be finite in {dtype.name} (the dtype it is stored "
+                    f"in), got {number!r}"
+                )
     return jnp.asarray(value, dtype=float)
 
 
@@ -70,14 +82,10 @@ def structure_mismatch(
     """A `ValueError` saying where two trees' structures part, by leaf path.
 
     `None` in `actual` stands for a whole absent subtree of `expected`."""
-    actual_paths = [
-        jax.tree_util.keystr(p)
-        for p, _ in jax.tree.leaves_with_path(actual, is_leaf=is_none)
-    ]
-    expected_paths = [
-        jax.tree_util.keystr(p)
-        for p, _ in jax.tree.leaves_with_path(expected, is_leaf=is_none)
-    ]
+    actual_items = jax.tree.leaves_with_path(actual, is_leaf=is_none)
+    expected_items = jax.tree.leaves_with_path(expected, is_leaf=is_none)
+    actual_paths = [jax.tree_util.keystr(p) for p, _ in actual_items]
+    expected_paths = [jax.tree_util.keystr(p) for p, _ in expected_items]
     covered = set(actual_paths)
 
     def is_covered(path: str) -> bool:
@@ -90,6 +98,16 @@ def structure_mismatch(
         parts.append(f"{expected_name} has {_few(missing)} that {actual_name} lacks")
     if extra:
         parts.append(f"{actual_name} has {_few(extra)} that {expected_name} lacks")
+    if not parts and actual_paths == expected_paths:
+        # The same paths: the trees part where one has None (no subtree) and the
+        # other a leaf, which the printed tree structures do not show.
+        for path, (_, a), (_, e) in zip(actual_paths, actual_items, expected_items):
+            if (a is None) != (e is None):
+                parts.append(
+                    f"at {path or '<root>'} {actual_name} has {_what(a)} where "
+                    f"{expected_name} has {_what(e)}"
+                )
+                break
     if not parts:
         parts.append(
             f"the containers differ: {actual_name} is "
@@ -100,6 +118,17 @@ def structure_mismatch(
         f"{actual_name} does not have the tree structure of {expected_name}: "
         + "; ".join(parts)
     )
+
+
+def _what(x: Any) -> str:
+    if x is None:
+        return "None"
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"an array ({_describe(x)})"
+    if callable(x):
+        return f"the function {getattr(x, '__name__', type(x).__name__)}"
+    text = repr(x)
+    return f"{type(x).__name__} {text if len(text) <= 40 else text[:40] + '...'}"
 
 
 def _few(paths: list[str]) -> str:

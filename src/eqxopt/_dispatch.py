@@ -25,6 +25,7 @@ general path calls the function), and the enclosing `jit` compiles it.
 """
 
 import itertools
+import struct
 import warnings
 import weakref
 from collections.abc import Callable, Hashable
@@ -40,35 +41,46 @@ _ARRAY_TYPE = type(jax.numpy.zeros(()))  # jaxlib's concrete array class
 _ALL_ARRAYS = frozenset({_ARRAY_TYPE})
 
 
-class _ByIdentity:
-    """Stands in for an unhashable static leaf in a cache key."""
+class _Static:
+    """A non-array leaf in a cache key: equal only to a leaf of the same type and
+    the same value, bit for bit (`True`, `1`, `1.0` and an `IntEnum` member with
+    value 1 compare equal in Python, as do `0.0` and `-0.0`, and NaN equals
+    nothing); an unhashable leaf is equal only to itself. `obj` is the leaf."""
 
-    __slots__ = ("obj",)
+    __slots__ = ("key", "obj")
 
     def __init__(self, obj: Any):
         self.obj = obj
+        try:
+            hash(obj)
+        except TypeError:
+            self.key: Hashable = ("id", id(obj))  # `obj` is kept alive by `self`
+            return
+        if isinstance(obj, float):
+            self.key = (type(obj), struct.pack("<d", obj))
+        elif isinstance(obj, complex):
+            self.key = (type(obj), struct.pack("<dd", obj.real, obj.imag))
+        else:
+            self.key = (type(obj), obj)
 
     def __hash__(self) -> int:
-        return id(self.obj)
+        return hash(self.key)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _ByIdentity) and other.obj is self.obj
-
-
-def _static_key(leaf: Any) -> Hashable:
-    try:
-        hash(leaf)
-    except TypeError:
-        return _ByIdentity(leaf)
-    return leaf
+        return isinstance(other, _Static) and other.key == self.key
 
 
 def _is_dynamic(leaf: Any) -> bool:
-    return isinstance(leaf, (jax.Array, np.ndarray))
+    # NumPy scalars are arrays, as for `eqx.is_array` (and the direct path).
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic))
 
 
 class _Compiled:
-    """One jitted program for one tree structure and one set of static leaves."""
+    """One jitted program for one tree structure and one set of static leaves.
+
+    Static leaves stay out of the program: where an output is one of the input
+    leaves (a parameter passed through), each call returns the caller's own object
+    at that place, never the one seen when tracing, which is only equal to it."""
 
     def __init__(
         self,
@@ -78,6 +90,8 @@ class _Compiled:
         donate: tuple[int, ...],
     ):
         self.out_def: Any = None
+        # Per output leaf: `_DYNAMIC`, the index of the input leaf it is, or
+        # `(obj,)` for an object made by `fn`. `None`: every output is an array.
         self.out_statics: list[Any] | None = None
 
         def flat_fn(*groups):
@@ -92,20 +106,29 @@ class _Compiled:
             if all(isinstance(x, jax.Array) for x in out_leaves):
                 self.out_statics = None
                 return out_leaves
+            position: dict[int, int] = {}
+            for i, s in enumerate(statics or ()):
+                if s is not _DYNAMIC:
+                    position.setdefault(id(s), i)
             self.out_statics = [
-                _DYNAMIC if isinstance(x, jax.Array) else x for x in out_leaves
+                _DYNAMIC if isinstance(x, jax.Array) else position.get(id(x), (x,))
+                for x in out_leaves
             ]
             return [x for x in out_leaves if isinstance(x, jax.Array)]
 
         self.jitted = jax.jit(flat_fn, donate_argnums=donate)
 
-    def __call__(self, groups: list[list[Any]]) -> Any:
+    def __call__(self, groups: list[list[Any]], leaves: list[Any]) -> Any:
         out = self.jitted(*groups)
         if self.out_statics is None:
             return self.out_def.unflatten(out)
         it = iter(out)
-        leaves = [next(it) if s is _DYNAMIC else s for s in self.out_statics]
-        return self.out_def.unflatten(leaves)
+        return self.out_def.unflatten(
+            [
+                next(it) if s is _DYNAMIC else leaves[s] if type(s) is int else s[0]
+                for s in self.out_statics
+            ]
+        )
 
 
 class _Entry:
@@ -236,7 +259,9 @@ def _first(first: Any, pack: bool = True) -> _First:
 
 class _NotPlain(Exception):
     """Raised while tracing the direct path: a leaf may have been a Python number
-    (a weak-typed scalar; a weak-typed 0-d array lands here too, harmlessly)."""
+    (a weak-typed scalar; a weak-typed 0-d array lands here too, harmlessly) or,
+    where the caller says Python bools may be (`bools`), a Python bool (traced as
+    a 0-d bool array, which lands here too)."""
 
 
 class _Direct:
@@ -246,9 +271,10 @@ class _Direct:
     per leaf in Python. This is only right when every leaf of the rest is an array:
     a Python number would be traced (as a weak-typed scalar) where `eqx.filter_jit`
     keeps it static, and a function or string is rejected by `jax.jit` with a
-    `TypeError`. Both send the call to the general path, which is then remembered for
-    those argument types. `first` is the first argument's leaves as `_pack` makes
-    them; `run` takes them unpacked (for the split path).
+    `TypeError`; a Python bool would come back as an array. These send the call to
+    the general path, which is then remembered for those argument types. `first` is
+    the first argument's leaves as `_pack` makes them; `run` takes them unpacked
+    (for the split path).
     """
 
     def __init__(
@@ -257,14 +283,19 @@ class _Direct:
         first_def: Any,
         layout: tuple[Any, ...],
         donate: tuple[int, ...],
+        bools: tuple[int, ...] = (),
         kinds: tuple[Any, ...] = (),
     ):
         self.kinds = kinds  # its key in `_direct`
 
         def run(first_leaves, *rest):
-            for leaf in jax.tree.leaves(rest):
-                if getattr(leaf, "weak_type", False) and not jax.numpy.ndim(leaf):
-                    raise _NotPlain
+            for i, arg in enumerate(rest, 1):
+                for leaf in jax.tree.leaves(arg):
+                    if jax.numpy.ndim(leaf) == 0 and (
+                        getattr(leaf, "weak_type", False)
+                        or (i in bools and leaf.dtype == bool)
+                    ):
+                        raise _NotPlain
             return fn(first_def.unflatten(first_leaves), *rest)
 
         unpack = _unpacker(layout)
@@ -548,19 +579,23 @@ def call(
     args: tuple[Any, ...],
     donate: tuple[int, ...] = (),
     pack: bool = True,
+    bools: tuple[int, ...] = (),
 ) -> Any:
     """`fn(*args)`, compiled. `donate` lists positions of `args` whose array buffers
     XLA may reuse for the outputs (the caller must not use them afterwards). `pack`
     (for a first argument that is usually the same object call after call, such as
     the optimizer) passes its scalar leaves packed; a first argument that is new
-    each call (a state) would pay for the packing every time."""
+    each call (a state) would pay for the packing every time. `bools` lists
+    positions of `args` that may hold Python bools (params, keyword arguments: not
+    a state): `jax.jit` would make them arrays, so a 0-d bool leaf there takes the
+    general path, which keeps every non-array leaf as the caller's very object."""
     record = _first(args[0], pack)
     if record.layout is not None and _use_direct[0]:
         key = (fn, donate, *map(type, args))
         try:
             direct = record.direct[key]
         except KeyError:
-            direct = record.direct[key] = _find_direct(fn, record, donate, args)
+            direct = record.direct[key] = _find_direct(fn, record, donate, bools, args)
         if direct is not None:
             try:
                 if _use_split[0] and not donate and direct.kinds not in _small:
@@ -579,15 +614,20 @@ def call(
 
 
 def _find_direct(
-    fn: Callable, record: _First, donate: tuple[int, ...], args: tuple[Any, ...]
+    fn: Callable,
+    record: _First,
+    donate: tuple[int, ...],
+    bools: tuple[int, ...],
+    args: tuple[Any, ...],
 ) -> "_Direct | None":
     assert record.layout is not None
-    kinds = (fn, record.treedef, record.layout, donate, tuple(map(type, args)))
+    types = tuple(map(type, args))
+    kinds = (fn, record.treedef, record.layout, donate, bools, types)
     if kinds in _general:
         return None
     direct = _direct.get(kinds)
     if direct is None:
-        direct = _Direct(fn, record.treedef, record.layout, donate, kinds)
+        direct = _Direct(fn, record.treedef, record.layout, donate, bools, kinds)
         _direct[kinds] = direct
     return direct
 
@@ -608,16 +648,22 @@ def _general_call(
         compiled = entry.all_arrays
         if compiled is None:
             compiled = entry.all_arrays = _Compiled(fn, entry.treedef, None, donate)
-        return compiled([leaves[b] for b in entry.bounds])
+        return compiled([leaves[b] for b in entry.bounds], leaves)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return fn(*args)  # inside a trace: the outer jit compiles this
     statics = [_DYNAMIC if _is_dynamic(x) else x for x in leaves]
-    key = tuple(_DYNAMIC if s is _DYNAMIC else _static_key(s) for s in statics)
+    # Each static leaf by type and value, and which earlier leaf it is the very
+    # object of, so that an output leaf maps back to one input place.
+    first_place: dict[int, int] = {}
+    key = tuple(
+        _DYNAMIC if s is _DYNAMIC else (_Static(s), first_place.setdefault(id(s), i))
+        for i, s in enumerate(statics)
+    )
     compiled = entry.by_statics.get(key)
     if compiled is None:
         compiled = entry.by_statics[key] = _Compiled(fn, entry.treedef, statics, donate)
     groups = [[x for x in leaves[b] if _is_dynamic(x)] for b in entry.bounds]
-    return compiled(groups)
+    return compiled(groups, leaves)
 
 
 def lower(

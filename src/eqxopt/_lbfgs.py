@@ -631,7 +631,10 @@ class LBFGS(AbstractTransform):
         non-float leaves, each in its parameter's dtype.
         """
         return _dispatch.call(
-            _value_and_grad_entry, (state, params, value_fn, fn_kwargs), pack=False
+            _value_and_grad_entry,
+            (state, params, value_fn, fn_kwargs),
+            pack=False,
+            bools=(1, 3),
         )
 
 

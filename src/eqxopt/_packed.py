@@ -25,11 +25,11 @@ import numpy as np
 from jaxtyping import Array, PyTree
 
 from . import _fused
-from ._dispatch import _ByIdentity, _static_key
+from ._dispatch import _Static
 
 # One leaf of the original tree: ("array", buffer index, shape, dtype) or
-# ("static", key) for anything that is not an array (kept as it is; the key is the
-# value, or the value wrapped to compare by identity when it is unhashable).
+# ("static", key) for anything that is not an array (kept as it is in the key, which
+# compares by type and value, or by identity when it is unhashable).
 _Slot = tuple[Any, ...]
 
 
@@ -83,7 +83,7 @@ class Packed(eqx.Module):
         pieces = [split(b, self.layout.members(k)) for k, b in enumerate(self.buffers)]
         iterators = [iter(p) for p in pieces]
         leaves = [
-            next(iterators[slot[1]]) if slot[0] == "array" else _static_value(slot[1])
+            next(iterators[slot[1]]) if slot[0] == "array" else slot[1].obj
             for slot in self.layout.slots
         ]
         return jax.tree.unflatten(self.layout.treedef, leaves)
@@ -93,10 +93,6 @@ class Packed(eqx.Module):
         labels (see `pack`): with bool labels, a weight-decay mask for
         `AdamW(mask=...)` and the like."""
         return Packed(tuple(key[0] for key in self.layout.keys), self.layout)
-
-
-def _static_value(key: Any) -> Any:
-    return key.obj if isinstance(key, _ByIdentity) else key
 
 
 def _is_array(x: Any) -> bool:
@@ -128,7 +124,7 @@ def pack(tree: PyTree, labels: PyTree | Callable | None = None) -> Packed:
     slots: list[_Slot] = []
     for leaf, label in zip(leaves, label_leaves):
         if not _is_array(leaf):
-            slots.append(("static", _static_key(leaf)))
+            slots.append(("static", _Static(leaf)))
             continue
         try:
             hash(label)

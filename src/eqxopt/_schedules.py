@@ -22,7 +22,24 @@ class AbstractSchedule(eqx.Module):
     same shape. It must work on a traced step: no Python `if` on the step. Every float
     value it holds is an array field, so building a schedule with other values reuses
     the compiled training step.
+
+    Step counts (lengths, boundaries) may be any non-negative integer, as in optax.
+    They are int32 fields when they fit, exact; a count beyond int32 is a float32
+    field (optax computes with such counts as floats), never rounded down onto an
+    int32 step, so every int32 step compares with it exactly. A list of
+    boundaries holding one, and the two lengths of a `Cyclic` cycle or the cycles
+    of an `SGDR` before the last whose sum is beyond int32, are float32 throughout
+    (their entries above 2**24 then round as float32 does).
+
+    A schedule is a function of the step like optax's: `jax.jit(schedule)(step)`
+    works. It hashes by identity (as a plain function does; its array fields have
+    no hash), so `jax.jit` compiles each schedule object once, with its values as
+    constants; pass a schedule into `eqx.filter_jit` as an argument instead to
+    share one compiled program between schedules of other values.
     """
+
+    def __hash__(self) -> int:
+        return object.__hash__(self)
 
     @abc.abstractmethod
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
@@ -110,16 +127,58 @@ class WarmupCosine(AbstractSchedule):
         return jnp.where(s < warmup, ramp, decay)
 
 
+_INT32_MAX = 2**31 - 1
+# Above every int32 step, in float32: the count a step count beyond int32 is
+# stored as at least, so that `step < count` holds for every int32 step.
+_PAST_INT32 = float(np.nextafter(np.float32(2**31), np.float32(np.inf)))
+# Counts beyond this are stored as this (float32 holds it; no int32 step and no
+# float32 ratio `step / count` can tell them apart).
+_COUNT_CAP = 2.0**100
+
+
 def _step_count(name: str, value: Any) -> Int[Array, ""]:
+    """A step count as a scalar array field: int32 when it fits (exact); beyond
+    int32 (optax takes any Python int) float32, as optax computes with it, but
+    never rounded down to an int32 step, so comparisons with int32 steps stay
+    exact."""
     if isinstance(value, bool) or jnp.ndim(value) != 0:
         raise ValueError(f"{name} must be an integer scalar, got {value!r}")
-    if not jnp.issubdtype(jnp.result_type(value), jnp.integer):
-        raise TypeError(
-            f"{name} must be an integer, got dtype {jnp.result_type(value)}"
-        )
-    if is_concrete(value) and int(np.asarray(value)) < 0:
-        raise ValueError(f"{name} must be >= 0, got {int(np.asarray(value))}")
+    if isinstance(value, int):
+        number: int | None = value  # a Python int of any size
+    else:
+        if not jnp.issubdtype(jnp.result_type(value), jnp.integer):
+            raise TypeError(
+                f"{name} must be an integer, got dtype {jnp.result_type(value)}"
+            )
+        number = int(np.asarray(value)) if is_concrete(value) else None
+    if number is not None and number < 0:
+        raise ValueError(f"{name} must be >= 0, got {number}")
+    if number is not None and number > _INT32_MAX:
+        return _beyond_int32(number)
     return jnp.asarray(value, dtype=jnp.int32)
+
+
+def _beyond_int32(number: int) -> Float32[Array, ""]:
+    return jnp.asarray(max(float(min(number, _COUNT_CAP)), _PAST_INT32), jnp.float32)
+
+
+def _int_steps(count: Array) -> Int[Array, "*n"]:
+    """A count field as int32 steps to subtract from a step: itself, or for a
+    count stored beyond int32 the largest int32 a float32 holds (only used where
+    `step < count` has already chosen the other branch)."""
+    if jnp.issubdtype(count.dtype, jnp.integer):
+        return count
+    return jnp.minimum(count, float(2**31 - 128)).astype(jnp.int32)
+
+
+def _sum_overflows(*counts: Array) -> bool:
+    """Whether the sum of int32 `counts` (which a schedule forms in their dtype)
+    is beyond int32; the caller then keeps them as float32 instead."""
+    return (
+        all(is_concrete(c) for c in counts)
+        and all(jnp.issubdtype(c.dtype, jnp.integer) for c in counts)
+        and sum(int(np.sum(np.asarray(c, np.int64))) for c in counts) > _INT32_MAX
+    )
 
 
 def as_schedule(name: str, value: Any) -> AbstractSchedule:
@@ -696,12 +755,15 @@ def _fraction_of(raw: Any, checked: Array, total: Array, rounding: Any) -> Array
     use the checked float32 array.
     """
     if is_concrete(raw) and is_concrete(total):
-        return jnp.asarray(
+        return _step_count(
+            "a fraction of a step count",
             int(rounding(float(np.asarray(raw, dtype=np.float64)) * int(total))),
-            jnp.int32,
         )
     exact = checked * total
-    return (jnp.floor(exact) if rounding is int else jnp.round(exact)).astype(jnp.int32)
+    rounded = jnp.floor(exact) if rounding is int else jnp.round(exact)
+    if jnp.issubdtype(total.dtype, jnp.integer):
+        return rounded.astype(jnp.int32)
+    return rounded.astype(jnp.float32)  # a fraction of a count beyond int32
 
 
 class LinearOneCycle(AbstractSchedule):
@@ -944,15 +1006,22 @@ class SGDR(AbstractSchedule):
         self.init_values = jnp.stack(columns["init_value"])
         self.peak_values = jnp.stack(columns["peak_value"])
         self.warmup_steps = jnp.stack(columns["warmup_steps"])
-        self.decay_steps = jnp.stack(columns["decay_steps"])
+        decay = jnp.stack(columns["decay_steps"])
+        # Cycle i starts after the lengths of those before it: float32 if beyond
+        # int32.
+        self.decay_steps = (
+            decay.astype(jnp.float32) if _sum_overflows(decay[:-1]) else decay
+        )
         self.end_values = jnp.stack(columns["end_value"])
         self.exponents = jnp.stack(columns["exponent"])
 
     @jaxtyped(typechecker=beartype)
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
         s = jnp.asarray(step)
-        ends = jnp.cumsum(self.decay_steps)
-        starts = ends - self.decay_steps
+        lengths = self.decay_steps
+        starts = jnp.concatenate(
+            [jnp.zeros((1,), lengths.dtype), jnp.cumsum(lengths[:-1])]
+        )
         cycle = jnp.sum(s[..., None] >= starts[1:], axis=-1)
         t = _f32(s - starts[cycle])
         init = _f32(self.init_values[cycle])
@@ -1018,7 +1087,7 @@ class Join(AbstractSchedule):
         out = self.schedules[0](s)
         for i, sched in enumerate(self.schedules[1:]):
             b = self.boundaries[i]
-            out = jnp.where(s < b, out, sched(s - b))
+            out = jnp.where(s < b, out, sched(s - _int_steps(b)))
         return out
 
 
@@ -1142,11 +1211,15 @@ class Cyclic(AbstractSchedule):
         self.base_lr = _value("base_lr", base_lr)
         self.max_lr = _value("max_lr", max_lr)
         self.step_size_up = _positive_count("step_size_up", step_size_up)
-        self.step_size_down = (
+        down = (
             self.step_size_up
             if step_size_down is None
             else _step_count("step_size_down", step_size_down)
         )
+        if _sum_overflows(self.step_size_up, down):  # a cycle is up + down steps
+            self.step_size_up = self.step_size_up.astype(jnp.float32)
+            down = down.astype(jnp.float32)
+        self.step_size_down = down
         self.mode = _choice("mode", mode, ("triangular", "triangular2", "exp_range"))
         self.gamma = hyperparameter("gamma", gamma, low=0.0, high=1.0, low_open=True)
 
@@ -1235,14 +1308,15 @@ class WarmupStableDecay(AbstractSchedule):
             fraction = hyperparameter(
                 "decay_fraction", raw, low=0.0, high=1.0, low_open=True
             )
-            decay_steps = _fraction_of(raw, fraction, self.total_steps, round)
-            if is_concrete(decay_steps) and int(decay_steps) < 1:
+            self.decay_steps = _fraction_of(raw, fraction, self.total_steps, round)
+            if is_concrete(self.decay_steps) and int(self.decay_steps) < 1:
                 raise ValueError(
                     "decay_fraction * total_steps must round to at least one step, "
                     f"got decay_fraction={float(fraction)!r} and total_steps="
                     f"{int(self.total_steps)}"
                 )
-        self.decay_steps = _positive_count("decay_steps", decay_steps)
+        else:
+            self.decay_steps = _positive_count("decay_steps", decay_steps)
         if all(
             is_concrete(x)
             for x in (self.warmup_steps, self.total_steps, self.decay_steps)

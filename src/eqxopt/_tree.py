@@ -110,13 +110,11 @@ def align_grads(grads: PyTree, params: PyTree) -> list[Any]:
     where `grads` has `None` at that leaf or at any subtree above it.
 
     Raises `ValueError` naming the path where the two structures part."""
-    from ._checks import structure_mismatch  # checks import this module
-
     grad_leaves, grad_def = jax.tree.flatten(grads, is_leaf=is_none)
     try:
         param_subtrees = grad_def.flatten_up_to(params)
     except (ValueError, TypeError):
-        raise structure_mismatch(grads, "grads", params, "params") from None
+        raise _grads_mismatch(grads, grad_leaves, params) from None
     aligned: list[Any] = []
     for g, p_sub in zip(grad_leaves, param_subtrees):
         p_leaves = jax.tree.leaves(p_sub)
@@ -125,8 +123,21 @@ def align_grads(grads: PyTree, params: PyTree) -> list[Any]:
         elif len(p_leaves) == 1 and p_leaves[0] is p_sub:
             aligned.append(g)
         else:
-            raise structure_mismatch(grads, "grads", params, "params")
+            raise _grads_mismatch(grads, grad_leaves, params)
     return aligned
+
+
+def _grads_mismatch(grads: PyTree, grad_leaves: list[Any], params: PyTree) -> Any:
+    from ._checks import structure_mismatch  # checks import this module
+
+    error = structure_mismatch(grads, "grads", params, "params")
+    if any(g is not None and not eqx.is_array(g) for g in grad_leaves):
+        # Gradients hold arrays and None only: params were likely passed as grads.
+        error.args = (
+            f"{error.args[0]} (update and step take grads, state, params in that "
+            "order)",
+        )
+    return error
 
 
 def leaf_paths(tree: PyTree) -> list[str]:
