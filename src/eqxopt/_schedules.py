@@ -325,7 +325,10 @@ def _exponential(s, init, rate, transition_steps, begin, staircase, end_value):
     p = decreased / transition_steps
     if staircase:
         p = jnp.floor(p)
-    value = jnp.where(decreased <= 0, init, init * jnp.power(rate, p))
+    # A zero init stays zero: init * rate**p is 0 * inf = NaN once a growing rate
+    # overflows float32 (optax returns NaN there).
+    grown = jnp.where(init == 0, 0.0, init * jnp.power(rate, p))
+    value = jnp.where(decreased <= 0, init, grown)
     if end_value is not None:
         end = _f32(end_value)
         value = jnp.where(rate < 1.0, jnp.maximum(value, end), jnp.minimum(value, end))
