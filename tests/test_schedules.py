@@ -1095,3 +1095,16 @@ def test_one_cycle_phase_ends_use_the_fraction_as_given():
     assert (
         int(eqxopt.WarmupStableDecay(1.0, 0, 10, decay_fraction=0.9).decay_steps) == 9
     )
+
+
+INT32_MAX = np.iinfo(np.int32).max
+
+
+@cases
+def test_finite_at_the_saturated_step(case):
+    # Optimizers' step counters saturate at the int32 maximum; a schedule must give
+    # a finite value there (and just before), with no int32 arithmetic that wraps.
+    steps = jnp.asarray([INT32_MAX - 1, INT32_MAX], jnp.int32)
+    values = np.asarray(evaluate(case.schedule, steps))
+    assert np.all(np.isfinite(values)), values
+    assert np.isfinite(float(case.schedule(jnp.int32(INT32_MAX))))

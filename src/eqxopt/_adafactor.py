@@ -226,8 +226,9 @@ class Adafactor(AbstractTransform):
         lr = self.learning_rate(state.step)
         eps = self.eps
         # Steps before the offset count as the first (optax gives NaN there).
+        # `+ 1` in float32: in int32 it wraps at the saturated step (2**31 - 1).
         since = jnp.maximum(state.step - self.decay_offset, 0)
-        t = (since + 1).astype(jnp.float32)
+        t = since.astype(jnp.float32) + 1.0
         beta = 1.0 - t ** (-self.decay_rate)
 
         leaves, treedef = jax.tree.flatten(params)
