@@ -11,7 +11,13 @@ from jaxtyping import Array, Float, Int, PyTree
 from ._base import AbstractTransform, Grads, Params, Updates
 from ._chain import check_extra, checked_transform, run_or_hold
 from ._checks import is_concrete
-from ._tree import align_grads, compute_dtype, increment, is_float_leaf
+from ._tree import (
+    align_grads,
+    compute_dtype,
+    full_like_leaf,
+    increment,
+    is_float_leaf,
+)
 
 
 class MultiStepsState(eqx.Module):
@@ -93,7 +99,7 @@ class MultiSteps(AbstractTransform):
         def zeros(p):
             if not is_float_leaf(p):
                 return None
-            return jnp.zeros(p.shape, compute_dtype(p.dtype))
+            return full_like_leaf(p, 0.0, compute_dtype(p.dtype))
 
         return MultiStepsState(
             mini_step=jnp.zeros((), jnp.int32),
