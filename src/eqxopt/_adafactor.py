@@ -212,7 +212,9 @@ class Adafactor(AbstractTransform):
         momentum = None
         if self.momentum is not None:
             # dtype_momentum=None: the default float dtype, as it always was.
-            dtype = self.dtype_momentum or jnp.result_type(float)
+            dtype = self.dtype_momentum
+            if dtype is None:
+                dtype = jnp.result_type(float)
             momentum = float_leaves_like(params, dtype)
         return AdafactorState(
             step=zero_step(),
