@@ -216,3 +216,46 @@ def test_state_buffers_are_its_own(case):
     donated = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
     opt.step(grads, state, donated, donate=True, **extra)
     opt.step(grads, opt.init(params), params, **extra)
+
+
+INT32_MAX = np.iinfo(np.int32).max
+SATURATING = ("step", "gradient_step")  # counters that only ever count up
+
+
+def at_int32_max(state):
+    """`state` with every int32 scalar (step counters, micro-step and plateau
+    counters) set to the int32 maximum."""
+
+    def saturate(x):
+        if isinstance(x, jax.Array) and x.ndim == 0 and x.dtype == jnp.int32:
+            return jnp.full((), INT32_MAX, jnp.int32)
+        return x
+
+    return jax.tree.map(saturate, state)
+
+
+def counter_name(path) -> str:
+    last = path[-1]
+    return str(getattr(last, "name", getattr(last, "key", last)))
+
+
+@case_params
+def test_step_counter_at_int32_max_stays_finite_and_saturated(case):
+    """A saturated step counter (and every other int counter at its limit) gives
+    finite updates and parameters, and the step stays at the limit: nothing
+    computes `step + 1` (or `step - offset + 1`) in int32, where it would wrap."""
+    opt = case.make()
+    params = nested_tree()
+    state = at_int32_max(opt.init(params))
+    for _ in range(2):
+        grads = jax.grad(quadratic_loss)(params)
+        extra = extra_for(case, quadratic_loss, params)
+        updates, _ = opt.update(grads, state, params, **extra)
+        params, state = opt.step(grads, state, params, **extra)
+        for leaf in jax.tree.leaves((updates, params)):
+            assert bool(jnp.all(jnp.isfinite(leaf)))
+        for path, leaf in jax.tree.leaves_with_path(state):
+            if jnp.issubdtype(leaf.dtype, jnp.inexact):
+                assert bool(jnp.all(jnp.isfinite(leaf))), jax.tree_util.keystr(path)
+            elif counter_name(path) in SATURATING:
+                assert int(leaf) == INT32_MAX, jax.tree_util.keystr(path)

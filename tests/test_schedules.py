@@ -1457,3 +1457,16 @@ def test_non_finite_float_arguments_raise_naming_them(cls, base, name):
             cls(**kwargs)
     covered = {c for c, _, _ in NON_FINITE}
     assert len(covered) == len(ONE_PER_CLASS) - 1  # all but Join (no float)
+
+
+INT32_MAX = np.iinfo(np.int32).max
+
+
+@cases
+def test_finite_at_the_saturated_step(case):
+    # Optimizers' step counters saturate at the int32 maximum; a schedule must give
+    # a finite value there (and just before), with no int32 arithmetic that wraps.
+    steps = jnp.asarray([INT32_MAX - 1, INT32_MAX], jnp.int32)
+    values = np.asarray(evaluate(case.schedule, steps))
+    assert np.all(np.isfinite(values)), values
+    assert np.isfinite(float(case.schedule(jnp.int32(INT32_MAX))))

@@ -108,3 +108,106 @@ def test_sharded_params_keep_their_sharding_and_are_never_gathered():
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SHARDING-OK" in done.stdout
+
+
+CATALOG_SCRIPT = textwrap.dedent(
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from catalog import all_cases
+
+    jax.config.update("jax_platforms", "cpu")
+    assert len(jax.devices()) == 8, jax.devices()
+    mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+    # FSDP: a leaf whose leading dimension divides by 8 is split over the mesh along
+    # it; the others are replicated.
+    shapes = {
+        "emb": (16, 6),
+        "dense": {"w": (8, 16), "b": (16,), "v": (5, 8)},
+        "layers": [{"w": (24, 24), "b": (3,)}, (8,)],
+        "scale": (),
+    }
+
+    def spec(shape):
+        return P("fsdp") if shape and shape[0] % 8 == 0 else P()
+
+    rng = np.random.default_rng(0)
+    is_shape = lambda x: isinstance(x, tuple) and all(isinstance(d, int) for d in x)
+    params = jax.tree.map(
+        lambda s: jax.device_put(
+            jnp.asarray(rng.normal(size=s), jnp.float32),
+            NamedSharding(mesh, spec(s)),
+        ),
+        shapes,
+        is_leaf=is_shape,
+    )
+    targets = jax.tree.map(lambda p: 0.5 * p + 0.1, params)
+
+    def loss_fn(params):
+        return sum(
+            jnp.sum((p - t) ** 2)
+            for p, t in zip(jax.tree.leaves(params), jax.tree.leaves(targets))
+        )
+
+    param_paths = [
+        (jax.tree_util.keystr(k), p) for k, p in jax.tree.leaves_with_path(params)
+    ]
+
+    def misplaced(tree, what):
+        # A state leaf belongs to the parameter whose path ends its own
+        # (`.mu['dense']['w']`, `.inner.acc['dense']['w']`).
+        bad = []
+        for k, x in jax.tree.leaves_with_path(tree):
+            path = jax.tree_util.keystr(k)
+            owners = [(q, p) for q, p in param_paths if path.endswith(q)]
+            if not owners or not isinstance(x, jax.Array):
+                continue
+            q, p = max(owners, key=lambda o: len(o[0]))
+            if x.shape == p.shape:
+                want = p.sharding
+            elif p.ndim and x.shape[1:] == p.shape:  # a stack (L-BFGS's memory)
+                want = NamedSharding(mesh, P(None, *p.sharding.spec))
+            else:
+                continue
+            if not x.sharding.is_equivalent_to(want, x.ndim):
+                bad.append(f"{what}{path}: {x.sharding} (param {q}: {p.sharding})")
+        return bad
+
+    failures = []
+    for case in all_cases():
+        opt = case.make()
+        extra = {} if case.extra is None else case.extra(loss_fn, params)
+        state = opt.init(params)
+        failures += [f"{case.name}: {b}" for b in misplaced(state, "init state")]
+        grads = jax.grad(loss_fn)(params)
+        new_params, new_state = opt.step(grads, state, params, **extra)
+        failures += [f"{case.name}: {b}" for b in misplaced(new_state, "stepped state")]
+        failures += [f"{case.name}: {b}" for b in misplaced(new_params, "params")]
+    assert not failures, "\\n".join(failures)
+    print("CATALOG-SHARDING-OK")
+    """
+)
+
+
+def test_every_state_leaf_shaped_like_a_parameter_takes_its_sharding():
+    """For every catalog configuration, with FSDP-sharded parameters: each state leaf
+    shaped like its parameter (or a stack of such, as L-BFGS's memory) is placed
+    like it at `init` (not whole on one device, an out-of-memory for a model that
+    only fits sharded) and after a step."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(root / "src"), str(root / "tests"), env.get("PYTHONPATH", "")]
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", CATALOG_SCRIPT], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "CATALOG-SHARDING-OK" in done.stdout

@@ -265,7 +265,7 @@ def test_chain_errors_say_what_is_wrong():
 
 
 def test_chain_passes_keywords_only_to_links_that_take_them():
-    opt = eqxopt.Chain(eqxopt.SGD(0.1), eqxopt.ReduceOnPlateau(patience=0, factor=0.5))
+    opt = eqxopt.Chain(eqxopt.SGD(0.1), eqxopt.ReduceOnPlateau(patience=1, factor=0.5))
     state = opt.init(PARAMS)
     _, state = opt.update(GRADS[0], state, PARAMS, value=1.0)
     _, state = opt.update(GRADS[0], state, PARAMS, value=1.0)  # no improvement

@@ -438,3 +438,168 @@ def test_reduce_on_plateau_matches_torch_with_patience_one_more():
         )
         scales.append(float(state.scale))
     assert min(scales) == pytest.approx(0.05)
+
+
+# ---------------------------------------------------------------------------------
+# Counter hyperparameters changed between calls: a new object with another value
+# reuses the compiled step, and a counter already at or past a lowered value acts on
+# the next call (with `==` it never matched again and the wrapper stopped for good).
+
+
+def segments(values):
+    """`(start, end)` of each run of equal consecutive values."""
+    start = 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[start]:
+            yield start, i
+            start = i
+
+
+def assert_trees_close(a, b, **kw):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), **kw)
+
+
+def run_changing(make, values, grads, stepped, **extra):
+    """Steps a fresh `make(values[i])` at call `i`, carrying the state; returns the
+    parameters after each call and whether that call `stepped` (from the state).
+    Also checks that no call compiled anew after the first."""
+    from eqxopt import _base, _dispatch
+
+    params, state, history, events = PARAMS, None, [], []
+    for i, (value, g) in enumerate(zip(values, grads)):
+        opt = make(value)
+        state = opt.init(params) if state is None else state
+        params, state = opt.step(g, state, params, **extra)
+        history.append(params)
+        events.append(bool(stepped(opt, state)))
+        if i == 0:
+            compiled = _dispatch.cache_size(_base._step_entry)
+    assert _dispatch.cache_size(_base._step_entry) == compiled
+    return history, events
+
+
+def assert_agrees_with_fresh_runs(make, values, grads, history, events):
+    """In each run of one value, from the first event (update, sync) on, the
+    parameters are those of a fresh optimizer with that value started there."""
+    for start, end in segments(values):
+        first = next((j for j in range(start, end) if events[j]), None)
+        if first is None:
+            continue
+        fresh = make(values[start])
+        params = history[first]
+        state = fresh.init(params)
+        for j in range(first + 1, end):
+            params, state = fresh.step(grads[j], state, params)
+            assert_trees_close(params, history[j], rtol=1e-6, atol=1e-6)
+
+
+# Lowered below the count (3 taken, 2), raised (1 taken, 4), lowered to exactly the
+# count (2 taken, 3), to 1, and back up.
+PERIODS = [4, 4, 4, 2, 2, 2, 2, 4, 4, 4, 5, 5, 3, 3, 3, 3, 1, 1, 3, 3, 3]
+
+
+def test_multi_steps_every_k_may_change_between_calls():
+    lr = 0.1
+
+    def make(k):
+        return eqxopt.MultiSteps(eqxopt.SGD(lr), every_k=k)
+
+    grads = list(grad_stream(PARAMS, len(PERIODS), seed=11))
+    history, events = run_changing(
+        make, PERIODS, grads, lambda opt, s: opt.has_updated(s)
+    )
+    # The rule: the micro-steps taken so far are averaged into one update as soon as
+    # their number reaches the every_k of the call.
+    params, taken, expected_events = PARAMS, [], []
+    for i, (k, g) in enumerate(zip(PERIODS, grads)):
+        taken.append(g)
+        expected_events.append(len(taken) >= k)
+        if len(taken) >= k:
+            mean = jax.tree.map(lambda *gs: sum(gs) / len(gs), *taken)
+            params = jax.tree.map(lambda p, m: p - lr * m, params, mean)
+            taken = []
+        assert_trees_close(history[i], params, rtol=1e-5, atol=1e-6)
+    assert events == expected_events
+    assert events[3] and events[9] and events[12] and events[16]
+    assert_agrees_with_fresh_runs(make, PERIODS, grads, history, events)
+
+
+def test_lookahead_sync_period_may_change_between_calls():
+    lr, alpha = 0.1, 0.5
+
+    def make(k):
+        return eqxopt.Lookahead(eqxopt.SGD(lr), sync_period=k, alpha=alpha)
+
+    grads = list(grad_stream(PARAMS, len(PERIODS), seed=12))
+    history, events = run_changing(
+        make, PERIODS, grads, lambda opt, s: s.steps_since_sync == 0
+    )
+    # The rule: the slow weights move once the fast steps since the last sync reach
+    # the sync_period of the call.
+    params, slow, fast_steps, expected_events = PARAMS, PARAMS, 0, []
+    for i, (k, g) in enumerate(zip(PERIODS, grads)):
+        params = jax.tree.map(lambda p, d: p - lr * d, params, g)
+        fast_steps += 1
+        expected_events.append(fast_steps >= k)
+        if fast_steps >= k:
+            slow = jax.tree.map(lambda s, f: s + alpha * (f - s), slow, params)
+            params, fast_steps = slow, 0
+        assert_trees_close(history[i], params, rtol=1e-5, atol=1e-6)
+    assert events == expected_events
+    assert_agrees_with_fresh_runs(make, PERIODS, grads, history, events)
+
+
+def plateau_rule(calls, factor, rtol):
+    """The scale after each call, from `ReduceOnPlateau`'s documented rule, for
+    `calls` of `(loss, patience, cooldown, accumulation_size)`."""
+    scale, best, plateau, cooldown_left, losses, scales = 1.0, np.inf, 0, 0, [], []
+    for loss, patience, cooldown, size in calls:
+        losses.append(np.float32(loss))
+        if len(losses) >= size:
+            mean = np.float32(np.mean(np.asarray(losses, np.float64)))
+            losses = []
+            improved = mean < (1 - rtol) * best
+            best, plateau = (mean, 0) if improved else (best, plateau + 1)
+            cooldown_left = min(cooldown_left, cooldown)
+            if cooldown_left > 0:
+                cooldown_left, plateau = cooldown_left - 1, 0
+            elif plateau >= patience:
+                scale, plateau, cooldown_left = scale * factor, 0, cooldown
+        scales.append(scale)
+    return scales
+
+
+@pytest.mark.parametrize(
+    "changing", ["patience", "cooldown", "accumulation_size", "all"]
+)
+def test_reduce_on_plateau_counts_may_change_between_calls(changing):
+    factor, rtol = 0.5, 1e-3
+    # The loss improves, then stalls for good: every evaluation from the fourth on is
+    # a bad one.
+    n = 60
+    losses = np.concatenate([np.linspace(2.0, 1.0, 6), np.full(n - 6, 1.0)])
+    base = {"patience": 2, "cooldown": 1, "accumulation_size": 1}
+    lowered = {"patience": 1, "cooldown": 0, "accumulation_size": 1}
+    raised = {"patience": 4, "cooldown": 3, "accumulation_size": 3}
+    # Lowered at call 13, where the raised phase has a plateau count of 2 (patience
+    # 4), a cooldown of 3 just begun (cooldown 3) or 2 losses accumulated (size 3).
+    phases = [raised] * 13 + [lowered] * 8 + [raised] * 20 + [base] * 19
+    names = list(base) if changing == "all" else [changing]
+    hypers = [{**base, **{k: ph[k] for k in names}} for ph in phases]
+    calls = [
+        (loss, h["patience"], h["cooldown"], h["accumulation_size"])
+        for loss, h in zip(losses, hypers)
+    ]
+    expected = plateau_rule(calls, factor, rtol)
+
+    opt = eqxopt.ReduceOnPlateau(factor=factor, rtol=rtol, **hypers[0])
+    state, scales = opt.init(PARAMS), []
+    for g, loss, h in zip(GRADS * 2, losses, hypers):
+        opt = eqxopt.ReduceOnPlateau(factor=factor, rtol=rtol, **h)
+        _, state = opt.update(g, state, PARAMS, value=jnp.float32(loss))
+        scales.append(float(state.scale))
+    np.testing.assert_allclose(scales, expected, rtol=1e-6)
+    # It kept reducing after every change.
+    for start, end in ((13, 21), (21, 41), (41, 60)):
+        assert scales[end - 1] < scales[start - 1]

@@ -11,7 +11,13 @@ from jaxtyping import Array, Float, Int, PyTree
 from ._base import AbstractTransform, Grads, Params, Updates
 from ._chain import check_extra, checked_transform, run_or_hold
 from ._checks import is_concrete
-from ._tree import align_grads, compute_dtype, increment, is_float_leaf
+from ._tree import (
+    align_grads,
+    compute_dtype,
+    full_like_leaf,
+    increment,
+    is_float_leaf,
+)
 
 
 class MultiStepsState(eqx.Module):
@@ -20,7 +26,8 @@ class MultiStepsState(eqx.Module):
     **Fields:**
 
     - `mini_step`: int32 scalar, the micro-steps accumulated since the last update
-      (`0 <= mini_step < every_k`).
+      (`0 <= mini_step < every_k`, unless `every_k` was lowered since: the next call
+      then updates).
     - `gradient_step`: int32 scalar, the updates made by the inner optimizer.
     - `acc`: the mean of the gradients accumulated so far, shaped like params, in at
       least float32 (`None` at non-float leaves). The only parameter-sized buffer
@@ -40,9 +47,17 @@ class MultiSteps(AbstractTransform):
 
     ```
     acc = acc + (g - acc) / (mini_step + 1)         every call (running mean)
-    u   = inner(acc)  and acc = 0                    when mini_step == every_k - 1
+    u   = inner(acc)  and acc = 0                    when mini_step >= every_k - 1
     u   = 0                                          otherwise
     ```
+
+    `every_k` may change between calls (a new `MultiSteps` with another value
+    reuses the compiled step). Raised, the micro-steps already taken count towards
+    the new period. Lowered to or below the micro-steps already taken, the next
+    call updates with the mean of all of them. From then on it updates every
+    `every_k` calls, as a fresh `MultiSteps` with the new value would.
+    (`optax.MultiSteps` wraps its counter modulo the new period there, and drops
+    the gradients accumulated so far.)
 
     The inner optimizer runs only on the update step (a `lax.cond`), and its state
     (learning-rate schedule included) advances once per `every_k` calls. The
@@ -84,7 +99,7 @@ class MultiSteps(AbstractTransform):
         def zeros(p):
             if not is_float_leaf(p):
                 return None
-            return jnp.zeros(p.shape, compute_dtype(p.dtype))
+            return full_like_leaf(p, 0.0, compute_dtype(p.dtype))
 
         return MultiStepsState(
             mini_step=jnp.zeros((), jnp.int32),
@@ -101,14 +116,17 @@ class MultiSteps(AbstractTransform):
         aligned = align_grads(grads, params)
         acc_leaves = treedef.flatten_up_to(state.acc)
         n = state.mini_step
-        emit = n == self.every_k - 1
+        # `>=`: after every_k is lowered below the micro-steps already taken, `==`
+        # would never hold again and MultiSteps would never update.
+        emit = n >= self.every_k - 1
+        count = increment(n)  # n + 1, saturating
 
         new_acc = []
         for g, a in zip(aligned, acc_leaves):
             if g is None or a is None:
                 new_acc.append(a)
             elif self.mean:
-                new_acc.append(a + (g.astype(a.dtype) - a) / (n + 1).astype(a.dtype))
+                new_acc.append(a + (g.astype(a.dtype) - a) / count.astype(a.dtype))
             else:
                 new_acc.append(a + g.astype(a.dtype))
         inner_grads = treedef.unflatten(
@@ -126,7 +144,7 @@ class MultiSteps(AbstractTransform):
             ]
         )
         return updates, MultiStepsState(
-            mini_step=jnp.where(emit, 0, n + 1).astype(jnp.int32),
+            mini_step=jnp.where(emit, 0, count).astype(jnp.int32),
             gradient_step=jnp.where(
                 emit, increment(state.gradient_step), state.gradient_step
             ),

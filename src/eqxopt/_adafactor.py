@@ -14,7 +14,14 @@ from ._lamb import check_bool
 from ._leafwise import map_leaves
 from ._masks import Mask, resolve_mask
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import align_grads, increment, is_float_leaf, zero_step
+from ._tree import (
+    align_grads,
+    float_leaves_like,
+    full_like_leaf,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
 
 _MIN_PARAM_SCALE = 1e-3  # the paper's eps_2; optax.scale_by_param_block_rms's floor
 
@@ -194,7 +201,7 @@ class Adafactor(AbstractTransform):
                 return None, None, None
             axes = self.factored_axes(p.shape)
             if axes is None:
-                return None, None, jnp.zeros(p.shape, p.dtype)
+                return None, None, full_like_leaf(p)
             b, a = axes
             row = jnp.zeros(p.shape[:a] + p.shape[a + 1 :], p.dtype)
             col = jnp.zeros(p.shape[:b] + p.shape[b + 1 :], p.dtype)
@@ -204,14 +211,11 @@ class Adafactor(AbstractTransform):
         rows, cols, full = zip(*map(stats, leaves)) if leaves else ((), (), ())
         momentum = None
         if self.momentum is not None:
-            momentum = jax.tree.map(
-                lambda p: (
-                    jnp.zeros(p.shape, self.dtype_momentum)
-                    if is_float_leaf(p)
-                    else None
-                ),
-                params,
-            )
+            # dtype_momentum=None: the default float dtype, as it always was.
+            dtype = self.dtype_momentum
+            if dtype is None:
+                dtype = jnp.result_type(float)
+            momentum = float_leaves_like(params, dtype)
         return AdafactorState(
             step=zero_step(),
             v_row=treedef.unflatten(rows),
@@ -226,8 +230,9 @@ class Adafactor(AbstractTransform):
         lr = self.learning_rate(state.step)
         eps = self.eps
         # Steps before the offset count as the first (optax gives NaN there).
+        # `+ 1` in float32: in int32 it wraps at the saturated step (2**31 - 1).
         since = jnp.maximum(state.step - self.decay_offset, 0)
-        t = (since + 1).astype(jnp.float32)
+        t = since.astype(jnp.float32) + 1.0
         beta = 1.0 - t ** (-self.decay_rate)
 
         leaves, treedef = jax.tree.flatten(params)

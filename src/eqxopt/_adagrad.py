@@ -3,7 +3,6 @@
 from typing import Any
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
@@ -11,7 +10,7 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, own_buffer, zero_step
+from ._tree import float_leaves_like, increment, zero_step
 
 
 class AdagradState(eqx.Module):
@@ -85,7 +84,9 @@ class Adagrad(AbstractTransform):
     def init(self, params: Params) -> AdagradState:
         return AdagradState(
             step=zero_step(),
-            sum_of_squares=_filled(params, self.initial_accumulator_value),
+            sum_of_squares=float_leaves_like(
+                params, fill=self.initial_accumulator_value
+            ),
         )
 
     def transform(
@@ -115,11 +116,3 @@ def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
-
-
-def _filled(params: Params, value: Array) -> PyTree:
-    """`value` at every float leaf of `params` (in its dtype), `None` elsewhere."""
-    return jax.tree.map(
-        lambda z: own_buffer(jnp.full(z.shape, value, z.dtype)),
-        float_leaves_like(params),
-    )

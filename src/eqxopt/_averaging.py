@@ -12,7 +12,7 @@ from jaxtyping import Array, Float, Int, PyTree
 from ._base import AbstractTransform, Grads, Params, Updates
 from ._chain import check_extra, checked_transform, leaves_of
 from ._checks import hyperparameter, is_concrete
-from ._tree import compute_dtype, is_float_leaf
+from ._tree import compute_dtype, increment, is_float_leaf
 
 
 def _copy_float_leaves(params: Params, dtype: Any = None) -> PyTree:
@@ -131,6 +131,12 @@ class Lookahead(AbstractTransform):
     (`optax.lookahead` instead asks for a `LookaheadParams(fast, slow)` tree; the
     numbers are the same). The inner state is not reset at a sync.
 
+    `sync_period` may change between calls (a new `Lookahead` with another value
+    reuses the compiled step). Raised, the fast steps already taken count towards
+    the new period; lowered to or below them, the next step synchronises. From
+    then on it synchronises every `sync_period` steps, as a fresh `Lookahead`
+    with the new value would.
+
     **Arguments:**
 
     - `inner`: the fast optimizer.
@@ -173,7 +179,9 @@ class Lookahead(AbstractTransform):
     ) -> tuple[Updates, LookaheadState]:
         check_extra("Lookahead", [self.inner], extra)
         updates, inner_state = self.inner.transform(grads, state.inner, params, **extra)
-        sync = state.steps_since_sync == self.sync_period - 1
+        # `>=`: after sync_period is lowered below the fast steps already taken,
+        # `==` would never hold again and the slow weights would never move.
+        sync = state.steps_since_sync >= self.sync_period - 1
         alpha = self.alpha
         param_leaves, treedef = jax.tree.flatten(params)
         slow_leaves = treedef.flatten_up_to(state.slow)
@@ -190,9 +198,9 @@ class Lookahead(AbstractTransform):
                 jnp.where(sync, (s.astype(u.dtype) + alpha * diff).astype(s.dtype), s)
             )
         return treedef.unflatten(new_updates), LookaheadState(
-            steps_since_sync=jnp.where(sync, 0, state.steps_since_sync + 1).astype(
-                jnp.int32
-            ),
+            steps_since_sync=jnp.where(
+                sync, 0, increment(state.steps_since_sync)
+            ).astype(jnp.int32),
             slow=treedef.unflatten(new_slow),
             inner=inner_state,
         )

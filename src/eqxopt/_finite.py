@@ -12,7 +12,7 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._chain import check_extra, checked_transform, run_or_hold
 from ._checks import is_concrete
 from ._leafwise import map_leaves
-from ._tree import align_grads, increment, is_float_leaf
+from ._tree import align_grads, increment, is_float_leaf, scalar_for_leaf
 
 
 class SkipNonFiniteState(eqx.Module):
@@ -144,7 +144,10 @@ class ZeroNans(AbstractTransform):
     def init(self, params: Params) -> ZeroNansState:
         return ZeroNansState(
             found_nan=jax.tree.map(
-                lambda p: jnp.array(False) if is_float_leaf(p) else None, params
+                lambda p: (
+                    scalar_for_leaf(p, False, jnp.bool_) if is_float_leaf(p) else None
+                ),
+                params,
             )
         )
 

@@ -13,7 +13,14 @@ from . import _dispatch
 from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter, is_concrete
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import align_grads, compute_dtype, increment, is_float_leaf, zero_step
+from ._tree import (
+    align_grads,
+    compute_dtype,
+    full_like_leaf,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
 
 
 class LBFGSState(eqx.Module):
@@ -479,7 +486,7 @@ class LBFGS(AbstractTransform):
             def make(p):
                 if not is_float_leaf(p):
                     return None
-                return jnp.zeros((*shape, *p.shape), compute_dtype(p.dtype))
+                return full_like_leaf(p, 0.0, compute_dtype(p.dtype), stack=shape)
 
             return jax.tree.map(make, params)
 

@@ -11,7 +11,13 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, is_float_leaf, zero_step
+from ._tree import (
+    float_leaves_like,
+    increment,
+    is_float_leaf,
+    scalar_for_leaf,
+    zero_step,
+)
 
 
 class NovoGradState(eqx.Module):
@@ -87,7 +93,7 @@ class NovoGrad(AbstractTransform):
 
     def init(self, params: Params) -> NovoGradState:
         def scalar(p):
-            return jnp.zeros((), p.dtype) if is_float_leaf(p) else None
+            return scalar_for_leaf(p) if is_float_leaf(p) else None
 
         return NovoGradState(
             step=zero_step(),

@@ -63,10 +63,20 @@ class ReduceOnPlateau(AbstractTransform):
     improved = mean < (1 - rtol) * best - atol
     best = mean if improved;  plateau = 0 if improved else plateau + 1
     if cooldown > 0:   cooldown -= 1, plateau = 0
-    elif plateau == patience:   scale = max(scale * factor, min_scale),
+    elif plateau >= patience:   scale = max(scale * factor, min_scale),
                                 plateau = 0, cooldown = cooldown_steps
     u = scale * g
     ```
+
+    `patience`, `cooldown` and `accumulation_size` may change between calls (a new
+    `ReduceOnPlateau` with other values reuses the compiled step). Raised, the
+    counts so far count towards the new values. Lowered to or below them, the next
+    evaluation reduces (a plateau that has reached the new `patience`), the next
+    call evaluates the mean of all the losses accumulated (`accumulation_size`),
+    and a cooldown running has at most the new `cooldown` evaluations left. From
+    then on it counts as a fresh `ReduceOnPlateau` with the new values would.
+    `patience=0` reduces at every evaluation (optax compares with `==` and then
+    reduces only at evaluations that improve).
 
     **Arguments:**
 
@@ -129,8 +139,11 @@ class ReduceOnPlateau(AbstractTransform):
         improved = s.avg_value < (1 - self.rtol) * s.best_value - self.atol
         best = jnp.where(improved, s.avg_value, s.best_value)
         plateau = jnp.where(improved, 0, increment(s.plateau_count))
-        cooling = s.cooldown_count > 0
-        reduce = jnp.logical_and(~cooling, plateau == self.patience)
+        # `>=` and the clamped cooldown: counts past a lowered hyperparameter act
+        # now; with `==` they would never match again.
+        cooldown_left = jnp.minimum(s.cooldown_count, self.cooldown)
+        cooling = cooldown_left > 0
+        reduce = jnp.logical_and(~cooling, plateau >= self.patience)
         scale = jnp.where(
             cooling,
             s.scale,
@@ -143,7 +156,7 @@ class ReduceOnPlateau(AbstractTransform):
             best_value=best.astype(jnp.float32),
             plateau_count=jnp.where(cooling | reduce, 0, plateau).astype(jnp.int32),
             cooldown_count=jnp.where(
-                cooling, s.cooldown_count - 1, jnp.where(reduce, self.cooldown, 0)
+                cooling, cooldown_left - 1, jnp.where(reduce, self.cooldown, 0)
             ).astype(jnp.int32),
             count=jnp.zeros((), jnp.int32),
             avg_value=jnp.zeros((), jnp.float32),
@@ -179,7 +192,7 @@ class ReduceOnPlateau(AbstractTransform):
             avg_value=avg.astype(jnp.float32),
         )
         new = jax.lax.cond(
-            count == self.accumulation_size,
+            count >= self.accumulation_size,
             lambda s: self._evaluate(s),
             lambda s: s,
             new,

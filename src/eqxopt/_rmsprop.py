@@ -3,7 +3,6 @@
 from typing import Any
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
@@ -11,7 +10,7 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, own_buffer, zero_step
+from ._tree import float_leaves_like, increment, zero_step
 
 
 class RMSPropState(eqx.Module):
@@ -137,7 +136,7 @@ class RMSProp(AbstractTransform):
     def init(self, params: Params) -> RMSPropState:
         return RMSPropState(
             step=zero_step(),
-            nu=_filled(params, self.initial_scale),
+            nu=float_leaves_like(params, fill=self.initial_scale),
             mu=float_leaves_like(params) if self.centered else None,
             momentum=float_leaves_like(params) if self.momentum is not None else None,
         )
@@ -188,11 +187,3 @@ class RMSProp(AbstractTransform):
         mu = new.pop(0) if self.centered else None
         buf = new.pop(0) if momentum is not None else None
         return updates, RMSPropState(step=t, nu=nu, mu=mu, momentum=buf)
-
-
-def _filled(params: Params, value: Array) -> PyTree:
-    """`value` at every float leaf of `params` (in its dtype), `None` elsewhere."""
-    return jax.tree.map(
-        lambda z: own_buffer(jnp.full(z.shape, value, z.dtype)),
-        float_leaves_like(params),
-    )

@@ -3,14 +3,13 @@
 from typing import Any
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter, is_concrete
 from ._leafwise import map_leaves
-from ._tree import float_leaves_like, increment, own_buffer, zero_step
+from ._tree import float_leaves_like, increment, zero_step
 
 
 class RpropState(eqx.Module):
@@ -100,7 +99,7 @@ class Rprop(AbstractTransform):
     def init(self, params: Params) -> RpropState:
         return RpropState(
             step=zero_step(),
-            step_sizes=_filled(params, self.learning_rate),
+            step_sizes=float_leaves_like(params, fill=self.learning_rate),
             prev_grad=float_leaves_like(params),
         )
 
@@ -127,11 +126,3 @@ class Rprop(AbstractTransform):
         return updates, RpropState(
             step=increment(state.step), step_sizes=sizes, prev_grad=prev
         )
-
-
-def _filled(params: Params, value: Array) -> PyTree:
-    """`value` at every float leaf of `params` (in its dtype), `None` elsewhere."""
-    return jax.tree.map(
-        lambda z: own_buffer(jnp.full(z.shape, value, z.dtype)),
-        float_leaves_like(params),
-    )

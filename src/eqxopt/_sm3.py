@@ -13,7 +13,14 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, is_float_leaf, leaf_paths, zero_step
+from ._tree import (
+    float_leaves_like,
+    full_like_leaf,
+    increment,
+    is_float_leaf,
+    leaf_paths,
+    zero_step,
+)
 
 
 class SM3State(eqx.Module):
@@ -90,7 +97,10 @@ class SM3(AbstractTransform):
         def accumulator(p):
             if not is_float_leaf(p):
                 return None
-            return jnp.zeros((_accumulator_size(jnp.shape(p)),), p.dtype)
+            size = _accumulator_size(jnp.shape(p))
+            if (size,) == jnp.shape(p):  # a vector's: shaped and placed like it
+                return full_like_leaf(p)
+            return jnp.zeros((size,), p.dtype)
 
         return SM3State(
             step=zero_step(),

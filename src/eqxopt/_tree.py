@@ -36,16 +36,37 @@ def float_leaves_like(
 ) -> PyTree:
     """A tree shaped like `params`: `fill` for every float leaf (in `dtype`, or the
     leaf's own dtype), `None` for every other leaf. Each new leaf is placed like its
-    parameter, so sharded parameters get sharded state from the start."""
+    parameter (`full_like_leaf`), so sharded parameters get sharded state from the
+    start."""
 
     def make(p):
-        if not is_float_leaf(p):
-            return None
-        return own_buffer(
-            jnp.full_like(p, fill, dtype=p.dtype if dtype is None else dtype)
-        )
+        return full_like_leaf(p, fill, dtype) if is_float_leaf(p) else None
 
     return jax.tree.map(make, params)
+
+
+def full_like_leaf(
+    p: Array, fill: float | Array = 0.0, dtype: Any = None, stack: tuple[int, ...] = ()
+) -> Array:
+    """`fill` shaped like the parameter `p` (behind `stack` leading dimensions, if
+    given), in `dtype` (or `p`'s own), as a buffer of its own.
+
+    The one way to make parameter-sized state: it is placed like `p`, so a sharded
+    parameter gets its state sharded the same way at `init` (`jnp.zeros(p.shape)`
+    would put the whole leaf on one device, an out-of-memory for a model that only
+    fits sharded). The `stack` dimensions are replicated."""
+    x = jnp.full_like(p, fill, dtype=p.dtype if dtype is None else dtype)
+    if stack:
+        x = jnp.broadcast_to(x, (*stack, *p.shape))  # keeps p's placement behind
+    return own_buffer(x)
+
+
+def scalar_for_leaf(p: Array, fill: Any = 0.0, dtype: Any = None) -> Array:
+    """A 0-d statistic of the parameter `p` (`fill`, in `dtype` or `p`'s own): for a
+    0-d `p` it is shaped like `p`, so it is placed like it (`full_like_leaf`)."""
+    if jnp.ndim(p) == 0:
+        return full_like_leaf(p, fill, dtype)
+    return jnp.full((), fill, p.dtype if dtype is None else dtype)
 
 
 def own_buffer(x: Array) -> Array:
