@@ -261,12 +261,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two rounds, small models")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument(
+        "--only", default="", help="run the models whose name contains this"
+    )
     args = parser.parse_args()
     quick = args.quick or QUICK
     n_rounds = args.rounds or (2 if quick else rounds(15))
     results = {}
     rows, mem_rows = [], []
     for cfg in configs(quick):
+        if args.only not in cfg["name"]:
+            continue
         model = cfg["model"]
         n_params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
         found = variants(cfg)
@@ -276,6 +281,15 @@ def main() -> None:
             compiled = getattr(compiled, "compiled", compiled)  # eqx.filter_jit's
             analysis = compiled.memory_analysis()
             memory[name] = {
+                # Live at once: the arguments, new outputs not written over an
+                # argument, and the temporaries.
+                "peak_MB": (
+                    analysis.argument_size_in_bytes
+                    + analysis.output_size_in_bytes
+                    - analysis.alias_size_in_bytes
+                    + analysis.temp_size_in_bytes
+                )
+                / 1e6,
                 "temp_MB": analysis.temp_size_in_bytes / 1e6,
                 "output_MB": analysis.output_size_in_bytes / 1e6,
                 "aliased_MB": analysis.alias_size_in_bytes / 1e6,
@@ -306,6 +320,8 @@ def main() -> None:
                 (
                     cfg["name"],
                     name,
+                    f"{m['peak_MB']:.1f}",
+                    f"{m['peak_MB'] / memory['optax']['peak_MB']:.3f}",
                     f"{m['temp_MB']:.2f}",
                     f"{m['temp_MB'] / memory['optax']['temp_MB']:.2f}"
                     if memory["optax"]["temp_MB"]
@@ -331,7 +347,15 @@ def main() -> None:
     table(
         "Train step, XLA memory analysis of the compiled step",
         mem_rows,
-        ("model", "variant", "temp MB", "temp / optax", "weight-sized copies"),
+        (
+            "model",
+            "variant",
+            "peak MB",
+            "peak / optax",
+            "temp MB",
+            "temp / optax",
+            "copies of inputs",
+        ),
     )
     save("train_step", {"rounds": n_rounds, **results})
     sys.stdout.flush()

@@ -127,11 +127,11 @@ def chart() -> None:
                 continue
             for name, ratio in r["ratio_vs_optax"].items():
                 if name != "optax":
-                    ratios[f"{label[:24]}: {name[len('eqxopt ') :]}"] = ratio
+                    ratios[f"{label.split(',')[0]}: {name[len('eqxopt ') :]}"] = ratio
         bars(
             axes[0, 3],
             ratios,
-            "6. whole train step: eqxopt / optax throughput",
+            "6. train step: eqxopt / optax throughput",
             "ratio (1 = optax; higher is faster)",
             colour="tab:blue",
         )
