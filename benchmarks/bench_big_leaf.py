@@ -4,13 +4,15 @@ eqxopt `opt.step` (plain and `donate=True`) vs optax under `jax.jit` (with and
 without donating params and state), torch.optim `fused=True` and `foreach=True`, and
 the memory floor: a donated jitted op moving the same bytes per parameter as the
 optimizer must (AdamW: read p, g, mu, nu and write p, mu, nu = 28 bytes; SGD with
-momentum: read p, g, v and write p, v = 20 bytes).
+momentum: read p, g, v and write p, v = 20 bytes), on one core (XLA's code) and on
+all cores (the same op as eqxopt's native loop, and as torch in-place ops).
 """
 
 import os
 import sys
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,6 +44,55 @@ def floor_fn(n_moments):
         return p + c * g, tuple(m * c for m in moments)
 
     return jax.jit(floor, donate_argnums=(0, 2))
+
+
+class _FloorRule(eqxopt.AbstractTransform):
+    """The floor's arithmetic as an element-wise rule, so that a donated `step` runs
+    it as eqxopt's native loop: one pass over the same bytes on every core."""
+
+    c: jax.Array
+    n_moments: int = eqx.field(static=True)
+
+    def init(self, params):
+        return tuple(jnp.zeros_like(params) for _ in range(self.n_moments))
+
+    def transform(self, grads, state, params):
+        def rule(g, p, *moments):
+            return (self.c * g, *(m * self.c for m in moments))
+
+        updates, moments = eqxopt.map_leaves(
+            rule, grads, params, state, elementwise=True
+        )
+        return updates, moments
+
+
+def threaded_floor_steppers(p0, g0, n_moments, copy) -> dict:
+    """The memory floor on all cores: the floor's op as eqxopt's native loop (one
+    pass), and as torch in-place ops (one multi-threaded pass per array written)."""
+    c = 0.999
+    out = {}
+    if eqxopt.native_kernels_available():
+        rule = _FloorRule(jnp.float32(c), n_moments)
+        state = rule.init(copy())
+
+        def native(s, rule=rule):
+            return rule.step(g0, s[1], s[0], donate=True)
+
+        out["memory floor, all cores (native loop)"] = Stepper(native, (copy(), state))
+    tp = torch.from_numpy(np.array(p0))
+    tg = torch.from_numpy(np.array(g0))
+    tm = [torch.zeros(N) for _ in range(n_moments)]
+
+    def torch_floor(_):
+        tp.add_(tg, alpha=c)
+        for m in tm:
+            m.mul_(c)
+        return None
+
+    out[
+        f"memory floor, all cores (torch in-place, {torch.get_num_threads()} threads)"
+    ] = Stepper(torch_floor, None)
+    return out
 
 
 def torch_stepper(kind, opt_name, p0, g0):
@@ -120,6 +171,7 @@ def main() -> dict:
             lambda s, fl=fl, c=c: fl(s[0], g0, s[1], c),
             (copy(), tuple(jnp.zeros(N) for _ in range(n_mom))),
         )
+        steppers.update(threaded_floor_steppers(p0, g0, n_mom, copy))
         for kind in ("fused", "foreach") if not MOF else ():
             try:
                 steppers[f"torch {kind}"] = torch_stepper(kind, name, p0, g0)

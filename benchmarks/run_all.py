@@ -1,4 +1,4 @@
-"""Runs the five benchmark cases (`make bench`), each in its own process, then draws
+"""Runs the benchmark cases (`make bench`), each in its own process, then draws
 benchmarks/results.png from benchmarks/results.json.
 
 Set EQXOPT_BENCH_QUICK=1 for two rounds per case instead of the default repeats.
@@ -14,6 +14,7 @@ from _common import HERE, RESULTS
 
 MOF_FLAG = "--xla_backend_extra_options=xla_cpu_use_multi_output_fusion"
 CASES = [
+    "bench_train_step.py",
     "bench_big_leaf.py",
     "bench_big_leaf.py+mof",
     "bench_many_leaves.py",
@@ -30,7 +31,7 @@ def chart() -> None:
     import matplotlib.pyplot as plt
 
     data = json.loads(RESULTS.read_text())
-    fig, axes = plt.subplots(2, 3, figsize=(17, 9))
+    fig, axes = plt.subplots(2, 4, figsize=(22, 9))
     fig.suptitle(
         "eqxopt vs optax / torch on a shared, noisy 2-core CPU machine "
         "(medians of interleaved runs; see results.json)",
@@ -118,6 +119,24 @@ def chart() -> None:
         bars(
             axes[1, 2], big["sgd_momentum"], "1. one 16M leaf, SGD momentum step", "ms"
         )
+    train = data.get("train_step", {})
+    if train:
+        ratios = {}
+        for label, r in train.items():
+            if not isinstance(r, dict) or "ratio_vs_optax" not in r:
+                continue
+            for name, ratio in r["ratio_vs_optax"].items():
+                if name != "optax":
+                    ratios[f"{label.split(',')[0]}: {name[len('eqxopt ') :]}"] = ratio
+        bars(
+            axes[0, 3],
+            ratios,
+            "6. train step: eqxopt / optax throughput",
+            "ratio (1 = optax; higher is faster)",
+            colour="tab:blue",
+        )
+        axes[0, 3].axvline(1.0, color="k", lw=0.8)
+    axes[1, 3].axis("off")
     fig.tight_layout()
     fig.savefig(HERE / "results.png", dpi=90)
     print(f"wrote {HERE / 'results.png'}")

@@ -146,32 +146,38 @@ def augment(
     return jax.vmap(crop)(padded, offsets)
 
 
-@eqx.filter_jit
-def train_step(
+def augmented_loss(
     model: CNN,
-    state: eqxopt.AdamState,
-    opt: eqxopt.AdamW,
     x_all: Float[Array, "n 1 8 8"],
     y_all: Int[Array, " n"],
     batch: Int[Array, " b"],
     key: Array,
+    step: Array,
     shift: int = 1,
-) -> tuple[CNN, eqxopt.AdamState, Array, Array]:
-    """One step: loss and gradients on `x_all[batch]` (each image moved by up to
-    `shift` pixels, with a key folded from `key` and the step), then the fused
-    AdamW step.
+) -> Float[Array, ""]:
+    """The loss on `x_all[batch]`, each image moved by up to `shift` pixels with a
+    key folded from `key` and the step number."""
+    x = augment(x_all[batch], jax.random.fold_in(key, step), shift)
+    return loss_fn(model, x, y_all[batch])
 
-    The optimizer is an argument, so its hyperparameters (schedule values included)
-    are traced arrays: a new `make_optimizer(...)` of the same shape reuses this
-    compiled step. Returns `(model, state, loss, lr)`, where `lr` is the schedule's
-    value at `state.step`, the rate this step used."""
-    x = augment(x_all[batch], jax.random.fold_in(key, state.step), shift)
-    loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y_all[batch])
-    lr = opt.learning_rate(state.step)
-    # The whole model goes in: the activation function gets a `None` gradient from
-    # filter_value_and_grad and is passed through unchanged.
-    model, state = opt.step(grads, state, model)
-    return model, state, loss, lr
+
+def make_train_step(opt: eqxopt.AdamW) -> eqxopt.TrainStep:
+    """The compiled train step: `step(model, state, *loss_args) -> (model, state,
+    loss)`, the loss's gradients and the fused AdamW step in one `jit` that updates
+    model and state in place (`eqxopt.make_train_step`). The optimizer's
+    hyperparameters (schedule values included) are arguments of the compiled
+    program: a new `make_optimizer(...)` of the same shape reuses it. The whole
+    model goes in: the activation function gets no gradient and passes through.
+
+    Written by hand, the same step is:
+
+        @eqx.filter_jit(donate="all-except-first")
+        def train_step(opt, model, state, *loss_args):
+            loss, grads = eqx.filter_value_and_grad(augmented_loss)(model, *loss_args)
+            model, state = opt.step(grads, state, model, donate=True)
+            return model, state, loss
+    """
+    return eqxopt.make_train_step(augmented_loss, opt)
 
 
 @eqx.filter_jit
@@ -230,27 +236,39 @@ def train(
     model = CNN(model_key)
     opt = make_optimizer(steps, peak_lr=peak_lr, weight_decay=weight_decay)
     state = opt.init(model)  # the whole module, no eqx.filter
+    train_step = make_train_step(opt)
+    # The rate of each step: the schedule at the optimizer's step count, which
+    # counts the steps from 0 (checked after the loop).
+    schedule = np.asarray(schedule_values(opt.learning_rate, steps))
+    step_numbers = jnp.arange(steps, dtype=jnp.int32)
 
     losses: list[Array] = []
-    lrs: list[Array] = []
     start = time.perf_counter()
     first_done = start
     bar = tqdm(range(steps), desc="train", unit="step", disable=not progress)
     for i in bar:
-        model, state, loss, lr = train_step(
-            model, state, opt, x_train, y_train, index[i], augment_key, shift
+        # Model and state are donated (updated in place): keep only the new ones.
+        model, state, loss = train_step(
+            model,
+            state,
+            x_train,
+            y_train,
+            index[i],
+            augment_key,
+            step_numbers[i],
+            shift,
         )
         losses.append(loss)
-        lrs.append(lr)
         if i == 0:
             loss.block_until_ready()
             first_done = time.perf_counter()
         if i % log_every == 0 or i == steps - 1:
             # Reading the values waits for the step; only every `log_every` steps.
-            bar.set_postfix(loss=f"{float(loss):.4f}", lr=f"{float(lr):.2e}")
+            bar.set_postfix(loss=f"{float(loss):.4f}", lr=f"{schedule[i]:.2e}")
     jax.block_until_ready(model)
     end = time.perf_counter()
     bar.close()
+    assert int(state.step) == steps
 
     test_accuracy = float(
         accuracy(model, jnp.asarray(data.x_test), jnp.asarray(data.y_test))
@@ -258,8 +276,8 @@ def train(
     return Result(
         model=model,
         losses=np.asarray(jnp.stack(losses)),
-        lrs=np.asarray(jnp.stack(lrs)),
-        schedule=np.asarray(schedule_values(opt.learning_rate, steps)),
+        lrs=schedule,
+        schedule=schedule,
         test_accuracy=test_accuracy,
         train_seconds=end - start,
         steps_per_second=(steps - 1) / max(end - first_done, 1e-9),

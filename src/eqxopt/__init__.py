@@ -130,6 +130,10 @@ from ._sign import (
 from ._sm3 import SM3 as SM3, SM3State as SM3State
 from ._soap import SOAP as SOAP, SOAPState as SOAPState
 from ._stable_adamw import StableAdamW as StableAdamW
+from ._train_step import (
+    TrainStep as TrainStep,
+    make_train_step as make_train_step,
+)
 from ._transforms import (
     AddDecayedWeights as AddDecayedWeights,
     AddNoise as AddNoise,

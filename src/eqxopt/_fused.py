@@ -515,6 +515,23 @@ def _call_jvp(spec: _Spec, primals: tuple, tangents: tuple) -> tuple:
     return jax.jvp(functools.partial(_reference_leaves, spec), primals, tangents)
 
 
+def order_after(x: jax.Array) -> jax.Array:
+    """One element of `x`, to append to a call's scalar vector (the kernel reads
+    only its own scalars, at the front), so that the call comes after `x` in XLA's
+    dependency order.
+
+    Inside a user's train step, a parameter written in place is also read by the
+    backward pass: `dx = dy @ w.T` flows into the gradients of the layers before `w`,
+    not into `w`'s own gradient, so nothing orders that read before the write and
+    XLA's copy insertion keeps a full copy of `w` (and of every weight, for XLA's own
+    update fusions and optax's too). Making the call wait for the gradient of the
+    previous leaf in tree order (for models whose tree follows the forward pass, that
+    gradient is made from the `dx` that read `w`) lets XLA drop the copy; each
+    gradient still dies soon after it is made, so temporaries stay small. Nothing
+    depends on the guess being right: where the order is not proven, XLA copies."""
+    return jnp.reshape(x, (-1,))[:1].astype(jnp.float32)
+
+
 def load(program: Program) -> int:
     """Builds (or finds) `program`'s kernel; `Unsupported` if that fails."""
     if program.kernel_id is None:
@@ -528,11 +545,15 @@ def load(program: Program) -> int:
 
 
 def run_many(
-    program: Program, leaves: Sequence[Sequence[jax.Array]], aliases: dict[int, int]
+    program: Program,
+    leaves: Sequence[Sequence[jax.Array]],
+    aliases: dict[int, int],
+    after: Sequence[jax.Array] = (),
 ) -> list[list]:
     """Runs `program` on one or more leaves in one custom call (one XLA thunk);
     `aliases` maps a leaf's input positions to the outputs that reuse their buffers.
-    Returns each leaf's outputs."""
+    `after`: arrays the call is made to depend on (see `order_after`). Returns each
+    leaf's outputs."""
     kernel_id = load(program)
     n_in, n_out = program.n_in, len(program.outputs)
     # Argument 0 of the custom call is the scalar vector; leaves are leaf-major.
@@ -542,7 +563,10 @@ def run_many(
         for i, o in aliases.items()
     }
     spec = _Spec(program, kernel_id, len(leaves), flat_aliases)
-    outs = _call(spec, program.vector, *(x for leaf in leaves for x in leaf))
+    vector = program.vector
+    if after:
+        vector = jnp.concatenate([vector, *map(order_after, after)])
+    outs = _call(spec, vector, *(x for leaf in leaves for x in leaf))
     return [outs[j * n_out : (j + 1) * n_out] for j in range(len(leaves))]
 
 

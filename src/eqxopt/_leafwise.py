@@ -70,8 +70,12 @@ def map_leaves(
         if elementwise and _fused.in_place() and _fused.usable()
         else None
     )
+    previous: list[Any] = []  # the gradients of the last leaves that have one
     for i, (g, p) in enumerate(zip(grad_leaves, param_leaves)):
         old = [m[i] for m in moment_leaves]
+        after = tuple(previous)
+        if g is not None:
+            previous = [*previous, g][-_WAIT_FOR:]
         if g is None or not is_float_leaf(p):
             updates.append(None)
             for column, value in zip(new_moments, old):
@@ -80,7 +84,7 @@ def map_leaves(
         if native is not None and native.takes(g, p, old):
             flag = () if flags is None else (flags[i],)
             try:
-                native.add(i, g, p, old, flag)
+                native.add(i, g, p, old, flag, after)
             except _fused.Unsupported:
                 native = None  # XLA's code for this rule, on every other leaf
             else:
@@ -126,6 +130,8 @@ class _Native:
         self.programs: dict[tuple, _fused.Program] = {}
         self.applied = _fused.applying()
         self.pending: dict[tuple, list[tuple[int, list[Any]]]] = {}
+        # The gradient each leaf's in-place call waits for (`_fused.order_after`).
+        self.after: dict[int, Any] = {}
 
     def takes(self, g: Any, p: Any, old: list[Any]) -> bool:
         return all(
@@ -139,7 +145,9 @@ class _Native:
             self.programs[key] = _fused.translate(self.rule, self.n_in, flag, outputs)
         return self.programs[key]
 
-    def add(self, index: int, g: Any, p: Any, old: list[Any], flag: tuple) -> None:
+    def add(
+        self, index: int, g: Any, p: Any, old: list[Any], flag: tuple, after: Any
+    ) -> None:
         # Translate and build now, so that an untranslatable rule (or a kernel that
         # cannot be built) falls back before any leaf is queued.
         kinds = ("update",) if self.applied is None else ("step", "direction")
@@ -147,6 +155,7 @@ class _Native:
             _fused.load(self.program(kind, flag))
         small = p.size < _GROUP_BELOW
         self.pending.setdefault((flag, small), []).append((index, [g, p, *old]))
+        self.after.setdefault(index, after)
 
     def finish(self) -> dict[int, list[Any]]:
         results: dict[int, list[Any]] = {}
@@ -158,6 +167,11 @@ class _Native:
                     results[index] = outs
         return results
 
+    def waits(self, chunk: list[tuple[int, list[Any]]]) -> list[Any]:
+        # A call of several (small) leaves waits for what each of them waits for.
+        found = {id(g): g for index, _ in chunk for g in self.after[index]}
+        return list(found.values())
+
     def run(self, chunk: list[tuple[int, list[Any]]], flag: tuple) -> list[list[Any]]:
         inputs = [leaf for _, leaf in chunk]
         n_moments = self.n_in - 2
@@ -165,8 +179,13 @@ class _Native:
         # the buffer of the parameter or moment it replaces.
         moments = {2 + k: 1 + k for k in range(n_moments)}
         if self.applied is None:
-            return _fused.run_many(self.program("update", flag), inputs, moments)
-        stepped = _fused.run_many(self.program("step", flag), inputs, {1: 0, **moments})
+            return _fused.run_many(
+                self.program("update", flag), inputs, moments, self.waits(chunk)
+            )
+        after = self.waits(chunk)
+        stepped = _fused.run_many(
+            self.program("step", flag), inputs, {1: 0, **moments}, after
+        )
         directions = _fused.run_many(self.program("direction", flag), inputs, {})
         results = []
         for (new_p, *new_moments), (update,) in zip(stepped, directions):
@@ -175,6 +194,10 @@ class _Native:
         return results
 
 
+# A leaf's in-place call waits for the gradients of this many leaves before it
+# (`_fused.order_after`): enough for the parallel branches of a layer (attention's
+# query, key and value projections read the same input).
+_WAIT_FOR = 4
 # Leaves smaller than this share custom calls, this many at a time.
 _GROUP_BELOW = 1 << 16
 _GROUP_SIZE = 32

@@ -1,0 +1,265 @@
+"""Whole train steps (forward, backward and the optimizer step in one `jit`): the
+donated step writes every weight in place with no copy, and the train-step helper."""
+
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+
+import eqxopt
+from helpers import assert_trees_close
+
+
+class Block(eqx.Module):
+    """A transformer block: attention's query, key and value projections all read the
+    same input, so the backward pass reads each weight in three parallel branches."""
+
+    ln: eqx.nn.LayerNorm
+    attn: eqx.nn.MultiheadAttention
+    up: eqx.nn.Linear
+    down: eqx.nn.Linear
+
+    def __init__(self, width: int, key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.ln = eqx.nn.LayerNorm(width)
+        self.attn = eqx.nn.MultiheadAttention(4, width, key=k1)
+        self.up = eqx.nn.Linear(width, 2 * width, key=k2)
+        self.down = eqx.nn.Linear(2 * width, width, key=k3)
+
+    def __call__(self, x):
+        h = jax.vmap(self.ln)(x)
+        x = x + self.attn(h, h, h)
+        return x + jax.vmap(lambda v: self.down(jax.nn.gelu(self.up(v))))(x)
+
+
+def small_model(width: int = 256):
+    # Width 256: the weights are large enough for a kernel call each; the norms
+    # and biases share calls.
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    return [
+        eqx.nn.Linear(8, width, key=k1),
+        Block(width, k2),
+        Block(width, k3),
+        eqx.nn.Linear(width, 1, key=k3),
+    ]
+
+
+def loss_fn(model, x, y):
+    h = jax.vmap(model[0])(x)
+    for block in model[1:-1]:
+        h = block(h)
+    return jnp.mean((jax.vmap(model[-1])(h) - y) ** 2)
+
+
+def batch():
+    x = jax.random.normal(jax.random.key(1), (6, 8))
+    return x, jnp.sin(x[:, :1])
+
+
+def copies_of_inputs(hlo: str) -> list[str]:
+    """Copies in an optimized HLO module of an entry parameter (or of such a copy)."""
+    inputs = set(re.findall(r"(%\S+) = \S+ parameter\(", hlo))
+    found = []
+    for name, shape, operand in re.findall(
+        r"(%\S+) = (\S+?)\{[^}]*\} copy\((%[^)]+)\)", hlo
+    ):
+        if operand in inputs:
+            inputs.add(name)
+            found.append(f"{shape} copy({operand})")
+    return found
+
+
+def fresh(tree):
+    """Own buffers for every array (a donated step consumes its inputs)."""
+    return jax.tree.map(lambda v: jnp.copy(v) if eqx.is_array(v) else v, tree)
+
+
+def hand_written_step(opt):
+    @eqx.filter_jit(donate="all-except-first")
+    def step(opt, model, state, x, y):
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
+        model, state = opt.step(grads, state, model, donate=True)
+        return model, state, loss
+
+    return step
+
+
+@pytest.mark.parametrize(
+    "opt",
+    [eqxopt.AdamW(1e-3), eqxopt.SGD(1e-2, momentum=0.9)],
+    ids=["AdamW", "SGD-momentum"],
+)
+def test_donated_train_step_copies_no_weight(opt):
+    """The in-place writes of the native kernels come after every read of the
+    weights in the backward pass, so XLA keeps no copy of any of them (it did: a
+    full copy of every weight matrix, from reads such as `dx = dy @ w.T` that nothing
+    ordered before the write)."""
+    assert eqxopt.native_kernels_available()
+    model, (x, y) = small_model(), batch()
+    state = opt.init(model)
+    step = hand_written_step(opt)
+    compiled = step.lower(opt, model, state, x, y).compile()
+    text = compiled.compiled.as_text()
+    assert "eqxopt_elementwise" in text
+    assert copies_of_inputs(text) == []
+    # The same numbers as XLA's own code.
+    got = step(opt, *fresh((model, state)), x, y)
+    eqxopt.set_native_kernels(False)
+    try:
+        expected = hand_written_step(opt)(opt, model, state, x, y)
+    finally:
+        eqxopt.set_native_kernels(True)
+    assert_trees_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------ make_train_step
+
+
+def close(actual, expected, rtol=1e-6, atol=1e-7):
+    """`assert_trees_close` on the arrays of two trees (models hold functions too)."""
+    assert_trees_close(
+        eqx.filter(actual, eqx.is_array),
+        eqx.filter(expected, eqx.is_array),
+        rtol=rtol,
+        atol=atol,
+    )
+
+
+def mlp():
+    return eqx.nn.MLP(8, 1, 16, 2, key=jax.random.key(2))
+
+
+def mlp_loss(model, x, y):
+    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+
+def run_steps(step, model, state, n=3, **kwargs):
+    losses = []
+    x, y = batch()
+    for _ in range(n):
+        model, state, loss = step(model, state, x, y, **kwargs)
+        losses.append(loss)
+    return model, state, losses
+
+
+@pytest.mark.parametrize(
+    "opt",
+    [eqxopt.AdamW(1e-2), eqxopt.SGD(1e-2, momentum=0.9), eqxopt.LAMB(1e-2)],
+    ids=["AdamW", "SGD-momentum", "LAMB"],
+)
+def test_make_train_step_matches_a_hand_written_step(opt):
+    model = mlp()
+    got = run_steps(
+        eqxopt.make_train_step(mlp_loss, opt), fresh(model), opt.init(model)
+    )
+
+    @eqx.filter_jit
+    def by_hand(model, state, x, y):
+        loss, grads = eqx.filter_value_and_grad(mlp_loss)(model, x, y)
+        model, state = opt.step(grads, state, model)
+        return model, state, loss
+
+    expected = run_steps(by_hand, model, opt.init(model))
+    close(got, expected)
+    # The activation function (not an array) passes through.
+    assert got[0].activation is model.activation
+
+
+class CompileCount:
+    """Counts XLA compiles while active (JAX's compile events)."""
+
+    def __init__(self):
+        self.count, self.active = 0, False
+        jax.monitoring.register_event_duration_secs_listener(self.listen)
+
+    def listen(self, event, duration, **kwargs):
+        if self.active and event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+COMPILES = CompileCount()
+
+
+def test_make_train_step_reuses_the_compiled_step_for_new_hyperparameters():
+    model = mlp()
+    opt = eqxopt.AdamW(1e-2)
+    step = eqxopt.make_train_step(mlp_loss, opt)
+    x, y = batch()
+    state = opt.init(model)
+    step(fresh(model), fresh(state), x, y)  # compiles
+    COMPILES.count, COMPILES.active = 0, True
+    try:
+        results = []
+        for lr in (3e-2, 1e-3):
+            new = eqxopt.AdamW(lr)
+            results.append(step(fresh(model), fresh(state), x, y, opt=new))
+            results.append(
+                eqxopt.make_train_step(mlp_loss, new)(fresh(model), fresh(state), x, y)
+            )
+        schedule = eqxopt.AdamW(eqxopt.WarmupCosine(1e-2, 1e-4, 5, 50))
+        step(fresh(model), schedule.init(model), x, y, opt=schedule)
+        first_schedule_compiles = COMPILES.count
+        other = eqxopt.AdamW(eqxopt.WarmupCosine(3e-2, 1e-5, 2, 20))
+        step(fresh(model), other.init(model), x, y, opt=other)
+    finally:
+        COMPILES.active = False
+    # A new schedule structure compiles once; new values of either never do.
+    assert COMPILES.count == first_schedule_compiles <= 1
+    # ... and the new values are used.
+    for lr, pair in zip((3e-2, 1e-3), (results[:2], results[2:])):
+        for got in pair:
+            expected = eqxopt.AdamW(lr).step(
+                eqx.filter_grad(mlp_loss)(model, x, y), state, model
+            )
+            close(got[:2], expected)
+
+
+def test_make_train_step_has_aux():
+    def loss_with_aux(model, x, y):
+        pred = jax.vmap(model)(x)
+        return jnp.mean((pred - y) ** 2), {"pred": pred}
+
+    model, opt = mlp(), eqxopt.Adam(1e-2)
+    step = eqxopt.make_train_step(loss_with_aux, opt, has_aux=True)
+    x, y = batch()
+    new_model, state, loss, aux = step(fresh(model), opt.init(model), x, y)
+    close(aux["pred"], jax.vmap(model)(x))
+    close(loss, mlp_loss(model, x, y))
+    close(
+        (new_model, state),
+        opt.step(eqx.filter_grad(mlp_loss)(model, x, y), opt.init(model), model),
+        rtol=1e-6,
+        atol=1e-7,
+    )
+
+
+def test_make_train_step_on_packed_parameters():
+    model, opt = mlp(), eqxopt.AdamW(1e-2)
+    step = eqxopt.make_train_step(mlp_loss, opt)
+    packed = eqxopt.pack(model)
+    new_packed, state, losses = run_steps(step, packed, opt.init(packed))
+    assert isinstance(new_packed, eqxopt.Packed)
+    assert isinstance(state.mu, eqxopt.Packed)
+    tree_model, _, tree_losses = run_steps(step, fresh(model), opt.init(model))
+    close(losses, tree_losses)
+    close(new_packed.unpack(), tree_model)
+
+
+def test_make_train_step_donated_step_copies_no_weight():
+    opt = eqxopt.AdamW(1e-3)
+    model, (x, y) = small_model(), batch()
+    step = eqxopt.make_train_step(loss_fn, opt)
+    text = step.lower(model, opt.init(model), x, y).compile().compiled.as_text()
+    assert "eqxopt_elementwise" in text
+    assert copies_of_inputs(text) == []
+
+
+def test_make_train_step_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="loss_fn must be callable, got int"):
+        eqxopt.make_train_step(3, eqxopt.SGD(0.1))  # pyright: ignore[reportArgumentType]
+    with pytest.raises(TypeError, match="opt must be an eqxopt transform"):
+        eqxopt.make_train_step(mlp_loss, "adam")  # pyright: ignore[reportArgumentType]
+    with pytest.raises(TypeError, match="has_aux must be a bool, got str"):
+        eqxopt.make_train_step(mlp_loss, eqxopt.SGD(0.1), has_aux="yes")  # pyright: ignore[reportArgumentType]
