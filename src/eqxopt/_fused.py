@@ -35,7 +35,8 @@ The native path is used for float32 leaves when the default backend is a single 
 device (with several devices a custom call could force sharded arrays to be
 gathered, so XLA's code runs instead). `set_native_kernels(False)` or the
 environment variable `EQXOPT_NATIVE=0` turn it off. Differentiating through a step
-(`jax.jvp`/`jax.grad` of `opt.step`) uses XLA's code via a custom JVP.
+(`jax.jvp`/`jax.grad` of `opt.step`) uses XLA's code via a custom JVP, and so do
+programs exported with `jax.export` (the custom call lives in this process only).
 """
 
 import contextlib

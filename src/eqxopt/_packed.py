@@ -9,9 +9,10 @@ per dtype (and per label), so the optimizer sees a handful of large leaves.
 The model gets its tree back with `packed.unpack()` inside the loss function;
 `jax.grad` through it gives the gradients packed the same way. With the native
 kernels, cutting the buffer into leaves and gluing the gradients back are each one
-copy (`eqxopt_split`/`eqxopt_concat`), so neither compile time nor run time grows
-with the number of leaves the way XLA's slices do; elsewhere XLA's slices and
-concatenation are used (correct, but slow to compile for thousands of leaves).
+copy (`eqxopt_split`/`eqxopt_concat`, linear, so every mode of differentiation
+works), so neither compile time nor run time grows with the number of leaves the way
+XLA's slices do; elsewhere, and in programs exported with `jax.export`, XLA's slices
+and concatenation are used (correct, but slow to compile for thousands of leaves).
 """
 
 from collections.abc import Callable, Hashable
