@@ -317,6 +317,9 @@ def ffi_or_xla(target: str, xla: Callable[..., Any]) -> Primitive:
 
     def batch(args: Any, dims: Any, **params: Any) -> tuple[list, list]:
         size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+        if size == 0:
+            outs = jax.vmap(fallback(params["static"]), in_axes=tuple(dims))(*args)
+            return outs, [0] * len(outs)
         mapped = [i for i, d in enumerate(dims) if d is not None]
 
         def one(xs: list) -> list:
@@ -326,7 +329,7 @@ def ffi_or_xla(target: str, xla: Callable[..., Any]) -> Primitive:
             return prim.bind(*full, **params)
 
         moved = [jax.numpy.moveaxis(args[i], dims[i], 0) for i in mapped]
-        outs = jax.lax.map(one, moved) if size else jax.vmap(one)(moved)
+        outs = jax.lax.map(one, moved)
         return outs, [0] * len(outs)
 
     @functools.cache
