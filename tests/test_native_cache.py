@@ -27,7 +27,8 @@ STEP = """
         opt = eqxopt.AdamW(0.1)
         state = opt.init(params)
         for _ in range(2):
-            params, state = opt.step(params, state, params, donate=True)
+            grads = {k: jnp.cos(v) for k, v in params.items()}
+            params, state = opt.step(grads, state, params, donate=True)
         result = np.asarray(params["w"]).tolist()
         big = float(params["big"].sum())
     print("available", available)
@@ -42,7 +43,8 @@ def expected():
     opt = eqxopt.AdamW(0.1)
     state = opt.init(params)
     for _ in range(2):
-        params, state = opt.step(params, state, params)
+        grads = {k: jnp.cos(v) for k, v in params.items()}
+        params, state = opt.step(grads, state, params)
     return np.asarray(params["w"]), float(params["big"].sum())
 
 
@@ -51,7 +53,8 @@ def run_step(cache, **env):
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     out = result.stdout
     want_w, want_big = expected()
-    np.testing.assert_allclose(eval(out.split("result ")[1].split("\n")[0]), want_w)
+    got_w = eval(out.split("result ")[1].split("\n")[0])
+    np.testing.assert_allclose(got_w, want_w, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(float(out.split("big ")[1]), want_big, rtol=1e-6)
     available = out.split("available ")[1].split("\n")[0] == "True"
     return available, eval(out.split("warnings ")[1].split("\n")[0])
@@ -148,7 +151,7 @@ def test_a_damaged_cache_is_rebuilt(built, tmp_path, corrupt, which):
         corrupt(lib)
     assert run_step(cache) == (True, [])
     assert_cache_valid(cache)
-    assert libraries(cache) == libraries(built)
+    assert [p.name for p in libraries(cache)] == [p.name for p in libraries(built)]
 
 
 def test_libraries_are_keyed_on_the_compiler(built, tmp_path):
