@@ -25,22 +25,25 @@ the parameter (`p + u`, exactly as `apply_updates` does for float32), so the ste
 a single pass; the update itself is then produced only if something other than the
 apply reads it.
 
-The results are those of XLA's code to rounding: each operation rounds the same
-way (no fast-math, no FMA contraction), but XLA may contract `a * b + c` into an FMA
-where the C code does not, and `exp`/`log`/`tanh`/`pow` come from the C library.
+The results are those of XLA's code to rounding, with the same elements finite:
+each operation rounds the same way (no fast-math), a multiply whose only user is an
+add or subtract is fused into an FMA exactly where XLA:CPU lets LLVM fuse it (on
+machines with FMA; with one, `nu - mu * mu` stays finite when `mu * mu` overflows),
+and `exp`/`log`/`tanh`/`pow` come from the C library.
 
 The native path is used for float32 leaves when the default backend is a single CPU
 device (with several devices a custom call could force sharded arrays to be
 gathered, so XLA's code runs instead). `set_native_kernels(False)` or the
 environment variable `EQXOPT_NATIVE=0` turn it off. Differentiating through a step
-(`jax.jvp`/`jax.grad` of `opt.step`) uses XLA's code via a custom JVP.
+(`jax.jvp`/`jax.grad` of `opt.step`) uses XLA's code via a custom JVP, and so do
+programs exported with `jax.export` (the custom call lives in this process only).
 """
 
 import contextlib
 import contextvars
 import functools
 import itertools
-import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -51,7 +54,7 @@ import numpy as np
 
 from . import _dispatch, _native
 
-_enabled = [os.environ.get("EQXOPT_NATIVE", "1") != "0"]
+_enabled = [_native.env_flag("EQXOPT_NATIVE", True)]
 
 
 def set_native_kernels(enabled: bool) -> None:
@@ -64,7 +67,7 @@ def set_native_kernels(enabled: bool) -> None:
     Results agree to rounding. eqxopt's own compiled steps are dropped, so the next
     `opt.step`/`opt.update` traces again; a step inside your own `jax.jit` keeps the
     code it was compiled with until that function traces again. The environment
-    variable `EQXOPT_NATIVE=0` sets the default to off.
+    variable `EQXOPT_NATIVE=0` (or `false`/`no`/`off`) sets the default to off.
 
     **Arguments:**
 
@@ -247,6 +250,8 @@ class _Lowering:
         self.scalars: list[Any] = []
         self.scalar_names: dict[int, str] = {}
         self.ops: list[Op] = []
+        self.forms: dict[str, tuple[str, str, str]] = {}
+        self.known: dict[tuple[str, str], str] = {}
         self.counter = itertools.count()
 
     def scalar_ref(self, value: Any, dtype: np.dtype) -> tuple[str, tuple]:
@@ -265,11 +270,73 @@ class _Lowering:
             return item.name, ("v", item.name)
         return self.scalar_ref(item.value, dtype)
 
-    def new(self, expr: str, dtype: np.dtype) -> _Vector:
-        name = f"v{next(self.counter)}"
+    def new(self, expr: str, dtype: np.dtype, form: tuple | None = None) -> _Vector:
+        """A new vector `expr`; `form` is `(op, a, b)` for the float `add`, `sub`,
+        `mul` and `neg` (`b` unused) that `contract` may fuse into an FMA."""
         ctype = "bool" if dtype == _BOOL else "float"
+        # One vector per distinct expression, as XLA's CSE leaves it: a product
+        # that XLA shares between two users is not fused into either (`contract`).
+        if (ctype, expr) in self.known:
+            return _Vector(self.known[ctype, expr], dtype)
+        name = f"v{next(self.counter)}"
+        self.known[ctype, expr] = name
         self.lines.append(f"    const {ctype} {name} = {expr};")
+        if form is not None:
+            self.forms[name] = form
         return _Vector(name, dtype)
+
+    def contract(self, stored: list[str]) -> list[str]:
+        """The loop's lines with `a * b + c` patterns fused into FMAs where XLA:CPU
+        fuses them: XLA lets LLVM contract any float multiply whose only user is an
+        add or subtract (`FPOpFusion::Fast`; `inf - inf` becomes `fma(-m, m, inf)`),
+        and which elements come out finite depends on it. `EQX_FMA` is `fmaf` on
+        machines with FMA, where XLA contracts, and a multiply and an add elsewhere.
+        `stored`: the expressions the loop stores."""
+        text = "\n".join([*self.lines, *stored])
+        uses: dict[str, int] = {}
+        for name in re.findall(r"\bv\d+\b", text):
+            uses[name] = uses.get(name, 0) + 1
+        # Each name's definition is one occurrence; a single user makes two.
+        single = {name for name, n in uses.items() if n == 2}
+
+        def mul(x: str) -> tuple[str, str] | None:
+            form = self.forms.get(x)
+            if form is not None and form[0] == "mul" and x in single:
+                return form[1], form[2]
+            return None
+
+        def negated_mul(x: str) -> tuple[str, str] | None:
+            # `a + (-(m * n))`: XLA rewrites it to `a - m * n`.
+            form = self.forms.get(x)
+            if form is not None and form[0] == "neg" and x in single:
+                return mul(form[1])
+            return None
+
+        fused: dict[str, str] = {}
+        for name, form in self.forms.items():
+            op, a, b = form
+            if op not in ("add", "sub"):
+                continue
+            if op == "sub":
+                options = [(mul(a), "", f"-{b}"), (mul(b), "-", a)]
+            else:
+                options = [
+                    (mul(a), "", b),
+                    (mul(b), "", a),
+                    (negated_mul(b), "-", a),
+                    (negated_mul(a), "-", b),
+                ]
+            for m, sign, addend in options:
+                if m is not None:
+                    fused[name] = f"EQX_FMA({sign}{m[0]}, {m[1]}, {addend})"
+                    break
+        lines = []
+        for line in self.lines:
+            name = line.split()[2]
+            if name in fused:
+                line = f"    const float {name} = {fused[name]};"
+            lines.append(line)
+        return lines
 
     def walk(self, jaxpr: Any, env: dict) -> None:
         def read(v: Any) -> Any:
@@ -316,12 +383,20 @@ class _Lowering:
             refs = [self.ref(x, d) for x, d in zip(ins, in_dtypes)]
             exprs = [r[0] for r in refs]
             operands = tuple(r[1] for r in refs)
+            form = None
             if name in _UNARY:
                 expr = _UNARY[name].format(*exprs)
+                if name == "neg":
+                    form = ("neg", exprs[0], "")
+                elif name == "square":
+                    form = ("mul", exprs[0], exprs[0])
             elif name in _BINARY:
                 expr = _BINARY[name].format(*exprs)
+                if name in ("add", "sub", "mul") and dtype == _F32:
+                    form = (name, exprs[0], exprs[1])
             elif name == "integer_pow":
                 expr = self.integer_pow(exprs[0], eqn.params["y"])
+                form = self.forms.get(expr)  # `x**2` is the multiply `x * x`
             elif name == "select_n" and len(exprs) == 3 and in_dtypes[0] == _BOOL:
                 expr = f"({exprs[0]} ? {exprs[2]} : {exprs[1]})"
             elif name == "clamp":
@@ -335,7 +410,7 @@ class _Lowering:
                     expr = f"({exprs[0]} != 0.0f)"
             else:
                 raise Unsupported(f"primitive {name}")
-            vector = self.new(expr, dtype)
+            vector = self.new(expr, dtype, form)
             self.ops.append(Op(eqn.primitive, dict(eqn.params), operands, vector.name))
             env[out] = vector
 
@@ -346,10 +421,14 @@ class _Lowering:
         base, acc, n = x, None, abs(y)
         while n > 0:
             if n & 1:
-                acc = base if acc is None else self.new(f"({acc} * {base})", _F32).name
+                if acc is None:
+                    acc = base
+                else:
+                    form = ("mul", acc, base)
+                    acc = self.new(f"({acc} * {base})", _F32, form).name
             n >>= 1
             if n > 0:
-                base = self.new(f"({base} * {base})", _F32).name
+                base = self.new(f"({base} * {base})", _F32, ("mul", base, base)).name
         return f"(1.0f / {acc})" if y < 0 else str(acc)
 
 
@@ -387,13 +466,21 @@ def translate(rule: Callable, n_in: int, extra_args: tuple, outputs: str) -> Pro
             raise Unsupported(f"an output is {aval}")
         results.append(low.ref(item, _F32))
     if outputs == "step":
-        expr = f"(x1 + {results[0][0]})"
-        results[0] = (expr, ("step", results[0][1]))
+        # The apply `p + u` (in XLA's program the same fusion as `u`).
+        term = results[0][0]
+        applied = low.new(f"(x1 + {term})", _F32, ("add", "x1", term))
+        results[0] = (applied.name, ("step", results[0][1]))
     elif outputs == "direction":
         results = results[:1]
 
-    loads = "\n".join(f"    const float x{i} = in{i}[i];" for i in range(n_in))
-    stores = "\n".join(f"    out{o}[i] = {r[0]};" for o, r in enumerate(results))
+    stored = [f"    out{o}[i] = {r[0]};" for o, r in enumerate(results)]
+    body = "\n".join(
+        [
+            *(f"    const float x{i} = in{i}[i];" for i in range(n_in)),
+            *low.contract(stored),
+            *stored,
+        ]
+    )
     # GCC vectorises the loop only when the pointers are `__restrict__` parameters,
     # hence the inner function. (Outputs may alias inputs element for element; each
     # iteration reads before it writes, so that is safe.)
@@ -404,17 +491,37 @@ def translate(rule: Callable, n_in: int, extra_args: tuple, outputs: str) -> Pro
     scalars = "\n".join(
         f"  const float s{k} = scalars[{k}];" for k in range(len(low.scalars))
     )
+    signature = (
+        f"({', '.join(pointers)},\n"
+        "                        const float* __restrict__ scalars, int64_t n)"
+    )
+    loop = (
+        f"{signature} {{\n{scalars}\n"
+        f"  for (int64_t i = 0; i < n; ++i) {{\n{body}\n  }}\n}}\n"
+    )
+    call = f"({', '.join(unpacked)}, scalars, n);"
     source = (
         f"{_PRELUDE}"
-        f"static inline void loop({', '.join(pointers)},\n"
-        "                        const float* __restrict__ scalars, int64_t n) {\n"
-        f"{scalars}\n"
-        "  for (int64_t i = 0; i < n; ++i) {\n"
-        f"{loads}\n" + "\n".join(low.lines) + f"\n{stores}\n  }}\n}}\n"
-        f'extern "C" {_native.CLONES}\n'
-        "void eqxopt_kernel(const float* const* in, float* const* out,\n"
-        "                   const float* scalars, int64_t n) {\n"
-        f"  loop({', '.join(unpacked)}, scalars, n);\n}}\n"
+        "#if defined(__x86_64__)\n"
+        # XLA compiles for the host: FMAs (and AVX2) exactly where it has them.
+        "#define EQX_FMA(a, b, c) std::fma(a, b, c)\n"
+        f'__attribute__((target("avx2,fma"))) static void loop_fma{loop}'
+        "#undef EQX_FMA\n"
+        "#define EQX_FMA(a, b, c) ((a) * (b) + (c))\n"
+        f"static void loop_plain{loop}"
+        'extern "C" void eqxopt_kernel(const float* const* in, float* const* out,\n'
+        "                              const float* scalars, int64_t n) {\n"
+        '  static const bool fma = __builtin_cpu_supports("fma") &&\n'
+        '                          __builtin_cpu_supports("avx2");\n'
+        f"  if (fma) loop_fma{call} else loop_plain{call}\n}}\n"
+        "#else\n"
+        # Other CPUs XLA targets (AArch64) always have FMA.
+        "#define EQX_FMA(a, b, c) std::fma(a, b, c)\n"
+        f"static inline void loop{loop}"
+        'extern "C" void eqxopt_kernel(const float* const* in, float* const* out,\n'
+        "                              const float* scalars, int64_t n) {\n"
+        f"  loop{call}\n}}\n"
+        "#endif\n"
     )
     return Program(source, low.scalars, low.ops, [r[1] for r in results], n_in)
 
@@ -482,25 +589,6 @@ class _Spec:
         self.n_leaves, self.aliases = n_leaves, aliases
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _call(spec: _Spec, scalars: jax.Array, *inputs: jax.Array) -> list:
-    n_in, n_out = spec.program.n_in, len(spec.program.outputs)
-    shapes = [
-        jax.ShapeDtypeStruct(jnp.shape(inputs[j * n_in]), jnp.float32)
-        for j in range(spec.n_leaves)
-        for _ in range(n_out)
-    ]
-    call = jax.ffi.ffi_call(
-        _native.target_name(),
-        shapes,
-        input_output_aliases=spec.aliases,
-        vmap_method="sequential",
-    )
-    return list(
-        call(scalars, *inputs, kernel=np.int64(spec.kernel_id), n_in=np.int64(n_in))
-    )
-
-
 def _reference_leaves(spec: _Spec, scalars: jax.Array, *inputs: jax.Array) -> list:
     n_in = spec.program.n_in
     return [
@@ -508,6 +596,28 @@ def _reference_leaves(spec: _Spec, scalars: jax.Array, *inputs: jax.Array) -> li
         for j in range(spec.n_leaves)
         for out in reference(spec.program, scalars, *inputs[j * n_in : (j + 1) * n_in])
     ]
+
+
+# The kernels' custom call, or (in exported programs, which cannot carry it) the
+# same rule as XLA operations.
+_elementwise = _native.ffi_or_xla(
+    _native.target_name(),
+    lambda scalars, *inputs, static: _reference_leaves(static, scalars, *inputs),
+)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _call(spec: _Spec, scalars: jax.Array, *inputs: jax.Array) -> list:
+    return _elementwise.bind(
+        scalars,
+        *inputs,
+        static=spec,
+        aliases=tuple(spec.aliases.items()),
+        attributes=(
+            ("kernel", np.int64(spec.kernel_id)),
+            ("n_in", np.int64(spec.program.n_in)),
+        ),
+    )
 
 
 @_call.defjvp

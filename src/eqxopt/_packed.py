@@ -9,12 +9,12 @@ per dtype (and per label), so the optimizer sees a handful of large leaves.
 The model gets its tree back with `packed.unpack()` inside the loss function;
 `jax.grad` through it gives the gradients packed the same way. With the native
 kernels, cutting the buffer into leaves and gluing the gradients back are each one
-copy (`eqxopt_split`/`eqxopt_concat`), so neither compile time nor run time grows
-with the number of leaves the way XLA's slices do; elsewhere XLA's slices and
-concatenation are used (correct, but slow to compile for thousands of leaves).
+copy (`eqxopt_split`/`eqxopt_concat`, linear, so every mode of differentiation
+works), so neither compile time nor run time grows with the number of leaves the way
+XLA's slices do; elsewhere, and in programs exported with `jax.export`, XLA's slices
+and concatenation are used (correct, but slow to compile for thousands of leaves).
 """
 
-import functools
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -22,9 +22,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.interpreters import ad
 from jaxtyping import Array, PyTree
 
-from . import _fused
+from . import _fused, _native as _native_ffi
 from ._dispatch import _Static
 
 # One leaf of the original tree: ("array", buffer index, shape, dtype) or
@@ -150,57 +151,70 @@ def _native() -> bool:
     return _fused.usable()
 
 
-def _split_xla(flat: Array, shapes: tuple) -> list[Array]:
-    sizes = [int(np.prod(s)) for s in shapes]
+def _split_xla(flat: Array, static: tuple) -> list[Array]:
+    sizes = [int(np.prod(s)) for s in static]
     offsets = np.cumsum([0, *sizes]).tolist()
     return [
         jax.lax.slice(flat, (a,), (b,)).reshape(s)
-        for a, b, s in zip(offsets[:-1], offsets[1:], shapes)
+        for a, b, s in zip(offsets[:-1], offsets[1:], static)
     ]
 
 
-def _split_ffi(flat: Array, shapes: tuple) -> list[Array]:
-    outs = [jax.ShapeDtypeStruct(s, flat.dtype) for s in shapes]
-    call = jax.ffi.ffi_call("eqxopt_split", outs, vmap_method="sequential")
-    return list(call(flat))
+def _concat_xla(*parts: Array, static: tuple) -> list[Array]:
+    return [jnp.concatenate([jnp.ravel(p) for p in parts])]
 
 
-def _concat_ffi(parts: list[Array]) -> Array:
-    size = sum(int(np.prod(p.shape)) for p in parts)
-    out = jax.ShapeDtypeStruct((size,), parts[0].dtype)
-    return jax.ffi.ffi_call("eqxopt_concat", out, vmap_method="sequential")(*parts)
+# One copy each (`eqxopt_split`/`eqxopt_concat`); XLA's slices in exported programs.
+# `static` is the pieces' shapes. Both are linear, each the other's transpose, so
+# every mode of differentiation works and stays one copy.
+_split_p = _native_ffi.ffi_or_xla("eqxopt_split", _split_xla)
+_concat_p = _native_ffi.ffi_or_xla("eqxopt_concat", _concat_xla)
+_NO_FFI_PARAMS = {"aliases": (), "attributes": ()}
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _split_native(flat: Array, shapes: tuple) -> list[Array]:
-    return _split_ffi(flat, shapes)
+    return _split_p.bind(flat, static=shapes, **_NO_FFI_PARAMS)
 
 
-def _split_native_fwd(flat, shapes):
-    return _split_ffi(flat, shapes), None
-
-
-def _split_native_bwd(shapes, _, cotangents):
-    return (_concat_ffi(list(cotangents)),)
-
-
-_split_native.defvjp(_split_native_fwd, _split_native_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _concat_native(shapes: tuple, *parts: Array) -> Array:
-    return _concat_ffi(list(parts))
+    return _concat_p.bind(*parts, static=shapes, **_NO_FFI_PARAMS)[0]
 
 
-def _concat_native_fwd(shapes, *parts):
-    return _concat_ffi(list(parts)), None
+def _zero(x: Any) -> Any:
+    return ad.Zero(jax.typeof(x).to_tangent_aval())
 
 
-def _concat_native_bwd(shapes, _, cotangent):
-    return tuple(_split_ffi(cotangent, shapes))
+def _split_jvp(primals, tangents, *, static, **_):
+    outs = _split_native(primals[0], static)
+    if type(tangents[0]) is ad.Zero:
+        return outs, [_zero(o) for o in outs]
+    return outs, _split_native(tangents[0], static)
 
 
-_concat_native.defvjp(_concat_native_fwd, _concat_native_bwd)
+def _split_transpose(cotangents, flat, *, static, **_):
+    parts = [ad.instantiate_zeros(c) for c in cotangents]
+    return [_concat_native(static, *parts)]
+
+
+def _concat_jvp(primals, tangents, *, static, **_):
+    out = _concat_native(static, *primals)
+    if all(type(t) is ad.Zero for t in tangents):
+        return [out], [_zero(out)]
+    return [out], [_concat_native(static, *map(ad.instantiate_zeros, tangents))]
+
+
+def _concat_transpose(cotangents, *parts, static, **_):
+    (cotangent,) = cotangents
+    if type(cotangent) is ad.Zero:
+        return [_zero(p) if ad.is_undefined_primal(p) else None for p in parts]
+    pieces = _split_native(cotangent, static)
+    return [c if ad.is_undefined_primal(p) else None for c, p in zip(pieces, parts)]
+
+
+ad.primitive_jvps[_split_p] = _split_jvp
+ad.primitive_transposes[_split_p] = _split_transpose
+ad.primitive_jvps[_concat_p] = _concat_jvp
+ad.primitive_transposes[_concat_p] = _concat_transpose
 
 
 def split(flat: Array, shapes: list[tuple[int, ...]]) -> list[Array]:
@@ -210,7 +224,7 @@ def split(flat: Array, shapes: list[tuple[int, ...]]) -> list[Array]:
     shapes_t = tuple(tuple(s) for s in shapes)
     if _native() and len(shapes_t) > 1 and flat.dtype != jax.dtypes.float0:
         return _split_native(flat, shapes_t)
-    return _split_xla(flat, shapes_t)
+    return _split_xla(flat, static=shapes_t)
 
 
 def concat(parts: list[Array]) -> Array:

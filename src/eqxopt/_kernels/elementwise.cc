@@ -128,14 +128,15 @@ class Pool {
 
 Pool* pool_instance = nullptr;
 std::once_flag pool_once;
+// EQXOPT_NUM_THREADS (parsed and checked in Python) caps the threads one call uses,
+// like OMP_NUM_THREADS; 0: one per core.
+std::atomic<int64_t> thread_cap{0};
 
 Pool& pool() {
   std::call_once(pool_once, [] {
     int cores = std::max(1u, std::thread::hardware_concurrency());
-    // EQXOPT_NUM_THREADS caps the threads one step uses (like OMP_NUM_THREADS).
-    if (const char* cap = std::getenv("EQXOPT_NUM_THREADS")) {
-      cores = std::max(1, std::min(cores, std::atoi(cap)));
-    }
+    const int64_t cap = thread_cap.load();
+    if (cap > 0) cores = static_cast<int>(std::min<int64_t>(cores, cap));
     pool_instance = new Pool(cores - 1);  // never freed: its threads outlive main
     // A forked child has none of the parent's threads: it runs without a pool.
     pthread_atfork(nullptr, nullptr, [] { pool_instance = new Pool(0); });
@@ -266,6 +267,9 @@ ffi::Error Concat(ffi::RemainingArgs parts, ffi::Result<ffi::AnyBuffer> flat) {
 }  // namespace
 
 extern "C" {
+
+// Called from Python (ctypes) when the library loads, before any kernel runs.
+void eqxopt_set_num_threads(int64_t cap) { thread_cap.store(cap); }
 
 // Called from Python (ctypes) once a rule's function is loaded.
 void eqxopt_register_kernel(int64_t id, void* fn) {
