@@ -14,7 +14,7 @@ from ._lamb import check_bool
 from ._leafwise import map_leaves
 from ._masks import Mask, resolve_mask
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import align_grads, increment, is_float_leaf, zero_step
+from ._tree import abs_sq, align_grads, increment, is_float_leaf, zero_step
 
 _MIN_PARAM_SCALE = 1e-3  # the paper's eps_2; optax.scale_by_param_block_rms's floor
 
@@ -244,7 +244,7 @@ class Adafactor(AbstractTransform):
 
         def factored_rule(g, p, row, col, leaf_axes):
             b, a = leaf_axes
-            sq = _abs_sq(g) + eps
+            sq = abs_sq(g) + eps
             row = beta * row + (1.0 - beta) * jnp.mean(sq, axis=a)
             col = beta * col + (1.0 - beta) * jnp.mean(sq, axis=b)
             row_b = b - 1 if b > a else b  # axis b of the row statistics
@@ -254,7 +254,7 @@ class Adafactor(AbstractTransform):
             return u, row, col
 
         def full_rule(g, p, v):
-            v = beta * v + (1.0 - beta) * (_abs_sq(g) + eps)
+            v = beta * v + (1.0 - beta) * (abs_sq(g) + eps)
             return g * v**-0.5, v
 
         factored_u, (v_row, v_col) = map_leaves(
@@ -310,12 +310,8 @@ class Adafactor(AbstractTransform):
         )
 
 
-def _abs_sq(x: Array) -> Array:
-    return jnp.real(x * jnp.conj(x)) if jnp.iscomplexobj(x) else x * x
-
-
 def _rms(x: Array) -> Array:
-    return jnp.sqrt(jnp.mean(_abs_sq(x)))
+    return jnp.sqrt(jnp.mean(abs_sq(x)))
 
 
 def _offset(value: Any) -> Int[Array, ""]:

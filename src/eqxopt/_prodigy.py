@@ -11,7 +11,7 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, is_float_leaf, zero_step
+from ._tree import abs_sq, float_leaves_like, increment, is_float_leaf, zero_step
 
 
 class ProdigyState(eqx.Module):
@@ -149,7 +149,7 @@ class Prodigy(AbstractTransform):
         def moments(g, p, mu, nu, s, p0):
             dg = d * g
             mu = b1 * mu + (1 - b1) * dg
-            nu = b2 * nu + (1 - b2) * dg * dg
+            nu = b2 * nu + (1 - b2) * abs_sq(dg)
             s = b3 * s + s_scale * dg / d0
             sums = jnp.stack([jnp.vdot(g, p0 - p), jnp.sum(jnp.abs(s))])
             return sums, mu, nu, s, p0

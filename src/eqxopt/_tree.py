@@ -31,6 +31,14 @@ def compute_dtype(dtype: Any) -> Any:
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def abs_sq(x: Array) -> Array:
+    """`|x|**2`, element-wise: real for complex `x` (`x * x` would be complex).
+
+    Every squared magnitude in the library (second moments, norms, RMS) goes
+    through here, so complex parameters get the update optax gives them."""
+    return jnp.real(x * jnp.conj(x)) if jnp.iscomplexobj(x) else x * x
+
+
 def float_leaves_like(
     params: PyTree, dtype: Any = None, fill: float | Array = 0.0
 ) -> PyTree:
