@@ -376,9 +376,14 @@ class LBFGS(AbstractTransform):
       `value_fn`, one extra evaluation).
     - `value_fn`: the loss, `value_fn(params, **fn_kwargs) -> scalar`; the
       linesearch evaluates it and its gradient at trial points.
+    - `grad`: accepted and ignored (the positional gradients are used), since
+      optax's L-BFGS loop passes `grad=` too.
     - `**fn_kwargs`: every other keyword is passed on to `value_fn`. Pass data
       here, as arrays: arrays are inputs of the compiled step, so new data does
       not recompile.
+
+    Without linesearch (`linesearch=False`) `update` takes none of these; inside
+    a `Chain` or through `to_optax()` they are dropped, as optax drops them.
 
     `value_fn` itself is part of the compiled step's cache key (by identity):
     pass the same function object every step, such as a module-level function or
@@ -531,8 +536,10 @@ class LBFGS(AbstractTransform):
         *,
         value_fn: Callable[..., Any] | None = None,
         value: Any = None,
+        grad: Any = None,
         **fn_kwargs: Any,
     ) -> tuple[Updates, LBFGSState]:
+        del grad  # optax's loop passes it; it is `grads`
         if self.linesearch and value_fn is None:
             raise TypeError(
                 "LBFGS.update/step need value_fn=, the loss function "
@@ -637,6 +644,13 @@ class LBFGS(AbstractTransform):
             linesearch_steps=steps,
         )
         return updates, new_state
+
+    def takes_keyword(self, key: str) -> bool:
+        """Whether `update` uses the keyword argument `key`: every keyword with
+        the linesearch (`value`, `value_fn`, `grad`, and data for `value_fn`),
+        none without (a direct `update` still accepts `value` there). `Chain`
+        and `to_optax()` drop the keywords it does not use."""
+        return self.linesearch
 
     def value_and_grad(
         self,
