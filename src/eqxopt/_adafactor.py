@@ -14,7 +14,14 @@ from ._lamb import check_bool
 from ._leafwise import map_leaves
 from ._masks import Mask, resolve_mask
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import abs_sq, align_grads, increment, is_float_leaf, zero_step
+from ._tree import (
+    abs_sq,
+    align_grads,
+    increment,
+    is_float_leaf,
+    stored_dtype,
+    zero_step,
+)
 
 _MIN_PARAM_SCALE = 1e-3  # the paper's eps_2; optax.scale_by_param_block_rms's floor
 
@@ -206,7 +213,7 @@ class Adafactor(AbstractTransform):
         if self.momentum is not None:
             momentum = jax.tree.map(
                 lambda p: (
-                    jnp.zeros(p.shape, self.dtype_momentum)
+                    jnp.zeros(p.shape, stored_dtype(self.dtype_momentum, p.dtype))
                     if is_float_leaf(p)
                     else None
                 ),

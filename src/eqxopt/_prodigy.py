@@ -151,7 +151,9 @@ class Prodigy(AbstractTransform):
             mu = b1 * mu + (1 - b1) * dg
             nu = b2 * nu + (1 - b2) * abs_sq(dg)
             s = b3 * s + s_scale * dg / d0
-            sums = jnp.stack([jnp.vdot(g, p0 - p), jnp.sum(jnp.abs(s))])
+            # Re<g, p0 - p>: the slope towards the start, real for complex leaves.
+            slope = jnp.real(jnp.vdot(g, p0 - p))
+            sums = jnp.stack([slope, jnp.sum(jnp.abs(s))])
             return sums, mu, nu, s, p0
 
         sums, (mu, nu, grad_sum, params0) = map_leaves(

@@ -43,17 +43,30 @@ def float_leaves_like(
     params: PyTree, dtype: Any = None, fill: float | Array = 0.0
 ) -> PyTree:
     """A tree shaped like `params`: `fill` for every float leaf (in `dtype`, or the
-    leaf's own dtype), `None` for every other leaf. Each new leaf is placed like its
-    parameter, so sharded parameters get sharded state from the start."""
+    leaf's own dtype; see `stored_dtype` for complex leaves), `None` for every other
+    leaf. Each new leaf is placed like its parameter, so sharded parameters get
+    sharded state from the start."""
 
     def make(p):
         if not is_float_leaf(p):
             return None
-        return own_buffer(
-            jnp.full_like(p, fill, dtype=p.dtype if dtype is None else dtype)
-        )
+        return own_buffer(jnp.full_like(p, fill, dtype=stored_dtype(dtype, p.dtype)))
 
     return jax.tree.map(make, params)
+
+
+def stored_dtype(dtype: Any, param_dtype: Any) -> Any:
+    """The dtype of a state buffer for a parameter of `param_dtype` asked to be kept
+    in `dtype` (such as `mu_dtype=jnp.bfloat16`; `None`: the parameter's own).
+
+    For a complex parameter a real `dtype` means its complex counterpart of that
+    precision: a moment of complex gradients stored real would drop their
+    imaginary parts."""
+    if dtype is None:
+        return jnp.dtype(param_dtype)
+    if jnp.issubdtype(param_dtype, jnp.complexfloating):
+        return jnp.promote_types(dtype, jnp.complex64)
+    return jnp.dtype(dtype)
 
 
 def own_buffer(x: Array) -> Array:
