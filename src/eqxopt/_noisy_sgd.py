@@ -131,8 +131,7 @@ def _key_data(name: str, key: Any) -> tuple[Array, str]:
         return jax.random.key_data(key), str(impl)
     if key.dtype != np.uint32 or key.ndim != 1:
         raise ValueError(
-            f"{name} must be an integer seed (an int or a 0-d integer array), a "
-            "typed key (jax.random.key) or raw "
+            f"{name} must be an integer seed, a typed key (jax.random.key) or raw "
             f"uint32 key data (jax.random.PRNGKey), got dtype {key.dtype} and "
             f"shape {key.shape}"
         )
