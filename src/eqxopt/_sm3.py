@@ -13,7 +13,7 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter, reject_complex
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, is_float_leaf, zero_step
+from ._tree import abs_sq, float_leaves_like, increment, is_float_leaf, zero_step
 
 _WHY = "its accumulators take the max of squared gradients over axes"
 
@@ -106,7 +106,7 @@ class SM3(AbstractTransform):
         def rule(g, p, a, m):
             shape = g.shape
             if g.ndim < 2:
-                acc = a.reshape(shape) + g * g
+                acc = a.reshape(shape) + abs_sq(g)
                 new_a = acc.reshape(-1)
             else:
                 splits = np.cumsum(shape)[:-1].tolist()
@@ -115,7 +115,7 @@ class SM3(AbstractTransform):
                     jnp.minimum,
                     [v.reshape(_expanded(shape, i)) for i, v in enumerate(per_axis)],
                 )
-                acc = floor + g * g
+                acc = floor + abs_sq(g)
                 axes = range(g.ndim)
                 new_a = jnp.concatenate(
                     [
