@@ -616,6 +616,37 @@ def test_lbfgs_without_linesearch_matches_optax():
     assert float(quartic(mine)) < 1e-3 * float(quartic(PARAMS))
 
 
+def test_lbfgs_to_optax_takes_optax_lbfgs_loop_keywords():
+    """optax's L-BFGS loop passes value=, grad= and value_fn= whatever the
+    linesearch; without one, optax ignores them, and so does to_optax()."""
+    value_and_grad = jax.jit(jax.value_and_grad(quartic))
+    for ours, ref in (
+        (
+            eqxopt.LBFGS(0.5, memory_size=4, linesearch=False),
+            optax.lbfgs(0.5, memory_size=4, linesearch=None),
+        ),
+        (eqxopt.LBFGS(), optax.lbfgs()),
+    ):
+        txs = (ours.to_optax(), ref)
+        states = [tx.init(PARAMS) for tx in txs]
+        params = [PARAMS, PARAMS]
+        for step in range(5):
+            for i, tx in enumerate(txs):
+                value, grad = value_and_grad(params[i])
+                updates, states[i] = tx.update(
+                    grad, states[i], params[i], value=value, grad=grad, value_fn=quartic
+                )
+                params[i] = optax.apply_updates(params[i], updates)
+            try:
+                assert_trees_close(params[0], params[1], atol=1e-6)
+            except AssertionError as err:
+                raise AssertionError(f"{ours} step {step}: {err}") from None
+    # A direct update still says what is wrong with value_fn and no linesearch.
+    plain = eqxopt.LBFGS(linesearch=False)
+    with pytest.raises(TypeError, match="takes no value_fn"):
+        plain.update(GRADS[0], plain.init(PARAMS), PARAMS, value_fn=quartic)
+
+
 def test_lbfgs_data_keywords_reach_value_fn_without_recompiling():
     from eqxopt import _base, _dispatch
 

@@ -160,6 +160,11 @@ OPTAX_CASES = {
         lambda: eqxopt.NoisySGD(0.05, eta=0.3, gamma=1.0, key=7),
         lambda: optax.noisy_sgd(0.05, eta=0.3, gamma=1.0, key=7),
     ),
+    # A seed as a 0-d int32 array, as optax.inject_hyperparams passes an int.
+    "NoisySGD-array-seed": (
+        lambda: eqxopt.NoisySGD(0.05, eta=0.3, key=jnp.asarray(5)),
+        lambda: optax.noisy_sgd(0.05, eta=0.3, key=jnp.asarray(5)),
+    ),
 }
 
 
@@ -477,6 +482,19 @@ def test_noisy_sgd_noise_statistics():
     for t in (0, 3):
         sigma = np.sqrt(eta / (1 + t) ** gamma)
         assert abs(stds[t] / sigma - 1) < 0.02  # 40000 samples: about 0.4% s.d.
+
+
+def test_noisy_sgd_integer_array_seeds_are_the_int_seed():
+    grads = list(grad_stream(PARAMS, 3))
+    expected = run_eqxopt(eqxopt.NoisySGD(0.05, eta=0.5, key=9), PARAMS, grads)
+    for seed in (jnp.asarray(9), jnp.asarray(9, jnp.uint32), np.int64(9), np.array(9)):
+        got = run_eqxopt(eqxopt.NoisySGD(0.05, eta=0.5, key=seed), PARAMS, grads)
+        assert_histories_close(got, expected, rtol=0, atol=0)
+    # Inside jit the seed is traced (optax.inject_hyperparams makes it an array).
+    opt = jax.jit(lambda k: eqxopt.NoisySGD(0.05, eta=0.5, key=k).key)(jnp.asarray(9))
+    np.testing.assert_array_equal(opt, eqxopt.NoisySGD(0.05, key=9).key)
+    with pytest.raises(ValueError, match=r"key must be an integer seed, a typed key"):
+        eqxopt.NoisySGD(0.1, key=jnp.asarray(9.0))
 
 
 def test_noisy_sgd_key_errors():

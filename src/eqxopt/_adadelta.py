@@ -10,7 +10,7 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, zero_step
+from ._tree import abs_sq, float_leaves_like, increment, zero_step
 
 
 class AdadeltaState(eqx.Module):
@@ -88,9 +88,9 @@ class Adadelta(AbstractTransform):
 
         def rule(g, p, eg, edx):
             g = g + weight_decay * p
-            eg = rho * eg + (1 - rho) * g * g
+            eg = rho * eg + (1 - rho) * abs_sq(g)
             delta = jnp.sqrt(edx + eps) / jnp.sqrt(eg + eps) * g
-            edx = rho * edx + (1 - rho) * delta * delta
+            edx = rho * edx + (1 - rho) * abs_sq(delta)
             return -lr * delta, eg, edx
 
         updates, (eg, edx) = map_leaves(

@@ -15,6 +15,7 @@ from ._leafwise import map_leaves
 from ._masks import Mask, resolve_mask
 from ._schedules import AbstractSchedule, as_schedule
 from ._tree import (
+    abs_sq,
     align_grads,
     float_leaves_like,
     full_like_leaf,
@@ -249,7 +250,7 @@ class Adafactor(AbstractTransform):
 
         def factored_rule(g, p, row, col, leaf_axes):
             b, a = leaf_axes
-            sq = _abs_sq(g) + eps
+            sq = abs_sq(g) + eps
             row = beta * row + (1.0 - beta) * jnp.mean(sq, axis=a)
             col = beta * col + (1.0 - beta) * jnp.mean(sq, axis=b)
             row_b = b - 1 if b > a else b  # axis b of the row statistics
@@ -259,7 +260,7 @@ class Adafactor(AbstractTransform):
             return u, row, col
 
         def full_rule(g, p, v):
-            v = beta * v + (1.0 - beta) * (_abs_sq(g) + eps)
+            v = beta * v + (1.0 - beta) * (abs_sq(g) + eps)
             return g * v**-0.5, v
 
         factored_u, (v_row, v_col) = map_leaves(
@@ -315,12 +316,8 @@ class Adafactor(AbstractTransform):
         )
 
 
-def _abs_sq(x: Array) -> Array:
-    return jnp.real(x * jnp.conj(x)) if jnp.iscomplexobj(x) else x * x
-
-
 def _rms(x: Array) -> Array:
-    return jnp.sqrt(jnp.mean(_abs_sq(x)))
+    return jnp.sqrt(jnp.mean(abs_sq(x)))
 
 
 def _offset(value: Any) -> Int[Array, ""]:

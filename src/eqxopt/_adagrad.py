@@ -10,7 +10,12 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, zero_step
+from ._tree import (
+    abs_sq,
+    float_leaves_like,
+    increment,
+    zero_step,
+)
 
 
 class AdagradState(eqx.Module):
@@ -97,7 +102,7 @@ class Adagrad(AbstractTransform):
 
         def rule(g, p, s):
             g = g + weight_decay * p
-            s = s + g * g
+            s = s + abs_sq(g)
             positive = s > 0
             safe = jnp.where(positive, s, 1.0)
             if self.eps_in_sqrt:

@@ -17,7 +17,7 @@ from ._checks import float_dtype_or_none, hyperparameter
 from ._leafwise import map_leaves
 from ._masks import _as_bool, resolve_mask
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, is_none, zero_step
+from ._tree import abs_sq, float_leaves_like, increment, is_none, zero_step
 
 # --------------------------------------------------------------------------------------
 # Shared helpers (module level, used by every file of the family).
@@ -142,14 +142,6 @@ def init_moments(
         float_leaves_like(params, mu_dtype),
         float_leaves_like(params, nu_dtype, fill=nu_fill),  # type: ignore[arg-type]
     )
-
-
-def abs_sq(g: Array) -> Array:
-    """`|g|**2`, real for complex `g`."""
-    return jnp.real(g * jnp.conj(g)) if jnp.iscomplexobj(g) else g * g
-
-
-_abs_sq = abs_sq
 
 
 def ema(m: Array, x: Array, b: Array) -> Array:

@@ -11,7 +11,7 @@ from ._checks import hyperparameter, is_concrete
 from ._leafwise import map_leaves
 from ._masks import Mask, resolve_mask
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, zero_step
+from ._tree import abs_sq, float_leaves_like, increment, zero_step
 
 
 class AdanState(eqx.Module):
@@ -128,7 +128,7 @@ class Adan(AbstractTransform):
             mu = b1 * mu + (1 - b1) * g
             delta = b2 * delta + (1 - b2) * d
             nesterov = g + (1 - b2) * d
-            nu = b3 * nu + (1 - b3) * jnp.real(nesterov * jnp.conj(nesterov))
+            nu = b3 * nu + (1 - b3) * abs_sq(nesterov)
             r = (mu / bias1 + (1 - b2) * (delta / bias2)) / (
                 jnp.sqrt(nu / bias3 + eps_root) + eps
             )

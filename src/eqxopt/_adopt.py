@@ -8,7 +8,6 @@ from jaxtyping import Array, Float
 
 from ._adam import (
     AdamState,
-    abs_sq,
     adam_state,
     betas_and_eps,
     check_bool,
@@ -16,9 +15,10 @@ from ._adam import (
     ema,
 )
 from ._base import AbstractTransform, Grads, Params, Updates
+from ._checks import reject_complex
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import increment
+from ._tree import abs_sq, increment
 
 
 class ADOPT(AbstractTransform):
@@ -81,11 +81,22 @@ class ADOPT(AbstractTransform):
         self.nu_dtype = dtype_or_none("nu_dtype", nu_dtype)
 
     def init(self, params: Params) -> AdamState:
+        self._check_real(params)
         return adam_state(params, self.mu_dtype, self.nu_dtype)
+
+    def _check_real(self, params: Params) -> None:
+        if self.clip:
+            reject_complex(
+                params,
+                "params",
+                "ADOPT(clip=True)",
+                "complex numbers have no order to clip by; clip=False takes them",
+            )
 
     def transform(
         self, grads: Grads, state: AdamState, params: Params
     ) -> tuple[Updates, AdamState]:
+        self._check_real(params)
         lr = self.learning_rate(state.step)
         first = state.step == 0
         b1 = jnp.where(first, 1.0, self.b1)

@@ -52,7 +52,12 @@ def inner_transforms(module: eqx.Module) -> list[AbstractTransform]:
 def accepts_keyword(transform: AbstractTransform, key: str) -> bool:
     """Whether `transform.transform` uses the keyword argument `key`: it names it, or
     it takes `**extra` and some transform inside it uses `key` (a `**extra` with no
-    transform inside, as `FromOptax` has, takes everything)."""
+    transform inside, as `FromOptax` has, takes everything). A transform whose
+    keywords depend on its configuration says so with a `takes_keyword(key)`
+    method (`LBFGS` takes none without its linesearch)."""
+    takes_keyword = getattr(transform, "takes_keyword", None)
+    if takes_keyword is not None:
+        return takes_keyword(key)
     named, takes_any = _signature(type(transform))
     if key in named:
         return True

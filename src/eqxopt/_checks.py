@@ -169,6 +169,23 @@ def check_grads(grads: PyTree, params: PyTree) -> list[Any]:
     return aligned
 
 
+_NOUNS = {"params": "parameters", "grads": "gradients"}
+
+
+def reject_complex(tree: PyTree, tree_name: str, owner: str, why: str) -> None:
+    """Raises `TypeError` naming the first complex float leaf of `tree` (as
+    `tree_name[path]`) and `owner`, the optimizer or transform that cannot take it;
+    `why` says what in its rule has no complex meaning. Called at `init` and at trace
+    time, so nothing has changed when it raises."""
+    for path, x in zip(leaf_paths(tree), jax.tree.leaves(tree)):
+        if is_float_leaf(x) and jnp.iscomplexobj(x):
+            raise TypeError(
+                f"{owner} supports real {_NOUNS.get(tree_name, 'arrays')} only; "
+                f"{tree_name}{path} is "
+                f"{x.dtype} ({why})"
+            )
+
+
 def _describe(x: Any) -> str:
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return f"{x.dtype}{list(x.shape)}"

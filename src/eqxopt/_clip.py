@@ -9,13 +9,18 @@ from jaxtyping import Array, Float, PyTree
 
 from ._base import AbstractTransform, Grads, Params, Updates
 from ._chain import EmptyState
-from ._checks import hyperparameter
+from ._checks import hyperparameter, reject_complex
 from ._leafwise import map_leaves
-from ._tree import align_grads, compute_dtype, is_float_leaf, is_none, leaf_paths
+from ._tree import (
+    abs_sq,
+    align_grads,
+    compute_dtype,
+    is_float_leaf,
+    is_none,
+    leaf_paths,
+)
 
-
-def _abs_sq(x: Array) -> Array:
-    return jnp.real(x * jnp.conj(x)) if jnp.iscomplexobj(x) else x * x
+_NO_ORDER = "complex numbers have no order to clip by"
 
 
 def global_norm(tree: PyTree) -> Float[Array, ""]:
@@ -33,7 +38,7 @@ def global_norm(tree: PyTree) -> Float[Array, ""]:
     if not leaves:
         return jnp.zeros((), jnp.float32)
     total = sum(
-        jnp.sum(_abs_sq(x.astype(compute_dtype(x.dtype)))).astype(jnp.float32)
+        jnp.sum(abs_sq(x.astype(compute_dtype(x.dtype)))).astype(jnp.float32)
         for x in leaves
     )
     # sqrt has an infinite slope at 0: take it of 1 there, so that the gradient of
@@ -70,6 +75,7 @@ class ClipByValue(AbstractTransform):
     def transform(
         self, grads: Grads, state: EmptyState, params: Params
     ) -> tuple[Updates, EmptyState]:
+        reject_complex(grads, "grads", "ClipByValue", _NO_ORDER)
         bound = self.max_delta
 
         def rule(g, p):
@@ -160,7 +166,7 @@ class ClipByBlockRMS(AbstractTransform):
         threshold = self.threshold
 
         def rule(g, p):
-            denom = jnp.maximum(1.0, jnp.sqrt(jnp.mean(_abs_sq(g))) / threshold)
+            denom = jnp.maximum(1.0, jnp.sqrt(jnp.mean(abs_sq(g))) / threshold)
             return (g / denom,)
 
         updates, _ = map_leaves(rule, grads, params, elementwise=False)
@@ -182,9 +188,9 @@ def _unit_axes(ndim: int, axis: tuple[int, ...] | None) -> tuple[int, ...] | Non
 
 def _unitwise_norm(x: Array, axes: tuple[int, ...] | None, squeezed: bool) -> Array:
     if squeezed:
-        sq = jnp.sum(_abs_sq(x), keepdims=True)
+        sq = jnp.sum(abs_sq(x), keepdims=True)
     else:
-        sq = jnp.sum(_abs_sq(x), axis=axes, keepdims=True)
+        sq = jnp.sum(abs_sq(x), axis=axes, keepdims=True)
     return jnp.broadcast_to(jnp.sqrt(sq), x.shape)
 
 

@@ -11,15 +11,11 @@ from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._masks import Mask, resolve_mask
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, zero_step
+from ._tree import abs_sq, float_leaves_like, increment, zero_step
 
 
 def _norm(x: Array) -> Array:
-    return jnp.sqrt(jnp.sum(_abs_sq(x)))
-
-
-def _abs_sq(x: Array) -> Array:
-    return jnp.real(x * jnp.conj(x)) if jnp.iscomplexobj(x) else x * x
+    return jnp.sqrt(jnp.sum(abs_sq(x)))
 
 
 def trust_ratio(
@@ -140,7 +136,7 @@ class LAMB(AbstractTransform):
 
         def rule(g, p, mu, nu, decay):
             mu = b1 * mu + (1 - b1) * g
-            nu = b2 * nu + (1 - b2) * _abs_sq(g)
+            nu = b2 * nu + (1 - b2) * abs_sq(g)
             r = (mu / bias1) / (jnp.sqrt(nu / bias2 + eps_root) + eps)
             if decay:
                 r = r + weight_decay * p

@@ -34,9 +34,12 @@ class LBFGSState(eqx.Module):
     - `diff_params`, `diff_grads`: the last `memory_size` differences of
       parameters and of gradients, each leaf of shape `(memory_size, *shape)`.
     - `weights`: `(memory_size,)`, the `1 / <diff_grads, diff_params>` of each pair.
-    - `learning_rate`: float32 scalar, the step size the linesearch chose last.
-    - `value`: float32 scalar, the loss at the parameters the last update led to
-      (`inf` before the first update, or without linesearch).
+    - `learning_rate`: scalar, the step size the linesearch chose last.
+    - `value`: scalar, the loss at the parameters the last update led to (`inf`
+      before the first update, or without linesearch).
+
+    `weights`, `learning_rate` and `value` are float32, or float64 when a parameter
+    is float64 or complex128 (so the linesearch keeps the parameters' precision).
     - `grad`: the gradient there, shaped like params (zeros without linesearch).
     - `linesearch_steps`: int32 scalar, the linesearch iterations of the last
       update.
@@ -56,7 +59,20 @@ class LBFGSState(eqx.Module):
 
 # Operations on lists of leaves (the float leaves that have a gradient).
 def _vdot(a: list[Array], b: list[Array]) -> Array:
-    return jnp.real(sum((jnp.vdot(x, y) for x, y in zip(a, b)), jnp.zeros(())))
+    # Starting from float32 (not the default float, float64 under jax_enable_x64)
+    # keeps the result in the leaves' precision.
+    total = sum((jnp.vdot(x, y) for x, y in zip(a, b)), jnp.zeros((), jnp.float32))
+    return jnp.real(total)
+
+
+def _scalar_dtype(params: PyTree) -> Any:
+    """The real dtype of the linesearch's scalars and of the state's: float32, or
+    float64 when a float leaf is float64 or complex128."""
+    dtype = jnp.dtype(jnp.float32)
+    for p in jax.tree.leaves(params):
+        if is_float_leaf(p):
+            dtype = jnp.promote_types(dtype, jnp.finfo(compute_dtype(p.dtype)).dtype)
+    return dtype
 
 
 def _add_scale(a: list[Array], s: Array, b: list[Array]) -> list[Array]:
@@ -104,18 +120,27 @@ def _zoom_linesearch(
 ) -> dict[str, Any]:
     """A step size along `direction` with sufficient decrease and small curvature
     (strong Wolfe conditions), as `optax.scale_by_zoom_linesearch` finds it."""
-    tol = opt.tol
-    slope_rtol, curv_rtol = opt.slope_rtol, opt.curv_rtol
-    approx_dec_rtol = opt.approx_dec_rtol
-    threshold = opt.stepsize_precision
+    # Every scalar in value0's dtype: the branches of the loop's conds must agree,
+    # and hyperparameters are float64 under jax_enable_x64 whatever the params.
+    dtype = value0.dtype
+
+    def scalar(x: Any) -> Any:
+        return None if x is None else jnp.asarray(x).astype(dtype)
+
+    tol = scalar(opt.tol)
+    slope_rtol, curv_rtol = scalar(opt.slope_rtol), scalar(opt.curv_rtol)
+    approx_dec_rtol = scalar(opt.approx_dec_rtol)
+    threshold = scalar(opt.stepsize_precision)
+    increase_factor = scalar(opt.increase_factor)
+    max_learning_rate = scalar(opt.max_learning_rate)
     max_steps = opt.max_linesearch_steps
 
     def on_line(stepsize):
         value, grad = value_and_grad(_add_scale(params, stepsize, direction))
-        slope = _vdot([jnp.conj(g) for g in grad], direction)
-        return value, grad, slope
+        slope = scalar(_vdot([jnp.conj(g) for g in grad], direction))
+        return scalar(value), grad, slope
 
-    slope0 = _vdot(direction, grad0)
+    slope0 = scalar(_vdot(direction, grad0))
 
     def decrease_error(stepsize, value, slope):
         error = value - value0 - slope_rtol * stepsize * slope0
@@ -132,10 +157,10 @@ def _zoom_linesearch(
 
     def search_interval(s):
         count = s["count"]
-        new = jnp.where(count == 0, 1.0, opt.increase_factor * s["stepsize"])
-        if opt.max_learning_rate is not None:
-            max_reached = new >= opt.max_learning_rate
-            new = jnp.minimum(new, opt.max_learning_rate)
+        new = jnp.where(count == 0, scalar(1.0), increase_factor * s["stepsize"])
+        if max_learning_rate is not None:
+            max_reached = new >= max_learning_rate
+            new = jnp.minimum(new, max_learning_rate)
         else:
             max_reached = jnp.asarray(False)
         value, grad, slope = on_line(new)
@@ -358,9 +383,14 @@ class LBFGS(AbstractTransform):
       `value_fn`, one extra evaluation).
     - `value_fn`: the loss, `value_fn(params, **fn_kwargs) -> scalar`; the
       linesearch evaluates it and its gradient at trial points.
+    - `grad`: accepted and ignored (the positional gradients are used), since
+      optax's L-BFGS loop passes `grad=` too.
     - `**fn_kwargs`: every other keyword is passed on to `value_fn`. Pass data
       here, as arrays: arrays are inputs of the compiled step, so new data does
       not recompile.
+
+    Without linesearch (`linesearch=False`) `update` takes none of these; inside
+    a `Chain` or through `to_optax()` they are dropped, as optax drops them.
 
     `value_fn` itself is part of the compiled step's cache key (by identity):
     pass the same function object every step, such as a module-level function or
@@ -491,15 +521,16 @@ class LBFGS(AbstractTransform):
             return jax.tree.map(make, params)
 
         memory = zeros((self.memory_size,))
+        real = _scalar_dtype(params)
         return LBFGSState(
             step=zero_step(),
             prev_params=zeros(),
             prev_grads=zeros(),
             diff_params=memory,
             diff_grads=jax.tree.map(jnp.copy, memory),
-            weights=jnp.zeros((self.memory_size,), jnp.float32),
-            learning_rate=jnp.ones((), jnp.float32),
-            value=jnp.full((), jnp.inf, jnp.float32),
+            weights=jnp.zeros((self.memory_size,), real),
+            learning_rate=jnp.ones((), real),
+            value=jnp.full((), jnp.inf, real),
             grad=zeros(),
             linesearch_steps=jnp.zeros((), jnp.int32),
         )
@@ -512,8 +543,10 @@ class LBFGS(AbstractTransform):
         *,
         value_fn: Callable[..., Any] | None = None,
         value: Any = None,
+        grad: Any = None,
         **fn_kwargs: Any,
     ) -> tuple[Updates, LBFGSState]:
+        del grad  # optax's loop passes it; it is `grads`
         if self.linesearch and value_fn is None:
             raise TypeError(
                 "LBFGS.update/step need value_fn=, the loss function "
@@ -543,6 +576,7 @@ class LBFGS(AbstractTransform):
             return treedef.unflatten(leaves)
 
         dtypes = [compute_dtype(param_leaves[i].dtype) for i in active]
+        real = state.value.dtype
         p = [param_leaves[i].astype(d) for i, d in zip(active, dtypes)]
         g = [grad_leaves[i].astype(d) for i, d in zip(active, dtypes)]
         count = state.step
@@ -560,7 +594,7 @@ class LBFGS(AbstractTransform):
             x.at[prev_idx].set(y) for x, y in zip(pick(state.diff_params), dp)
         ]
         diff_grads = [x.at[prev_idx].set(y) for x, y in zip(pick(state.diff_grads), dg)]
-        weights = state.weights.at[prev_idx].set(weight.astype(jnp.float32))
+        weights = state.weights.at[prev_idx].set(weight.astype(real))
 
         if self.scale_init_precond:
             norm_dg = _vdot(dg, dg)
@@ -568,9 +602,9 @@ class LBFGS(AbstractTransform):
             capped = jnp.minimum(1.0, 1.0 / jnp.sqrt(_vdot(g, g)))
             scale = jnp.where(first, capped, scale)
         else:
-            scale = jnp.ones(())
+            scale = jnp.ones((), real)
         hg = _two_loop(g, diff_params, diff_grads, weights, scale, memory_idx)
-        lr = self.learning_rate(count)
+        lr = self.learning_rate(count).astype(real)
         direction = [-lr * x for x in hg]
 
         new_grad = pick(state.grad)
@@ -583,7 +617,7 @@ class LBFGS(AbstractTransform):
                         x.astype(param_leaves[i].dtype) for i, x in zip(active, xs)
                     ]
                     out = value_fn(put(params, moved), **fn_kwargs)
-                    return jnp.asarray(out).astype(jnp.float32)
+                    return jnp.asarray(out).astype(real)
 
                 v, gs = jax.value_and_grad(f)(xs)
                 return v, [x.astype(d) for x, d in zip(gs, dtypes)]
@@ -591,14 +625,14 @@ class LBFGS(AbstractTransform):
             if value is None:
                 value0 = value_and_grad(p)[0]
             else:
-                value0 = jnp.asarray(value).astype(jnp.float32)
+                value0 = jnp.asarray(value).astype(real)
             found = _zoom_linesearch(self, value_and_grad, p, direction, value0, g)
             stepsize = found["stepsize"]
-            new_value = found["value"].astype(jnp.float32)
+            new_value = found["value"].astype(real)
             new_grad = found["grad"]
             steps = found["count"].astype(jnp.int32)
         else:
-            stepsize = jnp.ones((), jnp.float32)
+            stepsize = jnp.ones((), real)
             new_value = state.value
             steps = state.linesearch_steps
         update_leaves = [stepsize * d for d in direction]
@@ -611,12 +645,19 @@ class LBFGS(AbstractTransform):
             diff_params=put(state.diff_params, diff_params),
             diff_grads=put(state.diff_grads, diff_grads),
             weights=weights,
-            learning_rate=jnp.asarray(stepsize, jnp.float32),
+            learning_rate=jnp.asarray(stepsize, real),
             value=new_value,
             grad=put(state.grad, new_grad),
             linesearch_steps=steps,
         )
         return updates, new_state
+
+    def takes_keyword(self, key: str) -> bool:
+        """Whether `update` uses the keyword argument `key`: every keyword with
+        the linesearch (`value`, `value_fn`, `grad`, and data for `value_fn`),
+        none without (a direct `update` still accepts `value` there). `Chain`
+        and `to_optax()` drop the keywords it does not use."""
+        return self.linesearch
 
     def value_and_grad(
         self,
@@ -634,7 +675,8 @@ class LBFGS(AbstractTransform):
         update, and without linesearch, it evaluates `value_fn`. Compiled, with
         `value_fn` in the cache key as for `update`.
 
-        **Returns:** `(value, grads)`: float32 loss; gradients with `None` at
+        **Returns:** `(value, grads)`: the loss, in the dtype of `state.value`;
+        gradients with `None` at
         non-float leaves, each in its parameter's dtype.
         """
         return _dispatch.call(
@@ -648,7 +690,7 @@ class LBFGS(AbstractTransform):
 def _value_and_grad_entry(state, params, value_fn, fn_kwargs):
     def compute(_):
         value, grads = eqx.filter_value_and_grad(value_fn)(params, **fn_kwargs)
-        return jnp.asarray(value).astype(jnp.float32), grads
+        return jnp.asarray(value).astype(state.value.dtype), grads
 
     def reuse(_):
         grads = jax.tree.map(

@@ -12,7 +12,14 @@ from ._checks import float_dtype_or_none, hyperparameter, is_concrete
 from ._leafwise import map_leaves
 from ._masks import Mask, resolve_mask
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import align_grads, float_leaves_like, increment, is_float_leaf, zero_step
+from ._tree import (
+    abs_sq,
+    align_grads,
+    float_leaves_like,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
 
 _DEFAULT_NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
@@ -240,6 +247,8 @@ class Muon(AbstractTransform):
 
         def muon_rule(g, p, mu, decay):
             mu = beta * mu + (1 - beta) * g
+            if p.size == 0:  # an empty matrix: nothing to orthogonalise or scale
+                return jnp.zeros_like(g), mu
             if nesterov:
                 mu_hat = beta * mu / (1 - beta ** increment(t)) + (1 - beta) * g / (
                     1 - beta**t
@@ -260,7 +269,7 @@ class Muon(AbstractTransform):
 
         def adam_rule(g, p, mu, nu, decay):
             mu = b1 * mu + (1 - b1) * g
-            nu = b2 * nu + (1 - b2) * g * g
+            nu = b2 * nu + (1 - b2) * abs_sq(g)
             if nesterov:
                 mu_hat = b1 * mu / (1 - b1 ** increment(t)) + (1 - b1) * g / (1 - b1**t)
             else:

@@ -55,10 +55,11 @@ class NoisySGD(AbstractTransform):
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
     - `eta`: the noise variance at the first step, `>= 0`.
     - `gamma`: the decay exponent of the variance, `>= 0`.
-    - `key`: an integer seed, or a JAX PRNG key (typed, from `jax.random.key`,
-      or raw `uint32` data, from `jax.random.PRNGKey`). Required: there is no
-      hidden global seed. The key is an array field, so a new key does not
-      recompile.
+    - `key`: an integer seed (a Python int or a 0-d integer array, as
+      `optax.inject_hyperparams` passes it), or a JAX PRNG key (typed, from
+      `jax.random.key`, or raw `uint32` data, from `jax.random.PRNGKey`).
+      Required: there is no hidden global seed. The key is an array field, so a
+      new key does not recompile.
     """
 
     learning_rate: AbstractSchedule
@@ -119,6 +120,10 @@ def _key_data(name: str, key: Any) -> tuple[Array, str]:
             f"{name} must be an integer seed or a JAX PRNG key, got "
             f"{type(key).__name__}"
         )
+    if key.ndim == 0 and jnp.issubdtype(key.dtype, jnp.integer):
+        # A seed as a 0-d integer array, as optax.inject_hyperparams makes of an
+        # int (and as optax takes it): the same key as the Python int.
+        key = jax.random.key(key)
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         if key.shape != ():
             raise ValueError(f"{name} must be a single key, got shape {key.shape}")

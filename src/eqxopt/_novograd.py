@@ -12,6 +12,7 @@ from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
 from ._tree import (
+    abs_sq,
     float_leaves_like,
     increment,
     is_float_leaf,
@@ -110,7 +111,7 @@ class NovoGrad(AbstractTransform):
         first = state.step == 0
 
         def rule(g, p, mu, nu):
-            sq_norm = jnp.sum(jnp.real(g * jnp.conj(g)))
+            sq_norm = jnp.sum(abs_sq(g))
             nu = jnp.where(first, sq_norm, b2 * nu + (1 - b2) * sq_norm)
             r = g / (jnp.sqrt(nu + eps_root) + eps) + weight_decay * p
             mu = jnp.where(first, r, b1 * mu + r)

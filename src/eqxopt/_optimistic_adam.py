@@ -7,7 +7,6 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ._adam import (
-    abs_sq,
     betas_and_eps,
     bias_correction,
     check_bool,
@@ -20,7 +19,7 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, zero_step
+from ._tree import abs_sq, float_leaves_like, increment, zero_step
 
 
 class OptimisticAdamState(eqx.Module):

@@ -12,7 +12,14 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import align_grads, compute_dtype, increment, is_float_leaf, zero_step
+from ._tree import (
+    abs_sq,
+    align_grads,
+    compute_dtype,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
 
 _VARIANTS = ("sps", "sps+")
 # optax's guard against a zero gradient: jnp.finfo(float).eps.
@@ -127,7 +134,7 @@ class PolyakSGD(AbstractTransform):
         for g, p in zip(align_grads(grads, params), jax.tree.leaves(params)):
             if g is not None and is_float_leaf(p):
                 g = g.astype(compute_dtype(p.dtype))
-                sq_norm = sq_norm + jnp.sum(jnp.real(g * jnp.conj(g)))
+                sq_norm = sq_norm + jnp.sum(abs_sq(g))
         gap = jnp.asarray(value, jnp.float32) - self.f_min
         if self.variant == "sps+":
             gap = jnp.maximum(gap, 0.0)

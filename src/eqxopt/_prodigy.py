@@ -11,7 +11,7 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, is_float_leaf, zero_step
+from ._tree import abs_sq, float_leaves_like, increment, is_float_leaf, zero_step
 
 
 class ProdigyState(eqx.Module):
@@ -149,9 +149,11 @@ class Prodigy(AbstractTransform):
         def moments(g, p, mu, nu, s, p0):
             dg = d * g
             mu = b1 * mu + (1 - b1) * dg
-            nu = b2 * nu + (1 - b2) * dg * dg
+            nu = b2 * nu + (1 - b2) * abs_sq(dg)
             s = b3 * s + s_scale * dg / d0
-            sums = jnp.stack([jnp.vdot(g, p0 - p), jnp.sum(jnp.abs(s))])
+            # Re<g, p0 - p>: the slope towards the start, real for complex leaves.
+            slope = jnp.real(jnp.vdot(g, p0 - p))
+            sums = jnp.stack([slope, jnp.sum(jnp.abs(s))])
             return sums, mu, nu, s, p0
 
         sums, (mu, nu, grad_sum, params0) = map_leaves(

@@ -8,7 +8,6 @@ from jaxtyping import Array, Float
 
 from ._adam import (
     AdamState,
-    abs_sq,
     adam_state,
     betas_and_eps,
     bias_correction,
@@ -26,7 +25,7 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import increment
+from ._tree import abs_sq, increment
 
 _SERIES_STEPS = 1024
 

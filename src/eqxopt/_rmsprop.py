@@ -10,7 +10,12 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, zero_step
+from ._tree import (
+    abs_sq,
+    float_leaves_like,
+    increment,
+    zero_step,
+)
 
 
 class RMSPropState(eqx.Module):
@@ -157,14 +162,14 @@ class RMSProp(AbstractTransform):
         def rule(g, p, nu, *rest):
             rest = list(rest)
             g = g + weight_decay * p
-            nu = (1 - decay) * (g * g) + decay * nu
+            nu = (1 - decay) * abs_sq(g) + decay * nu
             # The order of operations is optax's, so rounding agrees too.
             var = nu if correction is None else nu / correction
             outs = []
             if self.centered:
                 mu = (1 - decay) * g + decay * rest.pop(0)
                 mean = mu if correction is None else mu / correction
-                var = jnp.maximum(var - mean * mean, 0.0)
+                var = jnp.maximum(var - abs_sq(mean), 0.0)
                 outs.append(mu)
             if self.eps_in_sqrt:
                 s = lr * g / jnp.sqrt(var + eps)

@@ -7,9 +7,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ._base import AbstractTransform, Grads, Params, Updates
-from ._checks import hyperparameter, is_concrete
+from ._checks import hyperparameter, is_concrete, reject_complex
 from ._leafwise import map_leaves
 from ._tree import float_leaves_like, increment, zero_step
+
+# The rule compares the signs of successive gradients: complex numbers have none.
+_WHY = "the sign of g * g_prev decides the step; complex numbers have no sign"
 
 
 class RpropState(eqx.Module):
@@ -97,6 +100,7 @@ class Rprop(AbstractTransform):
                 )
 
     def init(self, params: Params) -> RpropState:
+        reject_complex(params, "params", "Rprop", _WHY)
         return RpropState(
             step=zero_step(),
             step_sizes=float_leaves_like(params, fill=self.learning_rate),
@@ -106,6 +110,7 @@ class Rprop(AbstractTransform):
     def transform(
         self, grads: Grads, state: RpropState, params: Params
     ) -> tuple[Updates, RpropState]:
+        reject_complex(params, "params", "Rprop", _WHY)
         eta_minus, eta_plus = self.eta_minus, self.eta_plus
         low, high = self.min_step_size, self.max_step_size
 

@@ -13,6 +13,7 @@ from ._checks import float_dtype_or_none, hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
 from ._tree import (
+    abs_sq,
     compute_dtype,
     float_leaves_like,
     increment,
@@ -272,7 +273,7 @@ class ScheduleFreeAdamW(AbstractTransform):
         bias2 = 1 - b2**t
 
         def adam(g, y, lr, nu):
-            nu = b2 * nu + (1 - b2) * g * g
+            nu = b2 * nu + (1 - b2) * abs_sq(g)
             u = g / (jnp.sqrt(nu / bias2) + eps) + wd * y
             return -lr * u, nu
 

@@ -10,17 +10,19 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from ._base import AbstractTransform, Grads, Params, Updates
-from ._checks import hyperparameter
+from ._checks import hyperparameter, reject_complex
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
 from ._tree import (
+    abs_sq,
     float_leaves_like,
     full_like_leaf,
     increment,
     is_float_leaf,
-    leaf_paths,
     zero_step,
 )
+
+_WHY = "its accumulators take the max of squared gradients over axes"
 
 
 class SM3State(eqx.Module):
@@ -88,11 +90,7 @@ class SM3(AbstractTransform):
         self.eps = hyperparameter("eps", eps, low=0.0)
 
     def init(self, params: Params) -> SM3State:
-        for path, p in zip(leaf_paths(params), jax.tree.leaves(params)):
-            if is_float_leaf(p) and jnp.iscomplexobj(p):
-                raise TypeError(
-                    f"SM3 supports real parameters only; params{path} is {p.dtype}"
-                )
+        reject_complex(params, "params", "SM3", _WHY)
 
         def accumulator(p):
             if not is_float_leaf(p):
@@ -111,13 +109,14 @@ class SM3(AbstractTransform):
     def transform(
         self, grads: Grads, state: SM3State, params: Params
     ) -> tuple[Updates, SM3State]:
+        reject_complex(params, "params", "SM3", _WHY)
         lr = self.learning_rate(state.step)
         momentum, eps = self.momentum, self.eps
 
         def rule(g, p, a, m):
             shape = g.shape
             if g.ndim < 2:
-                acc = a.reshape(shape) + g * g
+                acc = a.reshape(shape) + abs_sq(g)
                 new_a = acc.reshape(-1)
             else:
                 splits = np.cumsum(shape)[:-1].tolist()
@@ -126,7 +125,7 @@ class SM3(AbstractTransform):
                     jnp.minimum,
                     [v.reshape(_expanded(shape, i)) for i, v in enumerate(per_axis)],
                 )
-                acc = floor + g * g
+                acc = floor + abs_sq(g)
                 axes = range(g.ndim)
                 new_a = jnp.concatenate(
                     [

@@ -9,7 +9,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from ._base import AbstractTransform, Grads, Params, Updates
-from ._checks import hyperparameter, is_concrete
+from ._checks import hyperparameter, is_concrete, reject_complex
 from ._schedules import AbstractSchedule, as_schedule
 from ._tree import (
     align_grads,
@@ -23,6 +23,10 @@ from ._tree import (
 # One entry per axis of a parameter: a (d, d) matrix, or None for an axis that is
 # not preconditioned (longer than max_precond_dim, or a 1-D leaf).
 AxisMatrices = tuple[Float[Array, "d d"] | None, ...]
+
+
+# Its eigenbases are of real symmetric G G^T statistics, as the authors' code.
+_WHY = "its preconditioner eigenbases are real"
 
 
 class SOAPState(eqx.Module):
@@ -185,6 +189,8 @@ class SOAP(AbstractTransform):
         )
 
     def init(self, params: Params) -> SOAPState:
+        reject_complex(params, "params", "SOAP", _WHY)
+
         def matrices(p):
             if not is_float_leaf(p):
                 return None
@@ -206,6 +212,7 @@ class SOAP(AbstractTransform):
     def transform(
         self, grads: Grads, state: SOAPState, params: Params
     ) -> tuple[Updates, SOAPState]:
+        reject_complex(params, "params", "SOAP", _WHY)
         lr = self.learning_rate(state.step)
         b1, b2, sb, eps, wd = (
             self.b1,
@@ -251,7 +258,9 @@ class SOAP(AbstractTransform):
                     new_q.append(jnp.linalg.qr(m @ o)[0])
                 return nu, tuple(new_q)
 
-            nu, q = jax.lax.cond(refresh, rebase, lambda nu, q: (nu, q), nu, q)
+            nu, q = jax.lax.cond(
+                refresh, _like_inputs(rebase), lambda nu, q: (nu, q), nu, q
+            )
             mu = _project(mu_plain, q)
             return stepped - p, mu, nu, gg, q
 
@@ -277,7 +286,12 @@ class SOAP(AbstractTransform):
                 nu.astype(dtype),
             )
             u, new_mu, new_nu, new_gg, new_q = jax.lax.cond(
-                k == 0, first, later, *args, gg, q
+                k == 0,
+                _like_inputs(first, skip=1),
+                _like_inputs(later, skip=1),
+                *args,
+                gg,
+                q,
             )
             out[0].append(u)
             out[1].append(new_mu.astype(mu.dtype))
@@ -286,6 +300,19 @@ class SOAP(AbstractTransform):
             out[4].append(new_q)
         updates, mu, nu, gg, q = (param_def.unflatten(column) for column in out)
         return updates, SOAPState(step=increment(state.step), mu=mu, nu=nu, gg=gg, q=q)
+
+
+def _like_inputs(rule: Any, skip: int = 0) -> Any:
+    """`rule`, its outputs cast to the dtypes of its inputs after the first `skip`
+    (output `i` like input `skip + i`): the two branches of a cond must agree, and
+    float64 hyperparameters (under jax_enable_x64) would otherwise widen float32
+    leaves in one of them."""
+
+    def run(*args):
+        out = rule(*args)
+        return jax.tree.map(lambda o, x: o.astype(x.dtype), out, args[skip:])
+
+    return run
 
 
 def _positive_int(name: str, value: Any) -> Array:

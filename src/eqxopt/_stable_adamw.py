@@ -8,7 +8,6 @@ from jaxtyping import Array, Float
 
 from ._adam import (
     AdamState,
-    abs_sq,
     adam_state,
     adam_transform,
     betas_and_eps,
@@ -20,6 +19,7 @@ from ._adam import (
 )
 from ._base import AbstractTransform, Grads, Params, Updates
 from ._schedules import AbstractSchedule, as_schedule
+from ._tree import abs_sq
 
 
 class StableAdamW(AbstractTransform):

@@ -31,13 +31,21 @@ def compute_dtype(dtype: Any) -> Any:
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def abs_sq(x: Array) -> Array:
+    """`|x|**2`, element-wise: real for complex `x` (`x * x` would be complex).
+
+    Every squared magnitude in the library (second moments, norms, RMS) goes
+    through here, so complex parameters get the update optax gives them."""
+    return jnp.real(x * jnp.conj(x)) if jnp.iscomplexobj(x) else x * x
+
+
 def float_leaves_like(
     params: PyTree, dtype: Any = None, fill: float | Array = 0.0
 ) -> PyTree:
     """A tree shaped like `params`: `fill` for every float leaf (in `dtype`, or the
-    leaf's own dtype), `None` for every other leaf. Each new leaf is placed like its
-    parameter (`full_like_leaf`), so sharded parameters get sharded state from the
-    start."""
+    leaf's own dtype; see `stored_dtype` for complex leaves), `None` for every other
+    leaf. Each new leaf is placed like its parameter (`full_like_leaf`), so sharded
+    parameters get sharded state from the start."""
 
     def make(p):
         return full_like_leaf(p, fill, dtype) if is_float_leaf(p) else None
@@ -49,13 +57,13 @@ def full_like_leaf(
     p: Array, fill: float | Array = 0.0, dtype: Any = None, stack: tuple[int, ...] = ()
 ) -> Array:
     """`fill` shaped like the parameter `p` (behind `stack` leading dimensions, if
-    given), in `dtype` (or `p`'s own), as a buffer of its own.
+    given), in `dtype` (or `p`'s own; see `stored_dtype`), as a buffer of its own.
 
     The one way to make parameter-sized state: it is placed like `p`, so a sharded
     parameter gets its state sharded the same way at `init` (`jnp.zeros(p.shape)`
     would put the whole leaf on one device, an out-of-memory for a model that only
     fits sharded). The `stack` dimensions are replicated."""
-    x = jnp.full_like(p, fill, dtype=p.dtype if dtype is None else dtype)
+    x = jnp.full_like(p, fill, dtype=stored_dtype(dtype, p.dtype))
     if stack:
         x = jnp.broadcast_to(x, (*stack, *p.shape))  # keeps p's placement behind
     return own_buffer(x)
@@ -67,6 +75,20 @@ def scalar_for_leaf(p: Array, fill: Any = 0.0, dtype: Any = None) -> Array:
     if jnp.ndim(p) == 0:
         return full_like_leaf(p, fill, dtype)
     return jnp.full((), fill, p.dtype if dtype is None else dtype)
+
+
+def stored_dtype(dtype: Any, param_dtype: Any) -> Any:
+    """The dtype of a state buffer for a parameter of `param_dtype` asked to be kept
+    in `dtype` (such as `mu_dtype=jnp.bfloat16`; `None`: the parameter's own).
+
+    For a complex parameter a real `dtype` means its complex counterpart of that
+    precision: a moment of complex gradients stored real would drop their
+    imaginary parts."""
+    if dtype is None:
+        return jnp.dtype(param_dtype)
+    if jnp.issubdtype(param_dtype, jnp.complexfloating):
+        return jnp.promote_types(dtype, jnp.complex64)
+    return jnp.dtype(dtype)
 
 
 def own_buffer(x: Array) -> Array:

@@ -8,7 +8,6 @@ from jaxtyping import Array, Float
 
 from ._adam import (
     AdamState,
-    abs_sq,
     betas_and_eps,
     bias_correction,
     dtype_or_none,
@@ -19,7 +18,7 @@ from ._base import AbstractTransform, Grads, Params, Updates
 from ._checks import hyperparameter
 from ._leafwise import map_leaves
 from ._schedules import AbstractSchedule, as_schedule
-from ._tree import float_leaves_like, increment, zero_step
+from ._tree import abs_sq, float_leaves_like, increment, zero_step
 
 
 class Yogi(AbstractTransform):
