@@ -83,10 +83,12 @@ def stored_dtype(dtype: Any, param_dtype: Any) -> Any:
 
     For a complex parameter a real `dtype` means its complex counterpart of that
     precision: a moment of complex gradients stored real would drop their
-    imaginary parts."""
+    imaginary parts. A bool or integer `dtype` (a flag per leaf) stays as it is."""
     if dtype is None:
         return jnp.dtype(param_dtype)
-    if jnp.issubdtype(param_dtype, jnp.complexfloating):
+    if jnp.issubdtype(param_dtype, jnp.complexfloating) and jnp.issubdtype(
+        dtype, jnp.floating
+    ):
         return jnp.promote_types(dtype, jnp.complex64)
     return jnp.dtype(dtype)
 
