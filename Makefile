@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: demo test bench lint docs docs-serve clean
+.PHONY: demo test test-slow bench lint docs docs-serve clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,11 @@ demo: $(STAMP)
 	$(PY) examples/train_digits.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow"
+
+# The whole-catalog sweeps marked slow (CI runs them after make test).
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist load -m slow
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

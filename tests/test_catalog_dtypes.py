@@ -271,6 +271,7 @@ FLOAT64_OPTAX = {
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.slow
 def test_float64_leaves_keep_their_dtype_under_x64(case):
     with jax.enable_x64(True):
         params = nested_tree(dtype=jnp.float64)
@@ -303,6 +304,7 @@ def test_float64_leaves_keep_their_dtype_under_x64(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.slow
 def test_zero_size_leaves_get_empty_updates_and_leave_the_rest_alone(case):
     """A zero-size parameter (a 0 x 3 matrix, a 4 x 0 one, an empty vector) is
     legitimate: it gets an empty update, and the other leaves move exactly as they

@@ -142,6 +142,7 @@ CORRUPTIONS = [
     ids=[f"kernel-{c.__name__}" for c in CORRUPTIONS]
     + [f"handler-{c.__name__}" for c in (truncate, zero_bytes, unloadable)],
 )
+@pytest.mark.slow
 def test_a_damaged_cache_is_rebuilt(built, tmp_path, corrupt, which):
     cache = tmp_path / "cache"
     shutil.copytree(built, cache)

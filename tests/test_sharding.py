@@ -8,9 +8,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import jax
+import pytest
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -192,6 +195,7 @@ CATALOG_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_every_state_leaf_shaped_like_a_parameter_takes_its_sharding():
     """For every catalog configuration, with FSDP-sharded parameters: each state leaf
     shaped like its parameter (or a stack of such, as L-BFGS's memory) is placed
