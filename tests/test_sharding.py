@@ -13,7 +13,6 @@ import pytest
 SCRIPT = textwrap.dedent(
     """
     import jax
-import pytest
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
