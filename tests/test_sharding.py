@@ -95,7 +95,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_sharded_params_keep_their_sharding_and_are_never_gathered():
+def run_on_8_devices(script: str) -> str:
+    """Runs `script` in a new Python process with 8 host CPU devices (the count must
+    be set before JAX starts); its standard output, once it has exited cleanly."""
     root = pathlib.Path(__file__).resolve().parents[1]
     env = dict(os.environ)
     env["XLA_FLAGS"] = (
@@ -106,10 +108,14 @@ def test_sharded_params_keep_their_sharding_and_are_never_gathered():
         [str(root / "src"), str(root / "tests"), env.get("PYTHONPATH", "")]
     )
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SHARDING-OK" in done.stdout
+    return done.stdout
+
+
+def test_sharded_params_keep_their_sharding_and_are_never_gathered():
+    assert "SHARDING-OK" in run_on_8_devices(SCRIPT)
 
 
 CATALOG_SCRIPT = textwrap.dedent(
@@ -200,17 +206,4 @@ def test_every_state_leaf_shaped_like_a_parameter_takes_its_sharding():
     shaped like its parameter (or a stack of such, as L-BFGS's memory) is placed
     like it at `init` (not whole on one device, an out-of-memory for a model that
     only fits sharded) and after a step."""
-    root = pathlib.Path(__file__).resolve().parents[1]
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(root / "src"), str(root / "tests"), env.get("PYTHONPATH", "")]
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", CATALOG_SCRIPT], env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "CATALOG-SHARDING-OK" in done.stdout
+    assert "CATALOG-SHARDING-OK" in run_on_8_devices(CATALOG_SCRIPT)
