@@ -49,8 +49,7 @@ class TrainStep(eqx.Module):
         **Returns:** `(model, state, loss)`, or `(model, state, loss, aux)` with
         `has_aux=True`.
         """
-        opt = self.opt if opt is None else opt
-        return _compiled((opt, self.loss_fn, self.has_aux, batch), model, state)
+        return _compiled(self._front(opt, batch), model, state)
 
     def lower(
         self,
@@ -64,9 +63,12 @@ class TrainStep(eqx.Module):
 
         **Arguments:** as `__call__`.
         """
-        opt = self.opt if opt is None else opt
         lower = _compiled.lower  # pyright: ignore[reportFunctionMemberAccess]
-        return lower((opt, self.loss_fn, self.has_aux, batch), model, state)
+        return lower(self._front(opt, batch), model, state)
+
+    def _front(self, opt: AbstractTransform | None, batch: tuple) -> tuple:
+        # The compiled program's first, undonated argument.
+        return (self.opt if opt is None else opt, self.loss_fn, self.has_aux, batch)
 
 
 def make_train_step(
