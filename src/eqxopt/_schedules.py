@@ -13,6 +13,7 @@ from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, Float32, Int, jaxtyped
 
 from ._checks import hyperparameter, is_concrete
+from ._tree import INT32_MAX
 
 
 class AbstractSchedule(eqx.Module):
@@ -127,7 +128,6 @@ class WarmupCosine(AbstractSchedule):
         return jnp.where(s < warmup, ramp, decay)
 
 
-_INT32_MAX = 2**31 - 1
 # Above every int32 step, in float32: the count a step count beyond int32 is
 # stored as at least, so that `step < count` holds for every int32 step.
 _PAST_INT32 = float(np.nextafter(np.float32(2**31), np.float32(np.inf)))
@@ -153,7 +153,7 @@ def _step_count(name: str, value: Any) -> Int[Array, ""]:
         number = int(np.asarray(value)) if is_concrete(value) else None
     if number is not None and number < 0:
         raise ValueError(f"{name} must be >= 0, got {number}")
-    if number is not None and number > _INT32_MAX:
+    if number is not None and number > INT32_MAX:
         return _beyond_int32(number)
     return jnp.asarray(value, dtype=jnp.int32)
 
@@ -177,7 +177,7 @@ def _sum_overflows(*counts: Array) -> bool:
     return (
         all(is_concrete(c) for c in counts)
         and all(jnp.issubdtype(c.dtype, jnp.integer) for c in counts)
-        and sum(int(np.sum(np.asarray(c, np.int64))) for c in counts) > _INT32_MAX
+        and sum(int(np.sum(np.asarray(c, np.int64))) for c in counts) > INT32_MAX
     )
 
 

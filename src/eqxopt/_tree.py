@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PyTree
 
-_INT32_MAX = np.iinfo(np.int32).max
+# The largest step count: the counter saturates there (`increment`).
+INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 def is_none(x: Any) -> bool:
@@ -109,7 +110,7 @@ def zero_step() -> Int[Array, ""]:
 
 def increment(step: Int[Array, ""]) -> Int[Array, ""]:
     """`step + 1`, saturating at the int32 maximum instead of wrapping negative."""
-    return jnp.where(step < _INT32_MAX, step + 1, step).astype(jnp.int32)
+    return jnp.where(step < INT32_MAX, step + 1, step).astype(jnp.int32)
 
 
 def apply_updates(params: PyTree, updates: PyTree, applied: Any = None) -> PyTree:
