@@ -16,7 +16,7 @@ import optax
 
 import eqxopt
 from _common import Stepper, interleaved, ms, rounds, save, table
-from eqxopt._dispatch import _SPLIT_MIN_LEAVES
+from eqxopt._core._dispatch import _SPLIT_MIN_LEAVES
 
 LR, WD = 1e-3, 1e-2
 

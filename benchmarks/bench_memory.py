@@ -10,7 +10,7 @@ import optax
 import eqxopt
 from _common import save, table
 from bench_many_leaves import transformer
-from eqxopt import _base, _dispatch
+from eqxopt._core import _base, _dispatch
 
 LR, WD = 1e-3, 1e-2
 MB = 2**20

@@ -31,7 +31,7 @@ import optax
 
 import eqxopt
 from _common import QUICK, Stepper, interleaved, rounds, save, table
-from eqxopt import _fused
+from eqxopt._native import _fused
 
 # ------------------------------------------------------------------------- models
 

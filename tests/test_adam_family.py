@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import eqxopt
-from eqxopt import _base, _dispatch
+from eqxopt._core import _base, _dispatch
 from helpers import (
     assert_histories_close,
     assert_trees_close,
@@ -301,7 +301,7 @@ def test_conventions_really_differ():
 
 @pytest.mark.parametrize("b2", [0.9, 0.99, 0.999, 0.9999])
 def test_radam_rho_t_is_accurate_in_float32(b2):
-    from eqxopt._radam import rho_t
+    from eqxopt._optimizers._adam._radam import rho_t
 
     steps = np.array([*range(1, 200), 1020, 1024, 1025, 1030, 5000, 10**6])
     got = np.asarray(

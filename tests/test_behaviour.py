@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import eqxopt
-from eqxopt import _base, _dispatch
+from eqxopt._core import _base, _dispatch
 
 
 def regression_problem():

@@ -10,7 +10,7 @@ import pytest
 
 import eqxopt
 from catalog import all_cases
-from eqxopt import _base, _dispatch
+from eqxopt._core import _base, _dispatch
 from helpers import nested_tree
 
 CASES = all_cases()

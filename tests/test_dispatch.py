@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import eqxopt
-from eqxopt import _base, _dispatch
+from eqxopt._core import _base, _dispatch
 from helpers import nested_tree
 
 

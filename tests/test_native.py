@@ -16,8 +16,9 @@ import pytest
 
 import eqxopt
 from catalog import all_cases
-from eqxopt import _base, _dispatch, _fused
-from eqxopt._leafwise import map_leaves
+from eqxopt._core import _base, _dispatch
+from eqxopt._core._leafwise import map_leaves
+from eqxopt._native import _fused
 from helpers import assert_trees_close, nested_tree
 from test_catalog import extra_for, quadratic_loss
 
@@ -325,7 +326,7 @@ def test_environment_variable_turns_kernels_off(tmp_path):
 
 
 def test_a_rule_that_cannot_be_built_runs_xla_code(monkeypatch):
-    from eqxopt import _native
+    from eqxopt._native import _build as _native
 
     def broken(source):
         raise OSError("No space left on device")

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 import eqxopt
-from eqxopt._muon import newton_schulz
+from eqxopt._optimizers._preconditioned._muon import newton_schulz
 from helpers import (
     assert_histories_close,
     assert_trees_close,
@@ -648,7 +648,7 @@ def test_lbfgs_to_optax_takes_optax_lbfgs_loop_keywords():
 
 
 def test_lbfgs_data_keywords_reach_value_fn_without_recompiling():
-    from eqxopt import _base, _dispatch
+    from eqxopt._core import _base, _dispatch
 
     def loss(params, x, y):
         return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)

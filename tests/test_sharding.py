@@ -18,7 +18,8 @@ SCRIPT = textwrap.dedent(
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     import eqxopt
-    from eqxopt import _base, _dispatch
+    from eqxopt._core import _base
+    from eqxopt._core import _dispatch
 
     jax.config.update("jax_platforms", "cpu")
     assert len(jax.devices()) == 8, jax.devices()

@@ -464,7 +464,7 @@ def run_changing(make, values, grads, stepped, **extra):
     """Steps a fresh `make(values[i])` at call `i`, carrying the state; returns the
     parameters after each call and whether that call `stepped` (from the state).
     Also checks that no call compiled anew after the first."""
-    from eqxopt import _base, _dispatch
+    from eqxopt._core import _base, _dispatch
 
     params, state, history, events = PARAMS, None, [], []
     for i, (value, g) in enumerate(zip(values, grads)):

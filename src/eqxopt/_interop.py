@@ -8,9 +8,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._base import AbstractTransform, Grads, Params, Updates
-from ._chain import extra_for
-from ._tree import align_grads, compute_dtype, is_float_leaf
+from ._core._base import AbstractTransform, Grads, Params, Updates
+from ._core._tree import align_grads, compute_dtype, is_float_leaf
+from ._wrappers._chain import extra_for
 
 
 def _optax() -> Any:

@@ -6,8 +6,8 @@ from typing import Any
 
 import equinox as eqx
 
-from ._base import AbstractTransform
-from ._packed import Packed
+from ._core._base import AbstractTransform
+from ._core._packed import Packed
 
 
 class TrainStep(eqx.Module):

@@ -1,0 +1,21 @@
+"""The core: `AbstractTransform` (the contract every transform keeps), the
+validating field declarations, schedules as hyperparameters, masks, tree helpers,
+the per-leaf engine (`map_leaves`) and the compiled dispatch of `update`/`step`.
+"""
+
+from ._base import (
+    AbstractTransform as AbstractTransform,
+)
+from ._dispatch import (
+    set_split_compilation as set_split_compilation,
+)
+from ._leafwise import (
+    map_leaves as map_leaves,
+)
+from ._packed import (
+    Packed as Packed,
+    pack as pack,
+)
+from ._tree import (
+    apply_updates as apply_updates,
+)

@@ -1,0 +1,249 @@
+"""The contract every optimizer and gradient transform shares."""
+
+import abc
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import PyTree, jaxtyped
+
+from .._native import _fused
+from . import _dispatch
+from ._checks import check_grads, check_state, name_converters
+from ._tree import apply_updates, cast_like
+
+
+class _fast_method:
+    """A method whose bound form is a `functools.partial` of the module, registered
+    as a pytree.
+
+    Equinox wraps every bound method of a module in a `BoundMethod` module when the
+    attribute is read, which cost more (about 0.3 ms) than all the rest of a direct
+    `opt.step(...)` call on a small tree. The partial is just as much a pytree (the
+    module's arrays stay leaves, as with `jax.tree_util.Partial`, so
+    `eqx.filter_jit(opt.step)` still traces them) and costs well under a
+    microsecond to make. Read on the class, the plain function comes back (for
+    `help` and documentation tools).
+    """
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self.fn
+        return _Bound(self.fn, obj)
+
+
+class _Bound(functools.partial):
+    """`functools.partial` (made in C) registered as a pytree, like
+    `jax.tree_util.Partial`, whose Python `__new__` costs more."""
+
+
+jax.tree_util.register_pytree_node(
+    _Bound,
+    lambda b: ((b.args, b.keywords), b.func),
+    lambda func, children: _Bound(func, *children[0], **children[1]),
+)
+
+
+# What the public methods take and return. Parameters may hold anything (activation
+# functions, integer buffers); gradients and updates hold float arrays or `None`.
+Params = PyTree[Any]
+Grads = PyTree[Any]
+Updates = PyTree[Any]
+State = PyTree[Any]
+
+
+class AbstractTransform(eqx.Module):
+    """Base of every optimizer and gradient transform in eqxopt.
+
+    A transform implements two methods:
+
+    - `init(params) -> state`: the initial state for a parameter tree.
+    - `transform(grads, state, params) -> (updates, state)`: the pure update rule. Its
+      updates are full precision (at least float32) and `None` where a leaf gets no
+      update; it does no checking and no dispatch.
+
+    and inherits the public entry points, which check their inputs at trace time and
+    run compiled:
+
+    - `update(grads, state, params) -> (updates, state)`, optax-compatible: updates
+      are deltas in each parameter's dtype, to be added with `eqxopt.apply_updates`
+      (or `eqx.apply_updates`).
+    - `step(grads, state, params) -> (params, state)`: the update and its
+      application fused in one compiled function, keeping parameter dtypes.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name_converters(cls)  # field converters name their field in errors
+
+    @abc.abstractmethod
+    def init(self, params: Params) -> State:
+        """The initial state for `params` (any pytree; only float leaves count)."""
+
+    @abc.abstractmethod
+    def transform(
+        self, grads: Grads, state: State, params: Params
+    ) -> tuple[Updates, State]:
+        """The unchecked update rule; see the class docstring. Rules that need more
+        than gradients (such as `value=`, the loss) add keyword-only arguments with
+        defaults; `update`/`step` pass their extra keywords on."""
+
+    @_fast_method
+    def update(
+        self,
+        grads: Grads,
+        state: State,
+        params: Params,
+        *,
+        donate: bool = False,
+        **extra: Any,
+    ) -> tuple[Updates, State]:
+        """Computes the updates for one step.
+
+        **Arguments:**
+
+        - `grads`: a tree with the structure of `params`; `None` where a parameter
+          has no gradient (as `eqx.filter_grad` gives for non-float leaves). A
+          parameter whose gradient is `None` is left alone: no update, no decay, and
+          its state stays as it was.
+        - `state`: the state from `init` or a previous `update`/`step`.
+        - `params`: the current parameters.
+        - `donate`: let XLA reuse the buffers of `state` for the new state. The
+          state passed in must not be used afterwards. Such in-place steps of
+          element-wise optimizers run eqxopt's native CPU kernels (see
+          `set_native_kernels`). Inside your own `jit`, donate its arguments too, or
+          XLA copies them first.
+        - `**extra`: keyword arguments for rules that need more than gradients, such
+          as `value=` (the loss) for `PolyakSGD`; see each optimizer. Others reject
+          them with a `TypeError`.
+
+        **Returns:** `(updates, new_state)`; each update has its parameter's shape and
+        dtype (`None` for leaves that are not updated).
+        """
+        _check_donate(donate)
+        new_state, updates = _dispatch.call(
+            _update_entry_donated if donate else _update_entry,
+            (self, grads, state, params, _numbers_as_arrays(extra) if extra else extra),
+            (2,) if donate else (),
+            bools=(3, 4),
+        )
+        return updates, new_state
+
+    @_fast_method
+    def step(
+        self,
+        grads: Grads,
+        state: State,
+        params: Params,
+        *,
+        donate: bool = False,
+        **extra: Any,
+    ) -> tuple[Params, State]:
+        """`update` and the apply in one compiled function.
+
+        **Arguments:** as `update`; with `donate=True` the buffers of `state` and
+        `params` are reused for the results, so the step runs in place (neither may
+        be used afterwards), as one pass of the native kernels on CPU.
+
+        **Returns:** `(new_params, new_state)`; every parameter keeps its dtype and
+        non-float leaves are passed through unchanged.
+        """
+        _check_donate(donate)
+        return _dispatch.call(
+            _step_entry_donated if donate else _step_entry,
+            (self, grads, params, state, _numbers_as_arrays(extra) if extra else extra),
+            (2, 3) if donate else (),
+            bools=(2, 4),
+        )
+
+    def to_optax(self) -> Any:
+        """This transform as an `optax.GradientTransformationExtraArgs` (needs optax):
+        its `init`/`update` call this transform's `init`/`update`."""
+        from .._interop import to_optax
+
+        return to_optax(self)
+
+
+def _check_donate(donate: Any) -> None:
+    # A truthy string or number would silently pick in-place steps (or not).
+    if type(donate) is not bool:
+        raise TypeError(f"donate must be a bool, got {donate!r}")
+
+
+def _numbers_as_arrays(extra: dict[str, Any]) -> dict[str, Any]:
+    # A Python number would be a static cache key (a recompile per new loss value);
+    # as a (strongly typed) array it is traced. Bools stay static: they are switches.
+    def convert(v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return v
+        return jnp.asarray(v, dtype=float if isinstance(v, float) else int)
+
+    return {k: convert(v) for k, v in extra.items()}
+
+
+@functools.cache
+def _typechecked(method: Callable) -> Callable:
+    return jaxtyped(typechecker=beartype)(method)
+
+
+def _checked_transform(
+    opt: AbstractTransform,
+    grads: Grads,
+    state: State,
+    params: Params,
+    extra: dict[str, Any],
+) -> tuple[Updates, State]:
+    # Our own checks first: they name the leaf; jaxtyping's would not.
+    check_grads(grads, params)
+    check_state(opt, state, params)
+    return _typechecked(type(opt).transform)(opt, grads, state, params, **extra)
+
+
+# XLA pairs donated input buffers with outputs of the same shape in order, so each
+# entry returns its outputs in the order of the donated inputs (state first for
+# `update`, params then state for `step`); otherwise a new `mu` could be written into
+# the buffer of the old `nu` and XLA would add full-size copies to undo it.
+
+
+# Each entry tells the engine (`_fused`) whether its outputs may overwrite the
+# donated inputs and, for `step`, that the updates only get applied.
+
+
+def _update(opt, grads, state, params, extra, *, donated):
+    with _fused.tracing_entry(step=False, donated=donated):
+        updates, new_state = _checked_transform(opt, grads, state, params, extra)
+    return new_state, cast_like(updates, params)
+
+
+def _step(opt, grads, params, state, extra, *, donated):
+    with _fused.tracing_entry(step=True, donated=donated) as applied:
+        updates, new_state = _checked_transform(opt, grads, state, params, extra)
+    return apply_updates(params, updates, applied), new_state
+
+
+def _update_entry(opt, grads, state, params, extra):
+    return _update(opt, grads, state, params, extra, donated=False)
+
+
+def _update_entry_donated(opt, grads, state, params, extra):
+    return _update(opt, grads, state, params, extra, donated=True)
+
+
+def _step_entry(opt, grads, params, state, extra):
+    return _step(opt, grads, params, state, extra, donated=False)
+
+
+def _step_entry_donated(opt, grads, params, state, extra):
+    return _step(opt, grads, params, state, extra, donated=True)

@@ -1,0 +1,317 @@
+"""Validation with messages in words: hyperparameters at construction, and the
+grads/state/params agreement at trace time (naming the leaf path)."""
+
+import dataclasses
+import math
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import Tracer
+from jaxtyping import Array, Float, Float32, Int, PyTree
+
+from ._tree import INT32_MAX, align_grads, is_float_leaf, is_none, leaf_paths
+
+
+def is_concrete(x: Any) -> bool:
+    """True for values whose number can be read now (not tracers)."""
+    return not isinstance(x, Tracer)
+
+
+def hyperparameter(
+    name: str,
+    value: Any,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+    allow_inf: bool = False,
+) -> Float[Array, ""]:
+    """Converts a float hyperparameter to a scalar JAX array field.
+
+    Concrete values are checked against `[low, high]` (each end open if asked), and
+    must be finite in the stored dtype (float32 unless 64-bit mode is on: `1e40`
+    would be `inf` there) unless `allow_inf` (for an `inf` that means something);
+    a `ValueError` names the argument. Traced values are taken as they come, since
+    their number is not known until run time.
+    """
+    if isinstance(value, bool) or not (
+        isinstance(value, (int, float, np.number, np.ndarray, jax.Array))
+    ):
+        raise TypeError(
+            f"{name} must be a float or a scalar array, got {type(value).__name__}"
+        )
+    if jnp.ndim(value) != 0:
+        raise ValueError(f"{name} must be a scalar, got shape {jnp.shape(value)}")
+    if not jnp.issubdtype(jnp.result_type(value), jnp.number):
+        raise TypeError(f"{name} must be a number, got dtype {jnp.result_type(value)}")
+    if is_concrete(value):
+        number = float(np.asarray(value))
+        too_low = number <= low if low_open else number < low
+        too_high = number >= high if high_open else number > high
+        if math.isnan(number) or too_low or too_high:
+            left = "(" if low_open else "["
+            right = ")" if high_open else "]"
+            raise ValueError(
+                f"{name} must be in {left}{_fmt(low)}, {_fmt(high)}{right}, "
+                f"got {number!r}"
+            )
+        if not (allow_inf and math.isinf(number)):
+            dtype = jax.dtypes.canonicalize_dtype(float)
+            with np.errstate(over="ignore"):
+                stored = np.asarray(number).astype(dtype)
+            if not np.isfinite(stored):
+                raise ValueError(
+                    f"{name} must be finite in {dtype.name} (the dtype it is stored "
+                    f"in), got {number!r}"
+                )
+    return jnp.asarray(value, dtype=float)
+
+
+def _fmt(x: float) -> str:
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return repr(x)
+
+
+def structure_mismatch(
+    actual: PyTree, actual_name: str, expected: PyTree, expected_name: str
+) -> ValueError:
+    """A `ValueError` saying where two trees' structures part, by leaf path.
+
+    `None` in `actual` stands for a whole absent subtree of `expected`."""
+    actual_items = jax.tree.leaves_with_path(actual, is_leaf=is_none)
+    expected_items = jax.tree.leaves_with_path(expected, is_leaf=is_none)
+    actual_paths = [jax.tree_util.keystr(p) for p, _ in actual_items]
+    expected_paths = [jax.tree_util.keystr(p) for p, _ in expected_items]
+    covered = set(actual_paths)
+
+    def is_covered(path: str) -> bool:
+        return any(path == a or path.startswith(a) for a in covered)
+
+    missing = [p for p in expected_paths if not is_covered(p)]
+    extra = [p for p in actual_paths if p not in set(expected_paths)]
+    parts = []
+    if missing:
+        parts.append(f"{expected_name} has {_few(missing)} that {actual_name} lacks")
+    if extra:
+        parts.append(f"{actual_name} has {_few(extra)} that {expected_name} lacks")
+    if not parts and actual_paths == expected_paths:
+        # The same paths: the trees part where one has None (no subtree) and the
+        # other a leaf, which the printed tree structures do not show.
+        for path, (_, a), (_, e) in zip(actual_paths, actual_items, expected_items):
+            if (a is None) != (e is None):
+                parts.append(
+                    f"at {path or '<root>'} {actual_name} has {_what(a)} where "
+                    f"{expected_name} has {_what(e)}"
+                )
+                break
+    if not parts:
+        parts.append(
+            f"the containers differ: {actual_name} is "
+            f"{_short(jax.tree.structure(actual, is_leaf=is_none))}, {expected_name} "
+            f"is {_short(jax.tree.structure(expected, is_leaf=is_none))}"
+        )
+    return ValueError(
+        f"{actual_name} does not have the tree structure of {expected_name}: "
+        + "; ".join(parts)
+    )
+
+
+def _what(x: Any) -> str:
+    if x is None:
+        return "None"
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"an array ({_describe(x)})"
+    if callable(x):
+        return f"the function {getattr(x, '__name__', type(x).__name__)}"
+    text = repr(x)
+    return f"{type(x).__name__} {text if len(text) <= 40 else text[:40] + '...'}"
+
+
+def _few(paths: list[str]) -> str:
+    shown = ", ".join(p or "<root>" for p in paths[:3])
+    return shown + (f" (and {len(paths) - 3} more)" if len(paths) > 3 else "")
+
+
+def _short(treedef: Any) -> str:
+    text = str(treedef)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def check_grads(grads: PyTree, params: PyTree) -> list[Any]:
+    """Checks `grads` against `params` and returns the gradient of each params leaf
+    (`None` where absent). Raises naming the leaf path on any mismatch."""
+    aligned = align_grads(grads, params)
+    for path, g, p in zip(leaf_paths(params), aligned, jax.tree.leaves(params)):
+        if g is None:
+            continue
+        if not is_float_leaf(p):
+            raise ValueError(
+                f"grads{path} is an array but params{path} is not a float array "
+                f"({_describe(p)}); only float parameters have gradients"
+            )
+        if not isinstance(g, (jax.Array, np.ndarray)):
+            raise TypeError(
+                f"grads{path} must be an array or None, got {type(g).__name__}"
+            )
+        if g.shape != p.shape:
+            raise ValueError(
+                f"grads{path} has shape {g.shape} but params{path} has shape {p.shape}"
+            )
+        if g.dtype != p.dtype:
+            raise TypeError(
+                f"grads{path} has dtype {g.dtype} but params{path} has dtype "
+                f"{p.dtype}; cast the gradient to the parameter's dtype"
+            )
+    return aligned
+
+
+_NOUNS = {"params": "parameters", "grads": "gradients"}
+
+
+def reject_complex(tree: PyTree, tree_name: str, owner: str, why: str) -> None:
+    """Raises `TypeError` naming the first complex float leaf of `tree` (as
+    `tree_name[path]`) and `owner`, the optimizer or transform that cannot take it;
+    `why` says what in its rule has no complex meaning. Called at `init` and at trace
+    time, so nothing has changed when it raises."""
+    for path, x in zip(leaf_paths(tree), jax.tree.leaves(tree)):
+        if is_float_leaf(x) and jnp.iscomplexobj(x):
+            raise TypeError(
+                f"{owner} supports real {_NOUNS.get(tree_name, 'arrays')} only; "
+                f"{tree_name}{path} is "
+                f"{x.dtype} ({why})"
+            )
+
+
+def _describe(x: Any) -> str:
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"{x.dtype}{list(x.shape)}"
+    return type(x).__name__
+
+
+def check_state(opt: Any, state: PyTree, params: PyTree) -> None:
+    """Checks `state` against what `opt.init(params)` makes: the same type, tree
+    structure, shapes and dtypes, naming the first leaf that differs."""
+    expected = eqx.filter_eval_shape(opt.init, params)
+    owner = type(opt).__name__
+    if type(state) is not type(expected):
+        raise TypeError(
+            f"state must be the {type(expected).__name__} that {owner}.init(params) "
+            f"returns, got {type(state).__name__}"
+        )
+    expected_leaves, expected_def = jax.tree.flatten(expected)
+    actual_leaves, actual_def = jax.tree.flatten(state)
+    if expected_def != actual_def:
+        raise structure_mismatch(
+            state, "state", expected, f"{owner}.init(params)"
+        ) from None
+    paths = leaf_paths(state)
+    for path, want, got in zip(paths, expected_leaves, actual_leaves):
+        got_shape, got_dtype = jnp.shape(got), jnp.result_type(got)
+        if got_shape != want.shape:
+            raise ValueError(
+                f"state{path} has shape {got_shape} but {owner}.init(params) makes "
+                f"shape {want.shape} there"
+            )
+        if got_dtype != want.dtype:
+            raise TypeError(
+                f"state{path} has dtype {got_dtype} but {owner}.init(params) makes "
+                f"dtype {want.dtype} there"
+            )
+
+
+def float_dtype_or_none(name: str, dtype: Any) -> Any:
+    """`None`, or `dtype` checked to be a float dtype (`TypeError` naming `name`);
+    for options such as `mu_dtype` that choose how state is stored."""
+    if dtype is None:
+        return None
+    try:
+        dtype = jnp.dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a float dtype or None, got {dtype!r}"
+        ) from None
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"{name} must be a float dtype or None, got {dtype}")
+    return dtype
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """`value` if it is a Python bool, else a `TypeError` naming `name` (a truthy
+    string or number would silently pick one behaviour)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> Any:
+    """`value` if it is one of `choices`, else a `ValueError` naming `name`."""
+    if value not in choices:
+        options = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {options}; got {value!r}")
+    return value
+
+
+# Above every int32 step, in float32: the count a step count beyond int32 is
+# stored as at least, so that `step < count` holds for every int32 step.
+_PAST_INT32 = float(np.nextafter(np.float32(2**31), np.float32(np.inf)))
+# Counts beyond this are stored as this (float32 holds it; no int32 step and no
+# float32 ratio `step / count` can tell them apart).
+_COUNT_CAP = 2.0**100
+
+
+def step_count(name: str, value: Any) -> Int[Array, ""]:
+    """A step count as a scalar array field: int32 when it fits (exact); beyond
+    int32 (optax takes any Python int) float32, as optax computes with it, but
+    never rounded down to an int32 step, so comparisons with int32 steps stay
+    exact."""
+    if isinstance(value, bool) or jnp.ndim(value) != 0:
+        raise ValueError(f"{name} must be an integer scalar, got {value!r}")
+    if isinstance(value, int):
+        number: int | None = value  # a Python int of any size
+    else:
+        if not jnp.issubdtype(jnp.result_type(value), jnp.integer):
+            raise TypeError(
+                f"{name} must be an integer, got dtype {jnp.result_type(value)}"
+            )
+        number = int(np.asarray(value)) if is_concrete(value) else None
+    if number is not None and number < 0:
+        raise ValueError(f"{name} must be >= 0, got {number}")
+    if number is not None and number > INT32_MAX:
+        return _beyond_int32(number)
+    return jnp.asarray(value, dtype=jnp.int32)
+
+
+def _beyond_int32(number: int) -> Float32[Array, ""]:
+    return jnp.asarray(max(float(min(number, _COUNT_CAP)), _PAST_INT32), jnp.float32)
+
+
+def positive_count(name: str, value: Any) -> Int[Array, ""]:
+    count = step_count(name, value)
+    if is_concrete(count) and int(count) < 1:
+        raise ValueError(f"{name} must be >= 1, got {int(count)}")
+    return count
+
+
+class NamedConverter:
+    """A field converter that names its field in error messages: the class that
+    declares the field gives it its name (`name_converters`)."""
+
+    name: str = "value"
+
+    def __call__(self, value: Any) -> Any:
+        raise NotImplementedError
+
+
+def name_converters(cls: type) -> None:
+    """Tells each `NamedConverter` of `cls`'s own fields the field's name; called
+    from `__init_subclass__` of the bases that declare fields this way."""
+    for attribute, value in vars(cls).items():
+        if isinstance(value, dataclasses.Field):
+            converter = value.metadata.get("converter")
+            if isinstance(converter, NamedConverter):
+                converter.name = attribute

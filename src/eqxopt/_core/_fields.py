@@ -1,0 +1,193 @@
+"""Field declarations that validate: each optimizer, transform and schedule states
+its options as fields with one of these, and the checks (with messages naming the
+argument) run as the field's converter when the module is built.
+
+```python
+class Lion(AbstractLeafwiseOptimizer):
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    mask: MaskLike = mask_field()
+```
+
+One semantics for every optimizer: a float hyperparameter (`hyper`) is a number, a
+scalar array or a schedule module, read at the current step with `values_at`; a
+`mask` takes the same forms everywhere and is frozen into a static value.
+"""
+
+import dataclasses
+import math
+import types
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import equinox as eqx
+from jaxtyping import Array, ArrayLike, Int
+
+from ._checks import (
+    NamedConverter,
+    check_bool,
+    check_choice,
+    float_dtype_or_none,
+    hyperparameter,
+    positive_count,
+    step_count,
+)
+from ._masks import Mask, freeze_mask
+from ._schedule import AbstractSchedule, as_schedule, value_at
+
+# What users may pass for a float hyperparameter, and what a field then holds (a
+# scalar array, or the schedule as given).
+ScalarOrSchedule: TypeAlias = float | ArrayLike | AbstractSchedule
+MaskLike: TypeAlias = Mask
+DTypeLike: TypeAlias = Any
+
+
+class _Hyper(NamedConverter):
+    def __init__(self, schedule: bool, bounds: dict[str, Any]):
+        self.schedule = schedule
+        self.bounds = bounds
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, AbstractSchedule):
+            if self.schedule:
+                return value
+            raise TypeError(f"{self.name} must be a float or a scalar array")
+        if callable(value):
+            raise TypeError(
+                f"{self.name} must be a float, a scalar array or an eqxopt schedule "
+                f"module; got the callable {value!r}"
+            )
+        return hyperparameter(self.name, value, **self.bounds)
+
+
+class _LearningRate(NamedConverter):
+    def __call__(self, value: Any) -> AbstractSchedule:
+        return as_schedule(self.name, value)
+
+
+class _Mask(NamedConverter):
+    def __call__(self, value: Any) -> Any:
+        return freeze_mask(value, self.name)
+
+
+class _DType(NamedConverter):
+    def __call__(self, value: Any) -> Any:
+        return float_dtype_or_none(self.name, value)
+
+
+class _Flag(NamedConverter):
+    def __call__(self, value: Any) -> bool:
+        return check_bool(self.name, value)
+
+
+class _Choice(NamedConverter):
+    def __init__(self, choices: tuple[Any, ...]):
+        self.choices = choices
+
+    def __call__(self, value: Any) -> Any:
+        return check_choice(self.name, value, self.choices)
+
+
+class _Count(NamedConverter):
+    def __init__(self, at_least_one: bool):
+        self.at_least_one = at_least_one
+
+    def __call__(self, value: Any) -> Int[Array, ""]:
+        check = positive_count if self.at_least_one else step_count
+        return check(self.name, value)
+
+
+class _Check(NamedConverter):
+    def __init__(self, check: Callable[[str, Any], Any]):
+        self.check = check
+
+    def __call__(self, value: Any) -> Any:
+        return self.check(self.name, value)
+
+
+_REQUIRED: Any = dataclasses.MISSING
+
+
+def hyper(
+    default: Any = _REQUIRED,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+    allow_inf: bool = False,
+    schedule: bool = True,
+    kw_only: bool = False,
+) -> Any:
+    """A float hyperparameter: a number or scalar array (checked against the bounds,
+    stored as a scalar array) or, unless `schedule=False`, a schedule module (used
+    as it is; `values_at` calls it at the step)."""
+    bounds = dict(
+        low=low, high=high, low_open=low_open, high_open=high_open, allow_inf=allow_inf
+    )
+    converter = _Hyper(schedule, bounds)
+    return eqx.field(default=default, converter=converter, kw_only=kw_only)
+
+
+def learning_rate_field(default: Any = _REQUIRED, *, kw_only: bool = False) -> Any:
+    """The learning rate: a float `>= 0`, a scalar array or a schedule; always held
+    as a schedule (`Constant` for a number)."""
+    return eqx.field(default=default, converter=_LearningRate(), kw_only=kw_only)
+
+
+def mask_field(*, kw_only: bool = True) -> Any:
+    """Which leaves an option applies to: `None` (all), a tree of bools (or a prefix
+    of the params' structure) or a function of the params returning one. Frozen into
+    a static value, so a new copy of the same mask reuses the compiled step."""
+    return eqx.field(default=None, converter=_Mask(), static=True, kw_only=kw_only)
+
+
+def dtype_field(*, kw_only: bool = True) -> Any:
+    """A float dtype to store a piece of state in, or `None` (each parameter's)."""
+    return eqx.field(default=None, converter=_DType(), static=True, kw_only=kw_only)
+
+
+def flag_field(default: bool, *, kw_only: bool = True) -> Any:
+    """A bool option (static: each value compiles its own code)."""
+    return eqx.field(default=default, converter=_Flag(), static=True, kw_only=kw_only)
+
+
+def choice_field(
+    default: Any, choices: tuple[Any, ...], *, kw_only: bool = True
+) -> Any:
+    """One of `choices` (static)."""
+    converter = _Choice(choices)
+    return eqx.field(default=default, converter=converter, static=True, kw_only=kw_only)
+
+
+def count_field(
+    default: Any = _REQUIRED, *, at_least_one: bool = True, kw_only: bool = False
+) -> Any:
+    """A number of steps: a non-negative (or, by default, positive) integer, held
+    as a scalar array so that a new value reuses the compiled step."""
+    converter = _Count(at_least_one)
+    return eqx.field(default=default, converter=converter, kw_only=kw_only)
+
+
+def checked_field(
+    check: Callable[[str, Any], Any],
+    default: Any = _REQUIRED,
+    *,
+    static: bool = False,
+    kw_only: bool = False,
+) -> Any:
+    """A field converted by `check(name, value)`, for options of their own kind."""
+    converter = _Check(check)
+    return eqx.field(
+        default=default, converter=converter, static=static, kw_only=kw_only
+    )
+
+
+def values_at(module: eqx.Module, step: Int[Array, ""]) -> types.SimpleNamespace:
+    """Every `hyper` and `learning_rate` field of `module`, by name, at `step`
+    (schedules called, numbers as their arrays)."""
+    values = {}
+    for field in dataclasses.fields(module):
+        if isinstance(field.metadata.get("converter"), (_Hyper, _LearningRate)):
+            values[field.name] = value_at(getattr(module, field.name), step)
+    return types.SimpleNamespace(**values)

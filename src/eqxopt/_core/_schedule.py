@@ -1,0 +1,84 @@
+"""Schedules as hyperparameters: the abstract schedule every optimizer field may
+hold, the constant one a number becomes, and how a field's value is read at a step."""
+
+import abc
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import Array, ArrayLike, Float, Float32, Int, jaxtyped
+
+from ._checks import hyperparameter, name_converters
+
+
+class AbstractSchedule(eqx.Module):
+    """A learning-rate (or other hyperparameter) schedule.
+
+    Called on an integer step of shape `()` or `(K,)`, it returns float32 values of the
+    same shape. It must work on a traced step: no Python `if` on the step. Every float
+    value it holds is an array field, so building a schedule with other values reuses
+    the compiled training step.
+
+    Step counts (lengths, boundaries) may be any non-negative integer, as in optax.
+    They are int32 fields when they fit, exact; a count beyond int32 is a float32
+    field (optax computes with such counts as floats), never rounded down onto an
+    int32 step, so every int32 step compares with it exactly. A list of
+    boundaries holding one, and the two lengths of a `Cyclic` cycle or the cycles
+    of an `SGDR` before the last whose sum is beyond int32, are float32 throughout
+    (their entries above 2**24 then round as float32 does).
+
+    A schedule is a function of the step like optax's: `jax.jit(schedule)(step)`
+    works. It hashes by identity (as a plain function does; its array fields have
+    no hash), so `jax.jit` compiles each schedule object once, with its values as
+    constants; pass a schedule into `eqx.filter_jit` as an argument instead to
+    share one compiled program between schedules of other values.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name_converters(cls)
+
+    def __hash__(self) -> int:
+        return object.__hash__(self)
+
+    @abc.abstractmethod
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        """The value at each entry of `step`."""
+
+
+class Constant(AbstractSchedule):
+    """The same value at every step: `f(s) = value`.
+
+    **Arguments:**
+
+    - `value`: the value (a float or a scalar array; may be traced).
+    """
+
+    value: Float[Array, ""]
+
+    def __init__(self, value: Any):
+        self.value = hyperparameter("value", value)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        return jnp.broadcast_to(self.value, jnp.shape(step)).astype(jnp.float32)
+
+
+def as_schedule(name: str, value: Any) -> AbstractSchedule:
+    """A schedule as given, or a `Constant` (checked to be `>= 0`) for a number."""
+    if isinstance(value, AbstractSchedule):
+        return value
+    if callable(value):
+        raise TypeError(
+            f"{name} must be a float, a scalar array or an eqxopt schedule module; "
+            f"got the callable {value!r}. Wrap plain functions of the step in an "
+            "eqxopt.AbstractSchedule subclass so their values stay array fields"
+        )
+    return Constant(hyperparameter(name, value, low=0.0))
+
+
+def value_at(value: Any, step: Int[Array, ""]) -> Any:
+    """A hyperparameter field's value at `step`: a schedule is called on it, an array
+    (or anything else) is returned as it is."""
+    return value(step) if isinstance(value, AbstractSchedule) else value

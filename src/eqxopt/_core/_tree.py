@@ -1,0 +1,193 @@
+"""Tree helpers shared by every optimizer: which leaves are optimised, zeros for
+state, dtype rules, the step counter and the dtype-preserving apply."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Int, PyTree
+
+# The largest step count: the counter saturates there (`increment`).
+INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+def is_none(x: Any) -> bool:
+    return x is None
+
+
+def is_float_leaf(x: Any) -> bool:
+    """The leaves an optimizer works on: inexact (floating or complex) arrays.
+
+    Everything else in a parameter tree (integer arrays, functions, Python scalars,
+    strings) is passed through untouched and gets `None` in the state.
+    """
+    return eqx.is_inexact_array(x)
+
+
+def compute_dtype(dtype: Any) -> Any:
+    """The dtype the per-leaf maths runs in: at least float32, so bf16/f16 moments and
+    hyperparameters such as b2 = 0.999 are never rounded mid-computation."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def abs_sq(x: Array) -> Array:
+    """`|x|**2`, element-wise: real for complex `x` (`x * x` would be complex).
+
+    Every squared magnitude in the library (second moments, norms, RMS) goes
+    through here, so complex parameters get the update optax gives them."""
+    return jnp.real(x * jnp.conj(x)) if jnp.iscomplexobj(x) else x * x
+
+
+def float_leaves_like(
+    params: PyTree, dtype: Any = None, fill: float | Array = 0.0
+) -> PyTree:
+    """A tree shaped like `params`: `fill` for every float leaf (in `dtype`, or the
+    leaf's own dtype; see `stored_dtype` for complex leaves), `None` for every other
+    leaf. Each new leaf is placed like its parameter (`full_like_leaf`), so sharded
+    parameters get sharded state from the start."""
+
+    def make(p):
+        return full_like_leaf(p, fill, dtype) if is_float_leaf(p) else None
+
+    return jax.tree.map(make, params)
+
+
+def full_like_leaf(
+    p: Array, fill: float | Array = 0.0, dtype: Any = None, stack: tuple[int, ...] = ()
+) -> Array:
+    """`fill` shaped like the parameter `p` (behind `stack` leading dimensions, if
+    given), in `dtype` (or `p`'s own; see `stored_dtype`), as a buffer of its own.
+
+    The one way to make parameter-sized state: it is placed like `p`, so a sharded
+    parameter gets its state sharded the same way at `init` (`jnp.zeros(p.shape)`
+    would put the whole leaf on one device, an out-of-memory for a model that only
+    fits sharded). The `stack` dimensions are replicated."""
+    x = jnp.full_like(p, fill, dtype=stored_dtype(dtype, p.dtype))
+    if stack:
+        x = jnp.broadcast_to(x, (*stack, *p.shape))  # keeps p's placement behind
+    return own_buffer(x)
+
+
+def scalar_for_leaf(p: Array, fill: Any = 0.0, dtype: Any = None) -> Array:
+    """A 0-d statistic of the parameter `p` (`fill`, in `dtype` or `p`'s own): for a
+    0-d `p` it is shaped like `p`, so it is placed like it (`full_like_leaf`)."""
+    if jnp.ndim(p) == 0:
+        return full_like_leaf(p, fill, dtype)
+    return jnp.full((), fill, p.dtype if dtype is None else dtype)
+
+
+def stored_dtype(dtype: Any, param_dtype: Any) -> Any:
+    """The dtype of a state buffer for a parameter of `param_dtype` asked to be kept
+    in `dtype` (such as `mu_dtype=jnp.bfloat16`; `None`: the parameter's own).
+
+    For a complex parameter a real `dtype` means its complex counterpart of that
+    precision: a moment of complex gradients stored real would drop their
+    imaginary parts. A bool or integer `dtype` (a flag per leaf) stays as it is."""
+    if dtype is None:
+        return jnp.dtype(param_dtype)
+    if jnp.issubdtype(param_dtype, jnp.complexfloating) and jnp.issubdtype(
+        dtype, jnp.floating
+    ):
+        return jnp.promote_types(dtype, jnp.complex64)
+    return jnp.dtype(dtype)
+
+
+def own_buffer(x: Array) -> Array:
+    """`x`, as a buffer of its own if it is 0-d.
+
+    Filling a 0-d leaf with a 0-d array fill (a hyperparameter field) returns that
+    very array, so two state leaves, or a state leaf and the optimizer, would share
+    one buffer, and a donated step (`donate=True`) would fail or delete the
+    optimizer's field."""
+    return jnp.array(x, copy=True) if jnp.ndim(x) == 0 else x
+
+
+def zero_step() -> Int[Array, ""]:
+    return jnp.zeros((), jnp.int32)
+
+
+def increment(step: Int[Array, ""]) -> Int[Array, ""]:
+    """`step + 1`, saturating at the int32 maximum instead of wrapping negative."""
+    return jnp.where(step < INT32_MAX, step + 1, step).astype(jnp.int32)
+
+
+def apply_updates(params: PyTree, updates: PyTree, applied: Any = None) -> PyTree:
+    """`params + updates`, leaf by leaf, keeping each parameter's dtype.
+
+    `None` updates (and non-float leaves) leave the parameter as it is. The sum is
+    formed in at least float32, so a bf16 parameter receives the full-precision
+    update before its single rounding (`eqx.apply_updates` would promote the bf16
+    parameter to float32 instead).
+
+    **Arguments:**
+
+    - `params`: any pytree.
+    - `updates`: a tree with the structure of `params`, `None` where there is no
+      update.
+    - `applied`: used by `step` (the new parameters native kernels have already
+      formed, by update).
+    """
+    from .._native._fused import (
+        applied_param,
+    )  # _fused imports the engine, which imports us
+
+    def apply(u, p):
+        if u is None or not is_float_leaf(p):
+            return p
+        if (new := applied_param(applied, u)) is not None:
+            return new
+        dtype = compute_dtype(p.dtype)
+        return (p.astype(dtype) + u.astype(dtype)).astype(p.dtype)
+
+    return jax.tree.map(apply, updates, params, is_leaf=is_none)
+
+
+def cast_like(updates: PyTree, params: PyTree) -> PyTree:
+    """Casts each update leaf to the dtype of its parameter."""
+
+    def cast(u, p):
+        return None if u is None else u.astype(p.dtype)
+
+    return jax.tree.map(cast, updates, params, is_leaf=is_none)
+
+
+def align_grads(grads: PyTree, params: PyTree) -> list[Any]:
+    """The gradient for each leaf of `params` (in `jax.tree.leaves` order), `None`
+    where `grads` has `None` at that leaf or at any subtree above it.
+
+    Raises `ValueError` naming the path where the two structures part."""
+    grad_leaves, grad_def = jax.tree.flatten(grads, is_leaf=is_none)
+    try:
+        param_subtrees = grad_def.flatten_up_to(params)
+    except (ValueError, TypeError):
+        raise _grads_mismatch(grads, grad_leaves, params) from None
+    aligned: list[Any] = []
+    for g, p_sub in zip(grad_leaves, param_subtrees):
+        p_leaves = jax.tree.leaves(p_sub)
+        if g is None:
+            aligned.extend([None] * len(p_leaves))
+        elif len(p_leaves) == 1 and p_leaves[0] is p_sub:
+            aligned.append(g)
+        else:
+            raise _grads_mismatch(grads, grad_leaves, params)
+    return aligned
+
+
+def _grads_mismatch(grads: PyTree, grad_leaves: list[Any], params: PyTree) -> Any:
+    from ._checks import structure_mismatch  # checks import this module
+
+    error = structure_mismatch(grads, "grads", params, "params")
+    if any(g is not None and not eqx.is_array(g) for g in grad_leaves):
+        # Gradients hold arrays and None only: params were likely passed as grads.
+        error.args = (
+            f"{error.args[0]} (update and step take grads, state, params in that "
+            "order)",
+        )
+    return error
+
+
+def leaf_paths(tree: PyTree) -> list[str]:
+    """`jax.tree_util.keystr` of every leaf's path, in `jax.tree.leaves` order."""
+    return [jax.tree_util.keystr(path) for path, _ in jax.tree.leaves_with_path(tree)]

@@ -1,0 +1,193 @@
+"""Prodigy: AdamW that estimates its own learning rate (Mishchenko & Defazio, 2023)."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PyTree
+
+from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._checks import hyperparameter
+from ..._core._leafwise import map_leaves
+from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._tree import (
+    abs_sq,
+    float_leaves_like,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
+
+
+class ProdigyState(eqx.Module):
+    """State of `Prodigy`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `mu`: first moment of `d * g`, shaped like params.
+    - `nu`: second moment of `d * g`, shaped like params.
+    - `grad_sum`: the weighted sum `s` of past gradients, shaped like params.
+    - `params0`: the parameters at `init`, shaped like params.
+    - `d`: float32 scalar, the current estimate of the learning rate (distance to
+      the solution), starting at `d0`.
+    - `numerator`: float32 scalar, the weighted sum of `<g, params0 - p>`.
+    """
+
+    step: Int[Array, ""]
+    mu: PyTree[Float[Array, "..."] | None]
+    nu: PyTree[Float[Array, "..."] | None]
+    grad_sum: PyTree[Float[Array, "..."] | None]
+    params0: PyTree[Float[Array, "..."] | None]
+    d: Float[Array, ""]
+    numerator: Float[Array, ""]
+
+
+class Prodigy(AbstractTransform):
+    """Prodigy (Mishchenko & Defazio, 2023): AdamW with a learning rate `d` that it
+    estimates itself; `learning_rate` is a multiplier (schedule) around 1.
+
+    With `t = step + 1`, `sched` the learning rate at `step`, sums `<., .>` and
+    `|.|_1` over every leaf that has a gradient:
+
+    ```
+    dlr = d * sched * sqrt(1 - b2**t) / (1 - b1**t)
+    mu = b1 * mu + (1 - b1) * d * g
+    nu = b2 * nu + (1 - b2) * (d * g)**2
+    s  = b3 * s + (d / d0) * dlr * g       (safeguard_warmup: (d / d0) * d * g)
+    numerator = b3 * numerator + (d / d0) * dlr * <g, params0 - p>
+    d' = max(d, d_coef * numerator / |s|_1)
+    p  = p - dlr * (mu / (sqrt(nu) + d' * eps) + weight_decay * p)
+    ```
+
+    The same as `optax.contrib.prodigy` (`b3` is its `beta3`, default
+    `sqrt(b2)`; `d0` its `estim_lr0`; `d_coef` its `estim_lr_coef`), except that
+    when `|s|_1` is zero (all gradients so far zero) `d` is kept instead of
+    becoming NaN. A leaf whose gradient is `None` takes no part in the sums.
+
+    **Arguments:**
+
+    - `learning_rate`: the multiplier of `d`: a float `>= 0`, a scalar array, or
+      a schedule module (default `1.0`).
+    - `b1`: decay of the first moment, in `[0, 1)`.
+    - `b2`: decay of the second moment, in `(0, 1)`.
+    - `b3`: decay of the sums behind the estimate of `d`, in `[0, 1)`; `None`
+      gives `sqrt(b2)`.
+    - `eps`: added to the root of the second moment (times `d`), `> 0`.
+    - `d0`: the initial (under-)estimate of the learning rate, `> 0`.
+    - `d_coef`: multiplies the estimates of `d`, `> 0`.
+    - `weight_decay`: decoupled decay coefficient, `>= 0`.
+    - `safeguard_warmup`: leave the learning rate out of the sum `s`, to avoid
+      overestimating `d` during warmup.
+    """
+
+    learning_rate: AbstractSchedule
+    b1: Float[Array, ""]
+    b2: Float[Array, ""]
+    b3: Float[Array, ""]
+    eps: Float[Array, ""]
+    d0: Float[Array, ""]
+    d_coef: Float[Array, ""]
+    weight_decay: Float[Array, ""]
+    safeguard_warmup: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        learning_rate: Any = 1.0,
+        b1: Any = 0.9,
+        b2: Any = 0.999,
+        b3: Any = None,
+        eps: Any = 1e-8,
+        d0: Any = 1e-6,
+        d_coef: Any = 1.0,
+        weight_decay: Any = 0.0,
+        *,
+        safeguard_warmup: bool = False,
+    ):
+        self.learning_rate = as_schedule("learning_rate", learning_rate)
+        self.b1 = hyperparameter("b1", b1, low=0.0, high=1.0, high_open=True)
+        self.b2 = hyperparameter(
+            "b2", b2, low=0.0, high=1.0, low_open=True, high_open=True
+        )
+        self.b3 = (
+            jnp.sqrt(self.b2)
+            if b3 is None
+            else hyperparameter("b3", b3, low=0.0, high=1.0, high_open=True)
+        )
+        self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
+        self.d0 = hyperparameter("d0", d0, low=0.0, low_open=True)
+        self.d_coef = hyperparameter("d_coef", d_coef, low=0.0, low_open=True)
+        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
+        if not isinstance(safeguard_warmup, bool):
+            raise TypeError(
+                "safeguard_warmup must be a bool, got "
+                f"{type(safeguard_warmup).__name__}"
+            )
+        self.safeguard_warmup = safeguard_warmup
+
+    def init(self, params: Params) -> ProdigyState:
+        def copy(p):
+            return jnp.array(p, copy=True) if is_float_leaf(p) else None
+
+        return ProdigyState(
+            step=zero_step(),
+            mu=float_leaves_like(params),
+            nu=float_leaves_like(params),
+            grad_sum=float_leaves_like(params),
+            params0=jax.tree.map(copy, params),
+            d=jnp.array(self.d0, jnp.float32, copy=True),  # not the field itself
+            numerator=jnp.zeros((), jnp.float32),
+        )
+
+    def transform(
+        self, grads: Grads, state: ProdigyState, params: Params
+    ) -> tuple[Updates, ProdigyState]:
+        t = increment(state.step)
+        b1, b2, b3, d0 = self.b1, self.b2, self.b3, self.d0
+        d = state.d
+        sched = self.learning_rate(state.step)
+        dlr = d * sched * jnp.sqrt(1 - b2**t) / (1 - b1**t)
+        s_scale = d if self.safeguard_warmup else dlr
+
+        # First pass, per leaf: the moments, the sum s, and this leaf's terms of
+        # the two whole-tree sums (returned in place of an update).
+        def moments(g, p, mu, nu, s, p0):
+            dg = d * g
+            mu = b1 * mu + (1 - b1) * dg
+            nu = b2 * nu + (1 - b2) * abs_sq(dg)
+            s = b3 * s + s_scale * dg / d0
+            # Re<g, p0 - p>: the slope towards the start, real for complex leaves.
+            slope = jnp.real(jnp.vdot(g, p0 - p))
+            sums = jnp.stack([slope, jnp.sum(jnp.abs(s))])
+            return sums, mu, nu, s, p0
+
+        sums, (mu, nu, grad_sum, params0) = map_leaves(
+            moments,
+            grads,
+            params,
+            (state.mu, state.nu, state.grad_sum, state.params0),
+        )
+        total = sum(jax.tree.leaves(sums), jnp.zeros(2, jnp.float32))
+        numerator = b3 * state.numerator + (d / d0) * dlr * total[0]
+        denominator = total[1]
+        estimate = self.d_coef * numerator / jnp.where(denominator > 0, denominator, 1)
+        new_d = jnp.where(denominator > 0, jnp.maximum(d, estimate), d)
+
+        eps, wd = self.eps, self.weight_decay
+
+        def step(g, p, mu, nu):
+            direction = mu / (jnp.sqrt(nu) + new_d * eps) + wd * p
+            return -dlr * direction, mu, nu
+
+        # mu and nu pass through unchanged; only the leaves with gradients move.
+        updates, _ = map_leaves(step, grads, params, (mu, nu), elementwise=True)
+        return updates, ProdigyState(
+            step=t,
+            mu=mu,
+            nu=nu,
+            grad_sum=grad_sum,
+            params0=params0,
+            d=new_d.astype(jnp.float32),
+            numerator=numerator.astype(jnp.float32),
+        )

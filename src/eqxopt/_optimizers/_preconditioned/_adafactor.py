@@ -1,0 +1,332 @@
+"""Adafactor: factored second moments, relative step sizes, update clipping."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float, Float32, Int, PyTree
+
+from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._checks import float_dtype_or_none, hyperparameter, is_concrete
+from ..._core._leafwise import map_leaves
+from ..._core._masks import Mask, resolve_mask
+from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._tree import (
+    abs_sq,
+    align_grads,
+    float_leaves_like,
+    full_like_leaf,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
+from .._layerwise._lamb import check_bool
+
+_MIN_PARAM_SCALE = 1e-3  # the paper's eps_2; optax.scale_by_param_block_rms's floor
+
+
+class _RelativeStep(AbstractSchedule):
+    """The paper's relative step size `rho(s) = min(1e-2, 1 / sqrt(s + 1))`."""
+
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        s = jnp.asarray(step).astype(jnp.float32)
+        return jnp.minimum(jnp.float32(1e-2), jax.lax.rsqrt(s + 1.0))
+
+
+class AdafactorState(eqx.Module):
+    """State of `Adafactor`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `v_row`: for each factored leaf, the moving average of squared gradients
+      averaged over the leaf's largest axis (its shape is the leaf's without that
+      axis); `None` at leaves that are not factored.
+    - `v_col`: for each factored leaf, the same averaged over the second-largest
+      axis; `None` at leaves that are not factored.
+    - `v`: for each float leaf that is not factored, the full moving average of
+      squared gradients (shaped like the leaf); `None` at factored leaves.
+    - `momentum`: the moving average of updates, shaped like params, or `None` when
+      the optimizer has no momentum.
+
+    Non-float leaves have `None` in every tree.
+    """
+
+    step: Int[Array, ""]
+    v_row: PyTree[Float[Array, "..."] | None]
+    v_col: PyTree[Float[Array, "..."] | None]
+    v: PyTree[Float[Array, "..."] | None]
+    momentum: PyTree[Float[Array, "..."] | None] | None
+
+
+class Adafactor(AbstractTransform):
+    """Adafactor (Shazeer & Stern, 2018), as `optax.adafactor`.
+
+    A leaf of rank `>= 2` whose second-largest axis has at least
+    `min_dim_size_to_factor` entries is *factored*: its second moment is stored as
+    two vectors (more generally, two arrays with one axis fewer), averages over its
+    largest axis `a` and its second-largest axis `b`. Other leaves keep a full
+    second moment. With `lr` the learning rate at `step`,
+    `beta = 1 - (max(step - decay_offset, 0) + 1) ** -decay_rate` and
+    `G = g**2 + eps`:
+
+    ```
+    factored:   r = beta * r + (1 - beta) * mean_a(G)        (v_row)
+                c = beta * c + (1 - beta) * mean_b(G)        (v_col)
+                u = g / sqrt(r / mean_b(r)) / sqrt(c)        (broadcast back)
+    otherwise:  v = beta * v + (1 - beta) * G
+                u = g / sqrt(v)
+    u = u / max(1, rms(u) / clipping_threshold)              (if clipping_threshold)
+    u = lr * u
+    u = u * max(rms(p), 1e-3)                                (if multiply_by_param...)
+    m = momentum * m + (1 - momentum) * u;  u = m            (if momentum)
+    p = p - (u + weight_decay_rate * p)                      (decay where the mask says)
+    ```
+
+    `rms` is the root mean square over the whole leaf. Differences from optax:
+
+    - `learning_rate=None` (the default) is the paper's relative step size
+      `min(1e-2, 1 / sqrt(step + 1))`; with `multiply_by_parameter_scale` this is
+      the paper's step `max(1e-3, rms(p)) * rho_t`. (optax's `None` means a step of
+      1; pass `learning_rate=1.0` for that.)
+    - Steps before `decay_offset` use `beta = 0` (optax takes a negative power
+      there and gives NaN, so `decay_offset` only works in optax on a state whose
+      count is already past it).
+    - As in optax, the weight decay is *not* multiplied by the learning rate, and
+      the axes factored are the two largest (not necessarily the last two).
+
+    **Arguments:**
+
+    - `learning_rate`: `None`, a float `>= 0`, a scalar array, or a schedule module.
+    - `min_dim_size_to_factor`: factor a leaf only if its second-largest axis has at
+      least this many entries (an int `>= 1`).
+    - `decay_rate`: exponent of the second-moment decay schedule, `>= 0`.
+    - `decay_offset`: step at which the decay schedule restarts (for fine-tuning),
+      an int `>= 0`.
+    - `multiply_by_parameter_scale`: scale steps by `max(rms(p), 1e-3)`.
+    - `clipping_threshold`: `> 0`, or `None` for no update clipping.
+    - `momentum`: in `[0, 1)`, or `None` for no momentum (and no momentum state).
+    - `dtype_momentum`: dtype of the momentum buffer.
+    - `weight_decay_rate`: `>= 0`, subtracted as `weight_decay_rate * p` per step.
+    - `eps`: added to squared gradients, `> 0`.
+    - `factored`: `False` keeps a full second moment for every leaf.
+    - `weight_decay_mask`: which leaves get weight decay: `None` (all), a tree of
+      bools (or a prefix of params), or a function of params returning one.
+    """
+
+    learning_rate: AbstractSchedule
+    decay_rate: Float[Array, ""]
+    decay_offset: Int[Array, ""]
+    clipping_threshold: Float[Array, ""] | None
+    momentum: Float[Array, ""] | None
+    weight_decay_rate: Float[Array, ""]
+    eps: Float[Array, ""]
+    weight_decay_mask: Mask
+    min_dim_size_to_factor: int = eqx.field(static=True)
+    multiply_by_parameter_scale: bool = eqx.field(static=True)
+    dtype_momentum: Any = eqx.field(static=True)
+    factored: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        learning_rate: Any = None,
+        min_dim_size_to_factor: int = 128,
+        decay_rate: Any = 0.8,
+        decay_offset: Any = 0,
+        multiply_by_parameter_scale: bool = True,
+        clipping_threshold: Any = 1.0,
+        momentum: Any = None,
+        dtype_momentum: Any = jnp.float32,
+        weight_decay_rate: Any = 0.0,
+        eps: Any = 1e-30,
+        factored: bool = True,
+        weight_decay_mask: Mask = None,
+    ):
+        self.learning_rate = (
+            _RelativeStep()
+            if learning_rate is None
+            else as_schedule("learning_rate", learning_rate)
+        )
+        if isinstance(min_dim_size_to_factor, bool) or not isinstance(
+            min_dim_size_to_factor, (int, np.integer)
+        ):
+            raise TypeError(
+                "min_dim_size_to_factor must be an int, got "
+                f"{type(min_dim_size_to_factor).__name__}"
+            )
+        if min_dim_size_to_factor < 1:
+            raise ValueError(
+                f"min_dim_size_to_factor must be >= 1, got {min_dim_size_to_factor}"
+            )
+        self.min_dim_size_to_factor = int(min_dim_size_to_factor)
+        self.decay_rate = hyperparameter("decay_rate", decay_rate, low=0.0)
+        self.decay_offset = _offset(decay_offset)
+        self.multiply_by_parameter_scale = check_bool(
+            "multiply_by_parameter_scale", multiply_by_parameter_scale
+        )
+        self.clipping_threshold = (
+            None
+            if clipping_threshold is None
+            else hyperparameter(
+                "clipping_threshold", clipping_threshold, low=0.0, low_open=True
+            )
+        )
+        self.momentum = (
+            None
+            if momentum is None
+            else hyperparameter("momentum", momentum, low=0.0, high=1.0, high_open=True)
+        )
+        self.dtype_momentum = float_dtype_or_none("dtype_momentum", dtype_momentum)
+        self.weight_decay_rate = hyperparameter(
+            "weight_decay_rate", weight_decay_rate, low=0.0
+        )
+        self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
+        self.factored = check_bool("factored", factored)
+        self.weight_decay_mask = weight_decay_mask
+
+    def factored_axes(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
+        """`(b, a)`: the second-largest and largest axis of a leaf of this shape, if
+        it is factored; `None` if it keeps a full second moment."""
+        if not self.factored or len(shape) < 2:
+            return None
+        order = np.argsort(shape)
+        if shape[order[-2]] < self.min_dim_size_to_factor:
+            return None
+        return int(order[-2]), int(order[-1])
+
+    def init(self, params: Params) -> AdafactorState:
+        def stats(p):
+            if not is_float_leaf(p):
+                return None, None, None
+            axes = self.factored_axes(p.shape)
+            if axes is None:
+                return None, None, full_like_leaf(p)
+            b, a = axes
+            row = jnp.zeros(p.shape[:a] + p.shape[a + 1 :], p.dtype)
+            col = jnp.zeros(p.shape[:b] + p.shape[b + 1 :], p.dtype)
+            return row, col, None
+
+        leaves, treedef = jax.tree.flatten(params)
+        rows, cols, full = zip(*map(stats, leaves)) if leaves else ((), (), ())
+        momentum = None
+        if self.momentum is not None:
+            # dtype_momentum=None: the default float dtype, as it always was.
+            dtype = self.dtype_momentum
+            if dtype is None:
+                dtype = jnp.result_type(float)
+            momentum = float_leaves_like(params, dtype)
+        return AdafactorState(
+            step=zero_step(),
+            v_row=treedef.unflatten(rows),
+            v_col=treedef.unflatten(cols),
+            v=treedef.unflatten(full),
+            momentum=momentum,
+        )
+
+    def transform(
+        self, grads: Grads, state: AdafactorState, params: Params
+    ) -> tuple[Updates, AdafactorState]:
+        lr = self.learning_rate(state.step)
+        eps = self.eps
+        # Steps before the offset count as the first (optax gives NaN there).
+        # `+ 1` in float32: in int32 it wraps at the saturated step (2**31 - 1).
+        since = jnp.maximum(state.step - self.decay_offset, 0)
+        t = since.astype(jnp.float32) + 1.0
+        beta = 1.0 - t ** (-self.decay_rate)
+
+        leaves, treedef = jax.tree.flatten(params)
+        axes = [
+            self.factored_axes(p.shape) if is_float_leaf(p) else None for p in leaves
+        ]
+        aligned = align_grads(grads, params)
+        factored_grads = treedef.unflatten(
+            [g if a is not None else None for g, a in zip(aligned, axes)]
+        )
+        full_grads = treedef.unflatten(
+            [g if a is None else None for g, a in zip(aligned, axes)]
+        )
+
+        def factored_rule(g, p, row, col, leaf_axes):
+            b, a = leaf_axes
+            sq = abs_sq(g) + eps
+            row = beta * row + (1.0 - beta) * jnp.mean(sq, axis=a)
+            col = beta * col + (1.0 - beta) * jnp.mean(sq, axis=b)
+            row_b = b - 1 if b > a else b  # axis b of the row statistics
+            row_factor = (row / jnp.mean(row, axis=row_b, keepdims=True)) ** -0.5
+            col_factor = col**-0.5
+            u = g * jnp.expand_dims(row_factor, a) * jnp.expand_dims(col_factor, b)
+            return u, row, col
+
+        def full_rule(g, p, v):
+            v = beta * v + (1.0 - beta) * (abs_sq(g) + eps)
+            return g * v**-0.5, v
+
+        factored_u, (v_row, v_col) = map_leaves(
+            factored_rule,
+            factored_grads,
+            params,
+            (state.v_row, state.v_col),
+            elementwise=False,
+            flags=axes,
+        )
+        full_u, (v,) = map_leaves(
+            full_rule, full_grads, params, (state.v,), elementwise=False
+        )
+        scaled = jax.tree.map(
+            lambda x, y: y if x is None else x,
+            factored_u,
+            full_u,
+            is_leaf=lambda x: x is None,
+        )
+
+        threshold, momentum = self.clipping_threshold, self.momentum
+        weight_decay = self.weight_decay_rate
+
+        def finish_rule(u, p, *rest):
+            *m, decay = rest
+            if threshold is not None:
+                u = u / jnp.maximum(1.0, _rms(u) / threshold)
+            u = lr * u
+            if self.multiply_by_parameter_scale:
+                u = u * jnp.maximum(_rms(p), _MIN_PARAM_SCALE)
+            if momentum is not None:
+                u = momentum * m[0] + (1.0 - momentum) * u
+                m = [u]
+            if decay:
+                u = u + weight_decay * p
+            return (-u, *m)
+
+        moments = () if state.momentum is None else (state.momentum,)
+        updates, new_moments = map_leaves(
+            finish_rule,
+            scaled,
+            params,
+            moments,
+            elementwise=False,
+            flags=resolve_mask(self.weight_decay_mask, params, "weight_decay_mask"),
+        )
+        return updates, AdafactorState(
+            step=increment(state.step),
+            v_row=v_row,
+            v_col=v_col,
+            v=v,
+            momentum=new_moments[0] if new_moments else None,
+        )
+
+
+def _rms(x: Array) -> Array:
+    return jnp.sqrt(jnp.mean(abs_sq(x)))
+
+
+def _offset(value: Any) -> Int[Array, ""]:
+    if isinstance(value, bool) or jnp.ndim(value) != 0:
+        raise ValueError(f"decay_offset must be an integer scalar, got {value!r}")
+    if not jnp.issubdtype(jnp.result_type(value), jnp.integer):
+        raise TypeError(
+            f"decay_offset must be an integer, got dtype {jnp.result_type(value)}"
+        )
+    if is_concrete(value) and int(np.asarray(value)) < 0:
+        raise ValueError(f"decay_offset must be >= 0, got {int(np.asarray(value))}")
+    return jnp.asarray(value, dtype=jnp.int32)

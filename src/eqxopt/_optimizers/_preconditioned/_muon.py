@@ -1,0 +1,327 @@
+"""Muon: momentum orthogonalised by Newton-Schulz, with an AdamW fallback."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PyTree
+
+from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._checks import float_dtype_or_none, hyperparameter, is_concrete
+from ..._core._leafwise import map_leaves
+from ..._core._masks import Mask, resolve_mask
+from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._tree import (
+    abs_sq,
+    align_grads,
+    float_leaves_like,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
+
+_DEFAULT_NS_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+class MuonState(eqx.Module):
+    """State of `Muon`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `mu`: the momentum of every float leaf (Muon and AdamW leaves alike), shaped
+      like params.
+    - `nu`: AdamW's second moment, shaped like params at the AdamW leaves and
+      `None` at the Muon leaves (which need none).
+    """
+
+    step: Int[Array, ""]
+    mu: PyTree[Float[Array, "..."] | None]
+    nu: PyTree[Float[Array, "..."] | None]
+
+
+def newton_schulz(
+    x: Float[Array, "*batch m n"],
+    coeffs: Float[Array, "k 3"],
+    eps: Float[Array, ""] | float = 1e-8,
+) -> Float[Array, "*batch m n"]:
+    """Approximately orthogonalises the matrices in the last two axes of `x`.
+
+    `x` is divided by its Frobenius norm plus `eps`, transposed if it has more rows
+    than columns, and then each row `(a, b, c)` of `coeffs` applies one quintic step
+    `x <- a x + (b A + c A A) x` with `A = x x^T` (the iteration of Jordan's Muon
+    and `optax.contrib.orthogonalize_via_newton_schulz`).
+    """
+    if x.ndim > 2:
+        return jax.vmap(lambda y: newton_schulz(y, coeffs, eps))(x)
+    transposed = x.shape[0] > x.shape[1]
+    if transposed:
+        x = x.T
+    x = x / (jnp.linalg.norm(x) + eps)
+    for i in range(coeffs.shape[0]):
+        a = x @ x.T.conj()
+        b = coeffs[i, 1] * a + coeffs[i, 2] * a @ a
+        x = coeffs[i, 0] * x + b @ x
+    return x.T if transposed else x
+
+
+def _muon_flags(mask: Any, params: Params) -> list[bool]:
+    """Which leaves Muon orthogonalises (the others get AdamW); checked."""
+    leaves_with_paths = jax.tree.leaves_with_path(params)
+    if mask is None:
+        return [is_float_leaf(p) and p.ndim == 2 for _, p in leaves_with_paths]
+    flags = resolve_mask(mask, params, "muon_mask")
+    for (path, p), flag in zip(leaves_with_paths, flags):
+        if flag and is_float_leaf(p) and p.ndim < 2:
+            raise ValueError(
+                f"muon_mask selects params{jax.tree_util.keystr(path)}, which has "
+                f"shape {p.shape}; Muon needs leaves with at least 2 dimensions "
+                "(the last two form the matrix)"
+            )
+    return [flag and is_float_leaf(p) for (_, p), flag in zip(leaves_with_paths, flags)]
+
+
+def _select(tree: PyTree, params: Params, keep: list[bool]) -> PyTree:
+    leaves = align_grads(tree, params)
+    treedef = jax.tree.structure(params)
+    return treedef.unflatten([x if k else None for x, k in zip(leaves, keep)])
+
+
+class Muon(AbstractTransform):
+    """Muon (Jordan et al., 2024): Newton-Schulz orthogonalised momentum for matrix
+    weights, AdamW for every other leaf.
+
+    For a Muon leaf (by default every float leaf with `ndim == 2`; a leaf with more
+    dimensions that `muon_mask` selects is a stack of matrices in its last two axes),
+    with `t = step + 1`, `lr` the learning rate at `step` and shape `(..., m, n)`:
+
+    ```
+    mu = beta * mu + (1 - beta) * g
+    mu_hat = beta * mu / (1 - beta**(t+1)) + (1 - beta) * g / (1 - beta**t)  (nesterov)
+    mu_hat = mu / (1 - beta**t)                                        (otherwise)
+    O = newton_schulz(mu_hat)           (ns_steps quintic steps, coeffs ns_coeffs)
+    p = p - lr * (scale * O + weight_decay * p)
+    scale = sqrt(max(1, n / m))                  (consistent_rms=None)
+    scale = sqrt(max(m, n)) * consistent_rms     (otherwise)
+    ```
+
+    Every other float leaf gets AdamW (`optax.adamw` with the same `nesterov`) with
+    `adam_b1`, `adam_b2`, `eps`, `adam_eps_root`, `adam_weight_decay` and
+    `adam_learning_rate`:
+
+    ```
+    mu = adam_b1 * mu + (1 - adam_b1) * g;  nu = adam_b2 * nu + (1 - adam_b2) * g**2
+    p = p - adam_lr * (mu_hat / (sqrt(nu / (1 - adam_b2**t) + adam_eps_root) + eps)
+                       + adam_weight_decay * p)
+    ```
+
+    The same as `optax.contrib.muon` with its default `'frobenius'`
+    preconditioning. Differences: `weight_decay_mask`
+    applies to both branches (optax applies it to the Muon leaves only), and which
+    leaves get Muon is a mask of bools (optax: a tree of dimension numbers).
+
+    **Arguments:**
+
+    - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
+    - `beta`: momentum, in `[0, 1)`.
+    - `ns_steps`: the number of Newton-Schulz steps (static int `>= 1`).
+    - `ns_coeffs`: the quintic's coefficients `(a, b, c)`, shape `(3,)` (used for
+      every step) or `(ns_steps, 3)` (one row per step).
+    - `eps`: added to the Frobenius norm before Newton-Schulz and to AdamW's
+      denominator, `> 0`.
+    - `weight_decay`: decoupled decay of the Muon leaves, `>= 0`.
+    - `weight_decay_mask`: which leaves decay: `None` (all), a tree of bools (or a
+      prefix of params) or a function of params returning one.
+    - `nesterov`: Nesterov momentum, for both branches (default `True`, as optax).
+    - `muon_mask`: which leaves get Muon: `None` (every leaf with `ndim == 2`), a
+      tree of bools (an Equinox module is always read as a tree, never called) or a
+      function of params returning one. Selected leaves need `ndim >= 2`.
+    - `consistent_rms`: `None` for Jordan's width scaling, or a float `> 0` for
+      the RMS-matching scaling of Liu et al. (2025) (`0.2` matches AdamW's update
+      RMS).
+    - `adam_b1`, `adam_b2`: AdamW's decays, in `[0, 1)` and `(0, 1)`.
+    - `adam_eps_root`: added inside AdamW's root, `>= 0`.
+    - `adam_weight_decay`: AdamW's decoupled decay, `>= 0`.
+    - `adam_learning_rate`: AdamW's learning rate; `None` uses `learning_rate`.
+    - `mu_dtype`, `nu_dtype`: dtypes to store the moments in (`None`: the
+      parameter's).
+    """
+
+    learning_rate: AbstractSchedule
+    adam_learning_rate: AbstractSchedule
+    beta: Float[Array, ""]
+    ns_coeffs: Float[Array, "k 3"]
+    eps: Float[Array, ""]
+    weight_decay: Float[Array, ""]
+    adam_b1: Float[Array, ""]
+    adam_b2: Float[Array, ""]
+    adam_eps_root: Float[Array, ""]
+    adam_weight_decay: Float[Array, ""]
+    consistent_rms: Float[Array, ""] | None
+    weight_decay_mask: Any
+    muon_mask: Any
+    nesterov: bool = eqx.field(static=True)
+    mu_dtype: Any = eqx.field(static=True)
+    nu_dtype: Any = eqx.field(static=True)
+
+    def __init__(
+        self,
+        learning_rate: Any,
+        beta: Any = 0.95,
+        ns_steps: int = 5,
+        ns_coeffs: Any = _DEFAULT_NS_COEFFS,
+        eps: Any = 1e-8,
+        weight_decay: Any = 0.0,
+        *,
+        weight_decay_mask: Mask = None,
+        nesterov: bool = True,
+        muon_mask: Mask = None,
+        consistent_rms: Any = None,
+        adam_b1: Any = 0.9,
+        adam_b2: Any = 0.999,
+        adam_eps_root: Any = 0.0,
+        adam_weight_decay: Any = 0.0,
+        adam_learning_rate: Any = None,
+        mu_dtype: Any = None,
+        nu_dtype: Any = None,
+    ):
+        self.learning_rate = as_schedule("learning_rate", learning_rate)
+        self.adam_learning_rate = (
+            self.learning_rate
+            if adam_learning_rate is None
+            else as_schedule("adam_learning_rate", adam_learning_rate)
+        )
+        self.beta = hyperparameter("beta", beta, low=0.0, high=1.0, high_open=True)
+        if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 1:
+            raise ValueError(f"ns_steps must be an int >= 1, got {ns_steps!r}")
+        self.ns_coeffs = _ns_coeffs(ns_coeffs, ns_steps)
+        self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
+        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
+        self.adam_b1 = hyperparameter(
+            "adam_b1", adam_b1, low=0.0, high=1.0, high_open=True
+        )
+        self.adam_b2 = hyperparameter(
+            "adam_b2", adam_b2, low=0.0, high=1.0, low_open=True, high_open=True
+        )
+        self.adam_eps_root = hyperparameter("adam_eps_root", adam_eps_root, low=0.0)
+        self.adam_weight_decay = hyperparameter(
+            "adam_weight_decay", adam_weight_decay, low=0.0
+        )
+        self.consistent_rms = (
+            None
+            if consistent_rms is None
+            else hyperparameter(
+                "consistent_rms", consistent_rms, low=0.0, low_open=True
+            )
+        )
+        self.weight_decay_mask = weight_decay_mask
+        self.muon_mask = muon_mask
+        if not isinstance(nesterov, bool):
+            raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
+        self.nesterov = nesterov
+        self.mu_dtype = float_dtype_or_none("mu_dtype", mu_dtype)
+        self.nu_dtype = float_dtype_or_none("nu_dtype", nu_dtype)
+
+    def init(self, params: Params) -> MuonState:
+        flags = _muon_flags(self.muon_mask, params)
+        nu = float_leaves_like(params, self.nu_dtype)
+        return MuonState(
+            step=zero_step(),
+            mu=float_leaves_like(params, self.mu_dtype),
+            nu=_select(nu, params, [not f for f in flags]),
+        )
+
+    def transform(
+        self, grads: Grads, state: MuonState, params: Params
+    ) -> tuple[Updates, MuonState]:
+        is_muon = _muon_flags(self.muon_mask, params)
+        decays = resolve_mask(self.weight_decay_mask, params, "weight_decay_mask")
+        t = increment(state.step)
+        nesterov = self.nesterov
+
+        lr = self.learning_rate(state.step)
+        beta, eps, wd = self.beta, self.eps, self.weight_decay
+        coeffs = self.ns_coeffs
+        rms = self.consistent_rms
+
+        def muon_rule(g, p, mu, decay):
+            mu = beta * mu + (1 - beta) * g
+            if p.size == 0:  # an empty matrix: nothing to orthogonalise or scale
+                return jnp.zeros_like(g), mu
+            if nesterov:
+                mu_hat = beta * mu / (1 - beta ** increment(t)) + (1 - beta) * g / (
+                    1 - beta**t
+                )
+            else:
+                mu_hat = mu / (1 - beta**t)
+            m, n = p.shape[-2:]
+            # Jordan's width scaling, or Liu et al.'s RMS matching.
+            scale = max(1.0, n / m) ** 0.5 if rms is None else max(m, n) ** 0.5 * rms
+            direction = scale * newton_schulz(mu_hat, coeffs, eps)
+            if decay:
+                direction = direction + wd * p
+            return -lr * direction, mu
+
+        adam_lr = self.adam_learning_rate(state.step)
+        b1, b2 = self.adam_b1, self.adam_b2
+        eps_root, adam_wd = self.adam_eps_root, self.adam_weight_decay
+
+        def adam_rule(g, p, mu, nu, decay):
+            mu = b1 * mu + (1 - b1) * g
+            nu = b2 * nu + (1 - b2) * abs_sq(g)
+            if nesterov:
+                mu_hat = b1 * mu / (1 - b1 ** increment(t)) + (1 - b1) * g / (1 - b1**t)
+            else:
+                mu_hat = mu / (1 - b1**t)
+            direction = mu_hat / (jnp.sqrt(nu / (1 - b2**t) + eps_root) + eps)
+            if decay:
+                direction = direction + adam_wd * p
+            return -adam_lr * direction, mu, nu
+
+        not_muon = [not f for f in is_muon]
+        muon_updates, (muon_mu,) = map_leaves(
+            muon_rule,
+            _select(grads, params, is_muon),
+            params,
+            (_select(state.mu, params, is_muon),),
+            flags=decays,
+        )
+        adam_updates, (adam_mu, nu) = map_leaves(
+            adam_rule,
+            _select(grads, params, not_muon),
+            params,
+            (_select(state.mu, params, not_muon), state.nu),
+            elementwise=True,
+            flags=decays,
+        )
+        updates = _merge(muon_updates, adam_updates, params, is_muon)
+        mu = _merge(muon_mu, adam_mu, params, is_muon)
+        return updates, MuonState(step=t, mu=mu, nu=nu)
+
+
+def _merge(a: PyTree, b: PyTree, params: Params, take_a: list[bool]) -> PyTree:
+    a_leaves = align_grads(a, params)
+    b_leaves = align_grads(b, params)
+    return jax.tree.structure(params).unflatten(
+        [x if k else y for x, y, k in zip(a_leaves, b_leaves, take_a)]
+    )
+
+
+def _ns_coeffs(value: Any, ns_steps: int) -> Array:
+    try:
+        coeffs = jnp.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"ns_coeffs must be 3 numbers or an (ns_steps, 3) array, got {value!r}"
+        ) from None
+    if coeffs.shape == (3,):
+        coeffs = jnp.broadcast_to(coeffs, (ns_steps, 3))
+    elif coeffs.shape != (ns_steps, 3):
+        raise ValueError(
+            f"ns_coeffs must have shape (3,) or (ns_steps, 3) = ({ns_steps}, 3), "
+            f"got shape {coeffs.shape}"
+        )
+    if is_concrete(coeffs) and not bool(jnp.all(jnp.isfinite(coeffs))):
+        raise ValueError(f"ns_coeffs must be finite, got {value!r}")
+    return coeffs

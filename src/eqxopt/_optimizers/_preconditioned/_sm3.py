@@ -1,0 +1,151 @@
+"""SM3: memory-efficient adaptive steps from per-axis accumulators."""
+
+import functools
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, PyTree
+
+from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._checks import hyperparameter, reject_complex
+from ..._core._leafwise import map_leaves
+from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._tree import (
+    abs_sq,
+    float_leaves_like,
+    full_like_leaf,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
+
+_WHY = "its accumulators take the max of squared gradients over axes"
+
+
+class SM3State(eqx.Module):
+    """State of `SM3`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done (for learning-rate
+      schedules).
+    - `accumulators`: one vector per float leaf holding the leaf's per-axis
+      accumulators end to end: for a leaf of shape `(d0, d1, ...)` the `d0` values
+      of axis 0, then the `d1` of axis 1, ... (length `sum(shape)`; a scalar leaf
+      has one value). `None` at non-float leaves.
+    - `momentum`: the moving average of the preconditioned gradients, shaped like
+      params.
+    """
+
+    step: Int[Array, ""]
+    accumulators: PyTree[Float[Array, " n"] | None]
+    momentum: PyTree[Float[Array, "..."] | None]
+
+
+def _accumulator_size(shape: tuple[int, ...]) -> int:
+    return sum(shape) if len(shape) > 0 else 1
+
+
+def _expanded(shape: tuple[int, ...], axis: int) -> list[int]:
+    return [1] * axis + [shape[axis]] + [1] * (len(shape) - axis - 1)
+
+
+class SM3(AbstractTransform):
+    """SM3-II (Anil et al., 2019) with momentum, as `optax.sm3`.
+
+    For a leaf of rank `>= 2`, each axis `i` keeps one accumulator per index along
+    it, `a_i`; with `lr` the learning rate at `step`:
+
+    ```
+    acc = min_i a_i (broadcast along the other axes) + g**2
+    a_i = max of acc over all axes but i
+    u   = g / sqrt(acc + eps)            (0 where acc == 0)
+    m   = momentum * m + (1 - momentum) * u
+    p   = p - lr * m
+    ```
+
+    Vectors and scalars keep a full accumulator (`acc = acc + g**2`, Adagrad).
+    `optax.sm3` gives the same numbers, but fails on scalar (0-d) leaves; here they
+    work like one-element vectors. Real parameters only.
+
+    **Arguments:**
+
+    - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
+    - `momentum`: decay of the momentum average, in `[0, 1)`; `0` gives plain SM3.
+    - `eps`: added to the accumulator inside the root, `>= 0`.
+    """
+
+    learning_rate: AbstractSchedule
+    momentum: Float[Array, ""]
+    eps: Float[Array, ""]
+
+    def __init__(self, learning_rate: Any, momentum: Any = 0.9, *, eps: Any = 1e-8):
+        self.learning_rate = as_schedule("learning_rate", learning_rate)
+        self.momentum = hyperparameter(
+            "momentum", momentum, low=0.0, high=1.0, high_open=True
+        )
+        self.eps = hyperparameter("eps", eps, low=0.0)
+
+    def init(self, params: Params) -> SM3State:
+        reject_complex(params, "params", "SM3", _WHY)
+
+        def accumulator(p):
+            if not is_float_leaf(p):
+                return None
+            size = _accumulator_size(jnp.shape(p))
+            if (size,) == jnp.shape(p):  # a vector's: shaped and placed like it
+                return full_like_leaf(p)
+            return jnp.zeros((size,), p.dtype)
+
+        return SM3State(
+            step=zero_step(),
+            accumulators=jax.tree.map(accumulator, params),
+            momentum=float_leaves_like(params),
+        )
+
+    def transform(
+        self, grads: Grads, state: SM3State, params: Params
+    ) -> tuple[Updates, SM3State]:
+        reject_complex(params, "params", "SM3", _WHY)
+        lr = self.learning_rate(state.step)
+        momentum, eps = self.momentum, self.eps
+
+        def rule(g, p, a, m):
+            shape = g.shape
+            if g.ndim < 2:
+                acc = a.reshape(shape) + abs_sq(g)
+                new_a = acc.reshape(-1)
+            else:
+                splits = np.cumsum(shape)[:-1].tolist()
+                per_axis = jnp.split(a, splits)
+                floor = functools.reduce(
+                    jnp.minimum,
+                    [v.reshape(_expanded(shape, i)) for i, v in enumerate(per_axis)],
+                )
+                acc = floor + abs_sq(g)
+                axes = range(g.ndim)
+                new_a = jnp.concatenate(
+                    [
+                        jnp.max(acc, axis=tuple(j for j in axes if j != i), initial=0.0)
+                        for i in axes
+                    ]
+                )
+            u = g * jnp.where(acc > 0, jax.lax.rsqrt(acc + eps), 0.0)
+            m = momentum * m + (1 - momentum) * u
+            return -lr * m, new_a, m
+
+        updates, (accumulators, new_momentum) = map_leaves(
+            rule,
+            grads,
+            params,
+            (state.accumulators, state.momentum),
+            elementwise=False,
+        )
+        return updates, SM3State(
+            step=increment(state.step),
+            accumulators=accumulators,
+            momentum=new_momentum,
+        )

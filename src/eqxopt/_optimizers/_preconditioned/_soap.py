@@ -1,0 +1,325 @@
+"""SOAP: Adam in the eigenbasis of Shampoo's preconditioner (Vyas et al., 2024)."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, PyTree
+
+from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._checks import hyperparameter, is_concrete, reject_complex
+from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._tree import (
+    align_grads,
+    compute_dtype,
+    float_leaves_like,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
+
+# One entry per axis of a parameter: a (d, d) matrix, or None for an axis that is
+# not preconditioned (longer than max_precond_dim, or a 1-D leaf).
+AxisMatrices = tuple[Float[Array, "d d"] | None, ...]
+
+
+# Its eigenbases are of real symmetric G G^T statistics, as the authors' code.
+_WHY = "its preconditioner eigenbases are real"
+
+
+class SOAPState(eqx.Module):
+    """State of `SOAP`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done (the first one only builds
+      the preconditioner).
+    - `mu`: first moment, in the rotated (eigen)basis, shaped like params.
+    - `nu`: second moment, in the rotated basis, shaped like params.
+    - `gg`: Shampoo's statistics: for each float leaf a tuple with, per axis of
+      size `d`, the `(d, d)` exponential average of the gradient's outer products
+      over the other axes (float32 or wider), or `None` for an axis that is not
+      preconditioned. `None` at non-float leaves.
+    - `q`: the eigenbases, shaped as `gg`.
+    """
+
+    step: Int[Array, ""]
+    mu: PyTree[Float[Array, "..."] | None]
+    nu: PyTree[Float[Array, "..."] | None]
+    gg: PyTree[Any]
+    q: PyTree[Any]
+
+
+def _axis_sizes_preconditioned(
+    shape: tuple[int, ...], max_precond_dim: int, precondition_1d: bool
+) -> list[bool]:
+    if len(shape) == 1 and not precondition_1d:
+        return [False]
+    return [d <= max_precond_dim for d in shape]
+
+
+def _outer(g: Array, axis: int) -> Array:
+    others = [i for i in range(g.ndim) if i != axis]
+    return jnp.tensordot(g, g.conj(), axes=(others, others))
+
+
+def _project(x: Array, q: AxisMatrices) -> Array:
+    """`x` rotated into the eigenbasis, axis by axis (`x x_i Q_i`)."""
+    for m in q:
+        x = jnp.moveaxis(x, 0, -1) if m is None else jnp.tensordot(x, m, axes=(0, 0))
+    return x
+
+
+def _project_back(x: Array, q: AxisMatrices) -> Array:
+    for m in q:
+        x = jnp.moveaxis(x, 0, -1) if m is None else jnp.tensordot(x, m, axes=(0, 1))
+    return x
+
+
+def _eigenbasis(gg: Array) -> Array:
+    """Eigenvectors of `gg`, by decreasing eigenvalue."""
+    eye = jnp.eye(gg.shape[0], dtype=gg.dtype)
+    _, vectors = jnp.linalg.eigh(gg + 1e-30 * eye)
+    return vectors[:, ::-1]
+
+
+class SOAP(AbstractTransform):
+    """SOAP (Vyas et al., 2024, "SOAP: Improving and Stabilizing Shampoo using
+    Adam"): Adam run in the eigenbasis of Shampoo's preconditioner, which is
+    refreshed every `precondition_frequency` steps.
+
+    For a leaf `G` with axes `i` of size `d_i <= max_precond_dim` (1-D leaves only
+    if `precondition_1d`), `L_i` the exponential average (decay `shampoo_beta`) of
+    `G`'s outer product over all other axes and `Q_i` its eigenvectors; `rot(X)`
+    multiplies axis `i` of `X` by `Q_i^T` (axes without a `Q_i` are left alone),
+    `unrot` by `Q_i`. The first update only builds `L_i` and `Q_i = eigh(L_i)`
+    and changes no parameter (as the authors' code). Then, with `k = step` and
+    `lr` the learning rate at `step`:
+
+    ```
+    G' = rot(G)
+    mu = b1 * mu + (1 - b1) * G';   nu = b2 * nu + (1 - b2) * G'**2
+    p  = p - lr * sqrt(1 - b2**k) / (1 - b1**k) * unrot(mu / (sqrt(nu) + eps))
+    p  = p - lr * weight_decay * p          (after the step, as the authors' code)
+    L_i = shampoo_beta * L_i + (1 - shampoo_beta) * G G^T (over the other axes)
+    every precondition_frequency steps: sort Q_i's columns (and nu's axis i) by
+        the estimated eigenvalues diag(Q_i^T L_i Q_i), then Q_i = qr(L_i Q_i).Q,
+        and re-express mu in the new basis.
+    ```
+
+    A leaf with no preconditioned axis (a scalar, a 1-D leaf, every axis too long)
+    gets plain Adam. optax has no SOAP (optax issue 1580); this follows the
+    authors' reference PyTorch implementation without its `merge_dims` and
+    `normalize_grads` options.
+
+    **Arguments:**
+
+    - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
+    - `b1`: decay of the first moment, in `[0, 1)`.
+    - `b2`: decay of the second moment, in `(0, 1)`.
+    - `shampoo_beta`: decay of the statistics `L_i`, in `[0, 1)`; `None` uses `b2`.
+    - `eps`: added to the root of the second moment, `> 0`.
+    - `weight_decay`: decoupled decay coefficient, `>= 0`.
+    - `precondition_frequency`: refresh the eigenbases every this many steps
+      (an int `>= 1`; an array field, so changing it does not recompile).
+    - `max_precond_dim`: axes longer than this are not rotated (static int).
+    - `precondition_1d`: also rotate 1-D leaves (static bool).
+    """
+
+    learning_rate: AbstractSchedule
+    b1: Float[Array, ""]
+    b2: Float[Array, ""]
+    shampoo_beta: Float[Array, ""]
+    eps: Float[Array, ""]
+    weight_decay: Float[Array, ""]
+    precondition_frequency: Int[Array, ""]
+    max_precond_dim: int = eqx.field(static=True)
+    precondition_1d: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        learning_rate: Any = 3e-3,
+        b1: Any = 0.95,
+        b2: Any = 0.95,
+        shampoo_beta: Any = None,
+        eps: Any = 1e-8,
+        weight_decay: Any = 0.01,
+        precondition_frequency: Any = 10,
+        *,
+        max_precond_dim: int = 10000,
+        precondition_1d: bool = False,
+    ):
+        self.learning_rate = as_schedule("learning_rate", learning_rate)
+        self.b1 = hyperparameter("b1", b1, low=0.0, high=1.0, high_open=True)
+        self.b2 = hyperparameter(
+            "b2", b2, low=0.0, high=1.0, low_open=True, high_open=True
+        )
+        self.shampoo_beta = (
+            self.b2
+            if shampoo_beta is None
+            else hyperparameter(
+                "shampoo_beta", shampoo_beta, low=0.0, high=1.0, high_open=True
+            )
+        )
+        self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
+        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
+        self.precondition_frequency = _positive_int(
+            "precondition_frequency", precondition_frequency
+        )
+        if (
+            isinstance(max_precond_dim, bool)
+            or not isinstance(max_precond_dim, int)
+            or max_precond_dim < 1
+        ):
+            raise ValueError(
+                f"max_precond_dim must be an int >= 1, got {max_precond_dim!r}"
+            )
+        self.max_precond_dim = max_precond_dim
+        if not isinstance(precondition_1d, bool):
+            raise TypeError(
+                f"precondition_1d must be a bool, got {type(precondition_1d).__name__}"
+            )
+        self.precondition_1d = precondition_1d
+
+    def _axes(self, p: Array) -> list[bool]:
+        return _axis_sizes_preconditioned(
+            p.shape, self.max_precond_dim, self.precondition_1d
+        )
+
+    def init(self, params: Params) -> SOAPState:
+        reject_complex(params, "params", "SOAP", _WHY)
+
+        def matrices(p):
+            if not is_float_leaf(p):
+                return None
+            dtype = compute_dtype(p.dtype)
+            return tuple(
+                jnp.zeros((d, d), dtype) if on else None
+                for d, on in zip(p.shape, self._axes(p))
+            )
+
+        gg = jax.tree.map(matrices, params)
+        return SOAPState(
+            step=zero_step(),
+            mu=float_leaves_like(params),
+            nu=float_leaves_like(params),
+            gg=gg,
+            q=jax.tree.map(jnp.copy, gg),  # buffers of its own (donation)
+        )
+
+    def transform(
+        self, grads: Grads, state: SOAPState, params: Params
+    ) -> tuple[Updates, SOAPState]:
+        reject_complex(params, "params", "SOAP", _WHY)
+        lr = self.learning_rate(state.step)
+        b1, b2, sb, eps, wd = (
+            self.b1,
+            self.b2,
+            self.shampoo_beta,
+            self.eps,
+            self.weight_decay,
+        )
+        k = state.step
+        refresh = (k % self.precondition_frequency) == 0
+        step_size = lr * jnp.sqrt(1 - b2**k) / (1 - b1**k)
+
+        def first(g, p, mu, nu, gg, q):
+            # Only the statistics and their eigenbases; no parameter change.
+            gg = tuple(
+                None if m is None else (1 - sb) * _outer(g, i) for i, m in enumerate(gg)
+            )
+            q = tuple(None if m is None else _eigenbasis(m) for m in gg)
+            return jnp.zeros_like(p), mu, nu, gg, q
+
+        def later(g, p, mu, nu, gg, q):
+            g_rot = _project(g, q)
+            mu = b1 * mu + (1 - b1) * g_rot
+            nu = b2 * nu + (1 - b2) * g_rot * g_rot
+            stepped = p - step_size * _project_back(mu / (jnp.sqrt(nu) + eps), q)
+            stepped = stepped - lr * wd * stepped
+            mu_plain = _project_back(mu, q)
+            gg = tuple(
+                None if m is None else sb * m + (1 - sb) * _outer(g, i)
+                for i, m in enumerate(gg)
+            )
+
+            def rebase(nu, q):
+                new_q = []
+                for i, (m, o) in enumerate(zip(gg, q)):
+                    if m is None:
+                        new_q.append(None)
+                        continue
+                    estimated = jnp.diag(o.T @ m @ o)
+                    order = jnp.argsort(-estimated, stable=True)
+                    nu = jnp.take(nu, order, axis=i)
+                    o = o[:, order]
+                    new_q.append(jnp.linalg.qr(m @ o)[0])
+                return nu, tuple(new_q)
+
+            nu, q = jax.lax.cond(
+                refresh, _like_inputs(rebase), lambda nu, q: (nu, q), nu, q
+            )
+            mu = _project(mu_plain, q)
+            return stepped - p, mu, nu, gg, q
+
+        param_leaves, param_def = jax.tree.flatten(params)
+        grad_leaves = align_grads(grads, params)
+        mu_leaves = param_def.flatten_up_to(state.mu)
+        nu_leaves = param_def.flatten_up_to(state.nu)
+        gg_leaves = param_def.flatten_up_to(state.gg)
+        q_leaves = param_def.flatten_up_to(state.q)
+        out: list[list[Any]] = [[], [], [], [], []]
+        for g, p, mu, nu, gg, q in zip(
+            grad_leaves, param_leaves, mu_leaves, nu_leaves, gg_leaves, q_leaves
+        ):
+            if g is None or not is_float_leaf(p):
+                for column, value in zip(out, (None, mu, nu, gg, q)):
+                    column.append(value)
+                continue
+            dtype = compute_dtype(p.dtype)
+            args = (
+                g.astype(dtype),
+                p.astype(dtype),
+                mu.astype(dtype),
+                nu.astype(dtype),
+            )
+            u, new_mu, new_nu, new_gg, new_q = jax.lax.cond(
+                k == 0,
+                _like_inputs(first, skip=1),
+                _like_inputs(later, skip=1),
+                *args,
+                gg,
+                q,
+            )
+            out[0].append(u)
+            out[1].append(new_mu.astype(mu.dtype))
+            out[2].append(new_nu.astype(nu.dtype))
+            out[3].append(new_gg)
+            out[4].append(new_q)
+        updates, mu, nu, gg, q = (param_def.unflatten(column) for column in out)
+        return updates, SOAPState(step=increment(state.step), mu=mu, nu=nu, gg=gg, q=q)
+
+
+def _like_inputs(rule: Any, skip: int = 0) -> Any:
+    """`rule`, its outputs cast to the dtypes of its inputs after the first `skip`
+    (output `i` like input `skip + i`): the two branches of a cond must agree, and
+    float64 hyperparameters (under jax_enable_x64) would otherwise widen float32
+    leaves in one of them."""
+
+    def run(*args):
+        out = rule(*args)
+        return jax.tree.map(lambda o, x: o.astype(x.dtype), out, args[skip:])
+
+    return run
+
+
+def _positive_int(name: str, value: Any) -> Array:
+    if isinstance(value, bool) or jnp.ndim(value) != 0:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if not jnp.issubdtype(jnp.result_type(value), jnp.integer):
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if is_concrete(value) and int(np.asarray(value)) < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return jnp.asarray(value, dtype=jnp.int32)

@@ -1,0 +1,148 @@
+"""SGD with annealed Gaussian gradient noise."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, UInt32
+
+from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._checks import hyperparameter
+from ..._core._leafwise import map_leaves
+from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._tree import (
+    align_grads,
+    compute_dtype,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
+
+
+class NoisySGDState(eqx.Module):
+    """State of `NoisySGD`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `key`: the PRNG key for the next step's noise, as raw `uint32` key data
+      (`jax.random.key_data`); `jax.random.wrap_key_data(state.key, impl=
+      opt.key_impl)` gives the typed key.
+    """
+
+    step: Int[Array, ""]
+    key: UInt32[Array, "..."]
+
+
+class NoisySGD(AbstractTransform):
+    """SGD with annealed Gaussian noise added to the gradient (Neelakantan et al.,
+    2015).
+
+    For each leaf, with `t = step` (0 for the first update) and `lr` the learning
+    rate at `step`:
+
+    ```
+    sigma**2 = eta / (1 + t)**gamma          (the noise variance)
+    p = p - lr * (g + sigma * n),            n ~ N(0, 1) elementwise
+    ```
+
+    The noise comes from the key in the state: each step splits it into the next
+    state's key and a sampling key, and the sampling key is split once more into
+    one key per leaf of `params` (in `jax.tree.leaves` order). This is exactly what
+    `optax.noisy_sgd` does, so with the same key and float32 parameters the
+    results are identical; the noise is drawn in the compute dtype (float32 for
+    bf16 parameters, where optax draws bf16 noise). A leaf without a gradient
+    gets no noise and no update, and leaves the other leaves' noise unchanged.
+
+    **Arguments:**
+
+    - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
+    - `eta`: the noise variance at the first step, `>= 0`.
+    - `gamma`: the decay exponent of the variance, `>= 0`.
+    - `key`: an integer seed (a Python int or a 0-d integer array, as
+      `optax.inject_hyperparams` passes it), or a JAX PRNG key (typed, from
+      `jax.random.key`, or raw `uint32` data, from `jax.random.PRNGKey`).
+      Required: there is no hidden global seed. The key is an array field, so a
+      new key does not recompile.
+    """
+
+    learning_rate: AbstractSchedule
+    eta: Float[Array, ""]
+    gamma: Float[Array, ""]
+    key: UInt32[Array, "..."]
+    key_impl: Any = eqx.field(static=True)
+
+    def __init__(
+        self,
+        learning_rate: Any,
+        eta: Any = 0.01,
+        gamma: Any = 0.55,
+        *,
+        key: Any,
+    ):
+        self.learning_rate = as_schedule("learning_rate", learning_rate)
+        self.eta = hyperparameter("eta", eta, low=0.0)
+        self.gamma = hyperparameter("gamma", gamma, low=0.0)
+        self.key, self.key_impl = _key_data("key", key)
+
+    def init(self, params: Params) -> NoisySGDState:
+        # A copy: a donated step must not delete the optimizer's own key.
+        return NoisySGDState(step=zero_step(), key=jnp.array(self.key, copy=True))
+
+    def transform(
+        self, grads: Grads, state: NoisySGDState, params: Params
+    ) -> tuple[Updates, NoisySGDState]:
+        lr = self.learning_rate(state.step)
+        t = increment(state.step)
+        sigma = jnp.sqrt(self.eta / t.astype(jnp.float32) ** self.gamma)
+        key = jax.random.wrap_key_data(state.key, impl=self.key_impl)
+        next_key, sample_key = jax.random.split(key)
+        param_leaves, param_def = jax.tree.flatten(params)
+        leaf_keys = jax.random.split(sample_key, len(param_leaves))
+        noise = [
+            None
+            if g is None or not is_float_leaf(p)
+            else jax.random.normal(leaf_keys[i], p.shape, compute_dtype(p.dtype))
+            for i, (g, p) in enumerate(zip(align_grads(grads, params), param_leaves))
+        ]
+
+        def rule(g, p, n):
+            return -lr * (g + sigma * n), n
+
+        updates, _ = map_leaves(
+            rule, grads, params, (param_def.unflatten(noise),), elementwise=True
+        )
+        return updates, NoisySGDState(step=t, key=jax.random.key_data(next_key))
+
+
+def _key_data(name: str, key: Any) -> tuple[Array, str]:
+    """Raw key data and the name of its PRNG implementation."""
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        key = jax.random.key(int(key))
+    if not isinstance(key, (jax.Array, np.ndarray)):
+        raise TypeError(
+            f"{name} must be an integer seed or a JAX PRNG key, got "
+            f"{type(key).__name__}"
+        )
+    if key.ndim == 0 and jnp.issubdtype(key.dtype, jnp.integer):
+        # A seed as a 0-d integer array, as optax.inject_hyperparams makes of an
+        # int (and as optax takes it): the same key as the Python int.
+        key = jax.random.key(key)
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.shape != ():
+            raise ValueError(f"{name} must be a single key, got shape {key.shape}")
+        impl = jax.random.key_impl(key)
+        return jax.random.key_data(key), str(impl)
+    if key.dtype != np.uint32 or key.ndim != 1:
+        raise ValueError(
+            f"{name} must be an integer seed, a typed key (jax.random.key) or raw "
+            f"uint32 key data (jax.random.PRNGKey), got dtype {key.dtype} and "
+            f"shape {key.shape}"
+        )
+    try:
+        typed = jax.random.wrap_key_data(jnp.asarray(key))
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{name} is not valid raw key data: {err}") from None
+    return jnp.asarray(key), str(jax.random.key_impl(typed))

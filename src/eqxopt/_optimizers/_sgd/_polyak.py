@@ -1,0 +1,156 @@
+"""SGD with the Polyak step size, which needs the loss value."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._checks import hyperparameter
+from ..._core._leafwise import map_leaves
+from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._tree import (
+    abs_sq,
+    align_grads,
+    compute_dtype,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
+
+_VARIANTS = ("sps", "sps+")
+# optax's guard against a zero gradient: jnp.finfo(float).eps.
+_TINY = float(np.finfo(np.float64).eps)
+
+
+class PolyakSGDState(eqx.Module):
+    """State of `PolyakSGD`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done (the `scaling` schedule is
+      evaluated at it).
+    """
+
+    step: Int[Array, ""]
+
+
+class PolyakSGD(AbstractTransform):
+    """SGD with the stochastic Polyak step size (Loizou et al., 2021).
+
+    With `f` the loss at the current parameters (passed as `value=`), `|g|**2`
+    the squared norm of the whole gradient tree and `s` the scaling at the
+    current step:
+
+    ```
+    gap  = f - f_min                  ("sps")     or max(f - f_min, 0)  ("sps+")
+    rate = min(gap / (|g|**2 + eps), max_learning_rate)
+           (0 when |g|**2 + eps <= 2.2e-16, so a zero gradient gives no step)
+    p    = p - s * rate * g
+    ```
+
+    **The loss is a keyword of `update` and `step`:**
+
+    ```python
+    loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
+    model, state = opt.step(grads, state, model, value=loss)
+    ```
+
+    `value` may be the JAX array `value_and_grad` returns or a Python number
+    (`update`/`step` turn numbers into arrays, so a new loss does not recompile).
+    Leaving `value` out raises a `TypeError`. Only leaves with a gradient count
+    towards `|g|**2`.
+
+    **Conventions.** This is the formula `optax.polyak_sgd` documents, and equals
+    optax for `scaling=1` (its default). For other `scaling`, optax 0.2.8 computes
+    `|g|**2` of the already scaled gradient, i.e. it steps `s * min(gap / (s**2
+    |g|**2 + eps), max_learning_rate) * g`; eqxopt keeps `s` a plain factor on the
+    step, as documented there. torch has no equivalent.
+
+    **Arguments:**
+
+    - `max_learning_rate`: the largest step size `rate` may take, `> 0`.
+    - `scaling`: a factor on every step (a float `>= 0`, a scalar array or a
+      schedule module).
+    - `f_min`: a lower bound on (a guess of) the minimum of the loss; `0` for
+      models that can fit the data exactly.
+    - `eps`: added to `|g|**2`, `>= 0`.
+    - `variant`: `"sps"` or `"sps+"` (clip a negative gap to zero; Garrigos et
+      al., 2023).
+    """
+
+    max_learning_rate: Float[Array, ""]
+    scaling: AbstractSchedule
+    f_min: Float[Array, ""]
+    eps: Float[Array, ""]
+    variant: str = eqx.field(static=True)
+
+    def __init__(
+        self,
+        max_learning_rate: Any = 1.0,
+        scaling: Any = 1.0,
+        f_min: Any = 0.0,
+        eps: Any = 0.0,
+        variant: str = "sps",
+    ):
+        self.max_learning_rate = hyperparameter(
+            "max_learning_rate", max_learning_rate, low=0.0, low_open=True
+        )
+        self.scaling = as_schedule("scaling", scaling)
+        self.f_min = hyperparameter("f_min", f_min)
+        self.eps = hyperparameter("eps", eps, low=0.0)
+        if variant not in _VARIANTS:
+            raise ValueError(f"variant must be 'sps' or 'sps+', got {variant!r}")
+        self.variant = variant
+
+    def init(self, params: Params) -> PolyakSGDState:
+        return PolyakSGDState(step=zero_step())
+
+    def transform(
+        self,
+        grads: Grads,
+        state: PolyakSGDState,
+        params: Params,
+        *,
+        value: Any = None,
+    ) -> tuple[Updates, PolyakSGDState]:
+        if value is None:
+            raise TypeError(
+                "PolyakSGD needs the loss at the current parameters: call "
+                "update/step with value=loss (a scalar)"
+            )
+        if jnp.ndim(value) != 0:
+            raise ValueError(
+                f"value must be the scalar loss, got shape {jnp.shape(value)}"
+            )
+        if not jnp.issubdtype(jnp.result_type(value), jnp.floating):
+            raise TypeError(
+                f"value must be a float scalar, got dtype {jnp.result_type(value)}"
+            )
+        sq_norm = jnp.zeros((), jnp.float32)
+        for g, p in zip(align_grads(grads, params), jax.tree.leaves(params)):
+            if g is not None and is_float_leaf(p):
+                g = g.astype(compute_dtype(p.dtype))
+                sq_norm = sq_norm + jnp.sum(abs_sq(g))
+        gap = jnp.asarray(value, jnp.float32) - self.f_min
+        if self.variant == "sps+":
+            gap = jnp.maximum(gap, 0.0)
+        denominator = sq_norm + self.eps
+        rate = jnp.where(
+            denominator <= _TINY,
+            0.0,
+            jnp.minimum(
+                gap / jnp.where(denominator <= _TINY, 1.0, denominator),
+                self.max_learning_rate,
+            ),
+        )
+        scale = self.scaling(state.step) * rate
+
+        def rule(g, p):
+            return (-scale * g,)
+
+        updates, _ = map_leaves(rule, grads, params, elementwise=True)
+        return updates, PolyakSGDState(step=increment(state.step))

@@ -1,0 +1,163 @@
+"""Sign-based optimizers: SignSGD, Signum and Lion."""
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PyTree
+
+from ..._core._fields import (
+    DTypeLike,
+    MaskLike,
+    ScalarOrSchedule,
+    dtype_field,
+    hyper,
+    learning_rate_field,
+    mask_field,
+)
+from ..._core._leafwise import AbstractLeafwiseOptimizer
+
+
+class SignSGDState(eqx.Module):
+    """State of `SignSGD`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    """
+
+    step: Int[Array, ""]
+
+
+class SignSGD(AbstractLeafwiseOptimizer):
+    """SignSGD (Bernstein et al., 2018): steps of fixed size along the gradient's
+    signs.
+
+    For each element, with `lr` the learning rate at the current step:
+
+    ```
+    p = p - lr * sign(g)
+    ```
+
+    The same as `optax.sign_sgd` (torch has no equivalent).
+
+    **Arguments:**
+
+    - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
+    """
+
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+
+    state_type = SignSGDState
+    moments = ()
+    elementwise = True
+
+    def leaf(self, h, t, g, p):
+        return (-h.learning_rate * jnp.sign(g),)
+
+
+class SignumState(eqx.Module):
+    """State of `Signum`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `mu`: exponential moving average of gradients, shaped like params (`None`
+      at non-float leaves).
+    """
+
+    step: Int[Array, ""]
+    mu: PyTree[Float[Array, "..."] | None]
+
+
+class Signum(AbstractLeafwiseOptimizer):
+    """Signum (Bernstein et al., 2018): SignSGD on a moving average of gradients.
+
+    For each element, with `lr` the learning rate at the current step:
+
+    ```
+    mu = beta * mu + (1 - beta) * g
+    p  = p - lr * sign(mu)
+    ```
+
+    The same as `optax.signum` (no bias correction: it would not change the
+    sign). torch has no equivalent.
+
+    **Arguments:**
+
+    - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
+    - `beta`: decay of the moving average, in `[0, 1)`.
+    - `mu_dtype`: dtype to store the average in; `None` keeps each parameter's
+      dtype (optax's `accumulator_dtype`).
+    """
+
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    beta: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    mu_dtype: DTypeLike = dtype_field()
+
+    state_type = SignumState
+    moments = ("mu",)
+    elementwise = True
+
+    def leaf(self, h, t, g, p, mu):
+        mu = h.beta * mu + (1 - h.beta) * g
+        return -h.learning_rate * jnp.sign(mu), mu
+
+
+class LionState(eqx.Module):
+    """State of `Lion`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `mu`: the momentum (moving average of gradients with decay `b2`), shaped
+      like params (`None` at non-float leaves).
+    """
+
+    step: Int[Array, ""]
+    mu: PyTree[Float[Array, "..."] | None]
+
+
+class Lion(AbstractLeafwiseOptimizer):
+    """Lion (Chen et al., 2023, "Symbolic Discovery of Optimization Algorithms").
+
+    For each element, with `lr` the learning rate at the current step:
+
+    ```
+    c  = b1 * mu + (1 - b1) * g
+    p  = p - lr * (sign(c) + weight_decay * p)     (decay only where `mask`)
+    mu = b2 * mu + (1 - b2) * g
+    ```
+
+    The decay uses the parameter from before the update and is multiplied by the
+    learning rate, as in `optax.lion` (which this matches) and the paper's code.
+    Lion usually wants a learning rate 3-10x smaller than AdamW's and a weight
+    decay 3-10x larger.
+
+    **Arguments:**
+
+    - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
+    - `b1`: interpolation between momentum and gradient for the step, in `[0, 1)`.
+    - `b2`: decay of the momentum, in `[0, 1)`.
+    - `weight_decay`: decoupled decay coefficient, `>= 0`.
+    - `mask`: which leaves get weight decay: `None` (all), a tree of bools (or a
+      prefix of params' structure), or a function of params returning one. An
+      Equinox module is always read as a tree of bools, never called.
+    - `mu_dtype`: dtype to store the momentum in; `None` keeps each parameter's
+      dtype.
+    """
+
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    b2: ScalarOrSchedule = hyper(0.99, low=0.0, high=1.0, high_open=True)
+    weight_decay: ScalarOrSchedule = hyper(1e-3, low=0.0)
+    mask: MaskLike = mask_field()
+    mu_dtype: DTypeLike = dtype_field()
+
+    state_type = LionState
+    moments = ("mu",)
+    elementwise = True
+
+    def leaf(self, h, t, g, p, mu, decayed):
+        direction = jnp.sign(h.b1 * mu + (1 - h.b1) * g)
+        if decayed:
+            direction = direction + h.weight_decay * p
+        return -h.learning_rate * direction, h.b2 * mu + (1 - h.b2) * g

@@ -1,0 +1,31 @@
+"""Gradient transforms: clipping, non-finite handling, weight decay, noise,
+centralisation, learning-rate reduction on plateau.
+"""
+
+from ._clip import (
+    AdaptiveGradClip as AdaptiveGradClip,
+    ClipByBlockRMS as ClipByBlockRMS,
+    ClipByGlobalNorm as ClipByGlobalNorm,
+    ClipByValue as ClipByValue,
+    GlobalNormState as GlobalNormState,
+    global_norm as global_norm,
+)
+from ._decay import (
+    AddDecayedWeights as AddDecayedWeights,
+    AddNoise as AddNoise,
+    AddNoiseState as AddNoiseState,
+    Centralize as Centralize,
+    DecoupledWeightDecay as DecoupledWeightDecay,
+    DecoupledWeightDecayState as DecoupledWeightDecayState,
+)
+from ._finite import (
+    SkipNonFinite as SkipNonFinite,
+    SkipNonFiniteState as SkipNonFiniteState,
+    ZeroNans as ZeroNans,
+    ZeroNansState as ZeroNansState,
+    apply_if_finite as apply_if_finite,
+)
+from ._plateau import (
+    ReduceOnPlateau as ReduceOnPlateau,
+    ReduceOnPlateauState as ReduceOnPlateauState,
+)

@@ -1,0 +1,270 @@
+"""Gradient clipping: by value, by global norm, by block RMS, adaptive (unit-wise)."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PyTree
+
+from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._checks import hyperparameter, reject_complex
+from .._core._leafwise import map_leaves
+from .._core._tree import (
+    abs_sq,
+    align_grads,
+    compute_dtype,
+    is_float_leaf,
+    is_none,
+    leaf_paths,
+)
+from .._wrappers._chain import EmptyState
+
+_NO_ORDER = "complex numbers have no order to clip by"
+
+
+def global_norm(tree: PyTree) -> Float[Array, ""]:
+    """The L2 norm of all float array leaves of `tree` together:
+    `sqrt(sum_leaves sum(|x|**2))`, computed in at least float32.
+
+    `None` and non-float leaves are skipped; an empty tree has norm 0, and the
+    gradient of the norm at all-zero leaves is 0 (not NaN).
+
+    **Arguments:**
+
+    - `tree`: any pytree.
+    """
+    leaves = [x for x in jax.tree.leaves(tree, is_leaf=is_none) if is_float_leaf(x)]
+    if not leaves:
+        return jnp.zeros((), jnp.float32)
+    total = sum(
+        jnp.sum(abs_sq(x.astype(compute_dtype(x.dtype)))).astype(jnp.float32)
+        for x in leaves
+    )
+    # sqrt has an infinite slope at 0: take it of 1 there, so that the gradient of
+    # the norm of all-zero leaves is 0 rather than NaN.
+    positive = total > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, total, 1.0)), 0.0)
+
+
+def _grads_norm(grads: Grads, params: Params) -> Array:
+    aligned = align_grads(grads, params)
+    return global_norm(
+        [g for g, p in zip(aligned, jax.tree.leaves(params)) if is_float_leaf(p)]
+    )
+
+
+class ClipByValue(AbstractTransform):
+    """Clips every gradient element to `[-max_delta, max_delta]`:
+    `u = clip(g, -max_delta, max_delta)`. The same as `optax.clip` and
+    `torch.nn.utils.clip_grad_value_`.
+
+    **Arguments:**
+
+    - `max_delta`: the bound, `>= 0`.
+    """
+
+    max_delta: Float[Array, ""]
+
+    def __init__(self, max_delta: Any):
+        self.max_delta = hyperparameter("max_delta", max_delta, low=0.0)
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def transform(
+        self, grads: Grads, state: EmptyState, params: Params
+    ) -> tuple[Updates, EmptyState]:
+        reject_complex(grads, "grads", "ClipByValue", _NO_ORDER)
+        bound = self.max_delta
+
+        def rule(g, p):
+            return (jnp.clip(g, -bound, bound),)
+
+        updates, _ = map_leaves(rule, grads, params, elementwise=True)
+        return updates, state
+
+
+class GlobalNormState(eqx.Module):
+    """State of `ClipByGlobalNorm`.
+
+    **Fields:**
+
+    - `norm`: float32 scalar, the global norm of the last gradients, before
+      clipping (0 before the first update). Handy for logging.
+    """
+
+    norm: Float[Array, ""]
+
+
+class ClipByGlobalNorm(AbstractTransform):
+    """Scales all gradients together so their global norm is at most `max_norm`:
+
+    ```
+    n = sqrt(sum over leaves of sum(g**2))
+    u = g                    if n < max_norm
+    u = (g / n) * max_norm   otherwise
+    ```
+
+    The same as `optax.clip_by_global_norm` and `torch.nn.utils.clip_grad_norm_`
+    (torch divides by `n + 1e-6`), except that all-zero gradients give zeros and
+    never NaN, also in the gradient of this function (optax 0.2.8 gives NaN there,
+    and for `max_norm=0`; optax PR 1752). Leaves with a `None` gradient are left
+    out of the norm.
+
+    **Arguments:**
+
+    - `max_norm`: the largest global norm let through, `> 0`.
+    """
+
+    max_norm: Float[Array, ""]
+
+    def __init__(self, max_norm: Any):
+        self.max_norm = hyperparameter("max_norm", max_norm, low=0.0, low_open=True)
+
+    def init(self, params: Params) -> GlobalNormState:
+        return GlobalNormState(norm=jnp.zeros((), jnp.float32))
+
+    def transform(
+        self, grads: Grads, state: GlobalNormState, params: Params
+    ) -> tuple[Updates, GlobalNormState]:
+        norm = _grads_norm(grads, params)
+        max_norm = self.max_norm.astype(jnp.float32)
+        keep = norm < max_norm
+        # The divisor is never 0, so neither branch (nor its gradient) makes NaN.
+        safe = jnp.where(keep, jnp.ones_like(norm), norm)
+
+        def rule(g, p):
+            scaled = (g / safe.astype(g.dtype)) * max_norm.astype(g.dtype)
+            return (jnp.where(keep, g, scaled),)
+
+        updates, _ = map_leaves(rule, grads, params, elementwise=True)
+        return updates, GlobalNormState(norm=norm)
+
+
+class ClipByBlockRMS(AbstractTransform):
+    """Clips each leaf ("block") so its root-mean-square is at most `threshold`:
+    `u = g / max(1, sqrt(mean(g**2)) / threshold)`. The same as
+    `optax.clip_by_block_rms`.
+
+    **Arguments:**
+
+    - `threshold`: the largest RMS let through, `> 0`.
+    """
+
+    threshold: Float[Array, ""]
+
+    def __init__(self, threshold: Any):
+        self.threshold = hyperparameter("threshold", threshold, low=0.0, low_open=True)
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def transform(
+        self, grads: Grads, state: EmptyState, params: Params
+    ) -> tuple[Updates, EmptyState]:
+        threshold = self.threshold
+
+        def rule(g, p):
+            denom = jnp.maximum(1.0, jnp.sqrt(jnp.mean(abs_sq(g))) / threshold)
+            return (g / denom,)
+
+        updates, _ = map_leaves(rule, grads, params, elementwise=False)
+        return updates, state
+
+
+def _unit_axes(ndim: int, axis: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The axes `unitwise_norm` sums over (optax's defaults); `None`: all of them."""
+    if axis is not None:
+        return axis
+    if ndim <= 1:
+        return None
+    if ndim in (2, 3):
+        return (0,)
+    if ndim in (4, 5):
+        return tuple(range(ndim - 1))
+    raise ValueError(ndim)
+
+
+def _unitwise_norm(x: Array, axes: tuple[int, ...] | None, squeezed: bool) -> Array:
+    if squeezed:
+        sq = jnp.sum(abs_sq(x), keepdims=True)
+    else:
+        sq = jnp.sum(abs_sq(x), axis=axes, keepdims=True)
+    return jnp.broadcast_to(jnp.sqrt(sq), x.shape)
+
+
+class AdaptiveGradClip(AbstractTransform):
+    """Adaptive gradient clipping (Brock et al., 2021, NFNets), unit-wise:
+
+    ```
+    max_u = clipping * max(||p||_unit, eps)
+    u = g                                    if ||g||_unit < max_u
+    u = g * max_u / max(||g||_unit, 1e-6)    otherwise
+    ```
+
+    A "unit" is a row of the parameter: norms are taken over axis 0 for 2-D and
+    3-D leaves, axes 0-2 for 4-D (HWIO convolutions), 0-3 for 5-D, and over the whole
+    leaf for scalars and vectors (optax's conventions for `(in, out)` weights; for
+    Equinox `Linear` weights of shape `(out, in)` pass `axis=1`). The same as
+    `optax.adaptive_grad_clip`.
+
+    **Arguments:**
+
+    - `clipping`: the largest ratio of gradient norm to parameter norm, `> 0`.
+    - `eps`: the floor of the parameter norm (so zero-initialised parameters can
+      move), `>= 0`.
+    - `axis`: an int or tuple of ints, the axes to take norms over for every leaf;
+      `None` for the defaults above (which cover up to 5 dimensions).
+    """
+
+    clipping: Float[Array, ""]
+    eps: Float[Array, ""]
+    axis: tuple[int, ...] | None = eqx.field(static=True)
+
+    def __init__(
+        self,
+        clipping: Any,
+        eps: Any = 1e-3,
+        axis: int | tuple[int, ...] | None = None,
+    ):
+        self.clipping = hyperparameter("clipping", clipping, low=0.0, low_open=True)
+        self.eps = hyperparameter("eps", eps, low=0.0)
+        if isinstance(axis, int) and not isinstance(axis, bool):
+            axis = (axis,)
+        if axis is not None and not (
+            isinstance(axis, tuple)
+            and all(isinstance(a, int) and not isinstance(a, bool) for a in axis)
+        ):
+            raise TypeError(
+                f"axis must be None, an int or a tuple of ints, got {axis!r}"
+            )
+        self.axis = axis
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def transform(
+        self, grads: Grads, state: EmptyState, params: Params
+    ) -> tuple[Updates, EmptyState]:
+        if self.axis is None:
+            for path, p in zip(leaf_paths(params), jax.tree.leaves(params)):
+                if is_float_leaf(p) and p.ndim > 5:
+                    raise ValueError(
+                        f"AdaptiveGradClip has no default unit for params{path} of "
+                        f"shape {p.shape}; pass axis= to say which axes to take "
+                        "norms over"
+                    )
+        clipping, eps, axis = self.clipping, self.eps, self.axis
+
+        def rule(g, p):
+            squeezed = axis is None and jnp.squeeze(p).ndim <= 1
+            axes = None if squeezed else _unit_axes(p.ndim, axis)
+            g_norm = _unitwise_norm(g, axes, squeezed)
+            p_norm = _unitwise_norm(p, axes, squeezed)
+            max_norm = clipping * jnp.maximum(p_norm, eps)
+            clipped = g * (max_norm / jnp.maximum(g_norm, 1e-6))
+            return (jnp.where(g_norm < max_norm, g, clipped),)
+
+        updates, _ = map_leaves(rule, grads, params, elementwise=False)
+        return updates, state

@@ -1,0 +1,208 @@
+"""Gradient transforms: weight decay (coupled and decoupled), gradient noise,
+gradient centralisation."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, UInt32
+
+from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._checks import hyperparameter
+from .._core._leafwise import map_leaves
+from .._core._masks import Mask, resolve_mask
+from .._core._schedule import AbstractSchedule, as_schedule
+from .._core._tree import (
+    align_grads,
+    compute_dtype,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
+from .._wrappers._chain import EmptyState
+
+
+class AddDecayedWeights(AbstractTransform):
+    """Adds `weight_decay * p` to the gradient of every masked leaf:
+    `u = g + weight_decay * p`. Placed before an optimizer this is L2
+    regularisation (coupled decay: `Chain(AddDecayedWeights(wd), SGD(lr))` is
+    `torch.optim.SGD(weight_decay=wd)`); the same as `optax.add_decayed_weights`.
+    For decay decoupled from an adaptive optimizer use `DecoupledWeightDecay`.
+
+    **Arguments:**
+
+    - `weight_decay`: the coefficient, `>= 0`.
+    - `mask`: which leaves to decay: `None` (all), a tree of Python bools shaped like
+      the parameters (or a prefix of them), or a function of the parameters returning
+      one. An Equinox module is always read as a tree, never called. The mask is
+      static (part of the compiled step's key): reuse one function rather than
+      writing a new lambda for every optimizer you build.
+    """
+
+    weight_decay: Float[Array, ""]
+    mask: Any
+
+    def __init__(self, weight_decay: Any, mask: Mask = None):
+        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
+        self.mask = mask
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def transform(
+        self, grads: Grads, state: EmptyState, params: Params
+    ) -> tuple[Updates, EmptyState]:
+        wd = self.weight_decay
+        flags = resolve_mask(self.mask, params)
+
+        def rule(g, p, decay):
+            return (g + wd * p if decay else g,)
+
+        updates, _ = map_leaves(rule, grads, params, elementwise=True, flags=flags)
+        return updates, state
+
+
+class DecoupledWeightDecayState(eqx.Module):
+    """State of `DecoupledWeightDecay`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done (for the learning-rate
+      schedule).
+    """
+
+    step: Int[Array, ""]
+
+
+class DecoupledWeightDecay(AbstractTransform):
+    """Decoupled weight decay (Loshchilov & Hutter, 2019) as a link placed after an
+    optimizer: `u = u - lr * weight_decay * p`, with `lr` the learning rate at the
+    current step and `p` the parameter before the update.
+
+    `Chain(Adam(lr), DecoupledWeightDecay(lr, wd, mask=m))` is `AdamW(lr, wd)`
+    restricted to the leaves in `m`: the same as `optax.adamw(lr, weight_decay=wd,
+    mask=m)` and `torch.optim.AdamW`. Pass the optimizer's own schedule as
+    `learning_rate` so the decay follows it.
+
+    **Arguments:**
+
+    - `learning_rate`: a float `>= 0`, a scalar array or a schedule module.
+    - `weight_decay`: the coefficient, `>= 0`.
+    - `mask`: which leaves to decay, as for `AddDecayedWeights`.
+    """
+
+    learning_rate: AbstractSchedule
+    weight_decay: Float[Array, ""]
+    mask: Any
+
+    def __init__(self, learning_rate: Any, weight_decay: Any, mask: Mask = None):
+        self.learning_rate = as_schedule("learning_rate", learning_rate)
+        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
+        self.mask = mask
+
+    def init(self, params: Params) -> DecoupledWeightDecayState:
+        return DecoupledWeightDecayState(step=zero_step())
+
+    def transform(
+        self, grads: Grads, state: DecoupledWeightDecayState, params: Params
+    ) -> tuple[Updates, DecoupledWeightDecayState]:
+        decay = self.learning_rate(state.step) * self.weight_decay
+        flags = resolve_mask(self.mask, params)
+
+        def rule(u, p, masked):
+            return (u - decay * p if masked else u,)
+
+        updates, _ = map_leaves(rule, grads, params, elementwise=True, flags=flags)
+        return updates, DecoupledWeightDecayState(step=increment(state.step))
+
+
+class AddNoiseState(eqx.Module):
+    """State of `AddNoise`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `key`: the raw PRNG key data (`jax.random.key_data`) for the next step.
+    """
+
+    step: Int[Array, ""]
+    key: UInt32[Array, "2"]
+
+
+class AddNoise(AbstractTransform):
+    """Annealed Gaussian gradient noise (Neelakantan et al., 2015):
+
+    ```
+    u = g + sqrt(eta / (step + 1)**gamma) * N(0, 1)
+    ```
+
+    The same as `optax.add_noise(eta, gamma, key=seed)` with the same numbers drawn
+    (leaf `i` of the parameters uses the `i`-th key split from the step's key).
+
+    **Arguments:**
+
+    - `eta`: the initial variance, `>= 0`.
+    - `gamma`: the decay exponent of the variance, `>= 0`.
+    - `seed`: an int seed for the noise.
+    """
+
+    eta: Float[Array, ""]
+    gamma: Float[Array, ""]
+    seed: int = eqx.field(static=True)
+
+    def __init__(self, eta: Any, gamma: Any = 0.55, seed: int = 0):
+        self.eta = hyperparameter("eta", eta, low=0.0)
+        self.gamma = hyperparameter("gamma", gamma, low=0.0)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        self.seed = seed
+
+    def init(self, params: Params) -> AddNoiseState:
+        return AddNoiseState(
+            step=zero_step(), key=jax.random.key_data(jax.random.key(self.seed))
+        )
+
+    def transform(
+        self, grads: Grads, state: AddNoiseState, params: Params
+    ) -> tuple[Updates, AddNoiseState]:
+        t = increment(state.step)
+        std = jnp.sqrt(self.eta / t.astype(jnp.float32) ** self.gamma)
+        next_key, sample_key = jax.random.split(jax.random.wrap_key_data(state.key))
+        param_leaves, treedef = jax.tree.flatten(params)
+        keys = iter(jax.random.split(sample_key, len(param_leaves)))
+        updates = []
+        for g, p in zip(align_grads(grads, params), param_leaves):
+            key = next(keys)
+            if g is None or not is_float_leaf(p):
+                updates.append(None)
+                continue
+            g = g.astype(compute_dtype(p.dtype))
+            noise = jax.random.normal(key, g.shape, g.dtype)
+            updates.append(g + std.astype(g.dtype) * noise)
+        return treedef.unflatten(updates), AddNoiseState(
+            step=t, key=jax.random.key_data(next_key)
+        )
+
+
+class Centralize(AbstractTransform):
+    """Gradient centralisation (Yong et al., 2020): every leaf with two or more
+    dimensions has its mean over all axes but the first subtracted,
+    `u = g - mean(g, axis=(1, ..., ndim - 1))`; scalars and vectors pass unchanged.
+    The same as `optax.centralize`. (The first axis is the output axis of Equinox
+    `Linear` and `Conv` weights.)
+    """
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def transform(
+        self, grads: Grads, state: EmptyState, params: Params
+    ) -> tuple[Updates, EmptyState]:
+        def rule(g, p):
+            if g.ndim > 1:
+                return (g - g.mean(tuple(range(1, g.ndim)), keepdims=True),)
+            return (g,)
+
+        updates, _ = map_leaves(rule, grads, params, elementwise=False)
+        return updates, state

@@ -1,0 +1,169 @@
+"""Non-finite gradients: skip the step (optax `apply_if_finite`), or zero NaNs."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Int, PyTree
+
+from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._checks import is_concrete
+from .._core._leafwise import map_leaves
+from .._core._tree import align_grads, increment, is_float_leaf, scalar_for_leaf
+from .._wrappers._chain import check_extra, checked_transform, run_or_hold
+
+
+class SkipNonFiniteState(eqx.Module):
+    """State of `SkipNonFinite` (the fields of optax's `ApplyIfFiniteState`).
+
+    **Fields:**
+
+    - `notfinite_count`: int32 scalar, consecutive steps with a NaN/inf gradient
+      (reset to 0 by a finite one).
+    - `last_finite`: bool scalar, whether the last gradients were all finite.
+    - `total_notfinite`: int32 scalar, all steps with a NaN/inf gradient so far.
+    - `inner`: the wrapped optimizer's state.
+    """
+
+    notfinite_count: Int[Array, ""]
+    last_finite: Bool[Array, ""]
+    total_notfinite: Int[Array, ""]
+    inner: Any
+
+
+class SkipNonFinite(AbstractTransform):
+    """Skips steps whose gradients hold a NaN or an infinity, as
+    `optax.apply_if_finite`.
+
+    When any gradient element is not finite, the update is zero and the inner
+    state does not change (no moment, step count or schedule advance), so the bad
+    values never reach the parameters. After more than `max_consecutive_errors`
+    bad steps in a row it gives up and applies the inner update anyway (so a
+    training run that has truly diverged shows it). The inner optimizer only runs
+    on accepted steps (a `lax.cond`).
+
+    **Arguments:**
+
+    - `inner`: the optimizer (or chain) to protect.
+    - `max_consecutive_errors`: how many bad steps in a row to skip, an int `>= 0`
+      (an array field: changing it does not recompile).
+    """
+
+    inner: AbstractTransform
+    max_consecutive_errors: Int[Array, ""]
+
+    def __init__(self, inner: AbstractTransform, max_consecutive_errors: Any = 10):
+        self.inner = checked_transform("inner", inner)
+        value = max_consecutive_errors
+        if (
+            isinstance(value, bool)
+            or jnp.ndim(value) != 0
+            or not jnp.issubdtype(jnp.result_type(value), jnp.integer)
+        ):
+            raise TypeError(
+                f"max_consecutive_errors must be an integer scalar, got {value!r}"
+            )
+        if is_concrete(value) and int(np.asarray(value)) < 0:
+            raise ValueError(
+                f"max_consecutive_errors must be >= 0, got {int(np.asarray(value))}"
+            )
+        self.max_consecutive_errors = jnp.asarray(value, jnp.int32)
+
+    def init(self, params: Params) -> SkipNonFiniteState:
+        return SkipNonFiniteState(
+            notfinite_count=jnp.zeros((), jnp.int32),
+            last_finite=jnp.array(True),
+            total_notfinite=jnp.zeros((), jnp.int32),
+            inner=self.inner.init(params),
+        )
+
+    def transform(
+        self, grads: Grads, state: SkipNonFiniteState, params: Params, **extra: Any
+    ) -> tuple[Updates, SkipNonFiniteState]:
+        check_extra("SkipNonFinite", [self.inner], extra)
+        finite = all_finite(grads, params)
+        count = jnp.where(finite, 0, increment(state.notfinite_count)).astype(jnp.int32)
+        accept = jnp.logical_or(finite, count > self.max_consecutive_errors)
+
+        def run():
+            return self.inner.transform(grads, state.inner, params, **extra)
+
+        updates, inner_state = run_or_hold(accept, run, state.inner)
+        return updates, SkipNonFiniteState(
+            notfinite_count=count,
+            last_finite=finite,
+            total_notfinite=jnp.where(
+                finite, state.total_notfinite, increment(state.total_notfinite)
+            ),
+            inner=inner_state,
+        )
+
+
+def apply_if_finite(
+    inner: AbstractTransform, max_consecutive_errors: Any
+) -> SkipNonFinite:
+    """`SkipNonFinite(inner, max_consecutive_errors)`, under optax's name.
+
+    **Arguments:**
+
+    - `inner`: the optimizer (or chain) to protect.
+    - `max_consecutive_errors`: how many bad steps in a row to skip, an int `>= 0`.
+    """
+    return SkipNonFinite(inner, max_consecutive_errors)
+
+
+def all_finite(grads: Grads, params: Params) -> Bool[Array, ""]:
+    """Whether every element of every gradient (of a float parameter) is finite."""
+    checks = [
+        jnp.all(jnp.isfinite(g))
+        for g, p in zip(align_grads(grads, params), jax.tree.leaves(params))
+        if g is not None and is_float_leaf(p)
+    ]
+    return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
+
+
+class ZeroNansState(eqx.Module):
+    """State of `ZeroNans`.
+
+    **Fields:**
+
+    - `found_nan`: a bool scalar per float leaf (shaped like params, `None` at
+      non-float leaves): whether the last gradient of that leaf held a NaN.
+    """
+
+    found_nan: PyTree[Bool[Array, ""] | None]
+
+
+class ZeroNans(AbstractTransform):
+    """Replaces NaN gradient elements with 0 (infinities are kept):
+    `u = where(isnan(g), 0, g)`, recording per leaf whether a NaN was found. The
+    same as `optax.zero_nans`."""
+
+    def init(self, params: Params) -> ZeroNansState:
+        return ZeroNansState(
+            found_nan=jax.tree.map(
+                lambda p: (
+                    scalar_for_leaf(p, False, jnp.bool_) if is_float_leaf(p) else None
+                ),
+                params,
+            )
+        )
+
+    def transform(
+        self, grads: Grads, state: ZeroNansState, params: Params
+    ) -> tuple[Updates, ZeroNansState]:
+        updates, _ = map_leaves(
+            lambda g, p: (jnp.where(jnp.isnan(g), jnp.zeros_like(g), g),),
+            grads,
+            params,
+            elementwise=True,
+        )
+        treedef = jax.tree.structure(params)
+        old = treedef.flatten_up_to(state.found_nan)
+        found = [
+            f if g is None or f is None else jnp.any(jnp.isnan(g))
+            for g, f in zip(align_grads(grads, params), old)
+        ]
+        return updates, ZeroNansState(found_nan=treedef.unflatten(found))

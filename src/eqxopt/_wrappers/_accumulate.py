@@ -1,0 +1,157 @@
+"""Gradient accumulation over micro-steps (optax `MultiSteps`)."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, PyTree
+
+from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._checks import is_concrete
+from .._core._tree import (
+    align_grads,
+    compute_dtype,
+    full_like_leaf,
+    increment,
+    is_float_leaf,
+)
+from ._chain import check_extra, checked_transform, run_or_hold
+
+
+class MultiStepsState(eqx.Module):
+    """State of `MultiSteps`.
+
+    **Fields:**
+
+    - `mini_step`: int32 scalar, the micro-steps accumulated since the last update
+      (`0 <= mini_step < every_k`, unless `every_k` was lowered since: the next call
+      then updates).
+    - `gradient_step`: int32 scalar, the updates made by the inner optimizer.
+    - `acc`: the mean of the gradients accumulated so far, shaped like params, in at
+      least float32 (`None` at non-float leaves). The only parameter-sized buffer
+      `MultiSteps` adds.
+    - `inner`: the inner optimizer's state.
+    """
+
+    mini_step: Int[Array, ""]
+    gradient_step: Int[Array, ""]
+    acc: PyTree[Float[Array, "..."] | None]
+    inner: Any
+
+
+class MultiSteps(AbstractTransform):
+    """Gradient accumulation: averages the gradients of `every_k` micro-steps and
+    makes one update of `inner` with the mean, as `optax.MultiSteps`.
+
+    ```
+    acc = acc + (g - acc) / (mini_step + 1)         every call (running mean)
+    u   = inner(acc)  and acc = 0                    when mini_step >= every_k - 1
+    u   = 0                                          otherwise
+    ```
+
+    `every_k` may change between calls (a new `MultiSteps` with another value
+    reuses the compiled step). Raised, the micro-steps already taken count towards
+    the new period. Lowered to or below the micro-steps already taken, the next
+    call updates with the mean of all of them. From then on it updates every
+    `every_k` calls, as a fresh `MultiSteps` with the new value would.
+    (`optax.MultiSteps` wraps its counter modulo the new period there, and drops
+    the gradients accumulated so far.)
+
+    The inner optimizer runs only on the update step (a `lax.cond`), and its state
+    (learning-rate schedule included) advances once per `every_k` calls. The
+    accumulator is kept in at least float32 (optax's default `accumulator_dtype`),
+    and is given to `inner` in float32 rather than cast back to the gradient dtype.
+
+    A leaf whose gradient is `None` in a call is left out of that call: its
+    accumulator stays as it was and `inner` sees no gradient for it. Keyword
+    arguments (such as `value=`) are passed to `inner` on the update step.
+
+    **Arguments:**
+
+    - `inner`: the optimizer to accumulate for.
+    - `every_k`: the number of micro-steps per update, an int `>= 1` (an array field:
+      changing it does not recompile).
+    - `mean`: average the gradients (default); `False` sums them.
+    """
+
+    inner: AbstractTransform
+    every_k: Int[Array, ""]
+    mean: bool = eqx.field(static=True)
+
+    def __init__(self, inner: AbstractTransform, every_k: Any, mean: bool = True):
+        self.inner = checked_transform("inner", inner)
+        if (
+            isinstance(every_k, bool)
+            or jnp.ndim(every_k) != 0
+            or not jnp.issubdtype(jnp.result_type(every_k), jnp.integer)
+        ):
+            raise TypeError(f"every_k must be an integer scalar, got {every_k!r}")
+        if is_concrete(every_k) and int(np.asarray(every_k)) < 1:
+            raise ValueError(f"every_k must be >= 1, got {int(np.asarray(every_k))}")
+        self.every_k = jnp.asarray(every_k, jnp.int32)
+        if not isinstance(mean, bool):
+            raise TypeError(f"mean must be a bool, got {type(mean).__name__}")
+        self.mean = mean
+
+    def init(self, params: Params) -> MultiStepsState:
+        def zeros(p):
+            if not is_float_leaf(p):
+                return None
+            return full_like_leaf(p, 0.0, compute_dtype(p.dtype))
+
+        return MultiStepsState(
+            mini_step=jnp.zeros((), jnp.int32),
+            gradient_step=jnp.zeros((), jnp.int32),
+            acc=jax.tree.map(zeros, params),
+            inner=self.inner.init(params),
+        )
+
+    def transform(
+        self, grads: Grads, state: MultiStepsState, params: Params, **extra: Any
+    ) -> tuple[Updates, MultiStepsState]:
+        check_extra("MultiSteps", [self.inner], extra)
+        treedef = jax.tree.structure(params)
+        aligned = align_grads(grads, params)
+        acc_leaves = treedef.flatten_up_to(state.acc)
+        n = state.mini_step
+        # `>=`: after every_k is lowered below the micro-steps already taken, `==`
+        # would never hold again and MultiSteps would never update.
+        emit = n >= self.every_k - 1
+        count = increment(n)  # n + 1, saturating
+
+        new_acc = []
+        for g, a in zip(aligned, acc_leaves):
+            if g is None or a is None:
+                new_acc.append(a)
+            elif self.mean:
+                new_acc.append(a + (g.astype(a.dtype) - a) / count.astype(a.dtype))
+            else:
+                new_acc.append(a + g.astype(a.dtype))
+        inner_grads = treedef.unflatten(
+            [a if g is not None else None for g, a in zip(aligned, new_acc)]
+        )
+
+        def run():
+            return self.inner.transform(inner_grads, state.inner, params, **extra)
+
+        updates, inner_state = run_or_hold(emit, run, state.inner)
+        acc = treedef.unflatten(
+            [
+                a if a is None or g is None else jnp.where(emit, jnp.zeros_like(a), a)
+                for g, a in zip(aligned, new_acc)
+            ]
+        )
+        return updates, MultiStepsState(
+            mini_step=jnp.where(emit, 0, count).astype(jnp.int32),
+            gradient_step=jnp.where(
+                emit, increment(state.gradient_step), state.gradient_step
+            ),
+            acc=acc,
+            inner=inner_state,
+        )
+
+    def has_updated(self, state: MultiStepsState) -> Array:
+        """Whether the call that produced `state` made an update (bool scalar)."""
+        return jnp.logical_and(state.mini_step == 0, state.gradient_step > 0)

@@ -1,0 +1,206 @@
+"""Weight averaging: an exponential moving average of the parameters (evaluation
+weights) and Lookahead (slow weights pulled towards the fast ones)."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, PyTree
+
+from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._checks import hyperparameter, is_concrete
+from .._core._tree import compute_dtype, increment, is_float_leaf
+from ._chain import check_extra, checked_transform, leaves_of
+
+
+def _copy_float_leaves(params: Params, dtype: Any = None) -> PyTree:
+    """A fresh copy (never an alias of the parameter buffers, which `donate=True`
+    may reuse) of every float leaf; `None` elsewhere."""
+
+    def copy(p):
+        if not is_float_leaf(p):
+            return None
+        return jnp.array(
+            p, dtype=p.dtype if dtype is None else dtype(p.dtype), copy=True
+        )
+
+    return jax.tree.map(copy, params)
+
+
+class ParamEMAState(eqx.Module):
+    """State of `ParamEMA`.
+
+    **Fields:**
+
+    - `ema`: the moving average of the parameters, shaped like params, in at least
+      float32 (`None` at non-float leaves).
+    - `inner`: the wrapped optimizer's state.
+    """
+
+    ema: PyTree[Float[Array, "..."] | None]
+    inner: Any
+
+    def averaged(self, params: Params) -> Params:
+        """`params` with every float leaf replaced by its average, in the
+        parameter's dtype (non-float leaves are kept): the evaluation weights."""
+
+        def pick(e, p):
+            return p if e is None else e.astype(p.dtype)
+
+        return jax.tree.map(pick, self.ema, params, is_leaf=lambda x: x is None)
+
+
+class ParamEMA(AbstractTransform):
+    """Keeps an exponential moving average of the parameters alongside `inner`,
+    for evaluation (Polyak averaging, "EMA weights"). The updates are `inner`'s,
+    unchanged; after each step
+
+    ```
+    ema = decay * ema + (1 - decay) * (p + u)       (ema starts as the params)
+    ```
+
+    Read the averaged model with `state.averaged(params)`. The average is kept in at
+    least float32, so a bf16 model's average does not stall on rounding. (optax's
+    `ema` averages updates, not parameters; this follows timm's `ModelEmaV2` and
+    Flax's usual EMA, without debiasing since it starts at the parameters.)
+
+    **Arguments:**
+
+    - `inner`: the optimizer.
+    - `decay`: in `[0, 1]`; typical values are 0.999 to 0.9999.
+    """
+
+    inner: AbstractTransform
+    decay: Float[Array, ""]
+
+    def __init__(self, inner: AbstractTransform, decay: Any = 0.999):
+        self.inner = checked_transform("inner", inner)
+        self.decay = hyperparameter("decay", decay, low=0.0, high=1.0)
+
+    def init(self, params: Params) -> ParamEMAState:
+        return ParamEMAState(
+            ema=_copy_float_leaves(params, compute_dtype), inner=self.inner.init(params)
+        )
+
+    def transform(
+        self, grads: Grads, state: ParamEMAState, params: Params, **extra: Any
+    ) -> tuple[Updates, ParamEMAState]:
+        check_extra("ParamEMA", [self.inner], extra)
+        updates, inner_state = self.inner.transform(grads, state.inner, params, **extra)
+        param_leaves, treedef = jax.tree.flatten(params)
+        ema_leaves = treedef.flatten_up_to(state.ema)
+        decay = self.decay
+        new_ema = []
+        for u, p, e in zip(leaves_of(updates, params), param_leaves, ema_leaves):
+            if u is None or e is None:
+                new_ema.append(e)
+                continue
+            new = p.astype(e.dtype) + u.astype(e.dtype)
+            new_ema.append(decay * e + (1 - decay) * new)
+        return updates, ParamEMAState(ema=treedef.unflatten(new_ema), inner=inner_state)
+
+
+class LookaheadState(eqx.Module):
+    """State of `Lookahead`.
+
+    **Fields:**
+
+    - `steps_since_sync`: int32 scalar, fast steps since the last synchronisation.
+    - `slow`: the slow weights, shaped like params (`None` at non-float leaves).
+    - `inner`: the fast optimizer's state.
+    """
+
+    steps_since_sync: Int[Array, ""]
+    slow: PyTree[Float[Array, "..."] | None]
+    inner: Any
+
+
+class Lookahead(AbstractTransform):
+    """Lookahead (Zhang et al., 2019): `inner` takes `sync_period` fast steps, then
+    the slow weights move a fraction `alpha` towards the fast ones and the fast
+    weights restart from there:
+
+    ```
+    fast = p + u                                      every step
+    slow = slow + alpha * (fast - slow);  p = slow    every sync_period-th step
+    ```
+
+    The parameters are the fast weights and the slow weights live in the state
+    (`optax.lookahead` instead asks for a `LookaheadParams(fast, slow)` tree; the
+    numbers are the same). The inner state is not reset at a sync.
+
+    `sync_period` may change between calls (a new `Lookahead` with another value
+    reuses the compiled step). Raised, the fast steps already taken count towards
+    the new period; lowered to or below them, the next step synchronises. From
+    then on it synchronises every `sync_period` steps, as a fresh `Lookahead`
+    with the new value would.
+
+    **Arguments:**
+
+    - `inner`: the fast optimizer.
+    - `sync_period`: fast steps per synchronisation, an int `>= 1` (an array field).
+    - `alpha`: the slow step size, in `[0, 1]`.
+    """
+
+    inner: AbstractTransform
+    sync_period: Int[Array, ""]
+    alpha: Float[Array, ""]
+
+    def __init__(
+        self, inner: AbstractTransform, sync_period: Any = 6, alpha: Any = 0.5
+    ):
+        self.inner = checked_transform("inner", inner)
+        if (
+            isinstance(sync_period, bool)
+            or jnp.ndim(sync_period) != 0
+            or not jnp.issubdtype(jnp.result_type(sync_period), jnp.integer)
+        ):
+            raise TypeError(
+                f"sync_period must be an integer scalar, got {sync_period!r}"
+            )
+        if is_concrete(sync_period) and int(np.asarray(sync_period)) < 1:
+            raise ValueError(
+                f"sync_period must be >= 1, got {int(np.asarray(sync_period))}"
+            )
+        self.sync_period = jnp.asarray(sync_period, jnp.int32)
+        self.alpha = hyperparameter("alpha", alpha, low=0.0, high=1.0)
+
+    def init(self, params: Params) -> LookaheadState:
+        return LookaheadState(
+            steps_since_sync=jnp.zeros((), jnp.int32),
+            slow=_copy_float_leaves(params),
+            inner=self.inner.init(params),
+        )
+
+    def transform(
+        self, grads: Grads, state: LookaheadState, params: Params, **extra: Any
+    ) -> tuple[Updates, LookaheadState]:
+        check_extra("Lookahead", [self.inner], extra)
+        updates, inner_state = self.inner.transform(grads, state.inner, params, **extra)
+        # `>=`: after sync_period is lowered below the fast steps already taken,
+        # `==` would never hold again and the slow weights would never move.
+        sync = state.steps_since_sync >= self.sync_period - 1
+        alpha = self.alpha
+        param_leaves, treedef = jax.tree.flatten(params)
+        slow_leaves = treedef.flatten_up_to(state.slow)
+        new_updates, new_slow = [], []
+        for u, p, s in zip(leaves_of(updates, params), param_leaves, slow_leaves):
+            if u is None or s is None:
+                new_updates.append(u)
+                new_slow.append(s)
+                continue
+            # optax.lookahead's merged form of "fast step, then sync".
+            diff = p.astype(u.dtype) + u - s.astype(u.dtype)
+            new_updates.append(jnp.where(sync, u - (1 - alpha) * diff, u))
+            new_slow.append(
+                jnp.where(sync, (s.astype(u.dtype) + alpha * diff).astype(s.dtype), s)
+            )
+        return treedef.unflatten(new_updates), LookaheadState(
+            steps_since_sync=jnp.where(
+                sync, 0, increment(state.steps_since_sync)
+            ).astype(jnp.int32),
+            slow=treedef.unflatten(new_slow),
+            inner=inner_state,
+        )
