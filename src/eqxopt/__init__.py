@@ -1,5 +1,7 @@
 """eqxopt: optimizers, gradient transforms and schedules as checked Equinox modules."""
 
+import importlib.metadata
+
 from ._core import (
     AbstractTransform as AbstractTransform,
     Packed as Packed,
@@ -152,7 +154,7 @@ from ._wrappers import (
     PartitionState as PartitionState,
 )
 
-__version__ = "0.1.0"
+__version__ = importlib.metadata.version("eqxopt")
 
 # Every public name, sorted (the API reference documents each: tests/test_docs.py).
 __all__ = [
