@@ -48,15 +48,14 @@ class _Hyper(NamedConverter):
         self.bounds = bounds
 
     def __call__(self, value: Any) -> Any:
-        if isinstance(value, AbstractSchedule):
-            if self.schedule:
-                return value
-            raise TypeError(f"{self.name} must be a float or a scalar array")
+        if isinstance(value, AbstractSchedule) and self.schedule:
+            return value
         if callable(value):
-            raise TypeError(
-                f"{self.name} must be a float, a scalar array or an eqxopt schedule "
-                f"module; got the callable {value!r}"
-            )
+            allowed = "a float, a scalar array or an eqxopt schedule module"
+            if not self.schedule:
+                allowed = "a float or a scalar array (not a schedule)"
+            got = type(value).__name__ if isinstance(value, eqx.Module) else value
+            raise TypeError(f"{self.name} must be {allowed}; got {got!r}")
         return hyperparameter(self.name, value, **self.bounds)
 
 
