@@ -1,6 +1,9 @@
 """Decays from a starting value: polynomial and linear, exponential, cosine, and
 torch's step and multi-step decays."""
 
+import abc
+
+import equinox as eqx
 import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float32, Int, jaxtyped
@@ -20,20 +23,30 @@ from ._common import (
 )
 
 
-def _transition(step, init_value, end_value, steps, begin, power=None):
-    """optax's polynomial (linear when `power` is `None`) transition from
-    `init_value` to `end_value` over `steps` steps from `begin`."""
-    s = f32(step)
-    t = f32(steps)
-    c = jnp.clip(s - f32(begin), 0.0, t)
-    frac = 1.0 - c / t
-    if power is not None:
-        frac = jnp.power(frac, f32(power))
-    init, end = f32(init_value), f32(end_value)
-    return (init - end) * frac + end
+class AbstractTransition(AbstractSchedule):
+    """From `init_value` to `end_value` over `transition_steps` steps from
+    `transition_begin`, along a curve of the fraction of the way left (1 down to
+    0), as optax's polynomial schedules are."""
+
+    init_value: eqx.AbstractVar[Value]
+    end_value: eqx.AbstractVar[Value]
+    transition_steps: eqx.AbstractVar[Count]
+    transition_begin: eqx.AbstractVar[Count]
+
+    @abc.abstractmethod
+    def curve(self, left: Float32[Array, "*k"]) -> Float32[Array, "*k"]:
+        """The share of `init_value - end_value` left at the fraction `left`."""
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        s = f32(step)
+        t = f32(self.transition_steps)
+        c = jnp.clip(s - f32(self.transition_begin), 0.0, t)
+        init, end = f32(self.init_value), f32(self.end_value)
+        return (init - end) * self.curve(1.0 - c / t) + end
 
 
-class Polynomial(AbstractSchedule):
+class Polynomial(AbstractTransition):
     """Polynomial decay from `init_value` to `end_value` over `transition_steps`.
 
     ```
@@ -60,19 +73,11 @@ class Polynomial(AbstractSchedule):
     transition_steps: Count = count_field()
     transition_begin: Count = count_field(0, at_least_one=False)
 
-    @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        return _transition(
-            step,
-            self.init_value,
-            self.end_value,
-            self.transition_steps,
-            self.transition_begin,
-            self.power,
-        )
+    def curve(self, left: Float32[Array, "*k"]) -> Float32[Array, "*k"]:
+        return jnp.power(left, f32(self.power))
 
 
-class Linear(AbstractSchedule):
+class Linear(AbstractTransition):
     """Linear interpolation from `init_value` to `end_value` over `transition_steps`.
 
     ```
@@ -98,15 +103,8 @@ class Linear(AbstractSchedule):
     transition_steps: Count = count_field()
     transition_begin: Count = count_field(0, at_least_one=False)
 
-    @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        return _transition(
-            step,
-            self.init_value,
-            self.end_value,
-            self.transition_steps,
-            self.transition_begin,
-        )
+    def curve(self, left: Float32[Array, "*k"]) -> Float32[Array, "*k"]:
+        return left
 
 
 class ExponentialDecay(AbstractSchedule):

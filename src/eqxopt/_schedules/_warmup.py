@@ -1,8 +1,10 @@
 """Schedules that ramp up linearly first: warmup-cosine, warmup-constant,
 warmup-exponential-decay and warmup-stable-decay."""
 
+import abc
 from typing import Any
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from beartype import beartype
@@ -80,7 +82,33 @@ class WarmupCosine(AbstractSchedule):
         return jnp.where(s < warmup, ramp, decay)
 
 
-class WarmupConstant(AbstractSchedule):
+class AbstractWarmup(AbstractSchedule):
+    """A linear warmup from `init_value` to `peak_value` over `warmup_steps` (optax's
+    `linear_schedule`), then what `after_warmup` gives from step `warmup_steps` on."""
+
+    init_value: eqx.AbstractVar[Value]
+    peak_value: eqx.AbstractVar[Value]
+    warmup_steps: eqx.AbstractVar[Count]
+
+    @abc.abstractmethod
+    def after_warmup(
+        self,
+        s: Float32[Array, "*k"],
+        warmup: Float32[Array, ""],
+        peak: Float32[Array, ""],
+    ) -> Float32[Array, "*k"]:
+        """The value at the float32 steps `s` (used where `s >= warmup`)."""
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        s = f32(step)
+        w = f32(self.warmup_steps)
+        peak = f32(self.peak_value)
+        ramp = linear_warmup(s, f32(self.init_value), peak, w)
+        return jnp.where(s < w, ramp, self.after_warmup(s, w, peak))
+
+
+class WarmupConstant(AbstractWarmup):
     """Linear warmup from `init_value` to `peak_value`, then constant.
 
     ```
@@ -103,16 +131,11 @@ class WarmupConstant(AbstractSchedule):
     peak_value: Value = value_field()
     warmup_steps: Count = count_field(at_least_one=False)
 
-    @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        s = f32(step)
-        w = f32(self.warmup_steps)
-        peak = f32(self.peak_value)
-        ramp = linear_warmup(s, f32(self.init_value), peak, w)
-        return jnp.where(s < w, ramp, peak)
+    def after_warmup(self, s, warmup, peak):
+        return peak
 
 
-class WarmupExponentialDecay(AbstractSchedule):
+class WarmupExponentialDecay(AbstractWarmup):
     """Linear warmup from `init_value` to `peak_value` over `warmup_steps`, then
     `ExponentialDecay(peak_value, transition_steps, decay_rate, transition_begin,
     staircase, end_value)` counted from the end of warmup.
@@ -138,14 +161,9 @@ class WarmupExponentialDecay(AbstractSchedule):
     staircase: bool = flag_field(False, kw_only=False)
     end_value: Value | None = checked_field(optional_value, None)
 
-    @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        s = f32(step)
-        w = f32(self.warmup_steps)
-        peak = f32(self.peak_value)
-        ramp = linear_warmup(s, f32(self.init_value), peak, w)
-        decay = exponential(
-            s - w,
+    def after_warmup(self, s, warmup, peak):
+        return exponential(
+            s - warmup,
             peak,
             f32(self.decay_rate),
             f32(self.transition_steps),
@@ -153,7 +171,6 @@ class WarmupExponentialDecay(AbstractSchedule):
             self.staircase,
             self.end_value,
         )
-        return jnp.where(s < w, ramp, decay)
 
 
 def _decay_steps(decay_steps: Any, decay_fraction: Any, total_steps: Array) -> Array:
@@ -177,7 +194,7 @@ def _decay_steps(decay_steps: Any, decay_fraction: Any, total_steps: Array) -> A
     return steps
 
 
-class WarmupStableDecay(AbstractSchedule):
+class WarmupStableDecay(AbstractWarmup):
     """Warmup-stable-decay ("WSD", trapezoidal): a linear warmup, a constant plateau
     at `peak_value`, then a decay to `end_value` over the last `decay_steps` of
     `total_steps`, held afterwards.
@@ -246,13 +263,9 @@ class WarmupStableDecay(AbstractSchedule):
                     f"warmup_steps={w}, decay_steps={d} and total_steps={t}"
                 )
 
-    @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        s = f32(step)
-        w = f32(self.warmup_steps)
+    def after_warmup(self, s, warmup, peak):
         d = f32(self.decay_steps)
-        peak, end = f32(self.peak_value), f32(self.end_value)
-        ramp = linear_warmup(s, f32(self.init_value), peak, w)
+        end = f32(self.end_value)
         p = jnp.clip((s - (f32(self.total_steps) - d)) / d, 0.0, 1.0)
         if self.decay_shape == "linear":
             shape = 1.0 - p
@@ -260,4 +273,4 @@ class WarmupStableDecay(AbstractSchedule):
             shape = 0.5 * (1.0 + jnp.cos(jnp.pi * p))
         else:
             shape = 1.0 - jnp.sqrt(p)
-        return jnp.where(s < w, ramp, end + (peak - end) * shape)
+        return end + (peak - end) * shape
