@@ -8,6 +8,7 @@
   `StepDecay`, `MultiStepDecay`.
 - `_piecewise.py`: `PiecewiseConstant`, `PiecewiseInterpolate`, `Join`.
 - `_cyclic.py`: `LinearOneCycle`, `CosineOneCycle`, `Cyclic`, `SGDR`.
+- `_plot.py`: `plot_schedules`, drawing schedules to a PNG (matplotlib optional).
 - `_common.py`: what they share: field declarations (a schedule's values are
   numbers, its lengths step counts), checks of step lists and of values in order,
   and pieces of curves (linear warmup, exponential decay, interpolation).
@@ -36,6 +37,7 @@ from ._piecewise import (
     PiecewiseConstant as PiecewiseConstant,
     PiecewiseInterpolate as PiecewiseInterpolate,
 )
+from ._plot import plot_schedules as plot_schedules
 from ._warmup import (
     WarmupConstant as WarmupConstant,
     WarmupCosine as WarmupCosine,
