@@ -26,8 +26,9 @@ Steps: TypeAlias = Sequence[int] | Int[ArrayLike, " n"]
 
 REQUIRED: Any = dataclasses.MISSING
 
-# The fields below take numbers only (`schedule=False`): a schedule's values are
-# what it is built from, not things that vary with the step themselves.
+# A schedule's own values are numbers (`schedule=False`): the schedule is the
+# function of the step, and a schedule given as one of its values would be called
+# nowhere.
 
 
 def value_field(default: Any = REQUIRED) -> Any:

@@ -206,6 +206,7 @@ class Cyclic(AbstractSchedule):
     step_size_down: Int[Array, ""]
     base_lr: Value = value_field()
     max_lr: Value = value_field()
+    # A number, as every schedule's values (`_common`).
     gamma: Value = hyper(1.0, low=0.0, high=1.0, low_open=True, schedule=False)
     mode: str = choice_field("triangular", ("triangular", "triangular2", "exp_range"))
 

@@ -52,6 +52,7 @@ class WarmupCosine(AbstractSchedule):
     - `total_steps`: the step at which the floor is reached, `> warmup_steps`.
     """
 
+    # Numbers only, as every schedule's values (`_common`).
     peak_lr: Value = hyper(low=0.0, schedule=False)
     min_lr: Value = hyper(low=0.0, schedule=False)
     warmup_steps: Count = count_field(at_least_one=False)
