@@ -3,6 +3,7 @@ the contract every schedule shares (vectorised, traced, no recompiles, usable as
 learning rate, errors in words) and the plot helper."""
 
 import dataclasses
+import inspect
 import math
 import re
 from collections.abc import Callable
@@ -1470,3 +1471,120 @@ def test_finite_at_the_saturated_step(case):
     values = np.asarray(evaluate(case.schedule, steps))
     assert np.all(np.isfinite(values)), values
     assert np.isfinite(float(case.schedule(jnp.int32(INT32_MAX))))
+
+
+# Every schedule's constructor, as users call it: argument names, order, defaults
+# and keyword-only-ness (fields and converters build most of them).
+SIGNATURES = {
+    "Constant": "value",
+    "WarmupCosine": "peak_lr, min_lr, warmup_steps, total_steps",
+    "Polynomial": (
+        "init_value, end_value, power, transition_steps, transition_begin=0"
+    ),
+    "Linear": "init_value, end_value, transition_steps, transition_begin=0",
+    "PiecewiseConstant": "init_value, boundaries_and_scales=None",
+    "ExponentialDecay": (
+        "init_value, transition_steps, decay_rate, transition_begin=0, "
+        "staircase=False, end_value=None"
+    ),
+    "CosineDecay": "init_value, decay_steps, alpha=0.0, exponent=1.0",
+    "WarmupConstant": "init_value, peak_value, warmup_steps",
+    "WarmupExponentialDecay": (
+        "init_value, peak_value, warmup_steps, transition_steps, decay_rate, "
+        "transition_begin=0, staircase=False, end_value=None"
+    ),
+    "PiecewiseInterpolate": (
+        "interpolate_type, init_value, boundaries_and_scales=None"
+    ),
+    "LinearOneCycle": (
+        "transition_steps, peak_value, pct_start=0.3, pct_final=0.85, "
+        "div_factor=25.0, final_div_factor=10000.0"
+    ),
+    "CosineOneCycle": (
+        "transition_steps, peak_value, pct_start=0.3, div_factor=25.0, "
+        "final_div_factor=10000.0"
+    ),
+    "SGDR": "cycles",
+    "Join": "schedules, boundaries",
+    "StepDecay": "init_value, step_size, gamma=0.1",
+    "MultiStepDecay": "init_value, milestones, gamma=0.1",
+    "Cyclic": (
+        "base_lr, max_lr, step_size_up=2000, step_size_down=None, "
+        "mode='triangular', gamma=1.0"
+    ),
+    "WarmupStableDecay": (
+        "peak_value, warmup_steps, total_steps, *, decay_steps=None, "
+        "decay_fraction=None, init_value=0.0, end_value=0.0, decay_shape='linear'"
+    ),
+}
+
+
+def _arguments(cls: type) -> str:
+    parts = []
+    for p in inspect.signature(cls).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and "*" not in parts:
+            parts.append("*")
+        empty = p.default is inspect.Parameter.empty
+        parts.append(p.name if empty else f"{p.name}={p.default!r}")
+    return ", ".join(parts)
+
+
+def test_constructor_signatures():
+    public = {
+        name
+        for name in eqxopt.__all__
+        if isinstance(getattr(eqxopt, name), type)
+        and issubclass(getattr(eqxopt, name), eqxopt.AbstractSchedule)
+        and name != "AbstractSchedule"
+    }
+    assert public == set(SIGNATURES)
+    for name, expected in SIGNATURES.items():
+        assert _arguments(getattr(eqxopt, name)) == expected, name
+
+
+@pytest.mark.parametrize(
+    "make,name",
+    [
+        (lambda c: eqxopt.Linear(c, 0.0, 10), "init_value"),
+        (lambda c: eqxopt.WarmupCosine(c, 0.0, 1, 10), "peak_lr"),
+        (lambda c: eqxopt.ExponentialDecay(1.0, 10, c), "decay_rate"),
+        (lambda c: eqxopt.ExponentialDecay(1.0, 10, 0.5, end_value=c), "end_value"),
+        (
+            lambda c: eqxopt.PiecewiseConstant(1.0, {5: c}),
+            r"boundaries_and_scales\[5\]",
+        ),
+        (lambda c: eqxopt.Cyclic(0.1, 1.0, 10, gamma=c), "gamma"),
+        (lambda c: eqxopt.LinearOneCycle(10, 1.0, pct_start=c), "pct_start"),
+        (lambda c: eqxopt.SGDR([dict(peak_value=c, decay_steps=5)]), "peak_value"),
+    ],
+)
+def test_a_schedules_values_are_numbers_not_schedules(make, name):
+    """A schedule is built from numbers: a schedule given as one of its values is a
+    TypeError naming the argument (it would be called nowhere)."""
+    with pytest.raises(TypeError, match=f"{name}.* must be a float or a scalar array"):
+        make(eqxopt.Constant(0.5))
+
+
+def test_checks_between_values_skip_traced_values():
+    """Checks that compare two arguments (`min_lr <= peak_lr`, `decay_steps >
+    warmup_steps`, ...) run when both are known and let traced values through."""
+
+    @jax.jit
+    def build_and_call(peak, floor, steps):
+        return (
+            eqxopt.WarmupCosine(peak, floor, 2, 10)(steps),
+            eqxopt.SGDR([dict(peak_value=peak, decay_steps=6, end_value=floor)])(steps),
+            eqxopt.Cyclic(floor, peak, 3)(steps),
+        )
+
+    steps = jnp.arange(12, dtype=jnp.int32)
+    concrete = [
+        eqxopt.WarmupCosine(0.8, 0.1, 2, 10),
+        eqxopt.SGDR([dict(peak_value=0.8, decay_steps=6, end_value=0.1)]),
+        eqxopt.Cyclic(0.1, 0.8, 3),
+    ]
+    traced = build_and_call(jnp.float32(0.8), jnp.float32(0.1), steps)
+    for got, want in zip(traced, evaluate_many(concrete, steps)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    with pytest.raises(ValueError, match="min_lr must be <= peak_lr"):
+        eqxopt.WarmupCosine(0.1, 0.8, 2, 10)

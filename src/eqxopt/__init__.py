@@ -88,9 +88,6 @@ from ._optimizers import (
     StableAdamW as StableAdamW,
     Yogi as Yogi,
 )
-from ._plot import (
-    plot_schedules as plot_schedules,
-)
 from ._schedules import (
     SGDR as SGDR,
     AbstractSchedule as AbstractSchedule,
@@ -111,6 +108,7 @@ from ._schedules import (
     WarmupCosine as WarmupCosine,
     WarmupExponentialDecay as WarmupExponentialDecay,
     WarmupStableDecay as WarmupStableDecay,
+    plot_schedules as plot_schedules,
 )
 from ._train_step import (
     TrainStep as TrainStep,

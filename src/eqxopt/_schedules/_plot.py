@@ -9,7 +9,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from ._core._schedule import AbstractSchedule
+from .._core._schedule import AbstractSchedule
 
 
 @eqx.filter_jit

@@ -1,0 +1,353 @@
+"""Schedules that rise and fall: the one-cycle policies, cyclical learning rates
+and SGDR's warm restarts."""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import Array, ArrayLike, Float, Float32, Int, jaxtyped
+
+from .._core._checks import hyperparameter, positive_count, step_count
+from .._core._fields import choice_field, hyper
+from .._core._schedule import AbstractSchedule
+from ._common import (
+    REQUIRED,
+    Count,
+    Value,
+    check_factor,
+    check_order,
+    check_value,
+    cumulative_values,
+    f32,
+    factor_field,
+    fraction_of,
+    interpolate,
+    linear_warmup,
+    sum_overflows,
+    value_field,
+)
+
+
+def _phase_ends(total: Array, **fractions: Any) -> list[Array]:
+    """`int(pct * total)` for each fraction of the cycle (checked to be in
+    `[0, 1]`, and `pct_final >= pct_start`)."""
+    checked = {
+        name: hyperparameter(name, pct, low=0.0, high=1.0)
+        for name, pct in fractions.items()
+    }
+    if "pct_final" in checked:
+        start, final = checked["pct_start"], checked["pct_final"]
+        check_order("pct_final", final, ">=", "pct_start", start)
+    return [fraction_of(fractions[n], checked[n], total, int) for n in checked]
+
+
+class LinearOneCycle(AbstractSchedule):
+    """The linear one-cycle policy (Smith & Topin, 2017).
+
+    From `peak_value / div_factor` up to `peak_value` at `int(pct_start * T)`, back
+    down to `peak_value / div_factor` at `int(pct_final * T)`, then down to
+    `peak_value / div_factor / final_div_factor` at `T = transition_steps`, and held.
+
+    Equal to `optax.linear_onecycle_schedule` (where `div_factor=0` is a Python
+    `ZeroDivisionError`; here a `ValueError` naming it). torch's `OneCycleLR` is a
+    different curve: it ends its phases at `pct * total_steps - 1` and its linear
+    three-phase variant falls to the final value over the last phase only.
+
+    **Arguments:**
+
+    - `transition_steps`: the length of the cycle `T`, `>= 1`.
+    - `peak_value`: the highest value, `>= 0`.
+    - `pct_start`: fraction of `T` spent rising, in `[0, 1]`.
+    - `pct_final`: fraction of `T` at which the fall back ends, in `[pct_start, 1]`.
+    - `div_factor`: `peak_value / div_factor` is the starting value, `> 0`.
+    - `final_div_factor`: the final value is the starting value over this, `> 0`.
+
+    The phase ends `int(pct * T)` are int32 fields computed at construction (in
+    float64 from the fractions as given, like optax; in float32 when they are traced).
+    When two phase ends coincide, optax's dict of boundaries merges them and drops a
+    factor; here the phase simply has zero length.
+    """
+
+    transition_steps: Int[Array, ""]
+    start_step: Int[Array, ""]
+    final_step: Int[Array, ""]
+    peak_value: Value = value_field()
+    div_factor: Value = factor_field(25.0)
+    final_div_factor: Value = factor_field(1e4)
+
+    def __init__(
+        self,
+        transition_steps: Count,
+        peak_value: Value,
+        pct_start: Value = 0.3,
+        pct_final: Value = 0.85,
+        div_factor: Value = 25.0,
+        final_div_factor: Value = 1e4,
+    ):
+        self.transition_steps = positive_count("transition_steps", transition_steps)
+        self.peak_value = peak_value
+        self.start_step, self.final_step = _phase_ends(
+            self.transition_steps, pct_start=pct_start, pct_final=pct_final
+        )
+        self.div_factor, self.final_div_factor = div_factor, final_div_factor
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        div = f32(self.div_factor)
+        bounds = jnp.stack(
+            [
+                jnp.zeros((), jnp.int32),
+                self.start_step,
+                self.final_step,
+                self.transition_steps,
+            ]
+        )
+        values = cumulative_values(
+            f32(self.peak_value) / div,
+            [div, 1.0 / div, 1.0 / f32(self.final_div_factor)],
+        )
+        return interpolate(f32(step), bounds, values, cosine=False)
+
+
+class CosineOneCycle(AbstractSchedule):
+    """The cosine one-cycle policy (Smith & Topin, 2017).
+
+    From `peak_value / div_factor` up to `peak_value` at `int(pct_start * T)` and
+    down to `peak_value / (div_factor * final_div_factor)` at `T = transition_steps`,
+    both along half cosines, then held.
+
+    Equal to `optax.cosine_onecycle_schedule`. torch's `OneCycleLR` ends its phases at
+    `pct * total_steps - 1`, so its curve is close to this one but not equal.
+
+    **Arguments:**
+
+    - `transition_steps`: the length of the cycle `T`, `>= 1`.
+    - `peak_value`: the highest value, `>= 0`.
+    - `pct_start`: fraction of `T` spent rising, in `[0, 1]`.
+    - `div_factor`: `peak_value / div_factor` is the starting value, `> 0`.
+    - `final_div_factor`: the final value is the starting value over this, `> 0`.
+
+    The end of the rise, `int(pct_start * T)`, is an int32 field computed at
+    construction.
+    """
+
+    transition_steps: Int[Array, ""]
+    start_step: Int[Array, ""]
+    peak_value: Value = value_field()
+    div_factor: Value = factor_field(25.0)
+    final_div_factor: Value = factor_field(1e4)
+
+    def __init__(
+        self,
+        transition_steps: Count,
+        peak_value: Value,
+        pct_start: Value = 0.3,
+        div_factor: Value = 25.0,
+        final_div_factor: Value = 1e4,
+    ):
+        self.transition_steps = positive_count("transition_steps", transition_steps)
+        self.peak_value = peak_value
+        (self.start_step,) = _phase_ends(self.transition_steps, pct_start=pct_start)
+        self.div_factor, self.final_div_factor = div_factor, final_div_factor
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        div = f32(self.div_factor)
+        bounds = jnp.stack(
+            [jnp.zeros((), jnp.int32), self.start_step, self.transition_steps]
+        )
+        values = cumulative_values(
+            f32(self.peak_value) / div,
+            [div, 1.0 / (div * f32(self.final_div_factor))],
+        )
+        return interpolate(f32(step), bounds, values, cosine=True)
+
+
+def _cycle_lengths(up: Any, down: Any) -> tuple[Array, Array]:
+    """`Cyclic`'s steps up and down (down defaults to up); float32 both when a
+    cycle, their sum, is beyond int32."""
+    up = positive_count("step_size_up", up)
+    down = up if down is None else step_count("step_size_down", down)
+    if sum_overflows(up, down):
+        return up.astype(jnp.float32), down.astype(jnp.float32)
+    return up, down
+
+
+class Cyclic(AbstractSchedule):
+    """Cyclical learning rates (Smith, 2017): triangles between `base_lr` and
+    `max_lr`, `step_size_up` steps up then `step_size_down` down.
+
+    With `T = step_size_up + step_size_down`, cycle `n = floor(s / T) + 1` and
+    `r = s mod T`:
+
+    ```
+    h = r / step_size_up                       for r <= step_size_up
+    h = (T - r) / step_size_down               otherwise
+    f(s) = base_lr + (max_lr - base_lr) * h * scale
+    ```
+
+    where `scale = 1` (`"triangular"`), `1 / 2 ** (n - 1)` (`"triangular2"`) or
+    `gamma ** s` (`"exp_range"`). torch's `CyclicLR` with these modes (torch's
+    momentum cycling is not part of a learning-rate schedule). Computing `r` in
+    integers keeps float32 exact where torch's `1 + s / T - n` would lose digits.
+
+    **Arguments:**
+
+    - `base_lr`: the low end, `>= 0`.
+    - `max_lr`: the high end, `>= 0`.
+    - `step_size_up`: steps rising, `>= 1`.
+    - `step_size_down`: steps falling, `>= 0`; `None` for `step_size_up`.
+    - `mode`: `"triangular"`, `"triangular2"` or `"exp_range"` (static).
+    - `gamma`: the per-step factor of `"exp_range"`, in `(0, 1]`.
+    """
+
+    step_size_up: Int[Array, ""]
+    step_size_down: Int[Array, ""]
+    base_lr: Value = value_field()
+    max_lr: Value = value_field()
+    # A number, as every schedule's values (`_common`).
+    gamma: Value = hyper(1.0, low=0.0, high=1.0, low_open=True, schedule=False)
+    mode: str = choice_field("triangular", ("triangular", "triangular2", "exp_range"))
+
+    def __init__(
+        self,
+        base_lr: Value,
+        max_lr: Value,
+        step_size_up: Count = 2000,
+        step_size_down: Count | None = None,
+        mode: str = "triangular",
+        gamma: Value = 1.0,
+    ):
+        self.base_lr, self.max_lr, self.mode, self.gamma = base_lr, max_lr, mode, gamma
+        up, down = _cycle_lengths(step_size_up, step_size_down)
+        self.step_size_up, self.step_size_down = up, down
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        s = jnp.maximum(jnp.asarray(step), 0)
+        up, down = self.step_size_up, self.step_size_down
+        total = up + down
+        r = s % total
+        height = jnp.where(
+            r <= up, f32(r) / f32(up), f32(total - r) / f32(jnp.maximum(down, 1))
+        )
+        if self.mode == "triangular":
+            scale = jnp.ones_like(height)
+        elif self.mode == "triangular2":
+            scale = 1.0 / jnp.power(2.0, f32(s // total))
+        else:
+            scale = jnp.power(f32(self.gamma), f32(s))
+        base = f32(self.base_lr)
+        return base + (f32(self.max_lr) - base) * height * scale
+
+
+# Each cycle's keys (the arguments of `optax.warmup_cosine_decay_schedule`): the
+# default (`REQUIRED` for none) and the check.
+_SGDR_KEYS = {
+    "init_value": (0.0, check_value),
+    "peak_value": (REQUIRED, check_value),
+    "warmup_steps": (0, step_count),
+    "decay_steps": (REQUIRED, step_count),
+    "end_value": (0.0, check_value),
+    "exponent": (1.0, check_factor),
+}
+
+
+def _sgdr_columns(cycles: Any) -> list[Array]:
+    """The cycles' values, one array of shape `(n_cycles,)` per key of a cycle."""
+    if isinstance(cycles, Mapping) or not isinstance(cycles, (list, tuple)):
+        raise TypeError(
+            "cycles must be a list of dicts of warmup-cosine arguments, got "
+            f"{type(cycles).__name__}"
+        )
+    if not cycles:
+        raise ValueError("cycles must hold at least one cycle, got none")
+    rows = []
+    for i, cycle in enumerate(cycles):
+        where = f"cycles[{i}]"
+        if not isinstance(cycle, Mapping):
+            raise TypeError(f"{where} must be a dict, got {type(cycle).__name__}")
+        unknown = sorted(set(cycle) - set(_SGDR_KEYS))
+        if unknown:
+            raise ValueError(
+                f"{where} has unknown keys {unknown}; allowed: {list(_SGDR_KEYS)}"
+            )
+        for key, (default, _) in _SGDR_KEYS.items():
+            if default is REQUIRED and key not in cycle:
+                raise ValueError(f"{where} needs the key {key!r}")
+        row = {
+            key: check(f"{where}[{key!r}]", cycle.get(key, default))
+            for key, (default, check) in _SGDR_KEYS.items()
+        }
+        warmup, decay = row["warmup_steps"], row["decay_steps"]
+        check_order(
+            "decay_steps", decay, ">", "warmup_steps", warmup, counts=True, where=where
+        )
+        rows.append(row)
+    columns = {key: jnp.stack([row[key] for row in rows]) for key in _SGDR_KEYS}
+    # Cycle i starts after the lengths of those before it: float32 if beyond int32.
+    if sum_overflows(columns["decay_steps"][:-1]):
+        columns["decay_steps"] = columns["decay_steps"].astype(jnp.float32)
+    return list(columns.values())
+
+
+class SGDR(AbstractSchedule):
+    """Stochastic gradient descent with warm restarts (Loshchilov & Hutter, 2017):
+    a sequence of warmup-cosine cycles, each starting where the last one ended.
+
+    Cycle `i` lasts `decay_steps_i` steps; within it, at local step `t`:
+
+    ```
+    f = init + (peak - init) * t / warmup                              for t < warmup
+    f = peak * ((1 - a) * (0.5 * (1 + cos(pi * c / (decay - warmup)))) ** exponent + a)
+        where c = min(t - warmup, decay - warmup), a = end / peak (0 if peak == 0)
+    ```
+
+    and after the last cycle its end value is held. Equal to `optax.sgdr_schedule`
+    (whose cycles are `optax.warmup_cosine_decay_schedule`s), and to torch's
+    `CosineAnnealingWarmRestarts` with equal cycles, no warmup and `end = eta_min`.
+    The number of cycles is structure; every per-cycle value is an array field of
+    shape `(n_cycles,)`.
+
+    **Arguments:**
+
+    - `cycles`: a non-empty sequence of dicts with keys `peak_value` and
+      `decay_steps` (the cycle length, `> warmup_steps`), and optionally `init_value`
+      (default 0), `warmup_steps` (default 0), `end_value` (default 0) and `exponent`
+      (default 1, `> 0`) — the arguments of `optax.warmup_cosine_decay_schedule`.
+    """
+
+    init_values: Float[Array, " n"]
+    peak_values: Float[Array, " n"]
+    warmup_steps: Int[Array, " n"]
+    decay_steps: Int[Array, " n"]
+    end_values: Float[Array, " n"]
+    exponents: Float[Array, " n"]
+
+    def __init__(self, cycles: Sequence[Mapping[str, Any]]):
+        columns = _sgdr_columns(cycles)
+        self.init_values, self.peak_values, self.warmup_steps = columns[:3]
+        self.decay_steps, self.end_values, self.exponents = columns[3:]
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        s = jnp.asarray(step)
+        lengths = self.decay_steps
+        starts = jnp.concatenate(
+            [jnp.zeros((1,), lengths.dtype), jnp.cumsum(lengths[:-1])]
+        )
+        cycle = jnp.sum(s[..., None] >= starts[1:], axis=-1)
+        t = f32(s - starts[cycle])
+        init = f32(self.init_values[cycle])
+        peak = f32(self.peak_values[cycle])
+        end = f32(self.end_values[cycle])
+        warmup = f32(self.warmup_steps[cycle])
+        length = f32(self.decay_steps[cycle]) - warmup
+        ramp = linear_warmup(t, init, peak, warmup)
+        c = jnp.minimum(t - warmup, length)
+        cosine = 0.5 * (1.0 + jnp.cos(jnp.pi * c / length))
+        alpha = jnp.where(peak == 0.0, 0.0, end / jnp.where(peak == 0.0, 1.0, peak))
+        exponent = f32(self.exponents[cycle])
+        decay = peak * ((1.0 - alpha) * jnp.power(cosine, exponent) + alpha)
+        return jnp.where(t < warmup, ramp, decay)

@@ -1,0 +1,248 @@
+"""Decays from a starting value: polynomial and linear, exponential, cosine, and
+torch's step and multi-step decays."""
+
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import Array, ArrayLike, Float32, Int, jaxtyped
+
+from .._core._fields import checked_field, count_field, flag_field
+from .._core._schedule import AbstractSchedule
+from ._common import (
+    Count,
+    Steps,
+    Value,
+    boundary_steps,
+    exponential,
+    f32,
+    factor_field,
+    optional_value,
+    value_field,
+)
+
+
+class AbstractTransition(AbstractSchedule):
+    """From `init_value` to `end_value` over `transition_steps` steps from
+    `transition_begin`, along a curve of the fraction of the way left (1 down to
+    0), as optax's polynomial schedules are."""
+
+    init_value: eqx.AbstractVar[Value]
+    end_value: eqx.AbstractVar[Value]
+    transition_steps: eqx.AbstractVar[Count]
+    transition_begin: eqx.AbstractVar[Count]
+
+    @abc.abstractmethod
+    def curve(self, left: Float32[Array, "*k"]) -> Float32[Array, "*k"]:
+        """The share of `init_value - end_value` left at the fraction `left`."""
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        s = f32(step)
+        t = f32(self.transition_steps)
+        c = jnp.clip(s - f32(self.transition_begin), 0.0, t)
+        init, end = f32(self.init_value), f32(self.end_value)
+        return (init - end) * self.curve(1.0 - c / t) + end
+
+
+class Polynomial(AbstractTransition):
+    """Polynomial decay from `init_value` to `end_value` over `transition_steps`.
+
+    ```
+    c = clip(s - transition_begin, 0, transition_steps)
+    f(s) = (init_value - end_value) * (1 - c / transition_steps) ** power + end_value
+    ```
+
+    Equal to `optax.polynomial_schedule`. optax silently turns `transition_steps <= 0`
+    into a constant `init_value` and a negative `transition_begin` into 0; here both
+    raise `ValueError`. A `power <= 0` (optax: `inf` at the end) is rejected too.
+
+    **Arguments:**
+
+    - `init_value`: the value up to `transition_begin`, `>= 0`.
+    - `end_value`: the value from `transition_begin + transition_steps` on, `>= 0`.
+    - `power`: the exponent, `> 0` (`1` is linear).
+    - `transition_steps`: the length of the decay, `>= 1`.
+    - `transition_begin`: the step at which the decay starts, `>= 0`.
+    """
+
+    init_value: Value = value_field()
+    end_value: Value = value_field()
+    power: Value = factor_field()
+    transition_steps: Count = count_field()
+    transition_begin: Count = count_field(0, at_least_one=False)
+
+    def curve(self, left: Float32[Array, "*k"]) -> Float32[Array, "*k"]:
+        return jnp.power(left, f32(self.power))
+
+
+class Linear(AbstractTransition):
+    """Linear interpolation from `init_value` to `end_value` over `transition_steps`.
+
+    ```
+    c = clip(s - transition_begin, 0, transition_steps)
+    f(s) = (init_value - end_value) * (1 - c / transition_steps) + end_value
+    ```
+
+    Equal to `optax.linear_schedule` (errors instead of optax's silent fallbacks, as
+    for `Polynomial`). Also torch's `LinearLR` with `init_value = base_lr *
+    start_factor`, `end_value = base_lr * end_factor`, `transition_steps =
+    total_iters`.
+
+    **Arguments:**
+
+    - `init_value`: the value up to `transition_begin`, `>= 0`.
+    - `end_value`: the value from `transition_begin + transition_steps` on, `>= 0`.
+    - `transition_steps`: the length of the ramp, `>= 1`.
+    - `transition_begin`: the step at which the ramp starts, `>= 0`.
+    """
+
+    init_value: Value = value_field()
+    end_value: Value = value_field()
+    transition_steps: Count = count_field()
+    transition_begin: Count = count_field(0, at_least_one=False)
+
+    def curve(self, left: Float32[Array, "*k"]) -> Float32[Array, "*k"]:
+        return left
+
+
+class ExponentialDecay(AbstractSchedule):
+    """Exponential decay by `decay_rate` every `transition_steps`, optionally in stairs
+    and bounded by `end_value`.
+
+    ```
+    d = s - transition_begin
+    p = d / transition_steps            (floor(d / transition_steps) if staircase)
+    f(s) = init_value                   for d <= 0
+    f(s) = init_value * decay_rate ** p otherwise
+    ```
+
+    then clipped from below by `end_value` when `decay_rate < 1` (from above when
+    `decay_rate > 1`). Equal to `optax.exponential_decay`, except that optax silently
+    returns a constant for `transition_steps <= 0` or `decay_rate == 0`; here those
+    raise (a negative or zero `decay_rate` would give NaN or a jump to 0).
+
+    **Arguments:**
+
+    - `init_value`: the starting value, `>= 0`.
+    - `transition_steps`: steps per factor of `decay_rate`, `>= 1`.
+    - `decay_rate`: the factor, `> 0` (`> 1` grows).
+    - `transition_begin`: steps to hold `init_value` before decaying, `>= 0`.
+    - `staircase`: decay in whole steps of `transition_steps` (static).
+    - `end_value`: optional bound (`None` for none), `>= 0`.
+    """
+
+    init_value: Value = value_field()
+    transition_steps: Count = count_field()
+    decay_rate: Value = factor_field()
+    transition_begin: Count = count_field(0, at_least_one=False)
+    staircase: bool = flag_field(False, kw_only=False)
+    end_value: Value | None = checked_field(optional_value, None)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        return exponential(
+            f32(step),
+            f32(self.init_value),
+            f32(self.decay_rate),
+            f32(self.transition_steps),
+            f32(self.transition_begin),
+            self.staircase,
+            self.end_value,
+        )
+
+
+class CosineDecay(AbstractSchedule):
+    """Half-cosine decay from `init_value` to `alpha * init_value` over `decay_steps`.
+
+    ```
+    c = min(s, decay_steps)
+    k = 0.5 * (1 + cos(pi * c / decay_steps))
+    f(s) = init_value * ((1 - alpha) * k ** exponent + alpha)
+    ```
+
+    Equal to `optax.cosine_decay_schedule` (which returns `inf` at the end for an
+    `exponent <= 0`; rejected here); torch's `CosineAnnealingLR` (without
+    restarts) with `eta_min = alpha * init_value` and `T_max = decay_steps`, up to
+    `T_max`.
+
+    **Arguments:**
+
+    - `init_value`: the starting value, `>= 0`.
+    - `decay_steps`: the step at which the floor is reached, `>= 1`.
+    - `alpha`: the floor as a fraction of `init_value`, `>= 0`.
+    - `exponent`: power applied to the cosine factor, `> 0`.
+    """
+
+    init_value: Value = value_field()
+    decay_steps: Count = count_field()
+    alpha: Value = value_field(0.0)
+    exponent: Value = factor_field(1.0)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        d = f32(self.decay_steps)
+        c = jnp.minimum(f32(step), d)
+        cosine = 0.5 * (1.0 + jnp.cos(jnp.pi * c / d))
+        alpha = f32(self.alpha)
+        decayed = (1.0 - alpha) * jnp.power(cosine, f32(self.exponent)) + alpha
+        return f32(self.init_value) * decayed
+
+
+class StepDecay(AbstractSchedule):
+    """Multiply by `gamma` every `step_size` steps.
+
+    ```
+    f(s) = init_value * gamma ** floor(s / step_size)
+    ```
+
+    torch's `StepLR(optimizer, step_size, gamma)` with `init_value` the optimizer's
+    learning rate (torch multiplies in float64 step by step; this takes a float32
+    power).
+
+    **Arguments:**
+
+    - `init_value`: the value at step 0, `>= 0`.
+    - `step_size`: steps between decays, `>= 1`.
+    - `gamma`: the factor, `> 0`.
+    """
+
+    init_value: Value = value_field()
+    step_size: Count = count_field()
+    gamma: Value = factor_field(0.1)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        s = jnp.maximum(jnp.asarray(step), 0)
+        k = f32(s // self.step_size)
+        return f32(self.init_value) * jnp.power(f32(self.gamma), k)
+
+
+class MultiStepDecay(AbstractSchedule):
+    """Multiply by `gamma` at each milestone.
+
+    ```
+    f(s) = init_value * gamma ** (number of milestones <= s)
+    ```
+
+    torch's `MultiStepLR(optimizer, milestones, gamma)`; a repeated milestone counts
+    twice, as in torch. The number of milestones is structure, the steps are an int32
+    array field.
+
+    **Arguments:**
+
+    - `init_value`: the value at step 0, `>= 0`.
+    - `milestones`: a sorted sequence of integer steps `>= 0`.
+    - `gamma`: the factor, `> 0`.
+    """
+
+    init_value: Value = value_field()
+    milestones: Steps = checked_field(boundary_steps)
+    gamma: Value = factor_field(0.1)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+        s = jnp.asarray(step)
+        k = f32(jnp.sum(s[..., None] >= jnp.asarray(self.milestones), axis=-1))
+        return f32(self.init_value) * jnp.power(f32(self.gamma), k)
