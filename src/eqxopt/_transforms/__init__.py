@@ -29,3 +29,7 @@ from ._plateau import (
     ReduceOnPlateau as ReduceOnPlateau,
     ReduceOnPlateauState as ReduceOnPlateauState,
 )
+from ._state import (
+    EmptyState as EmptyState,
+    StepState as StepState,
+)

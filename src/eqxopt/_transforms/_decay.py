@@ -6,13 +6,20 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, UInt32
+from jaxtyping import Array, Int, UInt32
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._checks import hyperparameter
+from .._core._fields import (
+    MaskLike,
+    ScalarOrSchedule,
+    checked_field,
+    hyper,
+    learning_rate_field,
+    mask_field,
+    values_at,
+)
 from .._core._leafwise import map_leaves
-from .._core._masks import Mask, resolve_mask
-from .._core._schedule import AbstractSchedule, as_schedule
+from .._core._masks import decay_flags
 from .._core._tree import (
     align_grads,
     compute_dtype,
@@ -20,7 +27,7 @@ from .._core._tree import (
     is_float_leaf,
     zero_step,
 )
-from .._wrappers._chain import EmptyState
+from ._state import EmptyState, StepState
 
 
 class AddDecayedWeights(AbstractTransform):
@@ -32,35 +39,32 @@ class AddDecayedWeights(AbstractTransform):
 
     **Arguments:**
 
-    - `weight_decay`: the coefficient, `>= 0`.
-    - `mask`: which leaves to decay: `None` (all), a tree of Python bools shaped like
-      the parameters (or a prefix of them), or a function of the parameters returning
+    - `weight_decay`: the coefficient, `>= 0`, or a schedule (read at the step).
+    - `mask`: which leaves to decay: `None` (all), a tree of bools shaped like the
+      parameters (or a prefix of them), or a function of the parameters returning
       one. An Equinox module is always read as a tree, never called. The mask is
-      static (part of the compiled step's key): reuse one function rather than
-      writing a new lambda for every optimizer you build.
+      static (part of the compiled step's key), checked at `init`: reuse one
+      function rather than writing a new lambda for every optimizer you build.
     """
 
-    weight_decay: Float[Array, ""]
-    mask: Any
+    weight_decay: ScalarOrSchedule = hyper(low=0.0)
+    mask: MaskLike = mask_field(kw_only=False)
 
-    def __init__(self, weight_decay: Any, mask: Mask = None):
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-        self.mask = mask
-
-    def init(self, params: Params) -> EmptyState:
-        return EmptyState()
+    def init(self, params: Params) -> StepState:
+        decay_flags(self.mask, params)  # a bad mask fails here, not mid-training
+        return StepState(step=zero_step())
 
     def transform(
-        self, grads: Grads, state: EmptyState, params: Params
-    ) -> tuple[Updates, EmptyState]:
-        wd = self.weight_decay
-        flags = resolve_mask(self.mask, params)
+        self, grads: Grads, state: StepState, params: Params
+    ) -> tuple[Updates, StepState]:
+        wd = values_at(self, state.step).weight_decay
+        flags = decay_flags(self.mask, params)
 
         def rule(g, p, decay):
             return (g + wd * p if decay else g,)
 
         updates, _ = map_leaves(rule, grads, params, elementwise=True, flags=flags)
-        return updates, state
+        return updates, StepState(step=increment(state.step))
 
 
 class DecoupledWeightDecayState(eqx.Module):
@@ -88,27 +92,24 @@ class DecoupledWeightDecay(AbstractTransform):
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array or a schedule module.
-    - `weight_decay`: the coefficient, `>= 0`.
+    - `weight_decay`: the coefficient, `>= 0`, or a schedule (read at the step).
     - `mask`: which leaves to decay, as for `AddDecayedWeights`.
     """
 
-    learning_rate: AbstractSchedule
-    weight_decay: Float[Array, ""]
-    mask: Any
-
-    def __init__(self, learning_rate: Any, weight_decay: Any, mask: Mask = None):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-        self.mask = mask
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    weight_decay: ScalarOrSchedule = hyper(low=0.0)
+    mask: MaskLike = mask_field(kw_only=False)
 
     def init(self, params: Params) -> DecoupledWeightDecayState:
+        decay_flags(self.mask, params)  # a bad mask fails here, not mid-training
         return DecoupledWeightDecayState(step=zero_step())
 
     def transform(
         self, grads: Grads, state: DecoupledWeightDecayState, params: Params
     ) -> tuple[Updates, DecoupledWeightDecayState]:
-        decay = self.learning_rate(state.step) * self.weight_decay
-        flags = resolve_mask(self.mask, params)
+        h = values_at(self, state.step)
+        decay = h.learning_rate * h.weight_decay
+        flags = decay_flags(self.mask, params)
 
         def rule(u, p, masked):
             return (u - decay * p if masked else u,)
@@ -130,6 +131,12 @@ class AddNoiseState(eqx.Module):
     key: UInt32[Array, "2"]
 
 
+def _seed(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return value
+
+
 class AddNoise(AbstractTransform):
     """Annealed Gaussian gradient noise (Neelakantan et al., 2015):
 
@@ -145,18 +152,13 @@ class AddNoise(AbstractTransform):
     - `eta`: the initial variance, `>= 0`.
     - `gamma`: the decay exponent of the variance, `>= 0`.
     - `seed`: an int seed for the noise.
+
+    `eta` and `gamma` may be schedules, read at the step.
     """
 
-    eta: Float[Array, ""]
-    gamma: Float[Array, ""]
-    seed: int = eqx.field(static=True)
-
-    def __init__(self, eta: Any, gamma: Any = 0.55, seed: int = 0):
-        self.eta = hyperparameter("eta", eta, low=0.0)
-        self.gamma = hyperparameter("gamma", gamma, low=0.0)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-        self.seed = seed
+    eta: ScalarOrSchedule = hyper(low=0.0)
+    gamma: ScalarOrSchedule = hyper(0.55, low=0.0)
+    seed: int = checked_field(_seed, 0, static=True)
 
     def init(self, params: Params) -> AddNoiseState:
         return AddNoiseState(
@@ -166,8 +168,9 @@ class AddNoise(AbstractTransform):
     def transform(
         self, grads: Grads, state: AddNoiseState, params: Params
     ) -> tuple[Updates, AddNoiseState]:
+        h = values_at(self, state.step)
         t = increment(state.step)
-        std = jnp.sqrt(self.eta / t.astype(jnp.float32) ** self.gamma)
+        std = jnp.sqrt(h.eta / t.astype(jnp.float32) ** h.gamma)
         next_key, sample_key = jax.random.split(jax.random.wrap_key_data(state.key))
         param_leaves, treedef = jax.tree.flatten(params)
         keys = iter(jax.random.split(sample_key, len(param_leaves)))
