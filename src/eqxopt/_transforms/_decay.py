@@ -1,6 +1,8 @@
 """Gradient transforms: weight decay (coupled and decoupled), gradient noise,
 gradient centralisation."""
 
+import abc
+from types import SimpleNamespace
 from typing import Any
 
 import equinox as eqx
@@ -30,7 +32,50 @@ from .._core._tree import (
 from ._state import EmptyState, StepState
 
 
-class AddDecayedWeights(AbstractTransform):
+class DecoupledWeightDecayState(eqx.Module):
+    """State of `DecoupledWeightDecay`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done (for the learning-rate
+      schedule).
+    """
+
+    step: Int[Array, ""]
+
+
+class AbstractWeightDecay(AbstractTransform):
+    """Adds a multiple of each masked parameter to its gradient or update,
+    `u = g + c * p`, with the coefficient `c` from the hyperparameters at the step
+    (`coefficient`); a subclass declares `weight_decay`, `mask` and its
+    `state_type` (a module holding only `step`)."""
+
+    weight_decay: eqx.AbstractVar[ScalarOrSchedule]
+    mask: eqx.AbstractVar[MaskLike]
+    state_type: eqx.AbstractClassVar[type[StepState | DecoupledWeightDecayState]]
+
+    @abc.abstractmethod
+    def coefficient(self, h: SimpleNamespace) -> Array:
+        """`c`, from the hyperparameters at the step (`values_at`)."""
+
+    def init(self, params: Params) -> Any:
+        decay_flags(self.mask, params)  # a bad mask fails here, not mid-training
+        return self.state_type(step=zero_step())
+
+    def transform(
+        self, grads: Grads, state: Any, params: Params
+    ) -> tuple[Updates, Any]:
+        c = self.coefficient(values_at(self, state.step))
+        flags = decay_flags(self.mask, params)
+
+        def rule(g, p, decayed):
+            return (g + c * p if decayed else g,)
+
+        updates, _ = map_leaves(rule, grads, params, elementwise=True, flags=flags)
+        return updates, self.state_type(step=increment(state.step))
+
+
+class AddDecayedWeights(AbstractWeightDecay):
     """Adds `weight_decay * p` to the gradient of every masked leaf:
     `u = g + weight_decay * p`. Placed before an optimizer this is L2
     regularisation (coupled decay: `Chain(AddDecayedWeights(wd), SGD(lr))` is
@@ -50,36 +95,13 @@ class AddDecayedWeights(AbstractTransform):
     weight_decay: ScalarOrSchedule = hyper(low=0.0)
     mask: MaskLike = mask_field(kw_only=False)
 
-    def init(self, params: Params) -> StepState:
-        decay_flags(self.mask, params)  # a bad mask fails here, not mid-training
-        return StepState(step=zero_step())
+    state_type = StepState
 
-    def transform(
-        self, grads: Grads, state: StepState, params: Params
-    ) -> tuple[Updates, StepState]:
-        wd = values_at(self, state.step).weight_decay
-        flags = decay_flags(self.mask, params)
-
-        def rule(g, p, decay):
-            return (g + wd * p if decay else g,)
-
-        updates, _ = map_leaves(rule, grads, params, elementwise=True, flags=flags)
-        return updates, StepState(step=increment(state.step))
+    def coefficient(self, h: SimpleNamespace) -> Array:
+        return h.weight_decay
 
 
-class DecoupledWeightDecayState(eqx.Module):
-    """State of `DecoupledWeightDecay`.
-
-    **Fields:**
-
-    - `step`: int32 scalar, the number of updates done (for the learning-rate
-      schedule).
-    """
-
-    step: Int[Array, ""]
-
-
-class DecoupledWeightDecay(AbstractTransform):
+class DecoupledWeightDecay(AbstractWeightDecay):
     """Decoupled weight decay (Loshchilov & Hutter, 2019) as a link placed after an
     optimizer: `u = u - lr * weight_decay * p`, with `lr` the learning rate at the
     current step and `p` the parameter before the update.
@@ -100,22 +122,10 @@ class DecoupledWeightDecay(AbstractTransform):
     weight_decay: ScalarOrSchedule = hyper(low=0.0)
     mask: MaskLike = mask_field(kw_only=False)
 
-    def init(self, params: Params) -> DecoupledWeightDecayState:
-        decay_flags(self.mask, params)  # a bad mask fails here, not mid-training
-        return DecoupledWeightDecayState(step=zero_step())
+    state_type = DecoupledWeightDecayState
 
-    def transform(
-        self, grads: Grads, state: DecoupledWeightDecayState, params: Params
-    ) -> tuple[Updates, DecoupledWeightDecayState]:
-        h = values_at(self, state.step)
-        decay = h.learning_rate * h.weight_decay
-        flags = decay_flags(self.mask, params)
-
-        def rule(u, p, masked):
-            return (u - decay * p if masked else u,)
-
-        updates, _ = map_leaves(rule, grads, params, elementwise=True, flags=flags)
-        return updates, DecoupledWeightDecayState(step=increment(state.step))
+    def coefficient(self, h: SimpleNamespace) -> Array:
+        return -(h.learning_rate * h.weight_decay)
 
 
 class AddNoiseState(eqx.Module):
