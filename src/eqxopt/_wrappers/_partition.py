@@ -233,10 +233,12 @@ class Masked(AbstractSingleWrapper):
     **Arguments:**
 
     - `inner`: an eqxopt transform.
-    - `mask`: which leaves `inner` applies to: a tree of Python bools shaped like the
+    - `mask`: which leaves `inner` applies to: a tree of bools shaped like the
       parameters (or a prefix of it), or a function of the whole parameter tree
       returning one (as optax's `mask`). An Equinox module is read as a tree, never
-      called (equinox issue 193).
+      called (equinox issue 193). The mask is static (part of the compiled step's
+      key), checked at `init`: reuse one function rather than a new lambda for
+      every optimizer you build.
     """
 
     inner: AbstractTransform = inner_field()
