@@ -188,6 +188,9 @@ class AbstractTransform(eqx.Module):
         transform does not take are dropped, as optax does for extra arguments."""
         optax = optax_module()
 
+        def init(params):
+            return self.init(params)
+
         def update(updates, state, params=None, **extra):
             if params is None:
                 raise ValueError(
@@ -197,7 +200,7 @@ class AbstractTransform(eqx.Module):
             taken = {k: v for k, v in extra.items() if self.takes_keyword(k)}
             return self.update(updates, state, params, **taken)
 
-        return optax.GradientTransformationExtraArgs(self.init, update)
+        return optax.GradientTransformationExtraArgs(init, update)
 
 
 def optax_module() -> Any:

@@ -11,7 +11,7 @@ from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._fields import count_field
 from .._core._leafwise import map_leaves
 from .._core._tree import align_grads, increment, is_float_leaf, scalar_for_leaf
-from .._wrappers._wrapper import AbstractSingleWrapper, inner_field, run_or_hold
+from .._wrappers._wrapper import AbstractSingleWrapper, inner_field
 
 
 class SkipNonFiniteState(eqx.Module):
@@ -64,15 +64,12 @@ class SkipNonFinite(AbstractSingleWrapper):
     def transform(
         self, grads: Grads, state: SkipNonFiniteState, params: Params, **extra: Any
     ) -> tuple[Updates, SkipNonFiniteState]:
-        self.check_keywords(extra)
         finite = all_finite(grads, params)
         count = jnp.where(finite, 0, increment(state.notfinite_count)).astype(jnp.int32)
         accept = jnp.logical_or(finite, count > self.max_consecutive_errors)
-
-        def run():
-            return self.inner.transform(grads, state.inner, params, **extra)
-
-        updates, inner_state = run_or_hold(accept, run, state.inner)
+        updates, inner_state = self.run_inner(
+            grads, state.inner, params, extra, when=accept
+        )
         return updates, SkipNonFiniteState(
             notfinite_count=count,
             last_finite=finite,

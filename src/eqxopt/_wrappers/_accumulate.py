@@ -16,7 +16,7 @@ from .._core._tree import (
     increment,
     is_float_leaf,
 )
-from ._wrapper import AbstractSingleWrapper, inner_field, run_or_hold
+from ._wrapper import AbstractSingleWrapper, inner_field
 
 
 class MultiStepsState(eqx.Module):
@@ -95,7 +95,6 @@ class MultiSteps(AbstractSingleWrapper):
     def transform(
         self, grads: Grads, state: MultiStepsState, params: Params, **extra: Any
     ) -> tuple[Updates, MultiStepsState]:
-        self.check_keywords(extra)
         treedef = jax.tree.structure(params)
         aligned = align_grads(grads, params)
         acc_leaves = treedef.flatten_up_to(state.acc)
@@ -116,11 +115,9 @@ class MultiSteps(AbstractSingleWrapper):
         inner_grads = treedef.unflatten(
             [a if g is not None else None for g, a in zip(aligned, new_acc)]
         )
-
-        def run():
-            return self.inner.transform(inner_grads, state.inner, params, **extra)
-
-        updates, inner_state = run_or_hold(emit, run, state.inner)
+        updates, inner_state = self.run_inner(
+            inner_grads, state.inner, params, extra, when=emit
+        )
         acc = treedef.unflatten(
             [
                 a if a is None or g is None else jnp.where(emit, jnp.zeros_like(a), a)

@@ -88,8 +88,7 @@ class ParamEMA(AbstractSingleWrapper):
     def transform(
         self, grads: Grads, state: ParamEMAState, params: Params, **extra: Any
     ) -> tuple[Updates, ParamEMAState]:
-        self.check_keywords(extra)
-        updates, inner_state = self.inner.transform(grads, state.inner, params, **extra)
+        updates, inner_state = self.run_inner(grads, state.inner, params, extra)
         param_leaves, treedef = jax.tree.flatten(params)
         ema_leaves = treedef.flatten_up_to(state.ema)
         decay = values_at(self, state.step).decay
@@ -165,8 +164,7 @@ class Lookahead(AbstractSingleWrapper):
     def transform(
         self, grads: Grads, state: LookaheadState, params: Params, **extra: Any
     ) -> tuple[Updates, LookaheadState]:
-        self.check_keywords(extra)
-        updates, inner_state = self.inner.transform(grads, state.inner, params, **extra)
+        updates, inner_state = self.run_inner(grads, state.inner, params, extra)
         # `>=`: after sync_period is lowered below the fast steps already taken,
         # `==` would never hold again and the slow weights would never move.
         sync = state.steps_since_sync >= self.sync_period - 1

@@ -209,13 +209,12 @@ def _run_on(
     params: Params,
     extra: dict,
 ) -> tuple[list[Any], list[Any], MaskedState]:
-    wrapper.check_keywords(extra)
     aligned = align_grads(grads, params)
-    updates, inner_state = wrapper.inner.transform(
+    updates, inner_state = wrapper.run_inner(
         select_aligned(aligned, params, keep),
         state.inner,
         select_leaves(params, keep),
-        **extra,
+        extra,
     )
     return aligned, leaves_of(updates, params), MaskedState(inner=inner_state)
 

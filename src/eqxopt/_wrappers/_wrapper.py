@@ -1,9 +1,9 @@
 """The base of transforms that hold other transforms, and what they share: which
-keyword arguments reach which inner transform, running an inner transform or
-holding its state, and sub-trees of selected leaves."""
+keyword arguments reach which inner transform, running an inner transform (or
+holding its state), and sub-trees of selected leaves."""
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PyTree
 
-from .._core._base import AbstractTransform, State, Updates
+from .._core._base import AbstractTransform, Grads, Params, State, Updates
 from .._core._fields import checked_field
 
 
@@ -78,20 +78,33 @@ class AbstractSingleWrapper(AbstractWrapper):
     def inners(self) -> tuple[AbstractTransform, ...]:
         return (self.inner,)
 
+    def run_inner(
+        self,
+        grads: Grads,
+        inner_state: State,
+        params: Params,
+        extra: dict[str, Any],
+        *,
+        when: Any = True,
+    ) -> tuple[Updates, State]:
+        """`inner.transform` with the keyword arguments (checked first). With
+        `when` (a bool scalar), only where it holds: else zero updates (shaped like
+        `inner`'s) and `inner_state` as it was, in a `lax.cond` (the skipped
+        branch costs nothing but the zeros)."""
+        self.check_keywords(extra)
 
-def run_or_hold(
-    pred: Any, run: Callable[[], tuple[Updates, State]], held_state: State
-) -> tuple[Updates, State]:
-    """`run()` if `pred`, else zero updates (shaped like `run`'s) and `held_state`.
+        def run() -> tuple[Updates, State]:
+            return self.inner.transform(grads, inner_state, params, **extra)
 
-    A `lax.cond`: the skipped branch costs nothing but the zeros."""
-    updates_shape, _ = jax.eval_shape(run)
+        if when is True:
+            return run()
+        updates_shape, _ = jax.eval_shape(run)
 
-    def hold() -> tuple[Updates, State]:
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), updates_shape)
-        return zeros, held_state
+        def hold() -> tuple[Updates, State]:
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), updates_shape)
+            return zeros, inner_state
 
-    return jax.lax.cond(pred, run, hold)
+        return jax.lax.cond(when, run, hold)
 
 
 # ---------------------------------------------------------------------------------
