@@ -1,5 +1,6 @@
 """Gradient transforms: clipping, non-finite handling, weight decay, noise,
-centralisation, learning-rate reduction on plateau.
+centralisation, learning-rate reduction on plateau; and the states of those that
+keep only their step count (`StepState`) or nothing (`EmptyState`).
 """
 
 from ._clip import (
