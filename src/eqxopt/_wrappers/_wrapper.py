@@ -58,7 +58,8 @@ class AbstractWrapper(AbstractTransform):
             raise TypeError(
                 f"{type(self).__name__} got the keyword argument(s) "
                 f"{', '.join(map(repr, unused))}, which no transform inside it "
-                f"({names}) takes"
+                f"({names}) takes (a transform names those it takes in its class "
+                "attribute `keywords`)"
             )
 
 
