@@ -394,3 +394,100 @@ def test_masked_reads_an_equinox_module_mask_as_a_tree():
     new, _ = opt.step(grads, opt.init(model), model)
     np.testing.assert_array_equal(new.layers[0].weight, model.layers[0].weight)
     np.testing.assert_allclose(new.layers[0].bias, model.layers[0].bias - 1.0)
+
+
+# ---------------------------------------------------------------------------------
+# Scheduled hyperparameters: read at the step
+
+
+def run_rebuilt(make_at, params, grads):
+    """The parameters after each `update` + apply, with the transform made anew by
+    `make_at(i)` at step `i` and the state carried."""
+    state, history = None, []
+    for i, g in enumerate(grads):
+        opt = make_at(i)
+        state = opt.init(params) if state is None else state
+        updates, state = opt.update(g, state, params)
+        params = eqxopt.apply_updates(params, updates)
+        history.append(params)
+    return history
+
+
+def _then_sgd(transform):
+    return eqxopt.Chain(transform, eqxopt.SGD(0.1))
+
+
+# Each transform with one hyperparameter scheduled over a range where it matters.
+SCHEDULED = {
+    "ClipByValue": (
+        lambda v: _then_sgd(eqxopt.ClipByValue(v)),
+        eqxopt.Linear(0.05, 2.0, STEPS),
+    ),
+    "ClipByGlobalNorm": (
+        lambda v: _then_sgd(eqxopt.ClipByGlobalNorm(v)),
+        eqxopt.Linear(0.5, 20.0, STEPS),
+    ),
+    "ClipByBlockRMS": (
+        lambda v: _then_sgd(eqxopt.ClipByBlockRMS(v)),
+        eqxopt.Linear(0.05, 3.0, STEPS),
+    ),
+    "AdaptiveGradClip-clipping": (
+        lambda v: _then_sgd(eqxopt.AdaptiveGradClip(v)),
+        eqxopt.Linear(0.01, 2.0, STEPS),
+    ),
+    "AdaptiveGradClip-eps": (
+        lambda v: _then_sgd(eqxopt.AdaptiveGradClip(0.01, eps=v)),
+        eqxopt.Linear(20.0, 0.0, STEPS),
+    ),
+    "AddDecayedWeights": (
+        lambda v: _then_sgd(eqxopt.AddDecayedWeights(v, mask=MATRIX_MASK)),
+        eqxopt.Linear(0.0, 2.0, STEPS),
+    ),
+    "DecoupledWeightDecay": (
+        lambda v: eqxopt.Chain(eqxopt.Adam(0.01), eqxopt.DecoupledWeightDecay(0.01, v)),
+        eqxopt.Linear(0.0, 20.0, STEPS),
+    ),
+    "AddNoise": (
+        lambda v: _then_sgd(eqxopt.AddNoise(v, seed=5)),
+        eqxopt.Linear(2.0, 0.0, STEPS),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SCHEDULED))
+def test_a_scheduled_hyperparameter_is_read_at_the_step(name):
+    make, schedule = SCHEDULED[name]
+    scheduled = run_rebuilt(lambda i: make(schedule), PARAMS, GRADS)
+    rebuilt = run_rebuilt(lambda i: make(float(schedule(i))), PARAMS, GRADS)
+    assert_histories_close(scheduled, rebuilt, rtol=1e-6, atol=1e-7)
+    # The schedule matters: held at its first value, the run ends elsewhere.
+    held = run_rebuilt(lambda i: make(float(schedule(0))), PARAMS, GRADS)
+    gap = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(jax.tree.leaves(scheduled[-1]), jax.tree.leaves(held[-1]))
+    )
+    assert gap > 1e-2
+
+
+def test_decay_masks_are_frozen_and_checked_at_init():
+    # A new copy of the same mask is an equal static value (no new compile), a
+    # mask of bool arrays works as AdamW's does, and a bad one fails at init.
+    first = eqxopt.AddDecayedWeights(0.1, mask=MATRIX_MASK)
+    again = eqxopt.AddDecayedWeights(0.2, mask=jax.tree.map(lambda x: x, MATRIX_MASK))
+    assert jax.tree.structure(first) == jax.tree.structure(again)
+    array_mask = jax.tree.map(jnp.asarray, MATRIX_MASK)
+    assert_histories_close(
+        run_eqxopt(
+            _then_sgd(eqxopt.AddDecayedWeights(0.1, mask=array_mask)), PARAMS, GRADS
+        ),
+        run_eqxopt(
+            _then_sgd(eqxopt.AddDecayedWeights(0.1, mask=MATRIX_MASK)), PARAMS, GRADS
+        ),
+        rtol=0,
+        atol=0,
+    )
+    with pytest.raises(TypeError, match=r"mask\['scale'\] must be a bool, got 1.5"):
+        eqxopt.DecoupledWeightDecay(0.1, 0.1, mask={**MATRIX_MASK, "scale": 1.5})
+    bad = eqxopt.AddDecayedWeights(0.1, mask={"dense": True})
+    with pytest.raises(ValueError, match="mask does not have the tree structure"):
+        bad.init(PARAMS)

@@ -603,3 +603,78 @@ def test_reduce_on_plateau_counts_may_change_between_calls(changing):
     # It kept reducing after every change.
     for start, end in ((13, 21), (21, 41), (41, 60)):
         assert scales[end - 1] < scales[start - 1]
+
+
+# ---------------------------------------------------------------------------------
+# Keyword arguments reach the transforms that declare them; scheduled EMA decay
+
+
+class ScaleByValue(eqxopt.AbstractTransform):
+    """Multiplies the gradients by `value=` (a transform that declares a keyword)."""
+
+    keywords = frozenset({"value"})
+
+    def init(self, params):
+        return eqxopt.EmptyState()
+
+    def transform(self, grads, state, params, *, value=None):
+        return jax.tree.map(lambda g: g * value, grads), state
+
+
+def test_wrappers_pass_keywords_to_the_transforms_that_declare_them():
+    g = GRADS[0]
+    nested = eqxopt.SkipNonFinite(
+        eqxopt.MultiSteps(eqxopt.Chain(ScaleByValue(), eqxopt.SGD(1.0)), every_k=1)
+    )
+    assert nested.takes_keyword("value") and not nested.takes_keyword("other")
+    updates, _ = nested.update(g, nested.init(PARAMS), PARAMS, value=3.0)
+    assert_histories_close([updates], [jax.tree.map(lambda x: -3.0 * x, g)])
+    with pytest.raises(TypeError, match=r"SkipNonFinite got the keyword argument"):
+        nested.update(g, nested.init(PARAMS), PARAMS, value=3.0, other=1)
+    # Each group of a Partition gets only the keywords it takes.
+    groups = eqxopt.Partition(
+        {"a": eqxopt.Chain(ScaleByValue(), eqxopt.SGD(1.0)), "b": eqxopt.SGD(1.0)},
+        lambda leaf: "a" if leaf.ndim >= 2 else "b",
+    )
+    updates, _ = groups.update(g, groups.init(PARAMS), PARAMS, value=2.0)
+    np.testing.assert_allclose(updates["dense"]["w"], -2.0 * g["dense"]["w"])
+    np.testing.assert_allclose(updates["dense"]["b"], -g["dense"]["b"])
+    with pytest.raises(TypeError, match=r"Lookahead got the keyword argument"):
+        opt = eqxopt.Lookahead(eqxopt.SGD(0.1))
+        opt.update(g, opt.init(PARAMS), PARAMS, value=1.0)
+
+
+def test_a_plain_optax_transformation_in_a_chain_gets_no_keywords():
+    # Only a GradientTransformationExtraArgs takes extra arguments, as in optax.
+    sgd = optax.sgd(0.1)
+    plain = eqxopt.from_optax(optax.GradientTransformation(sgd.init, sgd.update))
+    assert not plain.takes_keyword("value")
+    assert eqxopt.from_optax(optax.sgd(0.1)).takes_keyword("value")
+    opt = eqxopt.Chain(plain, eqxopt.ReduceOnPlateau(patience=0))
+    _, state = opt.update(GRADS[0], opt.init(PARAMS), PARAMS, value=1.0)
+    assert float(state["ReduceOnPlateau"].best_value) == 1.0
+
+
+def test_param_ema_scheduled_decay_is_read_at_the_step():
+    schedule = eqxopt.Linear(0.0, 0.99, STEPS)  # a warm-up of the average
+
+    def run(make_at):
+        params, state = PARAMS, None
+        for i, g in enumerate(GRADS):
+            opt = make_at(i)
+            state = opt.init(params) if state is None else state
+            params, state = opt.step(g, state, params)
+        return state.ema
+
+    def ema_at(decay):
+        return lambda i: eqxopt.ParamEMA(eqxopt.SGD(0.1, momentum=0.5), decay=decay)
+
+    scheduled = run(ema_at(schedule))
+    assert_histories_close(
+        [scheduled],
+        [run(lambda i: ema_at(float(schedule(i)))(i))],
+        rtol=1e-6,
+        atol=1e-7,
+    )
+    held = run(ema_at(0.0))
+    assert not np.allclose(scheduled["dense"]["w"], held["dense"]["w"], atol=1e-2)

@@ -1,4 +1,5 @@
-"""Both ways between eqxopt and optax: `from_optax(tx)` and `opt.to_optax()`.
+"""From optax to eqxopt: `from_optax(tx)` (the other way, `opt.to_optax()`, is a
+method of every transform).
 
 optax is an optional dependency: it is imported only when these are used."""
 
@@ -8,20 +9,18 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._core._base import AbstractTransform, Grads, Params, Updates
+from ._core._base import AbstractTransform, Grads, Params, Updates, optax_module
+from ._core._fields import checked_field
 from ._core._tree import align_grads, compute_dtype, is_float_leaf
-from ._wrappers._chain import extra_for
 
 
-def _optax() -> Any:
-    try:
-        import optax
-    except ImportError:  # pragma: no cover - optax is installed for the tests
-        raise ImportError(
-            "optax is not installed; `pip install optax` to convert between eqxopt "
-            "and optax"
-        ) from None
-    return optax
+def _gradient_transformation(name: str, value: Any) -> Any:
+    if not isinstance(value, optax_module().GradientTransformation):
+        raise TypeError(
+            f"{name} must be an optax.GradientTransformation, got "
+            f"{type(value).__name__}"
+        )
+    return value
 
 
 class FromOptaxState(eqx.Module):
@@ -54,15 +53,12 @@ class FromOptax(AbstractTransform):
     - `tx`: an `optax.GradientTransformation`.
     """
 
-    tx: Any
+    tx: Any = checked_field(_gradient_transformation)
 
-    def __init__(self, tx: Any):
-        optax = _optax()
-        if not isinstance(tx, optax.GradientTransformation):
-            raise TypeError(
-                f"tx must be an optax.GradientTransformation, got {type(tx).__name__}"
-            )
-        self.tx = tx
+    def takes_keyword(self, key: str) -> bool:
+        # Every keyword, when `tx` takes extra arguments (optax's own transforms
+        # ignore those they do not use); none otherwise.
+        return isinstance(self.tx, optax_module().GradientTransformationExtraArgs)
 
     def init(self, params: Params) -> FromOptaxState:
         return FromOptaxState(inner=self.tx.init(_float_only(params)))
@@ -70,7 +66,7 @@ class FromOptax(AbstractTransform):
     def transform(
         self, grads: Grads, state: FromOptaxState, params: Params, **extra: Any
     ) -> tuple[Updates, FromOptaxState]:
-        optax = _optax()
+        optax = optax_module()
         param_leaves, treedef = jax.tree.flatten(params)
         aligned = align_grads(grads, params)
         given = []
@@ -111,25 +107,3 @@ def from_optax(tx: Any) -> FromOptax:
     - `tx`: an `optax.GradientTransformation`.
     """
     return FromOptax(tx)
-
-
-def to_optax(opt: AbstractTransform) -> Any:
-    """`opt` as an `optax.GradientTransformationExtraArgs`: `init(params)` and
-    `update(updates, state, params, **extra)` call `opt.init` and `opt.update` (so
-    inputs are checked, and updates come in each parameter's dtype). eqxopt
-    transforms need `params`; keyword arguments `opt` does not take are dropped, as
-    optax does for extra arguments."""
-    optax = _optax()
-
-    def init(params):
-        return opt.init(params)
-
-    def update(updates, state, params=None, **extra):
-        if params is None:
-            raise ValueError(
-                f"{type(opt).__name__}.to_optax(): eqxopt transforms need params; "
-                "call update(updates, state, params)"
-            )
-        return opt.update(updates, state, params, **extra_for(opt, extra))
-
-    return optax.GradientTransformationExtraArgs(init, update)

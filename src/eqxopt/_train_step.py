@@ -7,6 +7,7 @@ from typing import Any
 import equinox as eqx
 
 from ._core._base import AbstractTransform
+from ._core._checks import check_bool
 from ._core._packed import Packed
 
 
@@ -114,9 +115,7 @@ def make_train_step(
             f"opt must be an eqxopt transform (such as eqxopt.AdamW(...)), "
             f"got {type(opt).__name__}"
         )
-    if not isinstance(has_aux, bool):
-        raise TypeError(f"has_aux must be a bool, got {type(has_aux).__name__}")
-    return TrainStep(loss_fn, opt, has_aux)
+    return TrainStep(loss_fn, opt, check_bool("has_aux", has_aux))
 
 
 def _loss_of(loss_fn: Callable[..., Any], model: Any) -> Callable[..., Any]:

@@ -3,7 +3,7 @@
 import abc
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -98,7 +98,8 @@ class AbstractTransform(eqx.Module):
     ) -> tuple[Updates, State]:
         """The unchecked update rule; see the class docstring. Rules that need more
         than gradients (such as `value=`, the loss) add keyword-only arguments with
-        defaults; `update`/`step` pass their extra keywords on."""
+        defaults and name them in `keywords`; `update`/`step` pass their extra
+        keywords on."""
 
     @_fast_method
     def update(
@@ -168,12 +169,50 @@ class AbstractTransform(eqx.Module):
             bools=(2, 4),
         )
 
+    # The keyword arguments `transform` takes beyond grads, state and params (such
+    # as "value", the loss). Wrappers (`Chain`, ...) pass a keyword on only to the
+    # transforms whose `takes_keyword` says yes.
+    keywords: ClassVar[frozenset[str]] = frozenset()
+
+    def takes_keyword(self, key: str) -> bool:
+        """Whether `transform` takes the keyword argument `key`: by default, whether
+        `key` is in the class's `keywords`. Wrappers ask the transforms they hold;
+        a transform whose keywords depend on its options says so here."""
+        return key in self.keywords
+
     def to_optax(self) -> Any:
         """This transform as an `optax.GradientTransformationExtraArgs` (needs optax):
-        its `init`/`update` call this transform's `init`/`update`."""
-        from .._interop import to_optax
+        `init(params)` and `update(updates, state, params, **extra)` call this
+        transform's `init`/`update` (so inputs are checked, and updates come in each
+        parameter's dtype). eqxopt transforms need `params`; keyword arguments this
+        transform does not take are dropped, as optax does for extra arguments."""
+        optax = optax_module()
 
-        return to_optax(self)
+        def init(params):
+            return self.init(params)
+
+        def update(updates, state, params=None, **extra):
+            if params is None:
+                raise ValueError(
+                    f"{type(self).__name__}.to_optax(): eqxopt transforms need "
+                    "params; call update(updates, state, params)"
+                )
+            taken = {k: v for k, v in extra.items() if self.takes_keyword(k)}
+            return self.update(updates, state, params, **taken)
+
+        return optax.GradientTransformationExtraArgs(init, update)
+
+
+def optax_module() -> Any:
+    """optax, an optional dependency, imported when a conversion needs it."""
+    try:
+        import optax
+    except ImportError:  # pragma: no cover - optax is installed for the tests
+        raise ImportError(
+            "optax is not installed; `pip install optax` to convert between eqxopt "
+            "and optax"
+        ) from None
+    return optax
 
 
 def _check_donate(donate: Any) -> None:

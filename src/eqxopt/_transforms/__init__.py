@@ -1,5 +1,6 @@
 """Gradient transforms: clipping, non-finite handling, weight decay, noise,
-centralisation, learning-rate reduction on plateau.
+centralisation, learning-rate reduction on plateau; and the states of those that
+keep only their step count (`StepState`) or nothing (`EmptyState`).
 """
 
 from ._clip import (
@@ -28,4 +29,8 @@ from ._finite import (
 from ._plateau import (
     ReduceOnPlateau as ReduceOnPlateau,
     ReduceOnPlateauState as ReduceOnPlateauState,
+)
+from ._state import (
+    EmptyState as EmptyState,
+    StepState as StepState,
 )

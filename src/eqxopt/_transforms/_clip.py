@@ -5,20 +5,23 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PyTree
+from jaxtyping import Array, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._checks import hyperparameter, reject_complex
+from .._core._checks import reject_complex
+from .._core._fields import ScalarOrSchedule, checked_field, hyper, values_at
 from .._core._leafwise import map_leaves
 from .._core._tree import (
     abs_sq,
     align_grads,
     compute_dtype,
+    increment,
     is_float_leaf,
     is_none,
     leaf_paths,
+    zero_step,
 )
-from .._wrappers._chain import EmptyState
+from ._state import StepState
 
 _NO_ORDER = "complex numbers have no order to clip by"
 
@@ -61,28 +64,25 @@ class ClipByValue(AbstractTransform):
 
     **Arguments:**
 
-    - `max_delta`: the bound, `>= 0`.
+    - `max_delta`: the bound, `>= 0` (or a schedule, read at the step).
     """
 
-    max_delta: Float[Array, ""]
+    max_delta: ScalarOrSchedule = hyper(low=0.0)
 
-    def __init__(self, max_delta: Any):
-        self.max_delta = hyperparameter("max_delta", max_delta, low=0.0)
-
-    def init(self, params: Params) -> EmptyState:
-        return EmptyState()
+    def init(self, params: Params) -> StepState:
+        return StepState(step=zero_step())
 
     def transform(
-        self, grads: Grads, state: EmptyState, params: Params
-    ) -> tuple[Updates, EmptyState]:
+        self, grads: Grads, state: StepState, params: Params
+    ) -> tuple[Updates, StepState]:
         reject_complex(grads, "grads", "ClipByValue", _NO_ORDER)
-        bound = self.max_delta
+        bound = values_at(self, state.step).max_delta
 
         def rule(g, p):
             return (jnp.clip(g, -bound, bound),)
 
         updates, _ = map_leaves(rule, grads, params, elementwise=True)
-        return updates, state
+        return updates, StepState(step=increment(state.step))
 
 
 class GlobalNormState(eqx.Module):
@@ -90,10 +90,12 @@ class GlobalNormState(eqx.Module):
 
     **Fields:**
 
+    - `step`: int32 scalar, the number of updates done.
     - `norm`: float32 scalar, the global norm of the last gradients, before
       clipping (0 before the first update). Handy for logging.
     """
 
+    step: Int[Array, ""]
     norm: Float[Array, ""]
 
 
@@ -114,22 +116,20 @@ class ClipByGlobalNorm(AbstractTransform):
 
     **Arguments:**
 
-    - `max_norm`: the largest global norm let through, `> 0`.
+    - `max_norm`: the largest global norm let through, `> 0` (or a schedule, read
+      at the step).
     """
 
-    max_norm: Float[Array, ""]
-
-    def __init__(self, max_norm: Any):
-        self.max_norm = hyperparameter("max_norm", max_norm, low=0.0, low_open=True)
+    max_norm: ScalarOrSchedule = hyper(low=0.0, low_open=True)
 
     def init(self, params: Params) -> GlobalNormState:
-        return GlobalNormState(norm=jnp.zeros((), jnp.float32))
+        return GlobalNormState(step=zero_step(), norm=jnp.zeros((), jnp.float32))
 
     def transform(
         self, grads: Grads, state: GlobalNormState, params: Params
     ) -> tuple[Updates, GlobalNormState]:
         norm = _grads_norm(grads, params)
-        max_norm = self.max_norm.astype(jnp.float32)
+        max_norm = values_at(self, state.step).max_norm.astype(jnp.float32)
         keep = norm < max_norm
         # The divisor is never 0, so neither branch (nor its gradient) makes NaN.
         safe = jnp.where(keep, jnp.ones_like(norm), norm)
@@ -139,7 +139,7 @@ class ClipByGlobalNorm(AbstractTransform):
             return (jnp.where(keep, g, scaled),)
 
         updates, _ = map_leaves(rule, grads, params, elementwise=True)
-        return updates, GlobalNormState(norm=norm)
+        return updates, GlobalNormState(step=increment(state.step), norm=norm)
 
 
 class ClipByBlockRMS(AbstractTransform):
@@ -149,28 +149,26 @@ class ClipByBlockRMS(AbstractTransform):
 
     **Arguments:**
 
-    - `threshold`: the largest RMS let through, `> 0`.
+    - `threshold`: the largest RMS let through, `> 0` (or a schedule, read at the
+      step).
     """
 
-    threshold: Float[Array, ""]
+    threshold: ScalarOrSchedule = hyper(low=0.0, low_open=True)
 
-    def __init__(self, threshold: Any):
-        self.threshold = hyperparameter("threshold", threshold, low=0.0, low_open=True)
-
-    def init(self, params: Params) -> EmptyState:
-        return EmptyState()
+    def init(self, params: Params) -> StepState:
+        return StepState(step=zero_step())
 
     def transform(
-        self, grads: Grads, state: EmptyState, params: Params
-    ) -> tuple[Updates, EmptyState]:
-        threshold = self.threshold
+        self, grads: Grads, state: StepState, params: Params
+    ) -> tuple[Updates, StepState]:
+        threshold = values_at(self, state.step).threshold
 
         def rule(g, p):
             denom = jnp.maximum(1.0, jnp.sqrt(jnp.mean(abs_sq(g))) / threshold)
             return (g / denom,)
 
         updates, _ = map_leaves(rule, grads, params, elementwise=False)
-        return updates, state
+        return updates, StepState(step=increment(state.step))
 
 
 def _unit_axes(ndim: int, axis: tuple[int, ...] | None) -> tuple[int, ...] | None:
@@ -194,6 +192,19 @@ def _unitwise_norm(x: Array, axes: tuple[int, ...] | None, squeezed: bool) -> Ar
     return jnp.broadcast_to(jnp.sqrt(sq), x.shape)
 
 
+def _axes(name: str, value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
+    if value is not None and not (
+        isinstance(value, tuple)
+        and all(isinstance(a, int) and not isinstance(a, bool) for a in value)
+    ):
+        raise TypeError(
+            f"{name} must be None, an int or a tuple of ints, got {value!r}"
+        )
+    return value
+
+
 class AdaptiveGradClip(AbstractTransform):
     """Adaptive gradient clipping (Brock et al., 2021, NFNets), unit-wise:
 
@@ -214,39 +225,22 @@ class AdaptiveGradClip(AbstractTransform):
     - `clipping`: the largest ratio of gradient norm to parameter norm, `> 0`.
     - `eps`: the floor of the parameter norm (so zero-initialised parameters can
       move), `>= 0`.
+
+    Both may be schedules, read at the step.
     - `axis`: an int or tuple of ints, the axes to take norms over for every leaf;
       `None` for the defaults above (which cover up to 5 dimensions).
     """
 
-    clipping: Float[Array, ""]
-    eps: Float[Array, ""]
-    axis: tuple[int, ...] | None = eqx.field(static=True)
+    clipping: ScalarOrSchedule = hyper(low=0.0, low_open=True)
+    eps: ScalarOrSchedule = hyper(1e-3, low=0.0)
+    axis: tuple[int, ...] | None = checked_field(_axes, None, static=True)
 
-    def __init__(
-        self,
-        clipping: Any,
-        eps: Any = 1e-3,
-        axis: int | tuple[int, ...] | None = None,
-    ):
-        self.clipping = hyperparameter("clipping", clipping, low=0.0, low_open=True)
-        self.eps = hyperparameter("eps", eps, low=0.0)
-        if isinstance(axis, int) and not isinstance(axis, bool):
-            axis = (axis,)
-        if axis is not None and not (
-            isinstance(axis, tuple)
-            and all(isinstance(a, int) and not isinstance(a, bool) for a in axis)
-        ):
-            raise TypeError(
-                f"axis must be None, an int or a tuple of ints, got {axis!r}"
-            )
-        self.axis = axis
-
-    def init(self, params: Params) -> EmptyState:
-        return EmptyState()
+    def init(self, params: Params) -> StepState:
+        return StepState(step=zero_step())
 
     def transform(
-        self, grads: Grads, state: EmptyState, params: Params
-    ) -> tuple[Updates, EmptyState]:
+        self, grads: Grads, state: StepState, params: Params
+    ) -> tuple[Updates, StepState]:
         if self.axis is None:
             for path, p in zip(leaf_paths(params), jax.tree.leaves(params)):
                 if is_float_leaf(p) and p.ndim > 5:
@@ -255,7 +249,8 @@ class AdaptiveGradClip(AbstractTransform):
                         f"shape {p.shape}; pass axis= to say which axes to take "
                         "norms over"
                     )
-        clipping, eps, axis = self.clipping, self.eps, self.axis
+        h = values_at(self, state.step)
+        clipping, eps, axis = h.clipping, h.eps, self.axis
 
         def rule(g, p):
             squeezed = axis is None and jnp.squeeze(p).ndim <= 1
@@ -267,4 +262,4 @@ class AdaptiveGradClip(AbstractTransform):
             return (jnp.where(g_norm < max_norm, g, clipped),)
 
         updates, _ = map_leaves(rule, grads, params, elementwise=False)
-        return updates, state
+        return updates, StepState(step=increment(state.step))

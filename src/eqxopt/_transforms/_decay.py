@@ -1,18 +1,27 @@
 """Gradient transforms: weight decay (coupled and decoupled), gradient noise,
 gradient centralisation."""
 
+import abc
+from types import SimpleNamespace
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, UInt32
+from jaxtyping import Array, Int, UInt32
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._checks import hyperparameter
+from .._core._fields import (
+    MaskLike,
+    ScalarOrSchedule,
+    checked_field,
+    hyper,
+    learning_rate_field,
+    mask_field,
+    values_at,
+)
 from .._core._leafwise import map_leaves
-from .._core._masks import Mask, resolve_mask
-from .._core._schedule import AbstractSchedule, as_schedule
+from .._core._masks import decay_flags
 from .._core._tree import (
     align_grads,
     compute_dtype,
@@ -20,47 +29,7 @@ from .._core._tree import (
     is_float_leaf,
     zero_step,
 )
-from .._wrappers._chain import EmptyState
-
-
-class AddDecayedWeights(AbstractTransform):
-    """Adds `weight_decay * p` to the gradient of every masked leaf:
-    `u = g + weight_decay * p`. Placed before an optimizer this is L2
-    regularisation (coupled decay: `Chain(AddDecayedWeights(wd), SGD(lr))` is
-    `torch.optim.SGD(weight_decay=wd)`); the same as `optax.add_decayed_weights`.
-    For decay decoupled from an adaptive optimizer use `DecoupledWeightDecay`.
-
-    **Arguments:**
-
-    - `weight_decay`: the coefficient, `>= 0`.
-    - `mask`: which leaves to decay: `None` (all), a tree of Python bools shaped like
-      the parameters (or a prefix of them), or a function of the parameters returning
-      one. An Equinox module is always read as a tree, never called. The mask is
-      static (part of the compiled step's key): reuse one function rather than
-      writing a new lambda for every optimizer you build.
-    """
-
-    weight_decay: Float[Array, ""]
-    mask: Any
-
-    def __init__(self, weight_decay: Any, mask: Mask = None):
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-        self.mask = mask
-
-    def init(self, params: Params) -> EmptyState:
-        return EmptyState()
-
-    def transform(
-        self, grads: Grads, state: EmptyState, params: Params
-    ) -> tuple[Updates, EmptyState]:
-        wd = self.weight_decay
-        flags = resolve_mask(self.mask, params)
-
-        def rule(g, p, decay):
-            return (g + wd * p if decay else g,)
-
-        updates, _ = map_leaves(rule, grads, params, elementwise=True, flags=flags)
-        return updates, state
+from ._state import EmptyState, StepState
 
 
 class DecoupledWeightDecayState(eqx.Module):
@@ -75,7 +44,64 @@ class DecoupledWeightDecayState(eqx.Module):
     step: Int[Array, ""]
 
 
-class DecoupledWeightDecay(AbstractTransform):
+class AbstractWeightDecay(AbstractTransform):
+    """Adds a multiple of each masked parameter to its gradient or update,
+    `u = g + c * p`, with the coefficient `c` from the hyperparameters at the step
+    (`coefficient`); a subclass declares `weight_decay`, `mask` and its
+    `state_type` (a module holding only `step`)."""
+
+    weight_decay: eqx.AbstractVar[ScalarOrSchedule]
+    mask: eqx.AbstractVar[MaskLike]
+    state_type: eqx.AbstractClassVar[type[StepState | DecoupledWeightDecayState]]
+
+    @abc.abstractmethod
+    def coefficient(self, h: SimpleNamespace) -> Array:
+        """`c`, from the hyperparameters at the step (`values_at`)."""
+
+    def init(self, params: Params) -> Any:
+        decay_flags(self.mask, params)  # a bad mask fails here, not mid-training
+        return self.state_type(step=zero_step())
+
+    def transform(
+        self, grads: Grads, state: Any, params: Params
+    ) -> tuple[Updates, Any]:
+        c = self.coefficient(values_at(self, state.step))
+        flags = decay_flags(self.mask, params)
+
+        def rule(g, p, decayed):
+            return (g + c * p if decayed else g,)
+
+        updates, _ = map_leaves(rule, grads, params, elementwise=True, flags=flags)
+        return updates, self.state_type(step=increment(state.step))
+
+
+class AddDecayedWeights(AbstractWeightDecay):
+    """Adds `weight_decay * p` to the gradient of every masked leaf:
+    `u = g + weight_decay * p`. Placed before an optimizer this is L2
+    regularisation (coupled decay: `Chain(AddDecayedWeights(wd), SGD(lr))` is
+    `torch.optim.SGD(weight_decay=wd)`); the same as `optax.add_decayed_weights`.
+    For decay decoupled from an adaptive optimizer use `DecoupledWeightDecay`.
+
+    **Arguments:**
+
+    - `weight_decay`: the coefficient, `>= 0`, or a schedule (read at the step).
+    - `mask`: which leaves to decay: `None` (all), a tree of bools shaped like the
+      parameters (or a prefix of them), or a function of the parameters returning
+      one. An Equinox module is always read as a tree, never called. The mask is
+      static (part of the compiled step's key), checked at `init`: reuse one
+      function rather than writing a new lambda for every optimizer you build.
+    """
+
+    weight_decay: ScalarOrSchedule = hyper(low=0.0)
+    mask: MaskLike = mask_field(kw_only=False)
+
+    state_type = StepState
+
+    def coefficient(self, h: SimpleNamespace) -> Array:
+        return h.weight_decay
+
+
+class DecoupledWeightDecay(AbstractWeightDecay):
     """Decoupled weight decay (Loshchilov & Hutter, 2019) as a link placed after an
     optimizer: `u = u - lr * weight_decay * p`, with `lr` the learning rate at the
     current step and `p` the parameter before the update.
@@ -88,33 +114,18 @@ class DecoupledWeightDecay(AbstractTransform):
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array or a schedule module.
-    - `weight_decay`: the coefficient, `>= 0`.
+    - `weight_decay`: the coefficient, `>= 0`, or a schedule (read at the step).
     - `mask`: which leaves to decay, as for `AddDecayedWeights`.
     """
 
-    learning_rate: AbstractSchedule
-    weight_decay: Float[Array, ""]
-    mask: Any
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    weight_decay: ScalarOrSchedule = hyper(low=0.0)
+    mask: MaskLike = mask_field(kw_only=False)
 
-    def __init__(self, learning_rate: Any, weight_decay: Any, mask: Mask = None):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-        self.mask = mask
+    state_type = DecoupledWeightDecayState
 
-    def init(self, params: Params) -> DecoupledWeightDecayState:
-        return DecoupledWeightDecayState(step=zero_step())
-
-    def transform(
-        self, grads: Grads, state: DecoupledWeightDecayState, params: Params
-    ) -> tuple[Updates, DecoupledWeightDecayState]:
-        decay = self.learning_rate(state.step) * self.weight_decay
-        flags = resolve_mask(self.mask, params)
-
-        def rule(u, p, masked):
-            return (u - decay * p if masked else u,)
-
-        updates, _ = map_leaves(rule, grads, params, elementwise=True, flags=flags)
-        return updates, DecoupledWeightDecayState(step=increment(state.step))
+    def coefficient(self, h: SimpleNamespace) -> Array:
+        return -(h.learning_rate * h.weight_decay)
 
 
 class AddNoiseState(eqx.Module):
@@ -128,6 +139,12 @@ class AddNoiseState(eqx.Module):
 
     step: Int[Array, ""]
     key: UInt32[Array, "2"]
+
+
+def _seed(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return value
 
 
 class AddNoise(AbstractTransform):
@@ -145,18 +162,13 @@ class AddNoise(AbstractTransform):
     - `eta`: the initial variance, `>= 0`.
     - `gamma`: the decay exponent of the variance, `>= 0`.
     - `seed`: an int seed for the noise.
+
+    `eta` and `gamma` may be schedules, read at the step.
     """
 
-    eta: Float[Array, ""]
-    gamma: Float[Array, ""]
-    seed: int = eqx.field(static=True)
-
-    def __init__(self, eta: Any, gamma: Any = 0.55, seed: int = 0):
-        self.eta = hyperparameter("eta", eta, low=0.0)
-        self.gamma = hyperparameter("gamma", gamma, low=0.0)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-        self.seed = seed
+    eta: ScalarOrSchedule = hyper(low=0.0)
+    gamma: ScalarOrSchedule = hyper(0.55, low=0.0)
+    seed: int = checked_field(_seed, 0, static=True)
 
     def init(self, params: Params) -> AddNoiseState:
         return AddNoiseState(
@@ -166,8 +178,9 @@ class AddNoise(AbstractTransform):
     def transform(
         self, grads: Grads, state: AddNoiseState, params: Params
     ) -> tuple[Updates, AddNoiseState]:
+        h = values_at(self, state.step)
         t = increment(state.step)
-        std = jnp.sqrt(self.eta / t.astype(jnp.float32) ** self.gamma)
+        std = jnp.sqrt(h.eta / t.astype(jnp.float32) ** h.gamma)
         next_key, sample_key = jax.random.split(jax.random.wrap_key_data(state.key))
         param_leaves, treedef = jax.tree.flatten(params)
         keys = iter(jax.random.split(sample_key, len(param_leaves)))

@@ -5,14 +5,13 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Bool, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._checks import is_concrete
+from .._core._fields import count_field
 from .._core._leafwise import map_leaves
 from .._core._tree import align_grads, increment, is_float_leaf, scalar_for_leaf
-from .._wrappers._chain import check_extra, checked_transform, run_or_hold
+from .._wrappers._wrapper import AbstractSingleWrapper, inner_field
 
 
 class SkipNonFiniteState(eqx.Module):
@@ -33,7 +32,7 @@ class SkipNonFiniteState(eqx.Module):
     inner: Any
 
 
-class SkipNonFinite(AbstractTransform):
+class SkipNonFinite(AbstractSingleWrapper):
     """Skips steps whose gradients hold a NaN or an infinity, as
     `optax.apply_if_finite`.
 
@@ -51,25 +50,8 @@ class SkipNonFinite(AbstractTransform):
       (an array field: changing it does not recompile).
     """
 
-    inner: AbstractTransform
-    max_consecutive_errors: Int[Array, ""]
-
-    def __init__(self, inner: AbstractTransform, max_consecutive_errors: Any = 10):
-        self.inner = checked_transform("inner", inner)
-        value = max_consecutive_errors
-        if (
-            isinstance(value, bool)
-            or jnp.ndim(value) != 0
-            or not jnp.issubdtype(jnp.result_type(value), jnp.integer)
-        ):
-            raise TypeError(
-                f"max_consecutive_errors must be an integer scalar, got {value!r}"
-            )
-        if is_concrete(value) and int(np.asarray(value)) < 0:
-            raise ValueError(
-                f"max_consecutive_errors must be >= 0, got {int(np.asarray(value))}"
-            )
-        self.max_consecutive_errors = jnp.asarray(value, jnp.int32)
+    inner: AbstractTransform = inner_field()
+    max_consecutive_errors: Int[Array, ""] = count_field(10, at_least_one=False)
 
     def init(self, params: Params) -> SkipNonFiniteState:
         return SkipNonFiniteState(
@@ -82,15 +64,12 @@ class SkipNonFinite(AbstractTransform):
     def transform(
         self, grads: Grads, state: SkipNonFiniteState, params: Params, **extra: Any
     ) -> tuple[Updates, SkipNonFiniteState]:
-        check_extra("SkipNonFinite", [self.inner], extra)
         finite = all_finite(grads, params)
         count = jnp.where(finite, 0, increment(state.notfinite_count)).astype(jnp.int32)
         accept = jnp.logical_or(finite, count > self.max_consecutive_errors)
-
-        def run():
-            return self.inner.transform(grads, state.inner, params, **extra)
-
-        updates, inner_state = run_or_hold(accept, run, state.inner)
+        updates, inner_state = self.run_inner(
+            grads, state.inner, params, extra, when=accept
+        )
         return updates, SkipNonFiniteState(
             notfinite_count=count,
             last_finite=finite,

@@ -5,11 +5,11 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._checks import hyperparameter, is_concrete
+from .._core._checks import is_concrete
+from .._core._fields import count_field, hyper
 from .._core._leafwise import map_leaves
 from .._core._tree import increment
 
@@ -33,18 +33,6 @@ class ReduceOnPlateauState(eqx.Module):
     cooldown_count: Int[Array, ""]
     count: Int[Array, ""]
     avg_value: Float[Array, ""]
-
-
-def _count(name: str, value: Any, low: int) -> Int[Array, ""]:
-    if (
-        isinstance(value, bool)
-        or jnp.ndim(value) != 0
-        or not jnp.issubdtype(jnp.result_type(value), jnp.integer)
-    ):
-        raise TypeError(f"{name} must be an integer scalar, got {value!r}")
-    if is_concrete(value) and int(np.asarray(value)) < low:
-        raise ValueError(f"{name} must be >= {low}, got {int(np.asarray(value))}")
-    return jnp.asarray(value, jnp.int32)
 
 
 class ReduceOnPlateau(AbstractTransform):
@@ -90,40 +78,23 @@ class ReduceOnPlateau(AbstractTransform):
     - `min_scale`: the scale never goes below this, `>= 0`.
     """
 
-    factor: Float[Array, ""]
-    patience: Int[Array, ""]
-    rtol: Float[Array, ""]
-    atol: Float[Array, ""]
-    cooldown: Int[Array, ""]
-    accumulation_size: Int[Array, ""]
-    min_scale: Float[Array, ""]
+    # Not schedules: the state (optax's fields) keeps no step count to read them at.
+    factor: Float[Array, ""] = hyper(
+        0.1, low=0.0, high=1.0, low_open=True, high_open=True, schedule=False
+    )
+    patience: Int[Array, ""] = count_field(10, at_least_one=False)
+    rtol: Float[Array, ""] = hyper(1e-4, low=0.0, high=1.0, schedule=False)
+    atol: Float[Array, ""] = hyper(0.0, low=0.0, schedule=False)
+    cooldown: Int[Array, ""] = count_field(0, at_least_one=False)
+    accumulation_size: Int[Array, ""] = count_field(1)
+    min_scale: Float[Array, ""] = hyper(0.0, low=0.0, schedule=False)
 
-    def __init__(
-        self,
-        factor: Any = 0.1,
-        patience: Any = 10,
-        rtol: Any = 1e-4,
-        atol: Any = 0.0,
-        cooldown: Any = 0,
-        accumulation_size: Any = 1,
-        min_scale: Any = 0.0,
-    ):
-        self.factor = hyperparameter(
-            "factor", factor, low=0.0, high=1.0, low_open=True, high_open=True
-        )
-        self.patience = _count("patience", patience, 0)
-        self.rtol = hyperparameter("rtol", rtol, low=0.0, high=1.0)
-        self.atol = hyperparameter("atol", atol, low=0.0)
-        if (
-            is_concrete(self.rtol)
-            and is_concrete(self.atol)
-            and float(self.rtol) == 0.0
-            and float(self.atol) == 0.0
-        ):
+    keywords = frozenset({"value"})
+
+    def __check_init__(self):
+        rtol, atol = self.rtol, self.atol
+        if is_concrete(rtol) and is_concrete(atol) and rtol == 0.0 and atol == 0.0:
             raise ValueError("rtol and atol must not both be 0")
-        self.cooldown = _count("cooldown", cooldown, 0)
-        self.accumulation_size = _count("accumulation_size", accumulation_size, 1)
-        self.min_scale = hyperparameter("min_scale", min_scale, low=0.0)
 
     def init(self, params: Params) -> ReduceOnPlateauState:
         return ReduceOnPlateauState(

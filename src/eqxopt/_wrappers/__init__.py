@@ -1,5 +1,6 @@
-"""Transforms that hold other transforms: Chain, Partition, Masked, Freeze,
-MultiSteps, Lookahead, ParamEMA.
+"""Transforms that hold other transforms (`AbstractWrapper`, which passes them the
+keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
+Lookahead, ParamEMA (and, among the transforms, SkipNonFinite).
 """
 
 from ._accumulate import (
@@ -15,7 +16,6 @@ from ._averaging import (
 from ._chain import (
     Chain as Chain,
     ChainState as ChainState,
-    EmptyState as EmptyState,
 )
 from ._partition import (
     Freeze as Freeze,
@@ -23,4 +23,8 @@ from ._partition import (
     MaskedState as MaskedState,
     Partition as Partition,
     PartitionState as PartitionState,
+)
+from ._wrapper import (
+    AbstractSingleWrapper as AbstractSingleWrapper,
+    AbstractWrapper as AbstractWrapper,
 )

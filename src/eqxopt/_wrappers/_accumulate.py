@@ -5,11 +5,10 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._checks import is_concrete
+from .._core._fields import count_field, flag_field
 from .._core._tree import (
     align_grads,
     compute_dtype,
@@ -17,7 +16,7 @@ from .._core._tree import (
     increment,
     is_float_leaf,
 )
-from ._chain import check_extra, checked_transform, run_or_hold
+from ._wrapper import AbstractSingleWrapper, inner_field
 
 
 class MultiStepsState(eqx.Module):
@@ -41,7 +40,7 @@ class MultiStepsState(eqx.Module):
     inner: Any
 
 
-class MultiSteps(AbstractTransform):
+class MultiSteps(AbstractSingleWrapper):
     """Gradient accumulation: averages the gradients of `every_k` micro-steps and
     makes one update of `inner` with the mean, as `optax.MultiSteps`.
 
@@ -76,24 +75,9 @@ class MultiSteps(AbstractTransform):
     - `mean`: average the gradients (default); `False` sums them.
     """
 
-    inner: AbstractTransform
-    every_k: Int[Array, ""]
-    mean: bool = eqx.field(static=True)
-
-    def __init__(self, inner: AbstractTransform, every_k: Any, mean: bool = True):
-        self.inner = checked_transform("inner", inner)
-        if (
-            isinstance(every_k, bool)
-            or jnp.ndim(every_k) != 0
-            or not jnp.issubdtype(jnp.result_type(every_k), jnp.integer)
-        ):
-            raise TypeError(f"every_k must be an integer scalar, got {every_k!r}")
-        if is_concrete(every_k) and int(np.asarray(every_k)) < 1:
-            raise ValueError(f"every_k must be >= 1, got {int(np.asarray(every_k))}")
-        self.every_k = jnp.asarray(every_k, jnp.int32)
-        if not isinstance(mean, bool):
-            raise TypeError(f"mean must be a bool, got {type(mean).__name__}")
-        self.mean = mean
+    inner: AbstractTransform = inner_field()
+    every_k: Int[Array, ""] = count_field()
+    mean: bool = flag_field(True, kw_only=False)
 
     def init(self, params: Params) -> MultiStepsState:
         def zeros(p):
@@ -111,7 +95,6 @@ class MultiSteps(AbstractTransform):
     def transform(
         self, grads: Grads, state: MultiStepsState, params: Params, **extra: Any
     ) -> tuple[Updates, MultiStepsState]:
-        check_extra("MultiSteps", [self.inner], extra)
         treedef = jax.tree.structure(params)
         aligned = align_grads(grads, params)
         acc_leaves = treedef.flatten_up_to(state.acc)
@@ -132,11 +115,9 @@ class MultiSteps(AbstractTransform):
         inner_grads = treedef.unflatten(
             [a if g is not None else None for g, a in zip(aligned, new_acc)]
         )
-
-        def run():
-            return self.inner.transform(inner_grads, state.inner, params, **extra)
-
-        updates, inner_state = run_or_hold(emit, run, state.inner)
+        updates, inner_state = self.run_inner(
+            inner_grads, state.inner, params, extra, when=emit
+        )
         acc = treedef.unflatten(
             [
                 a if a is None or g is None else jnp.where(emit, jnp.zeros_like(a), a)

@@ -6,13 +6,12 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._checks import hyperparameter, is_concrete
-from .._core._tree import compute_dtype, increment, is_float_leaf
-from ._chain import check_extra, checked_transform, leaves_of
+from .._core._fields import ScalarOrSchedule, count_field, hyper, values_at
+from .._core._tree import compute_dtype, increment, is_float_leaf, zero_step
+from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
 
 
 def _copy_float_leaves(params: Params, dtype: Any = None) -> PyTree:
@@ -34,11 +33,14 @@ class ParamEMAState(eqx.Module):
 
     **Fields:**
 
+    - `step`: int32 scalar, the number of updates done (at which a scheduled
+      `decay` is read).
     - `ema`: the moving average of the parameters, shaped like params, in at least
       float32 (`None` at non-float leaves).
     - `inner`: the wrapped optimizer's state.
     """
 
+    step: Int[Array, ""]
     ema: PyTree[Float[Array, "..."] | None]
     inner: Any
 
@@ -52,7 +54,7 @@ class ParamEMAState(eqx.Module):
         return jax.tree.map(pick, self.ema, params, is_leaf=lambda x: x is None)
 
 
-class ParamEMA(AbstractTransform):
+class ParamEMA(AbstractSingleWrapper):
     """Keeps an exponential moving average of the parameters alongside `inner`,
     for evaluation (Polyak averaging, "EMA weights"). The updates are `inner`'s,
     unchanged; after each step
@@ -69,29 +71,27 @@ class ParamEMA(AbstractTransform):
     **Arguments:**
 
     - `inner`: the optimizer.
-    - `decay`: in `[0, 1]`; typical values are 0.999 to 0.9999.
+    - `decay`: in `[0, 1]`; typical values are 0.999 to 0.9999. A schedule is read
+      at the step before the update (for a warm-up of the average).
     """
 
-    inner: AbstractTransform
-    decay: Float[Array, ""]
-
-    def __init__(self, inner: AbstractTransform, decay: Any = 0.999):
-        self.inner = checked_transform("inner", inner)
-        self.decay = hyperparameter("decay", decay, low=0.0, high=1.0)
+    inner: AbstractTransform = inner_field()
+    decay: ScalarOrSchedule = hyper(0.999, low=0.0, high=1.0)
 
     def init(self, params: Params) -> ParamEMAState:
         return ParamEMAState(
-            ema=_copy_float_leaves(params, compute_dtype), inner=self.inner.init(params)
+            step=zero_step(),
+            ema=_copy_float_leaves(params, compute_dtype),
+            inner=self.inner.init(params),
         )
 
     def transform(
         self, grads: Grads, state: ParamEMAState, params: Params, **extra: Any
     ) -> tuple[Updates, ParamEMAState]:
-        check_extra("ParamEMA", [self.inner], extra)
-        updates, inner_state = self.inner.transform(grads, state.inner, params, **extra)
+        updates, inner_state = self.run_inner(grads, state.inner, params, extra)
         param_leaves, treedef = jax.tree.flatten(params)
         ema_leaves = treedef.flatten_up_to(state.ema)
-        decay = self.decay
+        decay = values_at(self, state.step).decay
         new_ema = []
         for u, p, e in zip(leaves_of(updates, params), param_leaves, ema_leaves):
             if u is None or e is None:
@@ -99,7 +99,11 @@ class ParamEMA(AbstractTransform):
                 continue
             new = p.astype(e.dtype) + u.astype(e.dtype)
             new_ema.append(decay * e + (1 - decay) * new)
-        return updates, ParamEMAState(ema=treedef.unflatten(new_ema), inner=inner_state)
+        return updates, ParamEMAState(
+            step=increment(state.step),
+            ema=treedef.unflatten(new_ema),
+            inner=inner_state,
+        )
 
 
 class LookaheadState(eqx.Module):
@@ -117,7 +121,7 @@ class LookaheadState(eqx.Module):
     inner: Any
 
 
-class Lookahead(AbstractTransform):
+class Lookahead(AbstractSingleWrapper):
     """Lookahead (Zhang et al., 2019): `inner` takes `sync_period` fast steps, then
     the slow weights move a fraction `alpha` towards the fast ones and the fast
     weights restart from there:
@@ -144,28 +148,11 @@ class Lookahead(AbstractTransform):
     - `alpha`: the slow step size, in `[0, 1]`.
     """
 
-    inner: AbstractTransform
-    sync_period: Int[Array, ""]
-    alpha: Float[Array, ""]
-
-    def __init__(
-        self, inner: AbstractTransform, sync_period: Any = 6, alpha: Any = 0.5
-    ):
-        self.inner = checked_transform("inner", inner)
-        if (
-            isinstance(sync_period, bool)
-            or jnp.ndim(sync_period) != 0
-            or not jnp.issubdtype(jnp.result_type(sync_period), jnp.integer)
-        ):
-            raise TypeError(
-                f"sync_period must be an integer scalar, got {sync_period!r}"
-            )
-        if is_concrete(sync_period) and int(np.asarray(sync_period)) < 1:
-            raise ValueError(
-                f"sync_period must be >= 1, got {int(np.asarray(sync_period))}"
-            )
-        self.sync_period = jnp.asarray(sync_period, jnp.int32)
-        self.alpha = hyperparameter("alpha", alpha, low=0.0, high=1.0)
+    inner: AbstractTransform = inner_field()
+    sync_period: Int[Array, ""] = count_field(6)
+    # Not a schedule: `LookaheadState` keeps no step count to read one at (only the
+    # fast steps since the last synchronisation).
+    alpha: Float[Array, ""] = hyper(0.5, low=0.0, high=1.0, schedule=False)
 
     def init(self, params: Params) -> LookaheadState:
         return LookaheadState(
@@ -177,8 +164,7 @@ class Lookahead(AbstractTransform):
     def transform(
         self, grads: Grads, state: LookaheadState, params: Params, **extra: Any
     ) -> tuple[Updates, LookaheadState]:
-        check_extra("Lookahead", [self.inner], extra)
-        updates, inner_state = self.inner.transform(grads, state.inner, params, **extra)
+        updates, inner_state = self.run_inner(grads, state.inner, params, extra)
         # `>=`: after sync_period is lowered below the fast steps already taken,
         # `==` would never hold again and the slow weights would never move.
         sync = state.steps_since_sync >= self.sync_period - 1

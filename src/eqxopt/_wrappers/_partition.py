@@ -2,7 +2,7 @@
 `Masked` (a transform on some leaves, the rest passed through) and `Freeze` (no
 update and no state for frozen leaves)."""
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import equinox as eqx
@@ -11,12 +11,15 @@ from jaxtyping import PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._checks import structure_mismatch
-from .._core._masks import Mask, resolve_mask
+from .._core._fields import MaskLike, checked_field
+from .._core._masks import decay_flags, freeze_mask
 from .._core._tree import align_grads, compute_dtype, is_float_leaf, leaf_paths
-from ._chain import (
-    check_extra,
+from ._wrapper import (
+    AbstractSingleWrapper,
+    AbstractWrapper,
     checked_transform,
-    extra_for,
+    inner_field,
+    keywords_for,
     leaves_of,
     select_aligned,
     select_leaves,
@@ -82,7 +85,24 @@ class PartitionState(eqx.Module):
         return self.groups[label]
 
 
-class Partition(AbstractTransform):
+def _transforms(name: str, value: Any) -> dict[Any, AbstractTransform]:
+    if not isinstance(value, Mapping) or not value:
+        raise TypeError(
+            f"{name} must be a non-empty dict from label to eqxopt transform, "
+            f"got {value!r}"
+        )
+    return {
+        label: checked_transform(f"{name}[{label!r}]", t) for label, t in value.items()
+    }
+
+
+def _labels(name: str, value: Any) -> Any:
+    if value is None:
+        raise TypeError(f"{name} must be a tree of labels or a function, got None")
+    return value
+
+
+class Partition(AbstractWrapper):
     """Parameter groups: a separate transform for each labelled group of leaves,
     like `optax.partition` (`multi_transform`) or torch's param groups.
 
@@ -108,24 +128,12 @@ class Partition(AbstractTransform):
     Keyword arguments of `update`/`step` go to the transforms that take them.
     """
 
-    transforms: dict[Any, AbstractTransform]
-    labels: Any
+    transforms: dict[Any, AbstractTransform] = checked_field(_transforms)
+    labels: Any = checked_field(_labels)
 
-    def __init__(
-        self,
-        transforms: Mapping[Hashable, AbstractTransform],
-        labels: PyTree | Callable[[Any], Hashable],
-    ):
-        if not isinstance(transforms, Mapping) or not transforms:
-            raise TypeError(
-                "transforms must be a non-empty dict from label to eqxopt transform, "
-                f"got {transforms!r}"
-            )
-        self.transforms = {
-            label: checked_transform(f"transforms[{label!r}]", t)
-            for label, t in transforms.items()
-        }
-        self.labels = labels
+    @property
+    def inners(self) -> tuple[AbstractTransform, ...]:
+        return tuple(self.transforms.values())
 
     def _resolve(self, params: Params) -> list[Hashable | None]:
         resolved = resolve_labels(self.labels, params)
@@ -149,7 +157,7 @@ class Partition(AbstractTransform):
     def transform(
         self, grads: Grads, state: PartitionState, params: Params, **extra: Any
     ) -> tuple[Updates, PartitionState]:
-        check_extra("Partition", list(self.transforms.values()), extra)
+        self.check_keywords(extra)
         labels = self._resolve(params)
         aligned = align_grads(grads, params)
         merged: list[Any] = [None] * len(labels)
@@ -160,7 +168,7 @@ class Partition(AbstractTransform):
                 select_aligned(aligned, params, keep),
                 state.groups[label],
                 select_leaves(params, keep),
-                **extra_for(t, extra),
+                **keywords_for(t, extra),
             )
             for i, u in enumerate(leaves_of(updates, params)):
                 if keep[i]:
@@ -181,27 +189,37 @@ class MaskedState(eqx.Module):
     inner: Any
 
 
+def _required_mask(name: str, value: Any) -> Any:
+    if value is None:
+        raise TypeError(f"{name} must be a tree of bools or a function, got None")
+    return freeze_mask(value, name)
+
+
+def _mask_field() -> Any:
+    # As `mask_field()`, but required and positional: `None` (all leaves) would make
+    # `Masked` and `Freeze` pointless.
+    return checked_field(_required_mask, static=True)
+
+
 def _run_on(
-    inner: AbstractTransform,
+    wrapper: AbstractSingleWrapper,
     keep: list[bool],
     grads: Grads,
     state: MaskedState,
     params: Params,
     extra: dict,
-    owner: str,
 ) -> tuple[list[Any], list[Any], MaskedState]:
-    check_extra(owner, [inner], extra)
     aligned = align_grads(grads, params)
-    updates, inner_state = inner.transform(
+    updates, inner_state = wrapper.run_inner(
         select_aligned(aligned, params, keep),
         state.inner,
         select_leaves(params, keep),
-        **extra,
+        extra,
     )
     return aligned, leaves_of(updates, params), MaskedState(inner=inner_state)
 
 
-class Masked(AbstractTransform):
+class Masked(AbstractSingleWrapper):
     """Applies `inner` to the masked leaves only; the other leaves' gradients pass
     through unchanged, as `optax.masked`. `inner` keeps no state for them.
 
@@ -214,34 +232,28 @@ class Masked(AbstractTransform):
     **Arguments:**
 
     - `inner`: an eqxopt transform.
-    - `mask`: which leaves `inner` applies to: a tree of Python bools shaped like the
+    - `mask`: which leaves `inner` applies to: a tree of bools shaped like the
       parameters (or a prefix of it), or a function of the whole parameter tree
       returning one (as optax's `mask`). An Equinox module is read as a tree, never
-      called (equinox issue 193).
+      called (equinox issue 193). The mask is static (part of the compiled step's
+      key), checked at `init`: reuse one function rather than a new lambda for
+      every optimizer you build.
     """
 
-    inner: AbstractTransform
-    mask: Any
-
-    def __init__(self, inner: AbstractTransform, mask: Mask):
-        self.inner = checked_transform("inner", inner)
-        if mask is None:
-            raise TypeError("mask must be a tree of bools or a function, got None")
-        self.mask = mask
+    inner: AbstractTransform = inner_field()
+    mask: MaskLike = _mask_field()
 
     def init(self, params: Params) -> MaskedState:
         return MaskedState(
-            inner=self.inner.init(
-                select_leaves(params, resolve_mask(self.mask, params))
-            )
+            inner=self.inner.init(select_leaves(params, decay_flags(self.mask, params)))
         )
 
     def transform(
         self, grads: Grads, state: MaskedState, params: Params, **extra: Any
     ) -> tuple[Updates, MaskedState]:
-        keep = resolve_mask(self.mask, params)
+        keep = decay_flags(self.mask, params)
         aligned, inner_updates, new_state = _run_on(
-            self.inner, keep, grads, state, params, extra, "Masked"
+            self, keep, grads, state, params, extra
         )
         param_leaves, treedef = jax.tree.flatten(params)
         out = []
@@ -255,7 +267,7 @@ class Masked(AbstractTransform):
         return treedef.unflatten(out), new_state
 
 
-class Freeze(AbstractTransform):
+class Freeze(AbstractSingleWrapper):
     """Freezes some leaves: they get no update (`None`) and `inner` keeps no state
     for them; every other leaf is updated by `inner`.
 
@@ -265,17 +277,11 @@ class Freeze(AbstractTransform):
     - `frozen`: which leaves to freeze, as `Masked`'s `mask` (`True` = frozen).
     """
 
-    inner: AbstractTransform
-    frozen: Any
-
-    def __init__(self, inner: AbstractTransform, frozen: Mask):
-        self.inner = checked_transform("inner", inner)
-        if frozen is None:
-            raise TypeError("frozen must be a tree of bools or a function, got None")
-        self.frozen = frozen
+    inner: AbstractTransform = inner_field()
+    frozen: MaskLike = _mask_field()
 
     def _trainable(self, params: Params) -> list[bool]:
-        return [not f for f in resolve_mask(self.frozen, params, "frozen")]
+        return [not f for f in decay_flags(self.frozen, params, "frozen")]
 
     def init(self, params: Params) -> MaskedState:
         return MaskedState(
@@ -286,9 +292,7 @@ class Freeze(AbstractTransform):
         self, grads: Grads, state: MaskedState, params: Params, **extra: Any
     ) -> tuple[Updates, MaskedState]:
         keep = self._trainable(params)
-        _, inner_updates, new_state = _run_on(
-            self.inner, keep, grads, state, params, extra, "Freeze"
-        )
+        _, inner_updates, new_state = _run_on(self, keep, grads, state, params, extra)
         treedef = jax.tree.structure(params)
         return treedef.unflatten(
             [u if k else None for k, u in zip(keep, inner_updates)]

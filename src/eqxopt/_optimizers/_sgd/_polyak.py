@@ -109,6 +109,8 @@ class PolyakSGD(AbstractTransform):
     def init(self, params: Params) -> PolyakSGDState:
         return PolyakSGDState(step=zero_step())
 
+    keywords = frozenset({"value"})  # the loss
+
     def transform(
         self,
         grads: Grads,

@@ -1,0 +1,134 @@
+"""The base of transforms that hold other transforms, and what they share: which
+keyword arguments reach which inner transform, running an inner transform (or
+holding its state), and sub-trees of selected leaves."""
+
+import abc
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import PyTree
+
+from .._core._base import AbstractTransform, Grads, Params, State, Updates
+from .._core._fields import checked_field
+
+
+def checked_transform(name: str, value: Any) -> AbstractTransform:
+    """`value` if it is an eqxopt transform, else a `TypeError` naming `name` (with
+    a hint for optax transformations)."""
+    if not isinstance(value, AbstractTransform):
+        hint = ""
+        if type(value).__name__.startswith("GradientTransformation"):
+            hint = "; wrap optax transformations with eqxopt.from_optax(...)"
+        raise TypeError(
+            f"{name} must be an eqxopt transform, got {type(value).__name__}{hint}"
+        )
+    return value
+
+
+def inner_field() -> Any:
+    """The field of a wrapper's inner transform, checked to be an eqxopt one."""
+    return checked_field(checked_transform)
+
+
+class AbstractWrapper(AbstractTransform):
+    """A transform that holds other transforms (`inners`: `Chain`'s links, the
+    groups of `Partition`, the optimizer inside `MultiSteps`, ...).
+
+    Keyword arguments of `update`/`step` (such as `value=`, the loss) reach the
+    inner transforms that take them (`takes_keyword`); a keyword that none of them
+    takes is a `TypeError` naming it (`check_keywords`, called by `transform`).
+    """
+
+    @property
+    @abc.abstractmethod
+    def inners(self) -> tuple[AbstractTransform, ...]:
+        """The transforms it holds."""
+
+    def takes_keyword(self, key: str) -> bool:
+        return any(t.takes_keyword(key) for t in self.inners)
+
+    def check_keywords(self, extra: dict[str, Any]) -> None:
+        """Raises `TypeError` for keyword arguments that no inner transform takes."""
+        unused = [k for k in extra if not self.takes_keyword(k)]
+        if unused:
+            names = ", ".join(type(t).__name__ for t in self.inners)
+            raise TypeError(
+                f"{type(self).__name__} got the keyword argument(s) "
+                f"{', '.join(map(repr, unused))}, which no transform inside it "
+                f"({names}) takes (a transform names those it takes in its class "
+                "attribute `keywords`)"
+            )
+
+
+def keywords_for(transform: AbstractTransform, extra: dict[str, Any]) -> dict:
+    """The part of `extra` that `transform` takes."""
+    return {k: v for k, v in extra.items() if transform.takes_keyword(k)}
+
+
+class AbstractSingleWrapper(AbstractWrapper):
+    """A wrapper around one transform, `inner` (declared by each subclass as
+    `inner: AbstractTransform = inner_field()`), which gets every keyword argument
+    (those it does not take are rejected first)."""
+
+    inner: eqx.AbstractVar[AbstractTransform]
+
+    @property
+    def inners(self) -> tuple[AbstractTransform, ...]:
+        return (self.inner,)
+
+    def run_inner(
+        self,
+        grads: Grads,
+        inner_state: State,
+        params: Params,
+        extra: dict[str, Any],
+        *,
+        when: Any = True,
+    ) -> tuple[Updates, State]:
+        """`inner.transform` with the keyword arguments (checked first). With
+        `when` (a bool scalar), only where it holds: else zero updates (shaped like
+        `inner`'s) and `inner_state` as it was, in a `lax.cond` (the skipped
+        branch costs nothing but the zeros)."""
+        self.check_keywords(extra)
+
+        def run() -> tuple[Updates, State]:
+            return self.inner.transform(grads, inner_state, params, **extra)
+
+        if when is True:
+            return run()
+        updates_shape, _ = jax.eval_shape(run)
+
+        def hold() -> tuple[Updates, State]:
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), updates_shape)
+            return zeros, inner_state
+
+        return jax.lax.cond(when, run, hold)
+
+
+# ---------------------------------------------------------------------------------
+# Selecting leaves: a tree with `None` in place of the leaves not selected, so an
+# inner transform keeps no state for them and sees no gradient there.
+
+
+def select_leaves(tree: PyTree, keep: Sequence[bool]) -> PyTree:
+    """`tree` with every leaf whose `keep` entry is False replaced by `None`."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef.unflatten([x if k else None for x, k in zip(leaves, keep)])
+
+
+def select_aligned(
+    aligned: Sequence[Any], params: PyTree, keep: Sequence[bool]
+) -> PyTree:
+    """A gradient tree from per-leaf gradients (`align_grads`), `None` where
+    `keep` is False."""
+    treedef = jax.tree.structure(params)
+    return treedef.unflatten([g if k else None for g, k in zip(aligned, keep)])
+
+
+def leaves_of(updates: PyTree, params: PyTree) -> list[Any]:
+    """Each update for a leaf of `params` (`None` where there is none); `updates`
+    has `None` in place of whole leaves."""
+    return jax.tree.structure(params).flatten_up_to(updates)
