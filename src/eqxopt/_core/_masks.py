@@ -9,7 +9,7 @@ import numpy as np
 from jax.core import Tracer
 from jaxtyping import PyTree
 
-from ._tree import is_none
+from ._structure import is_none, structure_mismatch
 
 Mask = PyTree[bool] | Callable[[PyTree], PyTree[bool]] | None
 
@@ -32,8 +32,6 @@ def resolve_mask(mask: Mask, params: PyTree, name: str = "mask") -> list[bool]:
         return [True] * n_leaves
     if callable(mask) and not isinstance(mask, eqx.Module):
         mask = mask(params)
-    from ._checks import structure_mismatch
-
     mask_leaves, mask_def = jax.tree.flatten(mask, is_leaf=is_none)
     try:
         subtrees = mask_def.flatten_up_to(params)

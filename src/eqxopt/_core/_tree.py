@@ -9,12 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PyTree
 
+from ._structure import is_none as is_none, structure_mismatch
+
 # The largest step count: the counter saturates there (`increment`).
 INT32_MAX = int(np.iinfo(np.int32).max)
-
-
-def is_none(x: Any) -> bool:
-    return x is None
 
 
 def is_float_leaf(x: Any) -> bool:
@@ -176,8 +174,6 @@ def align_grads(grads: PyTree, params: PyTree) -> list[Any]:
 
 
 def _grads_mismatch(grads: PyTree, grad_leaves: list[Any], params: PyTree) -> Any:
-    from ._checks import structure_mismatch  # checks import this module
-
     error = structure_mismatch(grads, "grads", params, "params")
     if any(g is not None and not eqx.is_array(g) for g in grad_leaves):
         # Gradients hold arrays and None only: params were likely passed as grads.

@@ -10,9 +10,9 @@ import jax
 from jaxtyping import PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._checks import structure_mismatch
 from .._core._fields import MaskLike, checked_field
 from .._core._masks import decay_flags, freeze_mask
+from .._core._structure import structure_mismatch
 from .._core._tree import align_grads, compute_dtype, is_float_leaf, leaf_paths
 from ._wrapper import (
     AbstractSingleWrapper,

@@ -1,0 +1,82 @@
+"""Where two pytrees' structures part, in words (naming leaf paths): the one message
+every structure check gives. Depends on nothing else in eqxopt."""
+
+from typing import Any
+
+import jax
+from jaxtyping import PyTree
+
+
+def is_none(x: Any) -> bool:
+    return x is None
+
+
+def describe(x: Any) -> str:
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"{x.dtype}{list(x.shape)}"
+    return type(x).__name__
+
+
+def structure_mismatch(
+    actual: PyTree, actual_name: str, expected: PyTree, expected_name: str
+) -> ValueError:
+    """A `ValueError` saying where two trees' structures part, by leaf path.
+
+    `None` in `actual` stands for a whole absent subtree of `expected`."""
+    actual_items = jax.tree.leaves_with_path(actual, is_leaf=is_none)
+    expected_items = jax.tree.leaves_with_path(expected, is_leaf=is_none)
+    actual_paths = [jax.tree_util.keystr(p) for p, _ in actual_items]
+    expected_paths = [jax.tree_util.keystr(p) for p, _ in expected_items]
+    covered = set(actual_paths)
+
+    def is_covered(path: str) -> bool:
+        return any(path == a or path.startswith(a) for a in covered)
+
+    missing = [p for p in expected_paths if not is_covered(p)]
+    extra = [p for p in actual_paths if p not in set(expected_paths)]
+    parts = []
+    if missing:
+        parts.append(f"{expected_name} has {_few(missing)} that {actual_name} lacks")
+    if extra:
+        parts.append(f"{actual_name} has {_few(extra)} that {expected_name} lacks")
+    if not parts and actual_paths == expected_paths:
+        # The same paths: the trees part where one has None (no subtree) and the
+        # other a leaf, which the printed tree structures do not show.
+        for path, (_, a), (_, e) in zip(actual_paths, actual_items, expected_items):
+            if (a is None) != (e is None):
+                parts.append(
+                    f"at {path or '<root>'} {actual_name} has {_what(a)} where "
+                    f"{expected_name} has {_what(e)}"
+                )
+                break
+    if not parts:
+        parts.append(
+            f"the containers differ: {actual_name} is "
+            f"{_short(jax.tree.structure(actual, is_leaf=is_none))}, {expected_name} "
+            f"is {_short(jax.tree.structure(expected, is_leaf=is_none))}"
+        )
+    return ValueError(
+        f"{actual_name} does not have the tree structure of {expected_name}: "
+        + "; ".join(parts)
+    )
+
+
+def _what(x: Any) -> str:
+    if x is None:
+        return "None"
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"an array ({describe(x)})"
+    if callable(x):
+        return f"the function {getattr(x, '__name__', type(x).__name__)}"
+    text = repr(x)
+    return f"{type(x).__name__} {text if len(text) <= 40 else text[:40] + '...'}"
+
+
+def _few(paths: list[str]) -> str:
+    shown = ", ".join(p or "<root>" for p in paths[:3])
+    return shown + (f" (and {len(paths) - 3} more)" if len(paths) > 3 else "")
+
+
+def _short(treedef: Any) -> str:
+    text = str(treedef)
+    return text if len(text) <= 200 else text[:200] + "..."
