@@ -9,7 +9,12 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Float32, Int, PyTree
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import float_dtype_or_none, hyperparameter, is_concrete
+from ..._core._checks import (
+    check_bool,
+    float_dtype_or_none,
+    hyperparameter,
+    is_concrete,
+)
 from ..._core._leafwise import map_leaves
 from ..._core._masks import Mask, resolve_mask
 from ..._core._schedule import AbstractSchedule, as_schedule
@@ -22,7 +27,6 @@ from ..._core._tree import (
     is_float_leaf,
     zero_step,
 )
-from .._layerwise._lamb import check_bool
 
 _MIN_PARAM_SCALE = 1e-3  # the paper's eps_2; optax.scale_by_param_block_rms's floor
 
