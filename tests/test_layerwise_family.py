@@ -297,7 +297,7 @@ def test_adafactor_unfactored_without_clipping_or_scale_matches_optax():
 def test_adafactor_rejects_bad_structure_arguments():
     with pytest.raises(TypeError, match="min_dim_size_to_factor must be an int"):
         eqxopt.Adafactor(min_dim_size_to_factor=2.5)
-    with pytest.raises(ValueError, match="min_dim_size_to_factor must be >= 1"):
+    with pytest.raises(ValueError, match="min_dim_size_to_factor must be an int >= 1"):
         eqxopt.Adafactor(min_dim_size_to_factor=0)
     with pytest.raises(ValueError, match="decay_offset must be >= 0"):
         eqxopt.Adafactor(decay_offset=-1)
