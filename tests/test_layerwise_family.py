@@ -297,7 +297,7 @@ def test_adafactor_unfactored_without_clipping_or_scale_matches_optax():
 def test_adafactor_rejects_bad_structure_arguments():
     with pytest.raises(TypeError, match="min_dim_size_to_factor must be an int"):
         eqxopt.Adafactor(min_dim_size_to_factor=2.5)
-    with pytest.raises(ValueError, match="min_dim_size_to_factor must be >= 1"):
+    with pytest.raises(ValueError, match="min_dim_size_to_factor must be an int >= 1"):
         eqxopt.Adafactor(min_dim_size_to_factor=0)
     with pytest.raises(ValueError, match="decay_offset must be >= 0"):
         eqxopt.Adafactor(decay_offset=-1)
@@ -367,3 +367,118 @@ def test_adafactor_steps_before_the_offset_are_finite():
     # Before the offset beta is 0: each step is normalised by its own gradient only.
     expected = run_eqxopt(eqxopt.Adafactor(decay_rate=0.0), params, grads)
     assert_histories_close(history, expected)
+
+
+# --- Scheduled hyperparameters and mask forms (issue 14) ----------------------------
+#
+# Every float hyperparameter may be a schedule, read at the step like the learning
+# rate: the run must equal the optimizer rebuilt at every step with the schedule's
+# value at that step as a plain number (the state carried over).
+
+SCHEDULE_STEPS = 8
+
+
+def run_rebuilt_each_step(make, schedules, params, grads):
+    """`make(**numbers)` rebuilt before every step with each schedule's value there."""
+
+    def numbers(step):
+        return {k: float(s(jnp.asarray(step, jnp.int32))) for k, s in schedules.items()}
+
+    state = make(**numbers(0)).init(params)
+    history = []
+    for step, g in enumerate(grads):
+        updates, state = make(**numbers(step)).update(g, state, params)
+        params = eqxopt.apply_updates(params, updates)
+        history.append(params)
+    return history
+
+
+SCHEDULED = {
+    "LAMB": (
+        lambda **kw: eqxopt.LAMB(0.05, mask=matrices_only, **kw),
+        {"b1": eqxopt.Linear(0.5, 0.95, 6), "weight_decay": eqxopt.Linear(0.0, 0.3, 6)},
+    ),
+    "LARS": (
+        lambda **kw: eqxopt.LARS(0.5, weight_decay=1e-3, **kw),
+        {
+            "momentum": eqxopt.Linear(0.0, 0.9, 6),
+            "trust_coefficient": eqxopt.Linear(0.1, 0.01, 6),
+        },
+    ),
+    "Fromage": (
+        lambda **kw: eqxopt.Fromage(0.05, **kw),
+        {"min_norm": eqxopt.Linear(2.0, 0.0, 6)},
+    ),
+    "NovoGrad": (
+        lambda **kw: eqxopt.NovoGrad(0.02, **kw),
+        {"b2": eqxopt.Linear(0.9, 0.1, 6), "weight_decay": eqxopt.Linear(0.0, 0.1, 6)},
+    ),
+    "SM3": (
+        lambda **kw: eqxopt.SM3(0.1, **kw),
+        {"momentum": eqxopt.Linear(0.0, 0.9, 6)},
+    ),
+    "Adafactor": (
+        lambda **kw: eqxopt.Adafactor(
+            0.05, min_dim_size_to_factor=4, momentum=0.5, **kw
+        ),
+        {
+            "decay_rate": eqxopt.Linear(0.5, 0.9, 6),
+            "clipping_threshold": eqxopt.Linear(0.5, 2.0, 6),
+            "weight_decay_rate": eqxopt.Linear(0.0, 1e-2, 6),
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SCHEDULED))
+def test_scheduled_hyperparameters_are_read_at_the_step(name):
+    make, schedules = SCHEDULED[name]
+    params = adafactor_tree() if name == "Adafactor" else nested_tree()
+    grads = list(grad_stream(params, SCHEDULE_STEPS))
+    scheduled = run_eqxopt(make(**schedules), params, grads)
+    rebuilt = run_rebuilt_each_step(make, schedules, params, grads)
+    assert_histories_close(scheduled, rebuilt, rtol=1e-6, atol=1e-7)
+    # The schedules matter: fixed at their first values, the run differs.
+    first = {k: float(s(jnp.asarray(0, jnp.int32))) for k, s in schedules.items()}
+    fixed = run_eqxopt(make(**first), params, grads)
+    change = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(jax.tree.leaves(fixed[-1]), jax.tree.leaves(scheduled[-1]))
+    )
+    assert change > 1e-3, f"the schedules changed the parameters by only {change}"
+
+
+MASK_TREE = {  # what matrices_only gives on nested_tree()
+    "scale": False,
+    "dense": {"w": True, "b": False},
+    "layers": [{"w": True, "b": False}, (False, False)],
+}
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [matrices_only, MASK_TREE, jax.tree.map(jnp.asarray, MASK_TREE)],
+    ids=["function", "bools", "bool-arrays"],
+)
+def test_lamb_takes_every_mask_form_as_adamw_does(mask):
+    params = nested_tree()
+    grads = list(grad_stream(params, 4))
+    ours = run_eqxopt(eqxopt.LAMB(0.05, weight_decay=0.5, mask=mask), params, grads)
+    theirs = run_optax(
+        optax.lamb(0.05, weight_decay=0.5, mask=matrices_only), params, grads
+    )
+    assert_histories_close(ours, theirs)
+    # The mask is frozen (a static field): an equal one built again is equal.
+    assert eqxopt.LAMB(0.05, mask=mask).mask == eqxopt.LAMB(0.05, mask=mask).mask
+
+
+def test_layerwise_masks_are_checked_at_init():
+    params = nested_tree()
+    with pytest.raises(ValueError, match="mask does not have the tree structure"):
+        eqxopt.LAMB(0.1, mask={"scale": True}).init(params)
+    with pytest.raises(ValueError, match="weight_decay_mask does not have the tree"):
+        eqxopt.LARS(0.1, weight_decay_mask={"scale": True}).init(params)
+    with pytest.raises(ValueError, match="weight_decay_mask does not have the tree"):
+        eqxopt.Adafactor(weight_decay_mask={"scale": True}).init(params)
+    with pytest.raises(TypeError, match=r"mask\['dense'\] must be a bool"):
+        eqxopt.LAMB(0.1, mask={**MASK_TREE, "dense": 1.0})

@@ -713,3 +713,137 @@ def test_lbfgs_errors_say_what_to_pass():
         eqxopt.LBFGS(max_linesearch_steps=0)
     with pytest.raises(ValueError, match="curv_rtol"):
         eqxopt.LBFGS(curv_rtol=1.0)
+
+
+# ------------------------------------------------------------------------------------
+# Scheduled hyperparameters and mask forms of Muon, SOAP and LBFGS (issue 14)
+# ------------------------------------------------------------------------------------
+#
+# Every float hyperparameter may be a schedule, read at the step like the learning
+# rate: the run must equal the optimizer rebuilt at every step with the schedule's
+# value at that step as a plain number (the state carried over).
+
+
+def _at(schedule, step):
+    return float(schedule(jnp.asarray(step, jnp.int32)))
+
+
+def _closed_loop(make_at, params, steps, extra):
+    """Parameters after each step; `make_at(step)` builds the optimizer used at
+    `step`, gradients (and `extra(params)`) taken at the current parameters."""
+    state = make_at(0).init(params)
+    history = []
+    for step in range(steps):
+        updates, state = make_at(step).update(
+            QUADRATIC_GRAD(params), state, params, **extra(params)
+        )
+        params = eqxopt.apply_updates(params, updates)
+        history.append(params)
+    return history
+
+
+def _no_extra(params):
+    return {}
+
+
+def _lbfgs_extra(params):
+    return {"value": quadratic(params), "value_fn": quadratic}
+
+
+def _steps(first, scales):
+    # Values exact in float32 (powers of two apart), so that the schedule gives
+    # the same number inside the compiled step as outside (Linear's may differ in
+    # the last bit, which SOAP's eigenbases and LBFGS's linesearch amplify).
+    return eqxopt.PiecewiseConstant(first, scales)
+
+
+SCHEDULED = {
+    "Muon": (
+        lambda **kw: eqxopt.Muon(0.02, **kw),
+        {
+            "beta": _steps(0.5, {2: 1.5, 4: 1.25}),
+            "weight_decay": _steps(0.25, {2: 0.5, 4: 0.5}),
+            "adam_b1": _steps(0.5, {3: 1.5}),
+            "consistent_rms": _steps(0.125, {2: 2.0}),
+        },
+        _no_extra,
+    ),
+    "SOAP": (
+        lambda **kw: eqxopt.SOAP(0.01, precondition_frequency=2, **kw),
+        {
+            "b1": _steps(0.5, {2: 1.5, 4: 1.25}),
+            "shampoo_beta": _steps(0.5, {3: 1.5}),
+            "weight_decay": _steps(0.125, {2: 0.5}),
+        },
+        _no_extra,
+    ),
+    "LBFGS": (
+        lambda **kw: eqxopt.LBFGS(memory_size=3, **kw),
+        {
+            "curv_rtol": _steps(0.125, {2: 4.0, 4: 1.75}),
+            "max_learning_rate": _steps(0.0625, {2: 4.0, 4: 4.0}),
+        },
+        _lbfgs_extra,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SCHEDULED))
+def test_scheduled_hyperparameters_are_read_at_the_step(name):
+    make, schedules, extra = SCHEDULED[name]
+    steps = 8
+
+    def numbers(step):
+        return {k: _at(s, step) for k, s in schedules.items()}
+
+    scheduled = _closed_loop(lambda step: make(**schedules), PARAMS, steps, extra)
+    rebuilt = _closed_loop(lambda step: make(**numbers(step)), PARAMS, steps, extra)
+    assert_histories_close(scheduled, rebuilt, rtol=1e-6, atol=1e-7)
+    # The schedules matter: fixed at their first values, the run differs.
+    fixed = _closed_loop(lambda step: make(**numbers(0)), PARAMS, steps, extra)
+    change = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(jax.tree.leaves(fixed[-1]), jax.tree.leaves(scheduled[-1]))
+    )
+    assert change > 1e-3, f"the schedules changed the parameters by only {change}"
+
+
+def _matrices(params):
+    return jax.tree.map(lambda p: p.ndim == 2, params)
+
+
+_MATRICES = {  # what _matrices gives on PARAMS
+    "scale": False,
+    "dense": {"w": True, "b": False},
+    "layers": [{"w": False, "b": False}, (False, False)],
+}
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [_matrices, _MATRICES, jax.tree.map(jnp.asarray, _MATRICES)],
+    ids=["function", "bools", "bool-arrays"],
+)
+def test_muon_takes_every_mask_form_as_adamw_does(mask):
+    kw = dict(weight_decay=0.5, adam_weight_decay=0.5)
+    # Decay of the dense matrix only, on both branches (optax decays the Muon
+    # leaves only: the same here, since the mask selects just those).
+    actual = run_eqxopt(
+        eqxopt.Muon(0.02, weight_decay_mask=mask, muon_mask=mask, **kw), PARAMS, GRADS
+    )
+    expected = run_optax(
+        optax.contrib.muon(0.02, weight_decay=0.5, adam_weight_decay=0.0), PARAMS, GRADS
+    )
+    assert_histories_close(actual, expected)
+    opt = eqxopt.Muon(0.02, weight_decay_mask=mask, muon_mask=mask)
+    same = eqxopt.Muon(0.02, weight_decay_mask=mask, muon_mask=mask)
+    assert opt.weight_decay_mask == same.weight_decay_mask  # frozen: equal copies
+
+
+def test_muon_masks_are_checked_at_init():
+    with pytest.raises(ValueError, match="weight_decay_mask does not have the tree"):
+        eqxopt.Muon(0.1, weight_decay_mask={"scale": True}).init(PARAMS)
+    with pytest.raises(ValueError, match="muon_mask does not have the tree"):
+        eqxopt.Muon(0.1, muon_mask={"scale": True}).init(PARAMS)
+    with pytest.raises(TypeError, match=r"weight_decay_mask\['dense'\] must be a bool"):
+        eqxopt.Muon(0.1, weight_decay_mask={**_MATRICES, "dense": 1.0})

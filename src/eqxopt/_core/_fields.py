@@ -43,11 +43,14 @@ DTypeLike: TypeAlias = Any
 
 
 class _Hyper(NamedConverter):
-    def __init__(self, schedule: bool, bounds: dict[str, Any]):
+    def __init__(self, schedule: bool, bounds: dict[str, Any], optional: bool = False):
         self.schedule = schedule
         self.bounds = bounds
+        self.optional = optional
 
     def __call__(self, value: Any) -> Any:
+        if value is None and self.optional:
+            return None
         if isinstance(value, AbstractSchedule) and self.schedule:
             return value
         if callable(value):
@@ -60,7 +63,12 @@ class _Hyper(NamedConverter):
 
 
 class _LearningRate(NamedConverter):
-    def __call__(self, value: Any) -> AbstractSchedule:
+    def __init__(self, optional: bool = False):
+        self.optional = optional
+
+    def __call__(self, value: Any) -> AbstractSchedule | None:
+        if value is None and self.optional:
+            return None
         return as_schedule(self.name, value)
 
 
@@ -116,29 +124,35 @@ def hyper(
     high_open: bool = False,
     allow_inf: bool = False,
     schedule: bool = True,
+    optional: bool = False,
     kw_only: bool = False,
 ) -> Any:
     """A float hyperparameter: a number or scalar array (checked against the bounds,
     stored as a scalar array) or, unless `schedule=False`, a schedule module (used
-    as it is; `values_at` calls it at the step)."""
+    as it is; `values_at` calls it at the step). With `optional=True`, `None` is
+    kept as `None` (an option that is off, or that defaults to another field)."""
     bounds = dict(
         low=low, high=high, low_open=low_open, high_open=high_open, allow_inf=allow_inf
     )
-    converter = _Hyper(schedule, bounds)
+    converter = _Hyper(schedule, bounds, optional)
     return eqx.field(default=default, converter=converter, kw_only=kw_only)
 
 
-def learning_rate_field(default: Any = _REQUIRED, *, kw_only: bool = False) -> Any:
+def learning_rate_field(
+    default: Any = _REQUIRED, *, optional: bool = False, kw_only: bool = False
+) -> Any:
     """The learning rate: a float `>= 0`, a scalar array or a schedule; always held
-    as a schedule (`Constant` for a number)."""
-    return eqx.field(default=default, converter=_LearningRate(), kw_only=kw_only)
+    as a schedule (`Constant` for a number). With `optional=True`, `None` is kept as
+    `None` (for an optimizer that then uses a rule of its own)."""
+    converter = _LearningRate(optional)
+    return eqx.field(default=default, converter=converter, kw_only=kw_only)
 
 
-def mask_field(*, kw_only: bool = True) -> Any:
+def mask_field(default: Any = None, *, kw_only: bool = True) -> Any:
     """Which leaves an option applies to: `None` (all), a tree of bools (or a prefix
     of the params' structure) or a function of the params returning one. Frozen into
     a static value, so a new copy of the same mask reuses the compiled step."""
-    return eqx.field(default=None, converter=_Mask(), static=True, kw_only=kw_only)
+    return eqx.field(default=default, converter=_Mask(), static=True, kw_only=kw_only)
 
 
 def dtype_field(*, kw_only: bool = True) -> Any:

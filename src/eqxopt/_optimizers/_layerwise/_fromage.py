@@ -1,17 +1,11 @@
 """Fromage: Frobenius-matched gradient descent."""
 
-from typing import Any
-
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter
-from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
-from ..._core._tree import increment, zero_step
-from ._lamb import trust_ratio
+from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
+from ._trust import AbstractTrustRatioOptimizer
 
 
 class FromageState(eqx.Module):
@@ -26,7 +20,7 @@ class FromageState(eqx.Module):
     step: Int[Array, ""]
 
 
-class Fromage(AbstractTransform):
+class Fromage(AbstractTrustRatioOptimizer):
     """Fromage (Bernstein et al., 2020): steps of relative size `lr` per layer.
 
     For each leaf, with `lr` the learning rate at `step` and `|x|` the Frobenius norm
@@ -46,28 +40,16 @@ class Fromage(AbstractTransform):
       finite for zero parameters or gradients).
     """
 
-    learning_rate: AbstractSchedule
-    min_norm: Float[Array, ""]
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    min_norm: ScalarOrSchedule = hyper(1e-6, low=0.0)
 
-    def __init__(self, learning_rate: Any, min_norm: Any = 1e-6):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.min_norm = hyperparameter("min_norm", min_norm, low=0.0)
+    state_type = FromageState
+    moments = ()
 
-    def init(self, params: Params) -> FromageState:
-        del params
-        return FromageState(step=zero_step())
+    def ratio_options(self, h):
+        return dict(min_norm=h.min_norm)
 
-    def transform(
-        self, grads: Grads, state: FromageState, params: Params
-    ) -> tuple[Updates, FromageState]:
-        lr = self.learning_rate(state.step)
-        shrink = 1 / jnp.sqrt(1 + lr**2)
-        min_norm = self.min_norm
-
-        def rule(g, p):
-            step = trust_ratio(g, p, min_norm=min_norm) * g
-            # optax's order: -lr * shrink * step, plus (shrink - 1) * p.
-            return ((-lr * shrink) * step + (shrink - 1) * p,)
-
-        updates, _ = map_leaves(rule, grads, params, elementwise=False)
-        return updates, FromageState(step=increment(state.step))
+    def leaf(self, h, t, g, p):
+        shrink = 1 / jnp.sqrt(1 + h.learning_rate**2)
+        # optax's order: -lr * shrink * step, plus (shrink - 1) * p.
+        return ((-h.learning_rate * shrink) * self.scaled(h, g, p) + (shrink - 1) * p,)

@@ -6,41 +6,18 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter
-from ..._core._leafwise import map_leaves
-from ..._core._masks import Mask, resolve_mask
-from ..._core._schedule import AbstractSchedule, as_schedule
-from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
-
-
-def _norm(x: Array) -> Array:
-    return jnp.sqrt(jnp.sum(abs_sq(x)))
-
-
-def trust_ratio(
-    update: Array,
-    param: Array,
-    *,
-    min_norm: Any = 0.0,
-    trust_coefficient: Any = 1.0,
-    eps: Any = 0.0,
-) -> Array:
-    """`trust_coefficient * max(|p|, min_norm) / (max(|u|, min_norm) + eps)` for one
-    leaf (Frobenius norms), and `1` where either clipped norm is zero, so that a zero
-    parameter or a zero update is not frozen forever (as `optax.scale_by_trust_ratio`).
-    """
-    param_norm = jnp.maximum(_norm(param), min_norm)
-    update_norm = jnp.maximum(_norm(update), min_norm)
-    zero = (param_norm == 0.0) | (update_norm == 0.0)
-    safe_denominator = jnp.where(zero, 1.0, update_norm + eps)
-    return jnp.where(zero, 1.0, trust_coefficient * param_norm / safe_denominator)
-
-
-def check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
+from ..._core._base import Params
+from ..._core._fields import (
+    MaskLike,
+    ScalarOrSchedule,
+    flag_field,
+    hyper,
+    learning_rate_field,
+    mask_field,
+)
+from ..._core._masks import decay_flags
+from ..._core._tree import abs_sq
+from ._trust import AbstractTrustRatioOptimizer
 
 
 class LAMBState(eqx.Module):
@@ -58,7 +35,7 @@ class LAMBState(eqx.Module):
     nu: PyTree[Float[Array, "..."] | None]
 
 
-class LAMB(AbstractTransform):
+class LAMB(AbstractTrustRatioOptimizer):
     """LAMB: Adam with a layer-wise trust ratio (You et al., 2020).
 
     For each leaf, with `t = step + 1`, `lr` the learning rate at `step` and `|x|`
@@ -88,69 +65,27 @@ class LAMB(AbstractTransform):
       read as a tree of bools, never called.
     """
 
-    learning_rate: AbstractSchedule
-    b1: Float[Array, ""]
-    b2: Float[Array, ""]
-    eps: Float[Array, ""]
-    weight_decay: Float[Array, ""]
-    eps_root: Float[Array, ""]
-    mask: Mask
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    b2: ScalarOrSchedule = hyper(
+        0.999, low=0.0, high=1.0, low_open=True, high_open=True
+    )
+    eps: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True)
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    eps_root: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
+    mask: MaskLike = mask_field()
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        b1: Any = 0.9,
-        b2: Any = 0.999,
-        eps: Any = 1e-6,
-        weight_decay: Any = 0.0,
-        *,
-        eps_root: Any = 0.0,
-        mask: Mask = None,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.b1 = hyperparameter("b1", b1, low=0.0, high=1.0, high_open=True)
-        self.b2 = hyperparameter(
-            "b2", b2, low=0.0, high=1.0, low_open=True, high_open=True
-        )
-        self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-        self.eps_root = hyperparameter("eps_root", eps_root, low=0.0)
-        self.mask = mask
+    state_type = LAMBState
+    moments = ("mu", "nu")
 
-    def init(self, params: Params) -> LAMBState:
-        return LAMBState(
-            step=zero_step(),
-            mu=float_leaves_like(params),
-            nu=float_leaves_like(params),
-        )
-
-    def transform(
-        self, grads: Grads, state: LAMBState, params: Params
-    ) -> tuple[Updates, LAMBState]:
-        lr = self.learning_rate(state.step)
-        b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
-        weight_decay = self.weight_decay
-        t = increment(state.step)
-        bias1 = 1 - b1**t
-        bias2 = 1 - b2**t
-
-        def rule(g, p, mu, nu, decay):
-            mu = b1 * mu + (1 - b1) * g
-            nu = b2 * nu + (1 - b2) * abs_sq(g)
-            r = (mu / bias1) / (jnp.sqrt(nu / bias2 + eps_root) + eps)
-            if decay:
-                r = r + weight_decay * p
-            return -lr * trust_ratio(r, p) * r, mu, nu
-
-        updates, (mu, nu) = map_leaves(
-            rule,
-            grads,
-            params,
-            (state.mu, state.nu),
-            elementwise=False,
-            flags=resolve_mask(self.mask, params),
-        )
-        return updates, LAMBState(step=t, mu=mu, nu=nu)
+    def leaf(self, h, t, g, p, mu, nu, decayed):
+        mu = h.b1 * mu + (1 - h.b1) * g
+        nu = h.b2 * nu + (1 - h.b2) * abs_sq(g)
+        mu_hat, nu_hat = mu / (1 - h.b1**t), nu / (1 - h.b2**t)
+        r = mu_hat / (jnp.sqrt(nu_hat + h.eps_root) + h.eps)
+        if decayed:
+            r = r + h.weight_decay * p
+        return -h.learning_rate * self.scaled(h, r, p), mu, nu
 
 
 class LARSState(eqx.Module):
@@ -168,7 +103,7 @@ class LARSState(eqx.Module):
     velocity: PyTree[Float[Array, "..."] | None]
 
 
-class LARS(AbstractTransform):
+class LARS(AbstractTrustRatioOptimizer):
     """LARS: SGD with momentum and a layer-wise trust ratio (You et al., 2017).
 
     For each leaf, with `lr` the learning rate at `step` and `|x|` the Frobenius norm
@@ -200,65 +135,32 @@ class LARS(AbstractTransform):
     - `nesterov`: use Nesterov momentum.
     """
 
-    learning_rate: AbstractSchedule
-    weight_decay: Float[Array, ""]
-    trust_coefficient: Float[Array, ""]
-    eps: Float[Array, ""]
-    momentum: Float[Array, ""]
-    weight_decay_mask: Mask
-    trust_ratio_mask: Mask
-    nesterov: bool = eqx.field(static=True)
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay_mask: MaskLike = mask_field(True, kw_only=False)
+    trust_coefficient: ScalarOrSchedule = hyper(0.001, low=0.0, low_open=True)
+    eps: ScalarOrSchedule = hyper(0.0, low=0.0)
+    trust_ratio_mask: MaskLike = mask_field(True, kw_only=False)
+    momentum: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    nesterov: bool = flag_field(False, kw_only=False)
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        weight_decay: Any = 0.0,
-        weight_decay_mask: Mask = True,
-        trust_coefficient: Any = 0.001,
-        eps: Any = 0.0,
-        trust_ratio_mask: Mask = True,
-        momentum: Any = 0.9,
-        nesterov: bool = False,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-        self.trust_coefficient = hyperparameter(
-            "trust_coefficient", trust_coefficient, low=0.0, low_open=True
-        )
-        self.eps = hyperparameter("eps", eps, low=0.0)
-        self.momentum = hyperparameter(
-            "momentum", momentum, low=0.0, high=1.0, high_open=True
-        )
-        self.weight_decay_mask = weight_decay_mask
-        self.trust_ratio_mask = trust_ratio_mask
-        self.nesterov = check_bool("nesterov", nesterov)
+    state_type = LARSState
+    moments = ("velocity",)
 
-    def init(self, params: Params) -> LARSState:
-        return LARSState(step=zero_step(), velocity=float_leaves_like(params))
+    def ratio_options(self, h):
+        return dict(trust_coefficient=h.trust_coefficient, eps=h.eps)
 
-    def transform(
-        self, grads: Grads, state: LARSState, params: Params
-    ) -> tuple[Updates, LARSState]:
-        lr = self.learning_rate(state.step)
-        weight_decay, momentum = self.weight_decay, self.momentum
-        coefficient, eps = self.trust_coefficient, self.eps
+    def _flags(self, params: Params) -> Any:
+        # Two masks: (decayed, scaled) for each leaf.
+        decayed = decay_flags(self.weight_decay_mask, params, "weight_decay_mask")
+        scaled = decay_flags(self.trust_ratio_mask, params, "trust_ratio_mask")
+        return list(zip(decayed, scaled))
 
-        def rule(g, p, v, flags):
-            decay, scaled = flags
-            r = g + weight_decay * p if decay else g
-            if scaled:
-                r = trust_ratio(r, p, trust_coefficient=coefficient, eps=eps) * r
-            r = lr * r
-            v = momentum * v + r
-            return -(r + momentum * v if self.nesterov else v), v
-
-        flags = list(
-            zip(
-                resolve_mask(self.weight_decay_mask, params, "weight_decay_mask"),
-                resolve_mask(self.trust_ratio_mask, params, "trust_ratio_mask"),
-            )
-        )
-        updates, (velocity,) = map_leaves(
-            rule, grads, params, (state.velocity,), elementwise=False, flags=flags
-        )
-        return updates, LARSState(step=increment(state.step), velocity=velocity)
+    def leaf(self, h, t, g, p, v, flags):
+        decayed, scaled = flags
+        r = g + h.weight_decay * p if decayed else g
+        if scaled:
+            r = self.scaled(h, r, p)
+        r = h.learning_rate * r
+        v = h.momentum * v + r
+        return -(r + h.momentum * v if self.nesterov else v), v

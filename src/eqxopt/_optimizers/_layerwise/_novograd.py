@@ -1,20 +1,16 @@
 """NovoGrad: layer-wise second moments."""
 
-from typing import Any
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter
-from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._base import Params
+from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
+from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._tree import (
     abs_sq,
     float_leaves_like,
-    increment,
     is_float_leaf,
     scalar_for_leaf,
     zero_step,
@@ -38,7 +34,7 @@ class NovoGradState(eqx.Module):
     nu: PyTree[Float[Array, ""] | None]
 
 
-class NovoGrad(AbstractTransform):
+class NovoGrad(AbstractLeafwiseOptimizer):
     """NovoGrad (Ginsburg et al., 2019): Adam-like steps with one second moment per
     layer.
 
@@ -68,31 +64,19 @@ class NovoGrad(AbstractTransform):
     - `eps_root`: added inside the root, `>= 0`.
     """
 
-    learning_rate: AbstractSchedule
-    b1: Float[Array, ""]
-    b2: Float[Array, ""]
-    eps: Float[Array, ""]
-    weight_decay: Float[Array, ""]
-    eps_root: Float[Array, ""]
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    b2: ScalarOrSchedule = hyper(0.25, low=0.0, high=1.0, high_open=True)
+    eps: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True)
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    eps_root: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        b1: Any = 0.9,
-        b2: Any = 0.25,
-        eps: Any = 1e-6,
-        weight_decay: Any = 0.0,
-        *,
-        eps_root: Any = 0.0,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.b1 = hyperparameter("b1", b1, low=0.0, high=1.0, high_open=True)
-        self.b2 = hyperparameter("b2", b2, low=0.0, high=1.0, high_open=True)
-        self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-        self.eps_root = hyperparameter("eps_root", eps_root, low=0.0)
+    state_type = NovoGradState
+    moments = ("mu", "nu")
+    elementwise = False
 
     def init(self, params: Params) -> NovoGradState:
+        # `nu` is one scalar per leaf, not shaped like it.
         def scalar(p):
             return scalar_for_leaf(p) if is_float_leaf(p) else None
 
@@ -102,22 +86,10 @@ class NovoGrad(AbstractTransform):
             nu=jax.tree.map(scalar, params),
         )
 
-    def transform(
-        self, grads: Grads, state: NovoGradState, params: Params
-    ) -> tuple[Updates, NovoGradState]:
-        lr = self.learning_rate(state.step)
-        b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
-        weight_decay = self.weight_decay
-        first = state.step == 0
-
-        def rule(g, p, mu, nu):
-            sq_norm = jnp.sum(abs_sq(g))
-            nu = jnp.where(first, sq_norm, b2 * nu + (1 - b2) * sq_norm)
-            r = g / (jnp.sqrt(nu + eps_root) + eps) + weight_decay * p
-            mu = jnp.where(first, r, b1 * mu + r)
-            return -lr * mu, mu, nu
-
-        updates, (mu, nu) = map_leaves(
-            rule, grads, params, (state.mu, state.nu), elementwise=False
-        )
-        return updates, NovoGradState(step=increment(state.step), mu=mu, nu=nu)
+    def leaf(self, h, t, g, p, mu, nu):
+        first = t == 1  # the optimizer's first update
+        sq_norm = jnp.sum(abs_sq(g))
+        nu = jnp.where(first, sq_norm, h.b2 * nu + (1 - h.b2) * sq_norm)
+        r = g / (jnp.sqrt(nu + h.eps_root) + h.eps) + h.weight_decay * p
+        mu = jnp.where(first, r, h.b1 * mu + r)
+        return -h.learning_rate * mu, mu, nu

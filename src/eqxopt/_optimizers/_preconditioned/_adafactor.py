@@ -6,13 +6,23 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Float32, Int, PyTree
+from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import float_dtype_or_none, hyperparameter, is_concrete
+from ..._core._checks import float_dtype_or_none
+from ..._core._fields import (
+    MaskLike,
+    ScalarOrSchedule,
+    checked_field,
+    count_field,
+    flag_field,
+    hyper,
+    learning_rate_field,
+    mask_field,
+    values_at,
+)
 from ..._core._leafwise import map_leaves
-from ..._core._masks import Mask, resolve_mask
-from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._masks import decay_flags
 from ..._core._tree import (
     abs_sq,
     align_grads,
@@ -22,17 +32,15 @@ from ..._core._tree import (
     is_float_leaf,
     zero_step,
 )
-from .._layerwise._lamb import check_bool
+from ._counts import static_count
 
 _MIN_PARAM_SCALE = 1e-3  # the paper's eps_2; optax.scale_by_param_block_rms's floor
 
 
-class _RelativeStep(AbstractSchedule):
+def _relative_step(step: Int[Array, ""]) -> Float[Array, ""]:
     """The paper's relative step size `rho(s) = min(1e-2, 1 / sqrt(s + 1))`."""
-
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        s = jnp.asarray(step).astype(jnp.float32)
-        return jnp.minimum(jnp.float32(1e-2), jax.lax.rsqrt(s + 1.0))
+    s = jnp.asarray(step).astype(jnp.float32)
+    return jnp.minimum(jnp.float32(1e-2), jax.lax.rsqrt(s + 1.0))
 
 
 class AdafactorState(eqx.Module):
@@ -116,75 +124,23 @@ class Adafactor(AbstractTransform):
       bools (or a prefix of params), or a function of params returning one.
     """
 
-    learning_rate: AbstractSchedule
-    decay_rate: Float[Array, ""]
-    decay_offset: Int[Array, ""]
-    clipping_threshold: Float[Array, ""] | None
-    momentum: Float[Array, ""] | None
-    weight_decay_rate: Float[Array, ""]
-    eps: Float[Array, ""]
-    weight_decay_mask: Mask
-    min_dim_size_to_factor: int = eqx.field(static=True)
-    multiply_by_parameter_scale: bool = eqx.field(static=True)
-    dtype_momentum: Any = eqx.field(static=True)
-    factored: bool = eqx.field(static=True)
-
-    def __init__(
-        self,
-        learning_rate: Any = None,
-        min_dim_size_to_factor: int = 128,
-        decay_rate: Any = 0.8,
-        decay_offset: Any = 0,
-        multiply_by_parameter_scale: bool = True,
-        clipping_threshold: Any = 1.0,
-        momentum: Any = None,
-        dtype_momentum: Any = jnp.float32,
-        weight_decay_rate: Any = 0.0,
-        eps: Any = 1e-30,
-        factored: bool = True,
-        weight_decay_mask: Mask = None,
-    ):
-        self.learning_rate = (
-            _RelativeStep()
-            if learning_rate is None
-            else as_schedule("learning_rate", learning_rate)
-        )
-        if isinstance(min_dim_size_to_factor, bool) or not isinstance(
-            min_dim_size_to_factor, (int, np.integer)
-        ):
-            raise TypeError(
-                "min_dim_size_to_factor must be an int, got "
-                f"{type(min_dim_size_to_factor).__name__}"
-            )
-        if min_dim_size_to_factor < 1:
-            raise ValueError(
-                f"min_dim_size_to_factor must be >= 1, got {min_dim_size_to_factor}"
-            )
-        self.min_dim_size_to_factor = int(min_dim_size_to_factor)
-        self.decay_rate = hyperparameter("decay_rate", decay_rate, low=0.0)
-        self.decay_offset = _offset(decay_offset)
-        self.multiply_by_parameter_scale = check_bool(
-            "multiply_by_parameter_scale", multiply_by_parameter_scale
-        )
-        self.clipping_threshold = (
-            None
-            if clipping_threshold is None
-            else hyperparameter(
-                "clipping_threshold", clipping_threshold, low=0.0, low_open=True
-            )
-        )
-        self.momentum = (
-            None
-            if momentum is None
-            else hyperparameter("momentum", momentum, low=0.0, high=1.0, high_open=True)
-        )
-        self.dtype_momentum = float_dtype_or_none("dtype_momentum", dtype_momentum)
-        self.weight_decay_rate = hyperparameter(
-            "weight_decay_rate", weight_decay_rate, low=0.0
-        )
-        self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
-        self.factored = check_bool("factored", factored)
-        self.weight_decay_mask = weight_decay_mask
+    learning_rate: ScalarOrSchedule | None = learning_rate_field(None, optional=True)
+    # Static: it decides which leaves are factored, so the state's shapes.
+    min_dim_size_to_factor: int = checked_field(static_count, 128, static=True)
+    decay_rate: ScalarOrSchedule = hyper(0.8, low=0.0)
+    decay_offset: Int[Array, ""] = count_field(0, at_least_one=False)
+    multiply_by_parameter_scale: bool = flag_field(True, kw_only=False)
+    clipping_threshold: ScalarOrSchedule | None = hyper(
+        1.0, low=0.0, low_open=True, optional=True
+    )
+    momentum: ScalarOrSchedule | None = hyper(
+        None, low=0.0, high=1.0, high_open=True, optional=True
+    )
+    dtype_momentum: Any = checked_field(float_dtype_or_none, jnp.float32, static=True)
+    weight_decay_rate: ScalarOrSchedule = hyper(0.0, low=0.0)
+    eps: ScalarOrSchedule = hyper(1e-30, low=0.0, low_open=True)
+    factored: bool = flag_field(True, kw_only=False)
+    weight_decay_mask: MaskLike = mask_field(kw_only=False)
 
     def factored_axes(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
         """`(b, a)`: the second-largest and largest axis of a leaf of this shape, if
@@ -208,6 +164,7 @@ class Adafactor(AbstractTransform):
             col = jnp.zeros(p.shape[:b] + p.shape[b + 1 :], p.dtype)
             return row, col, None
 
+        decay_flags(self.weight_decay_mask, params, "weight_decay_mask")  # checked
         leaves, treedef = jax.tree.flatten(params)
         rows, cols, full = zip(*map(stats, leaves)) if leaves else ((), (), ())
         momentum = None
@@ -228,13 +185,14 @@ class Adafactor(AbstractTransform):
     def transform(
         self, grads: Grads, state: AdafactorState, params: Params
     ) -> tuple[Updates, AdafactorState]:
-        lr = self.learning_rate(state.step)
-        eps = self.eps
+        h = values_at(self, state.step)
+        lr = _relative_step(state.step) if h.learning_rate is None else h.learning_rate
+        eps = h.eps
         # Steps before the offset count as the first (optax gives NaN there).
         # `+ 1` in float32: in int32 it wraps at the saturated step (2**31 - 1).
         since = jnp.maximum(state.step - self.decay_offset, 0)
         t = since.astype(jnp.float32) + 1.0
-        beta = 1.0 - t ** (-self.decay_rate)
+        beta = 1.0 - t ** (-h.decay_rate)
 
         leaves, treedef = jax.tree.flatten(params)
         axes = [
@@ -281,8 +239,8 @@ class Adafactor(AbstractTransform):
             is_leaf=lambda x: x is None,
         )
 
-        threshold, momentum = self.clipping_threshold, self.momentum
-        weight_decay = self.weight_decay_rate
+        threshold, momentum = h.clipping_threshold, h.momentum
+        weight_decay = h.weight_decay_rate
 
         def finish_rule(u, p, *rest):
             *m, decay = rest
@@ -305,7 +263,7 @@ class Adafactor(AbstractTransform):
             params,
             moments,
             elementwise=False,
-            flags=resolve_mask(self.weight_decay_mask, params, "weight_decay_mask"),
+            flags=decay_flags(self.weight_decay_mask, params, "weight_decay_mask"),
         )
         return updates, AdafactorState(
             step=increment(state.step),
@@ -318,15 +276,3 @@ class Adafactor(AbstractTransform):
 
 def _rms(x: Array) -> Array:
     return jnp.sqrt(jnp.mean(abs_sq(x)))
-
-
-def _offset(value: Any) -> Int[Array, ""]:
-    if isinstance(value, bool) or jnp.ndim(value) != 0:
-        raise ValueError(f"decay_offset must be an integer scalar, got {value!r}")
-    if not jnp.issubdtype(jnp.result_type(value), jnp.integer):
-        raise TypeError(
-            f"decay_offset must be an integer, got dtype {jnp.result_type(value)}"
-        )
-    if is_concrete(value) and int(np.asarray(value)) < 0:
-        raise ValueError(f"decay_offset must be >= 0, got {int(np.asarray(value))}")
-    return jnp.asarray(value, dtype=jnp.int32)

@@ -1,18 +1,24 @@
 """L-BFGS with a zoom linesearch (Nocedal & Wright, Algorithms 7.4, 3.5 and 3.6)."""
 
+import types
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core import _dispatch
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter, is_concrete
-from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._fields import (
+    ScalarOrSchedule,
+    checked_field,
+    flag_field,
+    hyper,
+    learning_rate_field,
+    values_at,
+)
 from ..._core._tree import (
     align_grads,
     compute_dtype,
@@ -21,6 +27,7 @@ from ..._core._tree import (
     is_float_leaf,
     zero_step,
 )
+from ._counts import array_count, static_count
 
 
 class LBFGSState(eqx.Module):
@@ -111,7 +118,8 @@ def _quadmin(a, fa, fpa, b, fb):
 
 
 def _zoom_linesearch(
-    opt: "LBFGS",
+    h: types.SimpleNamespace,
+    max_steps: Int[Array, ""],
     value_and_grad: Callable[[list[Array]], tuple[Array, list[Array]]],
     params: list[Array],
     direction: list[Array],
@@ -119,7 +127,8 @@ def _zoom_linesearch(
     grad0: list[Array],
 ) -> dict[str, Any]:
     """A step size along `direction` with sufficient decrease and small curvature
-    (strong Wolfe conditions), as `optax.scale_by_zoom_linesearch` finds it."""
+    (strong Wolfe conditions), as `optax.scale_by_zoom_linesearch` finds it; `h`
+    holds the optimizer's hyperparameters at this step."""
     # Every scalar in value0's dtype: the branches of the loop's conds must agree,
     # and hyperparameters are float64 under jax_enable_x64 whatever the params.
     dtype = value0.dtype
@@ -127,13 +136,12 @@ def _zoom_linesearch(
     def scalar(x: Any) -> Any:
         return None if x is None else jnp.asarray(x).astype(dtype)
 
-    tol = scalar(opt.tol)
-    slope_rtol, curv_rtol = scalar(opt.slope_rtol), scalar(opt.curv_rtol)
-    approx_dec_rtol = scalar(opt.approx_dec_rtol)
-    threshold = scalar(opt.stepsize_precision)
-    increase_factor = scalar(opt.increase_factor)
-    max_learning_rate = scalar(opt.max_learning_rate)
-    max_steps = opt.max_linesearch_steps
+    tol = scalar(h.tol)
+    slope_rtol, curv_rtol = scalar(h.slope_rtol), scalar(h.curv_rtol)
+    approx_dec_rtol = scalar(h.approx_dec_rtol)
+    threshold = scalar(h.stepsize_precision)
+    increase_factor = scalar(h.increase_factor)
+    max_learning_rate = scalar(h.max_learning_rate)
 
     def on_line(stepsize):
         value, grad = value_and_grad(_add_scale(params, stepsize, direction))
@@ -426,90 +434,27 @@ class LBFGS(AbstractTransform):
       step with sufficient decrease is known, take it, `>= 0`.
     """
 
-    learning_rate: AbstractSchedule
-    max_linesearch_steps: Int[Array, ""]
-    max_learning_rate: Float[Array, ""] | None
-    tol: Float[Array, ""]
-    increase_factor: Float[Array, ""]
-    slope_rtol: Float[Array, ""]
-    curv_rtol: Float[Array, ""]
-    approx_dec_rtol: Float[Array, ""] | None
-    stepsize_precision: Float[Array, ""]
-    memory_size: int = eqx.field(static=True)
-    scale_init_precond: bool = eqx.field(static=True)
-    linesearch: bool = eqx.field(static=True)
-
-    def __init__(
-        self,
-        learning_rate: Any = 1.0,
-        memory_size: int = 10,
-        scale_init_precond: bool = True,
-        *,
-        linesearch: bool = True,
-        max_linesearch_steps: Any = 20,
-        max_learning_rate: Any = None,
-        tol: Any = 0.0,
-        increase_factor: Any = 2.0,
-        slope_rtol: Any = 1e-4,
-        curv_rtol: Any = 0.9,
-        approx_dec_rtol: Any = 1e-6,
-        stepsize_precision: Any = 1e-5,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        if (
-            isinstance(memory_size, bool)
-            or not isinstance(memory_size, int)
-            or memory_size < 1
-        ):
-            raise ValueError(f"memory_size must be an int >= 1, got {memory_size!r}")
-        self.memory_size = memory_size
-        for name, flag in (
-            ("scale_init_precond", scale_init_precond),
-            ("linesearch", linesearch),
-        ):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        self.scale_init_precond = scale_init_precond
-        self.linesearch = linesearch
-        if (
-            isinstance(max_linesearch_steps, bool)
-            or jnp.ndim(max_linesearch_steps) != 0
-            or not jnp.issubdtype(jnp.result_type(max_linesearch_steps), jnp.integer)
-            or (
-                is_concrete(max_linesearch_steps)
-                and int(np.asarray(max_linesearch_steps)) < 1
-            )
-        ):
-            raise ValueError(
-                "max_linesearch_steps must be an int >= 1, got "
-                f"{max_linesearch_steps!r}"
-            )
-        self.max_linesearch_steps = jnp.asarray(max_linesearch_steps, jnp.int32)
-        self.max_learning_rate = (
-            None
-            if max_learning_rate is None
-            else hyperparameter(
-                "max_learning_rate", max_learning_rate, low=0.0, low_open=True
-            )
-        )
-        self.tol = hyperparameter("tol", tol, low=0.0)
-        self.increase_factor = hyperparameter(
-            "increase_factor", increase_factor, low=1.0, low_open=True
-        )
-        self.slope_rtol = hyperparameter(
-            "slope_rtol", slope_rtol, low=0.0, high=1.0, low_open=True, high_open=True
-        )
-        self.curv_rtol = hyperparameter(
-            "curv_rtol", curv_rtol, low=0.0, high=1.0, low_open=True, high_open=True
-        )
-        self.approx_dec_rtol = (
-            None
-            if approx_dec_rtol is None
-            else hyperparameter("approx_dec_rtol", approx_dec_rtol, low=0.0)
-        )
-        self.stepsize_precision = hyperparameter(
-            "stepsize_precision", stepsize_precision, low=0.0
-        )
+    learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
+    # Static: it decides the shapes of the state.
+    memory_size: int = checked_field(static_count, 10, static=True)
+    scale_init_precond: bool = flag_field(True, kw_only=False)
+    linesearch: bool = flag_field(True)
+    max_linesearch_steps: Int[Array, ""] = checked_field(array_count, 20, kw_only=True)
+    max_learning_rate: ScalarOrSchedule | None = hyper(
+        None, low=0.0, low_open=True, optional=True, kw_only=True
+    )
+    tol: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
+    increase_factor: ScalarOrSchedule = hyper(2.0, low=1.0, low_open=True, kw_only=True)
+    slope_rtol: ScalarOrSchedule = hyper(
+        1e-4, low=0.0, high=1.0, low_open=True, high_open=True, kw_only=True
+    )
+    curv_rtol: ScalarOrSchedule = hyper(
+        0.9, low=0.0, high=1.0, low_open=True, high_open=True, kw_only=True
+    )
+    approx_dec_rtol: ScalarOrSchedule | None = hyper(
+        1e-6, low=0.0, optional=True, kw_only=True
+    )
+    stepsize_precision: ScalarOrSchedule = hyper(1e-5, low=0.0, kw_only=True)
 
     def init(self, params: Params) -> LBFGSState:
         def zeros(shape=()):
@@ -604,7 +549,8 @@ class LBFGS(AbstractTransform):
         else:
             scale = jnp.ones((), real)
         hg = _two_loop(g, diff_params, diff_grads, weights, scale, memory_idx)
-        lr = self.learning_rate(count).astype(real)
+        h = values_at(self, count)
+        lr = h.learning_rate.astype(real)
         direction = [-lr * x for x in hg]
 
         new_grad = pick(state.grad)
@@ -626,7 +572,9 @@ class LBFGS(AbstractTransform):
                 value0 = value_and_grad(p)[0]
             else:
                 value0 = jnp.asarray(value).astype(real)
-            found = _zoom_linesearch(self, value_and_grad, p, direction, value0, g)
+            found = _zoom_linesearch(
+                h, self.max_linesearch_steps, value_and_grad, p, direction, value0, g
+            )
             stepsize = found["stepsize"]
             new_value = found["value"].astype(real)
             new_grad = found["grad"]

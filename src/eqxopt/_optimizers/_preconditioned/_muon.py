@@ -8,10 +8,21 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import float_dtype_or_none, hyperparameter, is_concrete
+from ..._core._checks import is_concrete
+from ..._core._fields import (
+    DTypeLike,
+    MaskLike,
+    ScalarOrSchedule,
+    checked_field,
+    dtype_field,
+    flag_field,
+    hyper,
+    learning_rate_field,
+    mask_field,
+    values_at,
+)
 from ..._core._leafwise import map_leaves
-from ..._core._masks import Mask, resolve_mask
-from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._masks import decay_flags
 from ..._core._tree import (
     abs_sq,
     align_grads,
@@ -20,6 +31,7 @@ from ..._core._tree import (
     is_float_leaf,
     zero_step,
 )
+from ._counts import static_count
 
 _DEFAULT_NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
@@ -71,7 +83,7 @@ def _muon_flags(mask: Any, params: Params) -> list[bool]:
     leaves_with_paths = jax.tree.leaves_with_path(params)
     if mask is None:
         return [is_float_leaf(p) and p.ndim == 2 for _, p in leaves_with_paths]
-    flags = resolve_mask(mask, params, "muon_mask")
+    flags = decay_flags(mask, params, "muon_mask")
     for (path, p), flag in zip(leaves_with_paths, flags):
         if flag and is_float_leaf(p) and p.ndim < 2:
             raise ValueError(
@@ -86,6 +98,19 @@ def _select(tree: PyTree, params: Params, keep: list[bool]) -> PyTree:
     leaves = align_grads(tree, params)
     treedef = jax.tree.structure(params)
     return treedef.unflatten([x if k else None for x, k in zip(leaves, keep)])
+
+
+def _ns_coeffs(name: str, value: Any) -> Array:
+    # The shape is checked against ns_steps in `Muon.__check_init__`.
+    try:
+        coeffs = jnp.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{name} must be 3 numbers or an (ns_steps, 3) array, got {value!r}"
+        ) from None
+    if is_concrete(coeffs) and not bool(jnp.all(jnp.isfinite(coeffs))):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return coeffs
 
 
 class Muon(AbstractTransform):
@@ -148,83 +173,44 @@ class Muon(AbstractTransform):
       parameter's).
     """
 
-    learning_rate: AbstractSchedule
-    adam_learning_rate: AbstractSchedule
-    beta: Float[Array, ""]
-    ns_coeffs: Float[Array, "k 3"]
-    eps: Float[Array, ""]
-    weight_decay: Float[Array, ""]
-    adam_b1: Float[Array, ""]
-    adam_b2: Float[Array, ""]
-    adam_eps_root: Float[Array, ""]
-    adam_weight_decay: Float[Array, ""]
-    consistent_rms: Float[Array, ""] | None
-    weight_decay_mask: Any
-    muon_mask: Any
-    nesterov: bool = eqx.field(static=True)
-    mu_dtype: Any = eqx.field(static=True)
-    nu_dtype: Any = eqx.field(static=True)
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    beta: ScalarOrSchedule = hyper(0.95, low=0.0, high=1.0, high_open=True)
+    # Static: the number of Newton-Schulz steps unrolled in the compiled step.
+    ns_steps: int = checked_field(static_count, 5, static=True)
+    ns_coeffs: Float[Array, "*k 3"] = checked_field(_ns_coeffs, _DEFAULT_NS_COEFFS)
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay_mask: MaskLike = mask_field()
+    nesterov: bool = flag_field(True)
+    muon_mask: MaskLike = mask_field()
+    consistent_rms: ScalarOrSchedule | None = hyper(
+        None, low=0.0, low_open=True, optional=True, kw_only=True
+    )
+    adam_b1: ScalarOrSchedule = hyper(
+        0.9, low=0.0, high=1.0, high_open=True, kw_only=True
+    )
+    adam_b2: ScalarOrSchedule = hyper(
+        0.999, low=0.0, high=1.0, low_open=True, high_open=True, kw_only=True
+    )
+    adam_eps_root: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
+    adam_weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
+    adam_learning_rate: ScalarOrSchedule | None = learning_rate_field(
+        None, optional=True, kw_only=True
+    )
+    mu_dtype: DTypeLike = dtype_field()
+    nu_dtype: DTypeLike = dtype_field()
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        beta: Any = 0.95,
-        ns_steps: int = 5,
-        ns_coeffs: Any = _DEFAULT_NS_COEFFS,
-        eps: Any = 1e-8,
-        weight_decay: Any = 0.0,
-        *,
-        weight_decay_mask: Mask = None,
-        nesterov: bool = True,
-        muon_mask: Mask = None,
-        consistent_rms: Any = None,
-        adam_b1: Any = 0.9,
-        adam_b2: Any = 0.999,
-        adam_eps_root: Any = 0.0,
-        adam_weight_decay: Any = 0.0,
-        adam_learning_rate: Any = None,
-        mu_dtype: Any = None,
-        nu_dtype: Any = None,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.adam_learning_rate = (
-            self.learning_rate
-            if adam_learning_rate is None
-            else as_schedule("adam_learning_rate", adam_learning_rate)
-        )
-        self.beta = hyperparameter("beta", beta, low=0.0, high=1.0, high_open=True)
-        if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 1:
-            raise ValueError(f"ns_steps must be an int >= 1, got {ns_steps!r}")
-        self.ns_coeffs = _ns_coeffs(ns_coeffs, ns_steps)
-        self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-        self.adam_b1 = hyperparameter(
-            "adam_b1", adam_b1, low=0.0, high=1.0, high_open=True
-        )
-        self.adam_b2 = hyperparameter(
-            "adam_b2", adam_b2, low=0.0, high=1.0, low_open=True, high_open=True
-        )
-        self.adam_eps_root = hyperparameter("adam_eps_root", adam_eps_root, low=0.0)
-        self.adam_weight_decay = hyperparameter(
-            "adam_weight_decay", adam_weight_decay, low=0.0
-        )
-        self.consistent_rms = (
-            None
-            if consistent_rms is None
-            else hyperparameter(
-                "consistent_rms", consistent_rms, low=0.0, low_open=True
+    def __check_init__(self):
+        k = self.ns_steps
+        if self.ns_coeffs.shape not in ((3,), (k, 3)):
+            raise ValueError(
+                f"ns_coeffs must have shape (3,) or (ns_steps, 3) = ({k}, 3), "
+                f"got shape {self.ns_coeffs.shape}"
             )
-        )
-        self.weight_decay_mask = weight_decay_mask
-        self.muon_mask = muon_mask
-        if not isinstance(nesterov, bool):
-            raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
-        self.nesterov = nesterov
-        self.mu_dtype = float_dtype_or_none("mu_dtype", mu_dtype)
-        self.nu_dtype = float_dtype_or_none("nu_dtype", nu_dtype)
 
     def init(self, params: Params) -> MuonState:
         flags = _muon_flags(self.muon_mask, params)
+        decay_flags(self.weight_decay_mask, params, "weight_decay_mask")  # checked
         nu = float_leaves_like(params, self.nu_dtype)
         return MuonState(
             step=zero_step(),
@@ -236,14 +222,14 @@ class Muon(AbstractTransform):
         self, grads: Grads, state: MuonState, params: Params
     ) -> tuple[Updates, MuonState]:
         is_muon = _muon_flags(self.muon_mask, params)
-        decays = resolve_mask(self.weight_decay_mask, params, "weight_decay_mask")
+        decays = decay_flags(self.weight_decay_mask, params, "weight_decay_mask")
         t = increment(state.step)
         nesterov = self.nesterov
+        h = values_at(self, state.step)
 
-        lr = self.learning_rate(state.step)
-        beta, eps, wd = self.beta, self.eps, self.weight_decay
-        coeffs = self.ns_coeffs
-        rms = self.consistent_rms
+        lr, beta, eps, wd = h.learning_rate, h.beta, h.eps, h.weight_decay
+        coeffs = jnp.broadcast_to(self.ns_coeffs, (self.ns_steps, 3))
+        rms = h.consistent_rms
 
         def muon_rule(g, p, mu, decay):
             mu = beta * mu + (1 - beta) * g
@@ -263,9 +249,9 @@ class Muon(AbstractTransform):
                 direction = direction + wd * p
             return -lr * direction, mu
 
-        adam_lr = self.adam_learning_rate(state.step)
-        b1, b2 = self.adam_b1, self.adam_b2
-        eps_root, adam_wd = self.adam_eps_root, self.adam_weight_decay
+        adam_lr = lr if h.adam_learning_rate is None else h.adam_learning_rate
+        b1, b2 = h.adam_b1, h.adam_b2
+        eps_root, adam_wd = h.adam_eps_root, h.adam_weight_decay
 
         def adam_rule(g, p, mu, nu, decay):
             mu = b1 * mu + (1 - b1) * g
@@ -306,22 +292,3 @@ def _merge(a: PyTree, b: PyTree, params: Params, take_a: list[bool]) -> PyTree:
     return jax.tree.structure(params).unflatten(
         [x if k else y for x, y, k in zip(a_leaves, b_leaves, take_a)]
     )
-
-
-def _ns_coeffs(value: Any, ns_steps: int) -> Array:
-    try:
-        coeffs = jnp.asarray(value, dtype=float)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"ns_coeffs must be 3 numbers or an (ns_steps, 3) array, got {value!r}"
-        ) from None
-    if coeffs.shape == (3,):
-        coeffs = jnp.broadcast_to(coeffs, (ns_steps, 3))
-    elif coeffs.shape != (ns_steps, 3):
-        raise ValueError(
-            f"ns_coeffs must have shape (3,) or (ns_steps, 3) = ({ns_steps}, 3), "
-            f"got shape {coeffs.shape}"
-        )
-    if is_concrete(coeffs) and not bool(jnp.all(jnp.isfinite(coeffs))):
-        raise ValueError(f"ns_coeffs must be finite, got {value!r}")
-    return coeffs

@@ -1,7 +1,6 @@
 """SM3: memory-efficient adaptive steps from per-axis accumulators."""
 
 import functools
-from typing import Any
 
 import equinox as eqx
 import jax
@@ -9,15 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter, reject_complex
-from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._base import Grads, Params, Updates
+from ..._core._checks import reject_complex
+from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
+from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._tree import (
     abs_sq,
     float_leaves_like,
     full_like_leaf,
-    increment,
     is_float_leaf,
     zero_step,
 )
@@ -53,7 +51,7 @@ def _expanded(shape: tuple[int, ...], axis: int) -> list[int]:
     return [1] * axis + [shape[axis]] + [1] * (len(shape) - axis - 1)
 
 
-class SM3(AbstractTransform):
+class SM3(AbstractLeafwiseOptimizer):
     """SM3-II (Anil et al., 2019) with momentum, as `optax.sm3`.
 
     For a leaf of rank `>= 2`, each axis `i` keeps one accumulator per index along
@@ -78,16 +76,13 @@ class SM3(AbstractTransform):
     - `eps`: added to the accumulator inside the root, `>= 0`.
     """
 
-    learning_rate: AbstractSchedule
-    momentum: Float[Array, ""]
-    eps: Float[Array, ""]
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    momentum: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, kw_only=True)
 
-    def __init__(self, learning_rate: Any, momentum: Any = 0.9, *, eps: Any = 1e-8):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.momentum = hyperparameter(
-            "momentum", momentum, low=0.0, high=1.0, high_open=True
-        )
-        self.eps = hyperparameter("eps", eps, low=0.0)
+    state_type = SM3State
+    moments = ("accumulators", "momentum")
+    elementwise = False
 
     def init(self, params: Params) -> SM3State:
         reject_complex(params, "params", "SM3", _WHY)
@@ -110,42 +105,28 @@ class SM3(AbstractTransform):
         self, grads: Grads, state: SM3State, params: Params
     ) -> tuple[Updates, SM3State]:
         reject_complex(params, "params", "SM3", _WHY)
-        lr = self.learning_rate(state.step)
-        momentum, eps = self.momentum, self.eps
+        return super().transform(grads, state, params)
 
-        def rule(g, p, a, m):
-            shape = g.shape
-            if g.ndim < 2:
-                acc = a.reshape(shape) + abs_sq(g)
-                new_a = acc.reshape(-1)
-            else:
-                splits = np.cumsum(shape)[:-1].tolist()
-                per_axis = jnp.split(a, splits)
-                floor = functools.reduce(
-                    jnp.minimum,
-                    [v.reshape(_expanded(shape, i)) for i, v in enumerate(per_axis)],
-                )
-                acc = floor + abs_sq(g)
-                axes = range(g.ndim)
-                new_a = jnp.concatenate(
-                    [
-                        jnp.max(acc, axis=tuple(j for j in axes if j != i), initial=0.0)
-                        for i in axes
-                    ]
-                )
-            u = g * jnp.where(acc > 0, jax.lax.rsqrt(acc + eps), 0.0)
-            m = momentum * m + (1 - momentum) * u
-            return -lr * m, new_a, m
-
-        updates, (accumulators, new_momentum) = map_leaves(
-            rule,
-            grads,
-            params,
-            (state.accumulators, state.momentum),
-            elementwise=False,
-        )
-        return updates, SM3State(
-            step=increment(state.step),
-            accumulators=accumulators,
-            momentum=new_momentum,
-        )
+    def leaf(self, h, t, g, p, a, m):
+        shape = g.shape
+        if g.ndim < 2:
+            acc = a.reshape(shape) + abs_sq(g)
+            new_a = acc.reshape(-1)
+        else:
+            splits = np.cumsum(shape)[:-1].tolist()
+            per_axis = jnp.split(a, splits)
+            floor = functools.reduce(
+                jnp.minimum,
+                [v.reshape(_expanded(shape, i)) for i, v in enumerate(per_axis)],
+            )
+            acc = floor + abs_sq(g)
+            axes = range(g.ndim)
+            new_a = jnp.concatenate(
+                [
+                    jnp.max(acc, axis=tuple(j for j in axes if j != i), initial=0.0)
+                    for i in axes
+                ]
+            )
+        u = g * jnp.where(acc > 0, jax.lax.rsqrt(acc + h.eps), 0.0)
+        m = h.momentum * m + (1 - h.momentum) * u
+        return -h.learning_rate * m, new_a, m

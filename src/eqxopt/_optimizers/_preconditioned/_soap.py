@@ -5,12 +5,18 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter, is_concrete, reject_complex
-from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._checks import reject_complex
+from ..._core._fields import (
+    ScalarOrSchedule,
+    checked_field,
+    flag_field,
+    hyper,
+    learning_rate_field,
+    values_at,
+)
 from ..._core._tree import (
     align_grads,
     compute_dtype,
@@ -19,6 +25,7 @@ from ..._core._tree import (
     is_float_leaf,
     zero_step,
 )
+from ._counts import array_count, static_count
 
 # One entry per axis of a parameter: a (d, d) matrix, or None for an axis that is
 # not preconditioned (longer than max_precond_dim, or a 1-D leaf).
@@ -128,60 +135,18 @@ class SOAP(AbstractTransform):
     - `precondition_1d`: also rotate 1-D leaves (static bool).
     """
 
-    learning_rate: AbstractSchedule
-    b1: Float[Array, ""]
-    b2: Float[Array, ""]
-    shampoo_beta: Float[Array, ""]
-    eps: Float[Array, ""]
-    weight_decay: Float[Array, ""]
-    precondition_frequency: Int[Array, ""]
-    max_precond_dim: int = eqx.field(static=True)
-    precondition_1d: bool = eqx.field(static=True)
-
-    def __init__(
-        self,
-        learning_rate: Any = 3e-3,
-        b1: Any = 0.95,
-        b2: Any = 0.95,
-        shampoo_beta: Any = None,
-        eps: Any = 1e-8,
-        weight_decay: Any = 0.01,
-        precondition_frequency: Any = 10,
-        *,
-        max_precond_dim: int = 10000,
-        precondition_1d: bool = False,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.b1 = hyperparameter("b1", b1, low=0.0, high=1.0, high_open=True)
-        self.b2 = hyperparameter(
-            "b2", b2, low=0.0, high=1.0, low_open=True, high_open=True
-        )
-        self.shampoo_beta = (
-            self.b2
-            if shampoo_beta is None
-            else hyperparameter(
-                "shampoo_beta", shampoo_beta, low=0.0, high=1.0, high_open=True
-            )
-        )
-        self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-        self.precondition_frequency = _positive_int(
-            "precondition_frequency", precondition_frequency
-        )
-        if (
-            isinstance(max_precond_dim, bool)
-            or not isinstance(max_precond_dim, int)
-            or max_precond_dim < 1
-        ):
-            raise ValueError(
-                f"max_precond_dim must be an int >= 1, got {max_precond_dim!r}"
-            )
-        self.max_precond_dim = max_precond_dim
-        if not isinstance(precondition_1d, bool):
-            raise TypeError(
-                f"precondition_1d must be a bool, got {type(precondition_1d).__name__}"
-            )
-        self.precondition_1d = precondition_1d
+    learning_rate: ScalarOrSchedule = learning_rate_field(3e-3)
+    b1: ScalarOrSchedule = hyper(0.95, low=0.0, high=1.0, high_open=True)
+    b2: ScalarOrSchedule = hyper(0.95, low=0.0, high=1.0, low_open=True, high_open=True)
+    shampoo_beta: ScalarOrSchedule | None = hyper(
+        None, low=0.0, high=1.0, high_open=True, optional=True
+    )
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
+    weight_decay: ScalarOrSchedule = hyper(0.01, low=0.0)
+    precondition_frequency: Int[Array, ""] = checked_field(array_count, 10)
+    # Static: they decide the shapes of the state.
+    max_precond_dim: int = checked_field(static_count, 10000, static=True, kw_only=True)
+    precondition_1d: bool = flag_field(False)
 
     def _axes(self, p: Array) -> list[bool]:
         return _axis_sizes_preconditioned(
@@ -213,14 +178,9 @@ class SOAP(AbstractTransform):
         self, grads: Grads, state: SOAPState, params: Params
     ) -> tuple[Updates, SOAPState]:
         reject_complex(params, "params", "SOAP", _WHY)
-        lr = self.learning_rate(state.step)
-        b1, b2, sb, eps, wd = (
-            self.b1,
-            self.b2,
-            self.shampoo_beta,
-            self.eps,
-            self.weight_decay,
-        )
+        h = values_at(self, state.step)
+        lr, b1, b2, eps, wd = h.learning_rate, h.b1, h.b2, h.eps, h.weight_decay
+        sb = b2 if h.shampoo_beta is None else h.shampoo_beta
         k = state.step
         refresh = (k % self.precondition_frequency) == 0
         step_size = lr * jnp.sqrt(1 - b2**k) / (1 - b1**k)
@@ -313,13 +273,3 @@ def _like_inputs(rule: Any, skip: int = 0) -> Any:
         return jax.tree.map(lambda o, x: o.astype(x.dtype), out, args[skip:])
 
     return run
-
-
-def _positive_int(name: str, value: Any) -> Array:
-    if isinstance(value, bool) or jnp.ndim(value) != 0:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if not jnp.issubdtype(jnp.result_type(value), jnp.integer):
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if is_concrete(value) and int(np.asarray(value)) < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return jnp.asarray(value, dtype=jnp.int32)

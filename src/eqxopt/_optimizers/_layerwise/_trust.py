@@ -1,0 +1,56 @@
+"""The trust ratio of a layer, and the base of the optimizers that scale each leaf's
+step by it: LAMB, LARS and Fromage."""
+
+import types
+from typing import Any
+
+import jax.numpy as jnp
+from jaxtyping import Array
+
+from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._tree import abs_sq
+
+
+def _norm(x: Array) -> Array:
+    return jnp.sqrt(jnp.sum(abs_sq(x)))
+
+
+def trust_ratio(
+    update: Array,
+    param: Array,
+    *,
+    min_norm: Any = 0.0,
+    trust_coefficient: Any = 1.0,
+    eps: Any = 0.0,
+) -> Array:
+    """`trust_coefficient * max(|p|, min_norm) / (max(|u|, min_norm) + eps)` for one
+    leaf (Frobenius norms), and `1` where either clipped norm is zero, so that a zero
+    parameter or a zero update is not frozen forever (as `optax.scale_by_trust_ratio`).
+    """
+    param_norm = jnp.maximum(_norm(param), min_norm)
+    update_norm = jnp.maximum(_norm(update), min_norm)
+    zero = (param_norm == 0.0) | (update_norm == 0.0)
+    safe_denominator = jnp.where(zero, 1.0, update_norm + eps)
+    return jnp.where(zero, 1.0, trust_coefficient * param_norm / safe_denominator)
+
+
+class AbstractTrustRatioOptimizer(AbstractLeafwiseOptimizer):
+    """An optimizer whose step on each leaf is a direction `r` scaled by the leaf's
+    trust ratio `trust_coefficient * |p| / (|r| + eps)` (`trust_ratio`; norms of
+    the whole leaf, so the rule is not element-wise).
+
+    A subclass writes its `leaf` rule with `self.scaled(h, r, p)` for the scaled
+    direction, and says which of its hyperparameters shape the ratio by overriding
+    `ratio_options` (by default none: `min_norm=0`, `trust_coefficient=1`, `eps=0`).
+    """
+
+    elementwise = False
+
+    def ratio_options(self, h: types.SimpleNamespace) -> dict[str, Any]:
+        """Keyword arguments of `trust_ratio` from the hyperparameters at this step."""
+        del h
+        return {}
+
+    def scaled(self, h: types.SimpleNamespace, r: Array, p: Array) -> Array:
+        """`r` times the trust ratio of the leaf `p`."""
+        return trust_ratio(r, p, **self.ratio_options(h)) * r
