@@ -43,11 +43,14 @@ DTypeLike: TypeAlias = Any
 
 
 class _Hyper(NamedConverter):
-    def __init__(self, schedule: bool, bounds: dict[str, Any]):
+    def __init__(self, schedule: bool, bounds: dict[str, Any], optional: bool):
         self.schedule = schedule
         self.bounds = bounds
+        self.optional = optional
 
     def __call__(self, value: Any) -> Any:
+        if value is None and self.optional:
+            return None
         if isinstance(value, AbstractSchedule):
             if self.schedule:
                 return value
@@ -117,15 +120,18 @@ def hyper(
     high_open: bool = False,
     allow_inf: bool = False,
     schedule: bool = True,
+    optional: bool = False,
     kw_only: bool = False,
 ) -> Any:
     """A float hyperparameter: a number or scalar array (checked against the bounds,
     stored as a scalar array) or, unless `schedule=False`, a schedule module (used
-    as it is; `values_at` calls it at the step)."""
+    as it is; `values_at` calls it at the step). With `optional=True`, `None` is
+    also taken and kept (an option whose absence means something, such as no
+    momentum buffer); `values_at` then gives `None`."""
     bounds = dict(
         low=low, high=high, low_open=low_open, high_open=high_open, allow_inf=allow_inf
     )
-    converter = _Hyper(schedule, bounds)
+    converter = _Hyper(schedule, bounds, optional)
     return eqx.field(default=default, converter=converter, kw_only=kw_only)
 
 
