@@ -414,7 +414,7 @@ def test_polyak_errors():
         opt.update(GRADS[0], state, PARAMS, value=jnp.ones(2))
     with pytest.raises(TypeError, match=r"value must be a float scalar.*int32"):
         opt.update(GRADS[0], state, PARAMS, value=jnp.asarray(1, jnp.int32))
-    with pytest.raises(ValueError, match=r"variant must be 'sps' or 'sps\+'"):
+    with pytest.raises(ValueError, match=r"variant must be one of 'sps', 'sps\+'"):
         eqxopt.PolyakSGD(variant="adaptive")
 
 
