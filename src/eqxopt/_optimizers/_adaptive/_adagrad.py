@@ -49,7 +49,8 @@ class Adagrad(AbstractLeafwiseOptimizer):
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
-    - `initial_accumulator_value`: the starting value of the sum, `>= 0`.
+    - `initial_accumulator_value`: the starting value of the sum, `>= 0` (a
+      number, not a schedule).
     - `eps`: added inside or outside the root (see `eps_in_sqrt`), `>= 0`.
     - `eps_in_sqrt`: where `eps` goes; `True` as optax, `False` as torch.
     - `weight_decay`: coupled L2 penalty added to the gradient before it is

@@ -65,7 +65,8 @@ class RMSProp(AbstractLeafwiseOptimizer):
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
     - `decay`: decay of the running averages, in `[0, 1)`.
     - `eps`: added inside or outside the root (see `eps_in_sqrt`), `> 0`.
-    - `initial_scale`: starting value of `nu`, `>= 0` (torch uses 0, TF1 used 1).
+    - `initial_scale`: starting value of `nu`, `>= 0` (torch uses 0, TF1 used 1;
+      a number, not a schedule).
     - `eps_in_sqrt`: where `eps` goes; `True` as optax, `False` as torch.
     - `centered`: divide by the root of the variance rather than of the second
       moment.
