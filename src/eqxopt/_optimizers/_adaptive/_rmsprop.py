@@ -106,8 +106,12 @@ class RMSProp(AbstractLeafwiseOptimizer):
 
     @property
     def moments(self) -> tuple[str, ...]:  # pyright: ignore[reportIncompatibleVariableOverride]
-        centered = ("mu",) if self.centered else ()
-        return ("nu", *centered, *(() if self.momentum is None else ("momentum",)))
+        # The state's buffers depend on the options (the others are None).
+        return (
+            "nu",
+            *(("mu",) if self.centered else ()),
+            *(() if self.momentum is None else ("momentum",)),
+        )
 
     def moment_fill(self, name: str) -> Any:
         return self.initial_scale if name == "nu" else 0.0
