@@ -17,6 +17,11 @@ Conventions that differ between the references are each tested:
 - NoisySGD: optax's noise generation (key splitting) is reproduced exactly, so it
   is compared with optax for the same key.
 
+A float hyperparameter other than the learning rate given as a schedule is compared,
+for every optimizer of the sgd and adaptive families (Adan, Prodigy and the
+schedule-free pair included), with the optimizer rebuilt at each step with the
+schedule's number there.
+
 Tolerances are `assert_histories_close`'s defaults (rtol 2e-5, atol 2e-6) unless a
 comment says otherwise.
 """
@@ -414,7 +419,7 @@ def test_polyak_errors():
         opt.update(GRADS[0], state, PARAMS, value=jnp.ones(2))
     with pytest.raises(TypeError, match=r"value must be a float scalar.*int32"):
         opt.update(GRADS[0], state, PARAMS, value=jnp.asarray(1, jnp.int32))
-    with pytest.raises(ValueError, match=r"variant must be 'sps' or 'sps\+'"):
+    with pytest.raises(ValueError, match=r"variant must be one of 'sps', 'sps\+'"):
         eqxopt.PolyakSGD(variant="adaptive")
 
 
@@ -559,3 +564,132 @@ def test_mu_dtype_float32_for_bf16_params():
         new_params, state = opt.step(grads, state, params)
         assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.mu))
         assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(new_params))
+
+
+# ------------------------------------------- hyperparameters given as schedules
+
+
+def run_scheduled(make, name, value_at_step, grads, donate=False, **extra):
+    """The parameters after each `step` of `make(**{name: value_at_step(k)})`, where
+    `value_at_step(k)` is what the optimizer's hyperparameter `name` is at step `k`:
+    a schedule (the same object every step) or a number (the optimizer rebuilt at
+    each step). Each step gets a copy of the parameters, so `donate` may be on."""
+    state = make(**{name: value_at_step(0)}).init(PARAMS)
+    params, history = PARAMS, []
+    for k, g in enumerate(grads):
+        opt = make(**{name: value_at_step(k)})
+        params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+        params, state = opt.step(g, state, params, donate=donate, **extra)
+        history.append(params)
+    return history
+
+
+SCHEDULED_CASES = {
+    "SGD-momentum": (
+        lambda **kw: eqxopt.SGD(0.05, **kw),
+        "momentum",
+        eqxopt.Linear(0.0, 0.9, 5),
+    ),
+    "SGD-nesterov-momentum": (
+        lambda **kw: eqxopt.SGD(0.05, nesterov=True, **kw),
+        "momentum",
+        eqxopt.Linear(0.9, 0.1, 5),
+    ),
+    "RMSProp-decay": (
+        lambda **kw: eqxopt.RMSProp(0.01, bias_correction=True, **kw),
+        "decay",
+        eqxopt.Linear(0.5, 0.99, 5),
+    ),
+    "RMSProp-momentum": (
+        lambda **kw: eqxopt.RMSProp(0.01, centered=True, nesterov=True, **kw),
+        "momentum",
+        eqxopt.Linear(0.1, 0.9, 5),
+    ),
+    "Adagrad-eps": (
+        lambda **kw: eqxopt.Adagrad(0.1, **kw),
+        "eps",
+        eqxopt.Linear(1.0, 1e-3, 5),
+    ),
+    "Adadelta-rho": (
+        lambda **kw: eqxopt.Adadelta(1.0, **kw),
+        "rho",
+        eqxopt.Linear(0.5, 0.95, 5),
+    ),
+    "Rprop-eta_plus": (
+        lambda **kw: eqxopt.Rprop(0.01, **kw),
+        "eta_plus",
+        eqxopt.Linear(1.1, 2.0, 5),
+    ),
+    "OptimisticGradientDescent-beta": (
+        lambda **kw: eqxopt.OptimisticGradientDescent(0.05, **kw),
+        "beta",
+        eqxopt.Linear(0.0, 2.0, 5),
+    ),
+    "NoisySGD-eta": (
+        lambda **kw: eqxopt.NoisySGD(0.05, key=3, **kw),
+        "eta",
+        eqxopt.Linear(0.5, 0.01, 5),
+    ),
+    "PolyakSGD-max_learning_rate": (
+        lambda **kw: eqxopt.PolyakSGD(**kw),
+        "max_learning_rate",
+        eqxopt.Linear(0.001, 0.05, 5),
+    ),
+    "Adan-b1": (
+        lambda **kw: eqxopt.Adan(0.02, **kw),
+        "b1",
+        eqxopt.Linear(0.5, 0.98, 5),
+    ),
+    "Adan-masked-weight_decay": (
+        lambda **kw: eqxopt.Adan(
+            0.02, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p), **kw
+        ),
+        "weight_decay",
+        eqxopt.Linear(0.0, 2.0, 5),
+    ),
+    "Prodigy-b2": (
+        lambda **kw: eqxopt.Prodigy(d0=0.1, **kw),  # b3 = sqrt(b2) at each step
+        "b2",
+        eqxopt.Linear(0.5, 0.999, 5),
+    ),
+    "ScheduleFreeSGD-weight_decay": (
+        lambda **kw: eqxopt.ScheduleFreeSGD(0.05, **kw),
+        "weight_decay",
+        eqxopt.Linear(0.0, 2.0, 5),
+    ),
+    "ScheduleFreeAdamW-b2": (
+        lambda **kw: eqxopt.ScheduleFreeAdamW(0.05, **kw),
+        "b2",
+        eqxopt.Linear(0.5, 0.999, 5),
+    ),
+    "ScheduleFreeAdamW-weight_lr_power": (
+        lambda **kw: eqxopt.ScheduleFreeAdamW(0.05, **kw),
+        "weight_lr_power",
+        eqxopt.Linear(0.0, 4.0, 5),
+    ),
+}
+
+
+@pytest.mark.parametrize("donate", [False, True], ids=["xla", "donated"])
+@pytest.mark.parametrize("case", sorted(SCHEDULED_CASES))
+def test_scheduled_hyperparameter_is_read_at_the_step(case, donate):
+    """A schedule for a hyperparameter other than the learning rate gives, at every
+    step, what the optimizer rebuilt with the schedule's number at that step gives
+    (donated steps run the native kernels on CPU)."""
+    make, name, schedule = SCHEDULED_CASES[case]
+    grads = GRADS[:5]
+    extra = {"value": jnp.asarray(3.0)} if "Polyak" in case else {}
+
+    def number(k):
+        return float(schedule(jnp.asarray(k, jnp.int32)))
+
+    scheduled = run_scheduled(make, name, lambda k: schedule, grads, donate, **extra)
+    rebuilt = run_scheduled(make, name, number, grads, donate, **extra)
+    assert_histories_close(scheduled, rebuilt, rtol=1e-6, atol=1e-7)
+    # The schedule matters: its first value held throughout ends elsewhere.
+    fixed = run_scheduled(make, name, lambda k: number(0), grads, donate, **extra)
+    moved = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(jax.tree.leaves(scheduled[-1]), jax.tree.leaves(fixed[-1]))
+    )
+    assert moved > 1e-4

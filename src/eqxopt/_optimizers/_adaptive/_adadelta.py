@@ -1,16 +1,12 @@
 """Adadelta: steps scaled by the ratio of running RMS of updates and gradients."""
 
-from typing import Any
-
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter
-from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
-from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
+from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
+from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._tree import abs_sq
 
 
 class AdadeltaState(eqx.Module):
@@ -29,7 +25,7 @@ class AdadeltaState(eqx.Module):
     avg_sq_delta: PyTree[Float[Array, "..."] | None]
 
 
-class Adadelta(AbstractTransform):
+class Adadelta(AbstractLeafwiseOptimizer):
     """Adadelta (Zeiler, 2012).
 
     For each leaf, with `lr` the learning rate at the current step:
@@ -56,50 +52,19 @@ class Adadelta(AbstractTransform):
     - `weight_decay`: coupled L2 penalty added to the gradient, `>= 0`.
     """
 
-    learning_rate: AbstractSchedule
-    rho: Float[Array, ""]
-    eps: Float[Array, ""]
-    weight_decay: Float[Array, ""]
+    learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
+    rho: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    eps: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True)
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
 
-    def __init__(
-        self,
-        learning_rate: Any = 1.0,
-        rho: Any = 0.9,
-        eps: Any = 1e-6,
-        weight_decay: Any = 0.0,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.rho = hyperparameter("rho", rho, low=0.0, high=1.0, high_open=True)
-        self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
+    state_type = AdadeltaState
+    moments = ("avg_sq_grad", "avg_sq_delta")
+    elementwise = True
 
-    def init(self, params: Params) -> AdadeltaState:
-        return AdadeltaState(
-            step=zero_step(),
-            avg_sq_grad=float_leaves_like(params),
-            avg_sq_delta=float_leaves_like(params),
-        )
-
-    def transform(
-        self, grads: Grads, state: AdadeltaState, params: Params
-    ) -> tuple[Updates, AdadeltaState]:
-        lr = self.learning_rate(state.step)
-        rho, eps, weight_decay = self.rho, self.eps, self.weight_decay
-
-        def rule(g, p, eg, edx):
-            g = g + weight_decay * p
-            eg = rho * eg + (1 - rho) * abs_sq(g)
-            delta = jnp.sqrt(edx + eps) / jnp.sqrt(eg + eps) * g
-            edx = rho * edx + (1 - rho) * abs_sq(delta)
-            return -lr * delta, eg, edx
-
-        updates, (eg, edx) = map_leaves(
-            rule,
-            grads,
-            params,
-            (state.avg_sq_grad, state.avg_sq_delta),
-            elementwise=True,
-        )
-        return updates, AdadeltaState(
-            step=increment(state.step), avg_sq_grad=eg, avg_sq_delta=edx
-        )
+    def leaf(self, h, t, g, p, eg, edx):
+        rho, eps = h.rho, h.eps
+        g = g + h.weight_decay * p
+        eg = rho * eg + (1 - rho) * abs_sq(g)
+        delta = jnp.sqrt(edx + eps) / jnp.sqrt(eg + eps) * g
+        edx = rho * edx + (1 - rho) * abs_sq(delta)
+        return -h.learning_rate * delta, eg, edx

@@ -6,16 +6,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter
-from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
-from ..._core._tree import (
-    abs_sq,
-    float_leaves_like,
-    increment,
-    zero_step,
-)
+from ..._core._fields import ScalarOrSchedule, flag_field, hyper, learning_rate_field
+from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._tree import abs_sq
 
 
 class AdagradState(eqx.Module):
@@ -32,7 +25,7 @@ class AdagradState(eqx.Module):
     sum_of_squares: PyTree[Float[Array, "..."] | None]
 
 
-class Adagrad(AbstractTransform):
+class Adagrad(AbstractLeafwiseOptimizer):
     """Adagrad (Duchi et al., 2011).
 
     For each leaf, with `lr` the learning rate at the current step:
@@ -56,68 +49,35 @@ class Adagrad(AbstractTransform):
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
-    - `initial_accumulator_value`: the starting value of the sum, `>= 0`.
+    - `initial_accumulator_value`: the starting value of the sum, `>= 0` (a
+      number, not a schedule).
     - `eps`: added inside or outside the root (see `eps_in_sqrt`), `>= 0`.
     - `eps_in_sqrt`: where `eps` goes; `True` as optax, `False` as torch.
     - `weight_decay`: coupled L2 penalty added to the gradient before it is
       accumulated (torch's `weight_decay`), `>= 0`.
     """
 
-    learning_rate: AbstractSchedule
-    initial_accumulator_value: Float[Array, ""]
-    eps: Float[Array, ""]
-    weight_decay: Float[Array, ""]
-    eps_in_sqrt: bool = eqx.field(static=True)
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    # The state's starting value: used at `init`, so not a schedule.
+    initial_accumulator_value: ScalarOrSchedule = hyper(0.1, low=0.0, schedule=False)
+    eps: ScalarOrSchedule = hyper(1e-7, low=0.0)
+    eps_in_sqrt: bool = flag_field(True)
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        initial_accumulator_value: Any = 0.1,
-        eps: Any = 1e-7,
-        *,
-        eps_in_sqrt: bool = True,
-        weight_decay: Any = 0.0,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.initial_accumulator_value = hyperparameter(
-            "initial_accumulator_value", initial_accumulator_value, low=0.0
-        )
-        self.eps = hyperparameter("eps", eps, low=0.0)
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-        self.eps_in_sqrt = _flag("eps_in_sqrt", eps_in_sqrt)
+    state_type = AdagradState
+    moments = ("sum_of_squares",)
+    elementwise = True
 
-    def init(self, params: Params) -> AdagradState:
-        return AdagradState(
-            step=zero_step(),
-            sum_of_squares=float_leaves_like(
-                params, fill=self.initial_accumulator_value
-            ),
-        )
+    def moment_fill(self, name: str) -> Any:
+        return self.initial_accumulator_value
 
-    def transform(
-        self, grads: Grads, state: AdagradState, params: Params
-    ) -> tuple[Updates, AdagradState]:
-        lr = self.learning_rate(state.step)
-        eps, weight_decay = self.eps, self.weight_decay
-
-        def rule(g, p, s):
-            g = g + weight_decay * p
-            s = s + abs_sq(g)
-            positive = s > 0
-            safe = jnp.where(positive, s, 1.0)
-            if self.eps_in_sqrt:
-                scale = 1 / jnp.sqrt(safe + eps)
-            else:
-                scale = 1 / (jnp.sqrt(safe) + eps)
-            return -lr * jnp.where(positive, g * scale, 0.0), s
-
-        updates, (sums,) = map_leaves(
-            rule, grads, params, (state.sum_of_squares,), elementwise=True
-        )
-        return updates, AdagradState(step=increment(state.step), sum_of_squares=sums)
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
+    def leaf(self, h, t, g, p, s):
+        g = g + h.weight_decay * p
+        s = s + abs_sq(g)
+        positive = s > 0
+        safe = jnp.where(positive, s, 1.0)
+        if self.eps_in_sqrt:
+            scale = 1 / jnp.sqrt(safe + h.eps)
+        else:
+            scale = 1 / (jnp.sqrt(safe) + h.eps)
+        return -h.learning_rate * jnp.where(positive, g * scale, 0.0), s

@@ -6,12 +6,17 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter, is_concrete
-from ..._core._leafwise import map_leaves
-from ..._core._masks import Mask, resolve_mask
-from ..._core._schedule import AbstractSchedule, as_schedule
-from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
+from ..._core._checks import is_concrete
+from ..._core._fields import (
+    MaskLike,
+    ScalarOrSchedule,
+    hyper,
+    learning_rate_field,
+    mask_field,
+)
+from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._schedule import AbstractSchedule
+from ..._core._tree import abs_sq
 
 
 class AdanState(eqx.Module):
@@ -35,7 +40,7 @@ class AdanState(eqx.Module):
     prev_grad: PyTree[Float[Array, "..."] | None]
 
 
-class Adan(AbstractTransform):
+class Adan(AbstractLeafwiseOptimizer):
     """Adan (Xie et al., 2022), as implemented by `optax.adan`.
 
     For each leaf, with `t = step + 1`, `lr` the learning rate at `step` and
@@ -70,82 +75,41 @@ class Adan(AbstractTransform):
       read as a tree of bools, never called.
     """
 
-    learning_rate: AbstractSchedule
-    b1: Float[Array, ""]
-    b2: Float[Array, ""]
-    b3: Float[Array, ""]
-    eps: Float[Array, ""]
-    eps_root: Float[Array, ""]
-    weight_decay: Float[Array, ""]
-    mask: Mask
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    b1: ScalarOrSchedule = hyper(0.98, low=0.0, high=1.0, high_open=True)
+    b2: ScalarOrSchedule = hyper(0.92, low=0.0, high=1.0, high_open=True)
+    b3: ScalarOrSchedule = hyper(0.99, low=0.0, high=1.0, high_open=True)
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0)
+    eps_root: ScalarOrSchedule = hyper(1e-8, low=0.0)
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    mask: MaskLike = mask_field(kw_only=False)
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        b1: Any = 0.98,
-        b2: Any = 0.92,
-        b3: Any = 0.99,
-        eps: Any = 1e-8,
-        eps_root: Any = 1e-8,
-        weight_decay: Any = 0.0,
-        mask: Mask = None,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.b1 = hyperparameter("b1", b1, low=0.0, high=1.0, high_open=True)
-        self.b2 = hyperparameter("b2", b2, low=0.0, high=1.0, high_open=True)
-        self.b3 = hyperparameter("b3", b3, low=0.0, high=1.0, high_open=True)
-        self.eps = hyperparameter("eps", eps, low=0.0)
-        self.eps_root = hyperparameter("eps_root", eps_root, low=0.0)
+    state_type = AdanState
+    moments = ("mu", "delta", "nu", "prev_grad")
+    elementwise = True
+
+    def __check_init__(self):
         if _is_zero(self.eps) and _is_zero(self.eps_root):
             raise ValueError(
                 "eps and eps_root must not both be 0 (a zero gradient would divide "
                 "0 by 0)"
             )
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-        self.mask = mask
 
-    def init(self, params: Params) -> AdanState:
-        return AdanState(
-            step=zero_step(),
-            mu=float_leaves_like(params),
-            delta=float_leaves_like(params),
-            nu=float_leaves_like(params),
-            prev_grad=float_leaves_like(params),
+    def leaf(self, h, t, g, p, mu, delta, nu, prev, decayed):
+        b1, b2, b3 = h.b1, h.b2, h.b3
+        d = jnp.where(t == 1, 0.0, g - prev)  # no previous gradient on the first
+        mu = b1 * mu + (1 - b1) * g
+        delta = b2 * delta + (1 - b2) * d
+        nesterov = g + (1 - b2) * d
+        nu = b3 * nu + (1 - b3) * abs_sq(nesterov)
+        r = (mu / (1 - b1**t) + (1 - b2) * (delta / (1 - b2**t))) / (
+            jnp.sqrt(nu / (1 - b3**t) + h.eps_root) + h.eps
         )
-
-    def transform(
-        self, grads: Grads, state: AdanState, params: Params
-    ) -> tuple[Updates, AdanState]:
-        lr = self.learning_rate(state.step)
-        b1, b2, b3 = self.b1, self.b2, self.b3
-        eps, eps_root, weight_decay = self.eps, self.eps_root, self.weight_decay
-        first = state.step == 0
-        t = increment(state.step)
-        bias1, bias2, bias3 = 1 - b1**t, 1 - b2**t, 1 - b3**t
-
-        def rule(g, p, mu, delta, nu, prev, decay):
-            d = jnp.where(first, 0.0, g - prev)
-            mu = b1 * mu + (1 - b1) * g
-            delta = b2 * delta + (1 - b2) * d
-            nesterov = g + (1 - b2) * d
-            nu = b3 * nu + (1 - b3) * abs_sq(nesterov)
-            r = (mu / bias1 + (1 - b2) * (delta / bias2)) / (
-                jnp.sqrt(nu / bias3 + eps_root) + eps
-            )
-            if decay:
-                r = r + weight_decay * p
-            return -lr * r, mu, delta, nu, g
-
-        updates, (mu, delta, nu, prev) = map_leaves(
-            rule,
-            grads,
-            params,
-            (state.mu, state.delta, state.nu, state.prev_grad),
-            elementwise=True,
-            flags=resolve_mask(self.mask, params),
-        )
-        return updates, AdanState(step=t, mu=mu, delta=delta, nu=nu, prev_grad=prev)
+        if decayed:
+            r = r + h.weight_decay * p
+        return -h.learning_rate * r, mu, delta, nu, g
 
 
-def _is_zero(x: Array) -> bool:
-    return is_concrete(x) and float(x) == 0.0
+def _is_zero(x: Any) -> bool:
+    # Zero now (not a schedule, not traced).
+    return not isinstance(x, AbstractSchedule) and is_concrete(x) and float(x) == 0.0

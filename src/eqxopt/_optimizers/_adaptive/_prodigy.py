@@ -1,16 +1,19 @@
 """Prodigy: AdamW that estimates its own learning rate (Mishchenko & Defazio, 2023)."""
 
-from typing import Any
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter
+from ..._core._fields import (
+    ScalarOrSchedule,
+    flag_field,
+    hyper,
+    learning_rate_field,
+    values_at,
+)
 from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
 from ..._core._tree import (
     abs_sq,
     float_leaves_like,
@@ -73,58 +76,30 @@ class Prodigy(AbstractTransform):
     - `b1`: decay of the first moment, in `[0, 1)`.
     - `b2`: decay of the second moment, in `(0, 1)`.
     - `b3`: decay of the sums behind the estimate of `d`, in `[0, 1)`; `None`
-      gives `sqrt(b2)`.
+      gives `sqrt(b2)` (at each step, if `b2` is a schedule).
     - `eps`: added to the root of the second moment (times `d`), `> 0`.
-    - `d0`: the initial (under-)estimate of the learning rate, `> 0`.
+    - `d0`: the initial (under-)estimate of the learning rate, `> 0` (a number:
+      the state starts at it).
     - `d_coef`: multiplies the estimates of `d`, `> 0`.
     - `weight_decay`: decoupled decay coefficient, `>= 0`.
     - `safeguard_warmup`: leave the learning rate out of the sum `s`, to avoid
       overestimating `d` during warmup.
     """
 
-    learning_rate: AbstractSchedule
-    b1: Float[Array, ""]
-    b2: Float[Array, ""]
-    b3: Float[Array, ""]
-    eps: Float[Array, ""]
-    d0: Float[Array, ""]
-    d_coef: Float[Array, ""]
-    weight_decay: Float[Array, ""]
-    safeguard_warmup: bool = eqx.field(static=True)
-
-    def __init__(
-        self,
-        learning_rate: Any = 1.0,
-        b1: Any = 0.9,
-        b2: Any = 0.999,
-        b3: Any = None,
-        eps: Any = 1e-8,
-        d0: Any = 1e-6,
-        d_coef: Any = 1.0,
-        weight_decay: Any = 0.0,
-        *,
-        safeguard_warmup: bool = False,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.b1 = hyperparameter("b1", b1, low=0.0, high=1.0, high_open=True)
-        self.b2 = hyperparameter(
-            "b2", b2, low=0.0, high=1.0, low_open=True, high_open=True
-        )
-        self.b3 = (
-            jnp.sqrt(self.b2)
-            if b3 is None
-            else hyperparameter("b3", b3, low=0.0, high=1.0, high_open=True)
-        )
-        self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
-        self.d0 = hyperparameter("d0", d0, low=0.0, low_open=True)
-        self.d_coef = hyperparameter("d_coef", d_coef, low=0.0, low_open=True)
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-        if not isinstance(safeguard_warmup, bool):
-            raise TypeError(
-                "safeguard_warmup must be a bool, got "
-                f"{type(safeguard_warmup).__name__}"
-            )
-        self.safeguard_warmup = safeguard_warmup
+    learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
+    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    b2: ScalarOrSchedule = hyper(
+        0.999, low=0.0, high=1.0, low_open=True, high_open=True
+    )
+    b3: ScalarOrSchedule | None = hyper(
+        None, low=0.0, high=1.0, high_open=True, optional=True
+    )
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
+    # The state's starting estimate of `d`: used at `init`, so not a schedule.
+    d0: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True, schedule=False)
+    d_coef: ScalarOrSchedule = hyper(1.0, low=0.0, low_open=True)
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    safeguard_warmup: bool = flag_field(False)
 
     def init(self, params: Params) -> ProdigyState:
         def copy(p):
@@ -143,10 +118,12 @@ class Prodigy(AbstractTransform):
     def transform(
         self, grads: Grads, state: ProdigyState, params: Params
     ) -> tuple[Updates, ProdigyState]:
+        h = values_at(self, state.step)
         t = increment(state.step)
-        b1, b2, b3, d0 = self.b1, self.b2, self.b3, self.d0
+        b1, b2, d0 = h.b1, h.b2, h.d0
+        b3 = jnp.sqrt(b2) if h.b3 is None else h.b3
         d = state.d
-        sched = self.learning_rate(state.step)
+        sched = h.learning_rate
         dlr = d * sched * jnp.sqrt(1 - b2**t) / (1 - b1**t)
         s_scale = d if self.safeguard_warmup else dlr
 
@@ -171,10 +148,10 @@ class Prodigy(AbstractTransform):
         total = sum(jax.tree.leaves(sums), jnp.zeros(2, jnp.float32))
         numerator = b3 * state.numerator + (d / d0) * dlr * total[0]
         denominator = total[1]
-        estimate = self.d_coef * numerator / jnp.where(denominator > 0, denominator, 1)
+        estimate = h.d_coef * numerator / jnp.where(denominator > 0, denominator, 1)
         new_d = jnp.where(denominator > 0, jnp.maximum(d, estimate), d)
 
-        eps, wd = self.eps, self.weight_decay
+        eps, wd = h.eps, h.weight_decay
 
         def step(g, p, mu, nu):
             direction = mu / (jnp.sqrt(nu) + new_d * eps) + wd * p

@@ -6,16 +6,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter
-from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
-from ..._core._tree import (
-    abs_sq,
-    float_leaves_like,
-    increment,
-    zero_step,
-)
+from ..._core._fields import ScalarOrSchedule, flag_field, hyper, learning_rate_field
+from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._tree import abs_sq
 
 
 class RMSPropState(eqx.Module):
@@ -33,11 +26,11 @@ class RMSPropState(eqx.Module):
 
     step: Int[Array, ""]
     nu: PyTree[Float[Array, "..."] | None]
-    mu: PyTree[Float[Array, "..."] | None]
-    momentum: PyTree[Float[Array, "..."] | None]
+    mu: PyTree[Float[Array, "..."] | None] = None
+    momentum: PyTree[Float[Array, "..."] | None] = None
 
 
-class RMSProp(AbstractTransform):
+class RMSProp(AbstractLeafwiseOptimizer):
     """RMSProp (Hinton, 2012), optionally centered (Graves, 2013) and with momentum.
 
     For each leaf, with `lr` the learning rate at the current step and `t = step +
@@ -72,7 +65,8 @@ class RMSProp(AbstractTransform):
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
     - `decay`: decay of the running averages, in `[0, 1)`.
     - `eps`: added inside or outside the root (see `eps_in_sqrt`), `> 0`.
-    - `initial_scale`: starting value of `nu`, `>= 0` (torch uses 0, TF1 used 1).
+    - `initial_scale`: starting value of `nu`, `>= 0` (torch uses 0, TF1 used 1;
+      a number, not a schedule).
     - `eps_in_sqrt`: where `eps` goes; `True` as optax, `False` as torch.
     - `centered`: divide by the root of the variance rather than of the second
       moment.
@@ -86,109 +80,62 @@ class RMSProp(AbstractTransform):
       `weight_decay`), `>= 0`.
     """
 
-    learning_rate: AbstractSchedule
-    decay: Float[Array, ""]
-    eps: Float[Array, ""]
-    initial_scale: Float[Array, ""]
-    momentum: Float[Array, ""] | None
-    weight_decay: Float[Array, ""]
-    eps_in_sqrt: bool = eqx.field(static=True)
-    centered: bool = eqx.field(static=True)
-    nesterov: bool = eqx.field(static=True)
-    bias_correction: bool = eqx.field(static=True)
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    decay: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
+    # The state's starting value: used at `init`, so not a schedule.
+    initial_scale: ScalarOrSchedule = hyper(0.0, low=0.0, schedule=False)
+    eps_in_sqrt: bool = flag_field(True)
+    centered: bool = flag_field(False)
+    # `None` (no momentum buffer in the state) or a momentum, which may be a schedule.
+    momentum: ScalarOrSchedule | None = hyper(
+        None, low=0.0, high=1.0, high_open=True, optional=True, kw_only=True
+    )
+    nesterov: bool = flag_field(False)
+    bias_correction: bool = flag_field(False)
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        decay: Any = 0.9,
-        eps: Any = 1e-8,
-        initial_scale: Any = 0.0,
-        *,
-        eps_in_sqrt: bool = True,
-        centered: bool = False,
-        momentum: Any = None,
-        nesterov: bool = False,
-        bias_correction: bool = False,
-        weight_decay: Any = 0.0,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.decay = hyperparameter("decay", decay, low=0.0, high=1.0, high_open=True)
-        self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
-        self.initial_scale = hyperparameter("initial_scale", initial_scale, low=0.0)
-        self.momentum = (
-            None
-            if momentum is None
-            else hyperparameter("momentum", momentum, low=0.0, high=1.0, high_open=True)
-        )
-        self.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-        for name, flag in (
-            ("eps_in_sqrt", eps_in_sqrt),
-            ("centered", centered),
-            ("nesterov", nesterov),
-            ("bias_correction", bias_correction),
-        ):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        if nesterov and momentum is None:
+    state_type = RMSPropState
+    elementwise = True
+
+    def __check_init__(self):
+        if self.nesterov and self.momentum is None:
             raise ValueError(
                 "nesterov=True needs a momentum: pass momentum=0.9 (for example)"
             )
-        self.eps_in_sqrt = eps_in_sqrt
-        self.centered = centered
-        self.nesterov = nesterov
-        self.bias_correction = bias_correction
 
-    def init(self, params: Params) -> RMSPropState:
-        return RMSPropState(
-            step=zero_step(),
-            nu=float_leaves_like(params, fill=self.initial_scale),
-            mu=float_leaves_like(params) if self.centered else None,
-            momentum=float_leaves_like(params) if self.momentum is not None else None,
+    @property
+    def moments(self) -> tuple[str, ...]:  # pyright: ignore[reportIncompatibleVariableOverride]
+        # The state's buffers depend on the options (the others are None).
+        return (
+            "nu",
+            *(("mu",) if self.centered else ()),
+            *(() if self.momentum is None else ("momentum",)),
         )
 
-    def transform(
-        self, grads: Grads, state: RMSPropState, params: Params
-    ) -> tuple[Updates, RMSPropState]:
-        lr = self.learning_rate(state.step)
-        decay, eps, weight_decay, momentum = (
-            self.decay,
-            self.eps,
-            self.weight_decay,
-            self.momentum,
-        )
-        t = increment(state.step)
+    def moment_fill(self, name: str) -> Any:
+        return self.initial_scale if name == "nu" else 0.0
+
+    def leaf(self, h, t, g, p, nu, *rest):
+        rest = list(rest)
+        decay, eps = h.decay, h.eps
         correction = 1 - decay**t if self.bias_correction else None
-
-        def rule(g, p, nu, *rest):
-            rest = list(rest)
-            g = g + weight_decay * p
-            nu = (1 - decay) * abs_sq(g) + decay * nu
-            # The order of operations is optax's, so rounding agrees too.
-            var = nu if correction is None else nu / correction
-            outs = []
-            if self.centered:
-                mu = (1 - decay) * g + decay * rest.pop(0)
-                mean = mu if correction is None else mu / correction
-                var = jnp.maximum(var - abs_sq(mean), 0.0)
-                outs.append(mu)
-            if self.eps_in_sqrt:
-                s = lr * g / jnp.sqrt(var + eps)
-            else:
-                s = lr * g / (jnp.sqrt(var) + eps)
-            if momentum is not None:
-                buf = momentum * rest.pop(0) + s
-                s = s + momentum * buf if self.nesterov else buf
-                outs.append(buf)
-            return (-s, nu, *outs)
-
-        moments = [state.nu]
+        g = g + h.weight_decay * p
+        nu = (1 - decay) * abs_sq(g) + decay * nu
+        # The order of operations is optax's, so rounding agrees too.
+        var = nu if correction is None else nu / correction
+        outs = []
         if self.centered:
-            moments.append(state.mu)
-        if momentum is not None:
-            moments.append(state.momentum)
-        updates, new = map_leaves(rule, grads, params, moments, elementwise=True)
-        new = list(new)
-        nu = new.pop(0)
-        mu = new.pop(0) if self.centered else None
-        buf = new.pop(0) if momentum is not None else None
-        return updates, RMSPropState(step=t, nu=nu, mu=mu, momentum=buf)
+            mu = (1 - decay) * g + decay * rest.pop(0)
+            mean = mu if correction is None else mu / correction
+            var = jnp.maximum(var - abs_sq(mean), 0.0)
+            outs.append(mu)
+        if self.eps_in_sqrt:
+            s = h.learning_rate * g / jnp.sqrt(var + eps)
+        else:
+            s = h.learning_rate * g / (jnp.sqrt(var) + eps)
+        if self.momentum is not None:
+            buf = h.momentum * rest.pop(0) + s
+            s = s + h.momentum * buf if self.nesterov else buf
+            outs.append(buf)
+        return (-s, nu, *outs)

@@ -6,12 +6,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int, UInt32
+from jaxtyping import Array, Int, UInt32
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter
+from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field, values_at
 from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
 from ..._core._tree import (
     align_grads,
     compute_dtype,
@@ -68,24 +67,15 @@ class NoisySGD(AbstractTransform):
       new key does not recompile.
     """
 
-    learning_rate: AbstractSchedule
-    eta: Float[Array, ""]
-    gamma: Float[Array, ""]
-    key: UInt32[Array, "..."]
-    key_impl: Any = eqx.field(static=True)
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    eta: ScalarOrSchedule = hyper(0.01, low=0.0)
+    gamma: ScalarOrSchedule = hyper(0.55, low=0.0)
+    key: UInt32[Array, "..."] = eqx.field(kw_only=True)
+    key_impl: str = eqx.field(static=True, init=False)
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        eta: Any = 0.01,
-        gamma: Any = 0.55,
-        *,
-        key: Any,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.eta = hyperparameter("eta", eta, low=0.0)
-        self.gamma = hyperparameter("gamma", gamma, low=0.0)
-        self.key, self.key_impl = _key_data("key", key)
+    def __post_init__(self):
+        # Two fields from one argument: the raw key data and its implementation.
+        self.key, self.key_impl = _key_data("key", self.key)
 
     def init(self, params: Params) -> NoisySGDState:
         # A copy: a donated step must not delete the optimizer's own key.
@@ -94,9 +84,9 @@ class NoisySGD(AbstractTransform):
     def transform(
         self, grads: Grads, state: NoisySGDState, params: Params
     ) -> tuple[Updates, NoisySGDState]:
-        lr = self.learning_rate(state.step)
+        h = values_at(self, state.step)
         t = increment(state.step)
-        sigma = jnp.sqrt(self.eta / t.astype(jnp.float32) ** self.gamma)
+        sigma = jnp.sqrt(h.eta / t.astype(jnp.float32) ** h.gamma)
         key = jax.random.wrap_key_data(state.key, impl=self.key_impl)
         next_key, sample_key = jax.random.split(key)
         param_leaves, param_def = jax.tree.flatten(params)
@@ -109,7 +99,7 @@ class NoisySGD(AbstractTransform):
         ]
 
         def rule(g, p, n):
-            return -lr * (g + sigma * n), n
+            return -h.learning_rate * (g + sigma * n), n
 
         updates, _ = map_leaves(
             rule, grads, params, (param_def.unflatten(noise),), elementwise=True

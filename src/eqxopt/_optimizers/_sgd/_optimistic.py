@@ -1,16 +1,11 @@
 """Optimistic gradient descent (extrapolation from the previous gradient)."""
 
-from typing import Any
-
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter
-from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
-from ..._core._tree import float_leaves_like, increment, zero_step
+from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
+from ..._core._leafwise import AbstractLeafwiseOptimizer
 
 
 class OptimisticGradientDescentState(eqx.Module):
@@ -27,7 +22,7 @@ class OptimisticGradientDescentState(eqx.Module):
     prev_grad: PyTree[Float[Array, "..."] | None]
 
 
-class OptimisticGradientDescent(AbstractTransform):
+class OptimisticGradientDescent(AbstractLeafwiseOptimizer):
     """Optimistic gradient descent (Mokhtari et al., 2019), the generalised form.
 
     For each leaf, with `lr` the learning rate at the current step:
@@ -51,34 +46,14 @@ class OptimisticGradientDescent(AbstractTransform):
     - `beta`: weight of the extrapolation (negative momentum), `>= 0`.
     """
 
-    learning_rate: AbstractSchedule
-    alpha: Float[Array, ""]
-    beta: Float[Array, ""]
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    alpha: ScalarOrSchedule = hyper(1.0, low=0.0)
+    beta: ScalarOrSchedule = hyper(1.0, low=0.0)
 
-    def __init__(self, learning_rate: Any, alpha: Any = 1.0, beta: Any = 1.0):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.alpha = hyperparameter("alpha", alpha, low=0.0)
-        self.beta = hyperparameter("beta", beta, low=0.0)
+    state_type = OptimisticGradientDescentState
+    moments = ("prev_grad",)
+    elementwise = True
 
-    def init(self, params: Params) -> OptimisticGradientDescentState:
-        return OptimisticGradientDescentState(
-            step=zero_step(), prev_grad=float_leaves_like(params)
-        )
-
-    def transform(
-        self, grads: Grads, state: OptimisticGradientDescentState, params: Params
-    ) -> tuple[Updates, OptimisticGradientDescentState]:
-        lr = self.learning_rate(state.step)
-        alpha, beta = self.alpha, self.beta
-        first = state.step == 0
-
-        def rule(g, p, prev):
-            prev = jnp.where(first, g, prev)
-            return -lr * ((alpha + beta) * g - beta * prev), g
-
-        updates, (prev,) = map_leaves(
-            rule, grads, params, (state.prev_grad,), elementwise=True
-        )
-        return updates, OptimisticGradientDescentState(
-            step=increment(state.step), prev_grad=prev
-        )
+    def leaf(self, h, t, g, p, prev):
+        prev = jnp.where(t == 1, g, prev)  # the first step: no previous gradient
+        return -h.learning_rate * ((h.alpha + h.beta) * g - h.beta * prev), g

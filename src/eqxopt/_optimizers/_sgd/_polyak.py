@@ -6,12 +6,17 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter
+from ..._core._fields import (
+    ScalarOrSchedule,
+    choice_field,
+    hyper,
+    learning_rate_field,
+    values_at,
+)
 from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
 from ..._core._tree import (
     abs_sq,
     align_grads,
@@ -21,7 +26,6 @@ from ..._core._tree import (
     zero_step,
 )
 
-_VARIANTS = ("sps", "sps+")
 # optax's guard against a zero gradient: jnp.finfo(float).eps.
 _TINY = float(np.finfo(np.float64).eps)
 
@@ -82,29 +86,11 @@ class PolyakSGD(AbstractTransform):
       al., 2023).
     """
 
-    max_learning_rate: Float[Array, ""]
-    scaling: AbstractSchedule
-    f_min: Float[Array, ""]
-    eps: Float[Array, ""]
-    variant: str = eqx.field(static=True)
-
-    def __init__(
-        self,
-        max_learning_rate: Any = 1.0,
-        scaling: Any = 1.0,
-        f_min: Any = 0.0,
-        eps: Any = 0.0,
-        variant: str = "sps",
-    ):
-        self.max_learning_rate = hyperparameter(
-            "max_learning_rate", max_learning_rate, low=0.0, low_open=True
-        )
-        self.scaling = as_schedule("scaling", scaling)
-        self.f_min = hyperparameter("f_min", f_min)
-        self.eps = hyperparameter("eps", eps, low=0.0)
-        if variant not in _VARIANTS:
-            raise ValueError(f"variant must be 'sps' or 'sps+', got {variant!r}")
-        self.variant = variant
+    max_learning_rate: ScalarOrSchedule = hyper(1.0, low=0.0, low_open=True)
+    scaling: ScalarOrSchedule = learning_rate_field(1.0)
+    f_min: ScalarOrSchedule = hyper(0.0)
+    eps: ScalarOrSchedule = hyper(0.0, low=0.0)
+    variant: str = choice_field("sps", ("sps", "sps+"), kw_only=False)
 
     def init(self, params: Params) -> PolyakSGDState:
         return PolyakSGDState(step=zero_step())
@@ -137,19 +123,20 @@ class PolyakSGD(AbstractTransform):
             if g is not None and is_float_leaf(p):
                 g = g.astype(compute_dtype(p.dtype))
                 sq_norm = sq_norm + jnp.sum(abs_sq(g))
-        gap = jnp.asarray(value, jnp.float32) - self.f_min
+        h = values_at(self, state.step)
+        gap = jnp.asarray(value, jnp.float32) - h.f_min
         if self.variant == "sps+":
             gap = jnp.maximum(gap, 0.0)
-        denominator = sq_norm + self.eps
+        denominator = sq_norm + h.eps
         rate = jnp.where(
             denominator <= _TINY,
             0.0,
             jnp.minimum(
                 gap / jnp.where(denominator <= _TINY, 1.0, denominator),
-                self.max_learning_rate,
+                h.max_learning_rate,
             ),
         )
-        scale = self.scaling(state.step) * rate
+        scale = h.scaling * rate
 
         def rule(g, p):
             return (-scale * g,)

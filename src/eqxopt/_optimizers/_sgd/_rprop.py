@@ -6,10 +6,11 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter, is_concrete, reject_complex
-from ..._core._leafwise import map_leaves
-from ..._core._tree import float_leaves_like, increment, zero_step
+from ..._core._base import Grads, Params
+from ..._core._checks import is_concrete, reject_complex
+from ..._core._fields import ScalarOrSchedule, hyper
+from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._schedule import AbstractSchedule
 
 # The rule compares the signs of successive gradients: complex numbers have none.
 _WHY = "the sign of g * g_prev decides the step; complex numbers have no sign"
@@ -32,7 +33,7 @@ class RpropState(eqx.Module):
     prev_grad: PyTree[Float[Array, "..."] | None]
 
 
-class Rprop(AbstractTransform):
+class Rprop(AbstractLeafwiseOptimizer):
     """Rprop without weight backtracking (Riedmiller & Braun, 1993; Igel &
     Hüsken's iRprop-).
 
@@ -66,68 +67,48 @@ class Rprop(AbstractTransform):
       `0 <= min_step_size <= max_step_size`, `max_step_size > 0`.
     """
 
-    learning_rate: Float[Array, ""]
-    eta_minus: Float[Array, ""]
-    eta_plus: Float[Array, ""]
-    min_step_size: Float[Array, ""]
-    max_step_size: Float[Array, ""]
+    # The state's starting step size, used at `init`: not a schedule.
+    learning_rate: ScalarOrSchedule = hyper(low=0.0, low_open=True, schedule=False)
+    eta_minus: ScalarOrSchedule = hyper(
+        0.5, low=0.0, high=1.0, low_open=True, high_open=True
+    )
+    eta_plus: ScalarOrSchedule = hyper(1.2, low=1.0, low_open=True)
+    min_step_size: ScalarOrSchedule = hyper(1e-6, low=0.0)
+    max_step_size: ScalarOrSchedule = hyper(50.0, low=0.0, low_open=True)
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        eta_minus: Any = 0.5,
-        eta_plus: Any = 1.2,
-        min_step_size: Any = 1e-6,
-        max_step_size: Any = 50.0,
-    ):
-        self.learning_rate = hyperparameter(
-            "learning_rate", learning_rate, low=0.0, low_open=True
-        )
-        self.eta_minus = hyperparameter(
-            "eta_minus", eta_minus, low=0.0, high=1.0, low_open=True, high_open=True
-        )
-        self.eta_plus = hyperparameter("eta_plus", eta_plus, low=1.0, low_open=True)
-        self.min_step_size = hyperparameter("min_step_size", min_step_size, low=0.0)
-        self.max_step_size = hyperparameter(
-            "max_step_size", max_step_size, low=0.0, low_open=True
-        )
-        if is_concrete(self.min_step_size) and is_concrete(self.max_step_size):
-            if float(self.min_step_size) > float(self.max_step_size):
-                raise ValueError(
-                    "min_step_size must be <= max_step_size, got "
-                    f"min_step_size={float(self.min_step_size)!r} and "
-                    f"max_step_size={float(self.max_step_size)!r}"
-                )
+    state_type = RpropState
+    moments = ("step_sizes", "prev_grad")
+    elementwise = True
 
-    def init(self, params: Params) -> RpropState:
+    def __check_init__(self):
+        low, high = _known(self.min_step_size), _known(self.max_step_size)
+        if low is not None and high is not None and low > high:
+            raise ValueError(
+                "min_step_size must be <= max_step_size, got "
+                f"min_step_size={low!r} and max_step_size={high!r}"
+            )
+
+    def moment_fill(self, name: str) -> Any:
+        return self.learning_rate if name == "step_sizes" else 0.0
+
+    def init(self, params: Params) -> Any:
         reject_complex(params, "params", "Rprop", _WHY)
-        return RpropState(
-            step=zero_step(),
-            step_sizes=float_leaves_like(params, fill=self.learning_rate),
-            prev_grad=float_leaves_like(params),
-        )
+        return super().init(params)
 
-    def transform(
-        self, grads: Grads, state: RpropState, params: Params
-    ) -> tuple[Updates, RpropState]:
+    def transform(self, grads: Grads, state: Any, params: Params) -> tuple[Any, Any]:
         reject_complex(params, "params", "Rprop", _WHY)
-        eta_minus, eta_plus = self.eta_minus, self.eta_plus
-        low, high = self.min_step_size, self.max_step_size
+        return super().transform(grads, state, params)
 
-        def rule(g, p, size, prev):
-            q = g * prev
-            factor = jnp.where(q > 0, eta_plus, jnp.where(q < 0, eta_minus, 1.0))
-            size = jnp.clip(size * factor, low, high)
-            g = jnp.where(q < 0, 0.0, g)
-            return -size * jnp.sign(g), size, g
+    def leaf(self, h, t, g, p, size, prev):
+        q = g * prev
+        factor = jnp.where(q > 0, h.eta_plus, jnp.where(q < 0, h.eta_minus, 1.0))
+        size = jnp.clip(size * factor, h.min_step_size, h.max_step_size)
+        g = jnp.where(q < 0, 0.0, g)
+        return -size * jnp.sign(g), size, g
 
-        updates, (sizes, prev) = map_leaves(
-            rule,
-            grads,
-            params,
-            (state.step_sizes, state.prev_grad),
-            elementwise=True,
-        )
-        return updates, RpropState(
-            step=increment(state.step), step_sizes=sizes, prev_grad=prev
-        )
+
+def _known(x: ScalarOrSchedule) -> float | None:
+    """The number `x` holds, if it is known now (not a schedule, not traced)."""
+    if isinstance(x, AbstractSchedule) or not is_concrete(x):
+        return None
+    return float(jnp.asarray(x))

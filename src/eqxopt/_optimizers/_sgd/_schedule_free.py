@@ -1,7 +1,8 @@
 """Schedule-Free SGD and AdamW (Defazio et al., 2024), with their evaluation
 parameters."""
 
-from typing import Any
+import abc
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -9,9 +10,16 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import float_dtype_or_none, hyperparameter
+from ..._core._fields import (
+    DTypeLike,
+    ScalarOrSchedule,
+    dtype_field,
+    hyper,
+    learning_rate_field,
+    values_at,
+)
 from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._schedule import value_at
 from ..._core._tree import (
     abs_sq,
     compute_dtype,
@@ -44,78 +52,92 @@ class ScheduleFreeState(eqx.Module):
     max_lr: Float[Array, ""]
 
 
-def _z_init(params: Params, dtype: Any) -> PyTree:
-    def make(p):
-        if not is_float_leaf(p):
-            return None
-        return jnp.array(p, dtype=p.dtype if dtype is None else dtype, copy=True)
+class AbstractScheduleFree(AbstractTransform):
+    """The schedule-free averaging around a base optimizer's step (the change of
+    `z`), shared by `ScheduleFreeSGD` and `ScheduleFreeAdamW`: a final subclass
+    declares the fields below and its base step, `base`."""
 
-    return jax.tree.map(make, params)
+    learning_rate: eqx.AbstractVar[ScalarOrSchedule]
+    b1: eqx.AbstractVar[ScalarOrSchedule]
+    weight_decay: eqx.AbstractVar[ScalarOrSchedule]
+    weight_lr_power: eqx.AbstractVar[ScalarOrSchedule]
+    z_dtype: eqx.AbstractVar[DTypeLike]
+    # The base step at one leaf, `base(h, t, g, y, *nu) -> (u, *nu)`: `z` moves by
+    # `u`; `h` holds the hyperparameters at this step, `t` is the step count after.
+    base: eqx.AbstractClassVar[Callable[..., tuple[Array, ...]]]
+
+    @abc.abstractmethod
+    def nu_init(self, params: Params) -> PyTree:
+        """The state's `nu` (`None` for a base step without one)."""
+
+    def init(self, params: Params) -> ScheduleFreeState:
+        def z_of(p):
+            if not is_float_leaf(p):
+                return None
+            dtype = p.dtype if self.z_dtype is None else self.z_dtype
+            return jnp.array(p, dtype=dtype, copy=True)
+
+        return ScheduleFreeState(
+            step=zero_step(),
+            z=jax.tree.map(z_of, params),
+            nu=self.nu_init(params),
+            weight_sum=jnp.zeros((), jnp.float32),
+            max_lr=jnp.zeros((), jnp.float32),
+        )
+
+    def transform(
+        self, grads: Grads, state: ScheduleFreeState, params: Params
+    ) -> tuple[Updates, ScheduleFreeState]:
+        h = values_at(self, state.step)
+        t = increment(state.step)
+        b1 = h.b1
+        max_lr = jnp.maximum(state.max_lr, h.learning_rate)
+        weight = max_lr**h.weight_lr_power
+        weight_sum = state.weight_sum + weight
+        # 0 / 0 (a zero learning rate so far) gives 0: keep x where it is.
+        ck = jnp.where(
+            jnp.isnan(weight) | jnp.isnan(weight_sum),
+            jnp.nan,
+            jnp.nan_to_num(weight / weight_sum, nan=0.0, posinf=jnp.inf),
+        )
+
+        def rule(g, y, z, *nu):
+            u, *nu = self.base(h, t, g, y, *nu)
+            x = (y - (1 - b1) * z) / b1
+            z = z + u
+            x = (1 - ck) * x + ck * z
+            new_y = b1 * x + (1 - b1) * z
+            return (new_y - y, z, *nu)
+
+        nu = () if state.nu is None else (state.nu,)
+        updates, (z, *nu) = map_leaves(
+            rule, grads, params, (state.z, *nu), elementwise=True
+        )
+        return updates, ScheduleFreeState(
+            step=t,
+            z=z,
+            nu=nu[0] if nu else None,
+            weight_sum=weight_sum.astype(jnp.float32),
+            max_lr=max_lr.astype(jnp.float32),
+        )
+
+    def eval_params(self, state: ScheduleFreeState, params: Params) -> Params:
+        """The averaged parameters `x = (y - (1 - b1) * z) / b1` at which to evaluate
+        the model (as `optax.contrib.schedule_free_eval_params`); non-float leaves
+        pass through, each leaf keeps its dtype."""
+        b1 = value_at(self.b1, state.step)
+
+        def x_of(p, z):
+            if z is None or not is_float_leaf(p):
+                return p
+            dtype = compute_dtype(p.dtype)
+            y, z = p.astype(dtype), z.astype(dtype)
+            return ((y - (1 - b1) * z) / b1).astype(p.dtype)
+
+        return jax.tree.map(x_of, params, state.z, is_leaf=lambda x: x is None)
 
 
-def _eval_params(b1: Array, state: ScheduleFreeState, params: Params) -> Params:
-    def x_of(p, z):
-        if z is None or not is_float_leaf(p):
-            return p
-        dtype = compute_dtype(p.dtype)
-        y, z = p.astype(dtype), z.astype(dtype)
-        return ((y - (1 - b1) * z) / b1).astype(p.dtype)
-
-    return jax.tree.map(x_of, params, state.z, is_leaf=lambda x: x is None)
-
-
-def _schedule_free_transform(
-    opt: "ScheduleFreeSGD | ScheduleFreeAdamW",
-    grads: Grads,
-    state: ScheduleFreeState,
-    params: Params,
-    base_rule: Any,
-    base_moments: tuple[PyTree, ...],
-) -> tuple[Updates, tuple[PyTree, ...], Array, Array]:
-    """The shared averaging: `base_rule(g, y, lr, *moments) -> (u, *moments)` is the
-    base optimizer's step (the change of `z`)."""
-    lr = opt.learning_rate(state.step)
-    b1 = opt.b1
-    max_lr = jnp.maximum(state.max_lr, lr)
-    weight = max_lr**opt.weight_lr_power
-    weight_sum = state.weight_sum + weight
-    # 0 / 0 (a zero learning rate so far) gives 0: keep x where it is.
-    ck = jnp.where(
-        jnp.isnan(weight) | jnp.isnan(weight_sum),
-        jnp.nan,
-        jnp.nan_to_num(weight / weight_sum, nan=0.0, posinf=jnp.inf),
-    )
-
-    def rule(g, y, z, *moments):
-        u, *moments = base_rule(g, y, lr, *moments)
-        x = (y - (1 - b1) * z) / b1
-        z = z + u
-        x = (1 - ck) * x + ck * z
-        new_y = b1 * x + (1 - b1) * z
-        return (new_y - y, z, *moments)
-
-    updates, moments = map_leaves(
-        rule, grads, params, (state.z, *base_moments), elementwise=True
-    )
-    return updates, moments, weight_sum, max_lr
-
-
-def _common_init(
-    opt: "ScheduleFreeSGD | ScheduleFreeAdamW",
-    learning_rate: Any,
-    b1: Any,
-    weight_decay: Any,
-    weight_lr_power: Any,
-    z_dtype: Any,
-) -> None:
-    opt.learning_rate = as_schedule("learning_rate", learning_rate)
-    opt.b1 = hyperparameter("b1", b1, low=0.0, high=1.0, low_open=True)
-    opt.weight_decay = hyperparameter("weight_decay", weight_decay, low=0.0)
-    opt.weight_lr_power = hyperparameter("weight_lr_power", weight_lr_power, low=0.0)
-    opt.z_dtype = float_dtype_or_none("z_dtype", z_dtype)
-
-
-class ScheduleFreeSGD(AbstractTransform):
+class ScheduleFreeSGD(AbstractScheduleFree):
     """Schedule-Free SGD (Defazio et al., 2024, "The Road Less Scheduled").
 
     The parameters the optimizer holds and steps are `y`, where gradients are
@@ -141,65 +163,29 @@ class ScheduleFreeSGD(AbstractTransform):
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
-    - `b1`: the interpolation between `x` and `z`, in `(0, 1]`.
+    - `b1`: the interpolation between `x` and `z`, in `(0, 1]` (a number, not a
+      schedule: `x` is recovered from `y` with the `b1` that built it).
     - `weight_decay`: L2 decay added to the gradient (at `y`), `>= 0`.
     - `weight_lr_power`: the averaging weight is `max_lr**weight_lr_power`, `>= 0`.
     - `z_dtype`: dtype to store `z` in (`None`: each parameter's dtype).
     """
 
-    learning_rate: AbstractSchedule
-    b1: Float[Array, ""]
-    weight_decay: Float[Array, ""]
-    weight_lr_power: Float[Array, ""]
-    z_dtype: Any = eqx.field(static=True)
+    learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
+    # Not a schedule: `y = b1 * x + (1 - b1) * z`, and `x` is recovered from `y`
+    # (at each step, and by `eval_params`) with the `b1` that built it.
+    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, low_open=True, schedule=False)
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_lr_power: ScalarOrSchedule = hyper(2.0, low=0.0)
+    z_dtype: DTypeLike = dtype_field()
 
-    def __init__(
-        self,
-        learning_rate: Any = 1.0,
-        b1: Any = 0.9,
-        weight_decay: Any = 0.0,
-        weight_lr_power: Any = 2.0,
-        *,
-        z_dtype: Any = None,
-    ):
-        _common_init(self, learning_rate, b1, weight_decay, weight_lr_power, z_dtype)
+    def nu_init(self, params: Params) -> None:
+        return None
 
-    def init(self, params: Params) -> ScheduleFreeState:
-        return ScheduleFreeState(
-            step=zero_step(),
-            z=_z_init(params, self.z_dtype),
-            nu=None,
-            weight_sum=jnp.zeros((), jnp.float32),
-            max_lr=jnp.zeros((), jnp.float32),
-        )
-
-    def transform(
-        self, grads: Grads, state: ScheduleFreeState, params: Params
-    ) -> tuple[Updates, ScheduleFreeState]:
-        wd = self.weight_decay
-
-        def sgd(g, y, lr):
-            return (-lr * (g + wd * y),)
-
-        updates, (z,), weight_sum, max_lr = _schedule_free_transform(
-            self, grads, state, params, sgd, ()
-        )
-        return updates, ScheduleFreeState(
-            step=increment(state.step),
-            z=z,
-            nu=None,
-            weight_sum=weight_sum.astype(jnp.float32),
-            max_lr=max_lr.astype(jnp.float32),
-        )
-
-    def eval_params(self, state: ScheduleFreeState, params: Params) -> Params:
-        """The averaged parameters `x = (y - (1 - b1) * z) / b1` at which to evaluate
-        the model (as `optax.contrib.schedule_free_eval_params`); non-float leaves
-        pass through, each leaf keeps its dtype."""
-        return _eval_params(self.b1, state, params)
+    def base(self, h, t, g, y):
+        return (-h.learning_rate * (g + h.weight_decay * y),)
 
 
-class ScheduleFreeAdamW(AbstractTransform):
+class ScheduleFreeAdamW(AbstractScheduleFree):
     """Schedule-Free AdamW (Defazio et al., 2024, "The Road Less Scheduled").
 
     As `ScheduleFreeSGD`, with the base step of AdamW without momentum (the
@@ -219,7 +205,8 @@ class ScheduleFreeAdamW(AbstractTransform):
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
-    - `b1`: the interpolation between `x` and `z`, in `(0, 1]`.
+    - `b1`: the interpolation between `x` and `z`, in `(0, 1]` (a number, not a
+      schedule: `x` is recovered from `y` with the `b1` that built it).
     - `b2`: decay of the second moment, in `(0, 1)`.
     - `eps`: added to the root of the second moment, `> 0`.
     - `weight_decay`: decoupled decay (at `y`), `>= 0`.
@@ -228,68 +215,23 @@ class ScheduleFreeAdamW(AbstractTransform):
     - `nu_dtype`: dtype to store `nu` in (`None`: each parameter's dtype).
     """
 
-    learning_rate: AbstractSchedule
-    b1: Float[Array, ""]
-    b2: Float[Array, ""]
-    eps: Float[Array, ""]
-    weight_decay: Float[Array, ""]
-    weight_lr_power: Float[Array, ""]
-    z_dtype: Any = eqx.field(static=True)
-    nu_dtype: Any = eqx.field(static=True)
+    learning_rate: ScalarOrSchedule = learning_rate_field(0.0025)
+    # Not a schedule: `y = b1 * x + (1 - b1) * z`, and `x` is recovered from `y`
+    # (at each step, and by `eval_params`) with the `b1` that built it.
+    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, low_open=True, schedule=False)
+    b2: ScalarOrSchedule = hyper(
+        0.999, low=0.0, high=1.0, low_open=True, high_open=True
+    )
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_lr_power: ScalarOrSchedule = hyper(2.0, low=0.0)
+    z_dtype: DTypeLike = dtype_field()
+    nu_dtype: DTypeLike = dtype_field()
 
-    def __init__(
-        self,
-        learning_rate: Any = 0.0025,
-        b1: Any = 0.9,
-        b2: Any = 0.999,
-        eps: Any = 1e-8,
-        weight_decay: Any = 0.0,
-        weight_lr_power: Any = 2.0,
-        *,
-        z_dtype: Any = None,
-        nu_dtype: Any = None,
-    ):
-        _common_init(self, learning_rate, b1, weight_decay, weight_lr_power, z_dtype)
-        self.b2 = hyperparameter(
-            "b2", b2, low=0.0, high=1.0, low_open=True, high_open=True
-        )
-        self.eps = hyperparameter("eps", eps, low=0.0, low_open=True)
-        self.nu_dtype = float_dtype_or_none("nu_dtype", nu_dtype)
+    def nu_init(self, params: Params) -> PyTree:
+        return float_leaves_like(params, self.nu_dtype)
 
-    def init(self, params: Params) -> ScheduleFreeState:
-        return ScheduleFreeState(
-            step=zero_step(),
-            z=_z_init(params, self.z_dtype),
-            nu=float_leaves_like(params, self.nu_dtype),
-            weight_sum=jnp.zeros((), jnp.float32),
-            max_lr=jnp.zeros((), jnp.float32),
-        )
-
-    def transform(
-        self, grads: Grads, state: ScheduleFreeState, params: Params
-    ) -> tuple[Updates, ScheduleFreeState]:
-        t = increment(state.step)
-        b2, eps, wd = self.b2, self.eps, self.weight_decay
-        bias2 = 1 - b2**t
-
-        def adam(g, y, lr, nu):
-            nu = b2 * nu + (1 - b2) * abs_sq(g)
-            u = g / (jnp.sqrt(nu / bias2) + eps) + wd * y
-            return -lr * u, nu
-
-        updates, (z, nu), weight_sum, max_lr = _schedule_free_transform(
-            self, grads, state, params, adam, (state.nu,)
-        )
-        return updates, ScheduleFreeState(
-            step=t,
-            z=z,
-            nu=nu,
-            weight_sum=weight_sum.astype(jnp.float32),
-            max_lr=max_lr.astype(jnp.float32),
-        )
-
-    def eval_params(self, state: ScheduleFreeState, params: Params) -> Params:
-        """The averaged parameters `x = (y - (1 - b1) * z) / b1` at which to evaluate
-        the model (as `optax.contrib.schedule_free_eval_params`); non-float leaves
-        pass through, each leaf keeps its dtype."""
-        return _eval_params(self.b1, state, params)
+    def base(self, h, t, g, y, nu):
+        nu = h.b2 * nu + (1 - h.b2) * abs_sq(g)
+        u = g / (jnp.sqrt(nu / (1 - h.b2**t)) + h.eps) + h.weight_decay * y
+        return -h.learning_rate * u, nu

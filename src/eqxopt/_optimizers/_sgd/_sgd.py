@@ -1,15 +1,10 @@
 """Stochastic gradient descent with (Nesterov) momentum."""
 
-from typing import Any
-
 import equinox as eqx
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter
-from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
-from ..._core._tree import float_leaves_like, increment, zero_step
+from ..._core._fields import ScalarOrSchedule, flag_field, hyper, learning_rate_field
+from ..._core._leafwise import AbstractLeafwiseOptimizer
 
 
 class SGDState(eqx.Module):
@@ -26,7 +21,7 @@ class SGDState(eqx.Module):
     velocity: PyTree[Float[Array, "..."] | None]
 
 
-class SGD(AbstractTransform):
+class SGD(AbstractLeafwiseOptimizer):
     """Stochastic gradient descent, optionally with heavy-ball or Nesterov momentum.
 
     For each leaf, with `lr` the learning rate at the current step:
@@ -46,34 +41,15 @@ class SGD(AbstractTransform):
     - `nesterov`: use Nesterov momentum.
     """
 
-    learning_rate: AbstractSchedule
-    momentum: Float[Array, ""]
-    nesterov: bool = eqx.field(static=True)
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    momentum: ScalarOrSchedule = hyper(0.0, low=0.0, high=1.0, high_open=True)
+    nesterov: bool = flag_field(False, kw_only=False)
 
-    def __init__(self, learning_rate: Any, momentum: Any = 0.0, nesterov: bool = False):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.momentum = hyperparameter(
-            "momentum", momentum, low=0.0, high=1.0, high_open=True
-        )
-        if not isinstance(nesterov, bool):
-            raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
-        self.nesterov = nesterov
+    state_type = SGDState
+    moments = ("velocity",)
+    elementwise = True
 
-    def init(self, params: Params) -> SGDState:
-        return SGDState(step=zero_step(), velocity=float_leaves_like(params))
-
-    def transform(
-        self, grads: Grads, state: SGDState, params: Params
-    ) -> tuple[Updates, SGDState]:
-        lr = self.learning_rate(state.step)
-        momentum = self.momentum
-
-        def rule(g, p, v):
-            v = momentum * v + g
-            direction = g + momentum * v if self.nesterov else v
-            return -lr * direction, v
-
-        updates, (velocity,) = map_leaves(
-            rule, grads, params, (state.velocity,), elementwise=True
-        )
-        return updates, SGDState(step=increment(state.step), velocity=velocity)
+    def leaf(self, h, t, g, p, v):
+        v = h.momentum * v + g
+        direction = g + h.momentum * v if self.nesterov else v
+        return -h.learning_rate * direction, v
