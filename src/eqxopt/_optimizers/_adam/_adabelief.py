@@ -14,7 +14,6 @@ from ._adam_like import (
     AbstractAdamLike,
     b1_field,
     b2_field,
-    bias_correction,
     ema,
     eps_field,
     first_moment_hat,
@@ -60,9 +59,9 @@ class AdaBelief(AbstractAdamLike):
 
     elementwise = True
 
-    def direction(self, h, t, g, mu, nu):
+    def direction(self, h, g, mu, nu):
         mu = ema(mu, g, h.b1)
         nu = ema(nu, abs_sq(g - mu), h.b2) + h.eps_root
-        m_hat = first_moment_hat(mu, g, h.b1, t, self.nesterov)
-        direction = m_hat / (jnp.sqrt(nu / bias_correction(h.b2, t)) + h.eps)
+        m_hat = first_moment_hat(mu, g, h, self.nesterov)
+        direction = m_hat / (jnp.sqrt(nu / h.bias2) + h.eps)
         return direction, h.learning_rate, mu, nu

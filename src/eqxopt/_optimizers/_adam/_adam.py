@@ -3,6 +3,7 @@ AdamaxW (the maths and bases they share with the rest of the family are in
 `_adam_like.py`)."""
 
 import functools
+from types import SimpleNamespace
 from typing import Literal
 
 import equinox as eqx
@@ -19,7 +20,6 @@ from ..._core._fields import (
     flag_field,
     learning_rate_field,
     mask_field,
-    values_at,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer, map_leaves
 from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
@@ -29,7 +29,7 @@ from ._adam_like import (
     adam_direction,
     b1_field,
     b2_field,
-    bias_correction,
+    bias_corrections,
     ema,
     eps_field,
     momentum_decay_field,
@@ -123,8 +123,8 @@ class Adam(AbstractAdamLike):
 
     elementwise = True
 
-    def direction(self, h, t, g, mu, nu):
-        direction, mu, nu, _ = adam_direction(h, t, g, mu, nu, self.nesterov)
+    def direction(self, h, g, mu, nu):
+        direction, mu, nu, _ = adam_direction(h, g, mu, nu, self.nesterov)
         return direction, h.learning_rate, mu, nu
 
 
@@ -169,8 +169,8 @@ class AdamW(AbstractAdamW):
 
     elementwise = True
 
-    def direction(self, h, t, g, mu, nu):
-        direction, mu, nu, _ = adam_direction(h, t, g, mu, nu, self.nesterov)
+    def direction(self, h, g, mu, nu):
+        direction, mu, nu, _ = adam_direction(h, g, mu, nu, self.nesterov)
         return direction, h.learning_rate, mu, nu
 
 
@@ -208,7 +208,7 @@ class AbstractNAdam(AbstractLeafwiseOptimizer):
     def transform(
         self, grads: Grads, state: NAdamState, params: Params
     ) -> tuple[Updates, NAdamState]:
-        h = values_at(self, state.step)
+        h = bias_corrections(self.step_values(state.step), state.step)
         b1, psi = h.b1, h.momentum_decay
         t = increment(state.step)
         tf = t.astype(jnp.float32)
@@ -231,9 +231,10 @@ class AbstractNAdam(AbstractLeafwiseOptimizer):
         return updates, NAdamState(step=t, mu_product=mu_product, mu=mu, nu=nu)
 
     def leaf(self, h, t, g, p, mu, nu, decayed=False):
+        del t  # the bias correction is in `h`
         mu = ema(mu, g, h.b1)
         nu = ema(nu, abs_sq(g), h.b2)
-        root = jnp.sqrt(nu / bias_correction(h.b2, t) + h.eps_root)
+        root = jnp.sqrt(nu / h.bias2 + h.eps_root)
         direction = (h.coef_g * g + h.coef_m * mu) / (root + h.eps)
         if decayed:
             direction = direction + h.weight_decay * p
@@ -384,11 +385,15 @@ class AMSGrad(AbstractLeafwiseOptimizer):
     def nu_max_dtype(self) -> DTypeLike:
         return self.nu_dtype  # the engine stores moment `x` in `x_dtype`
 
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        return bias_corrections(super().step_values(step), step)
+
     def leaf(self, h, t, g, p, mu, nu, nu_max, decayed):
+        del t  # the bias corrections are in `h`
         mu = ema(mu, g, h.b1)
         nu = ema(nu, abs_sq(g), h.b2)
-        bias1 = bias_correction(h.b1, t) if self.bias_correction_mu else 1.0
-        bias2 = bias_correction(h.b2, t)
+        bias1 = h.bias1 if self.bias_correction_mu else 1.0
+        bias2 = h.bias2
         if self.nu_correction == "before_max":
             nu_max = jnp.maximum(nu_max, nu / bias2)
             v = nu_max
@@ -411,10 +416,10 @@ class AbstractAdamax(AbstractAdamLike):
 
     elementwise = True
 
-    def direction(self, h, t, g, mu, nu):
+    def direction(self, h, g, mu, nu):
         mu = ema(mu, g, h.b1)
         nu = jnp.maximum(h.b2 * nu, jnp.abs(g) + h.eps)
-        return (mu / bias_correction(h.b1, t)) / nu, h.learning_rate, mu, nu
+        return (mu / h.bias1) / nu, h.learning_rate, mu, nu
 
 
 _ADAMAX_FORMULA = """

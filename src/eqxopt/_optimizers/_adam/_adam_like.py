@@ -6,6 +6,7 @@ of the two-moment variants, and the bases `AbstractAdamLike` (a per-leaf
 
 import abc
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import equinox as eqx
@@ -39,30 +40,36 @@ def bias_correction(b: Array, t: Int[Array, ""]) -> Array:
     return 1 - b**t
 
 
-def nesterov_mean(mu: Array, g: Array, b1: Array, t: Int[Array, ""]) -> Array:
-    """The bias-corrected Nesterov first moment of Dozat (2016), as optax writes it:
-    `b1 * mu / (1 - b1**(t+1)) + (1 - b1) * g / (1 - b1**t)`."""
-    return b1 * mu / bias_correction(b1, increment(t)) + (1 - b1) * g / (
-        bias_correction(b1, t)
-    )
+def bias_corrections(h: SimpleNamespace, step: Int[Array, ""]) -> SimpleNamespace:
+    """`h` (`_fields.values_at`) with, for `t = step + 1`, `h.bias1 = 1 - b1**t`,
+    `h.bias1_next = 1 - b1**(t+1)` and `h.bias2 = 1 - b2**t` added: computed once
+    per step (`AbstractLeafwiseOptimizer.step_values`), not once per leaf."""
+    t = increment(step)
+    h.bias1 = bias_correction(h.b1, t)
+    h.bias1_next = bias_correction(h.b1, increment(t))
+    h.bias2 = bias_correction(h.b2, t)
+    return h
 
 
-def first_moment_hat(
-    mu: Array, g: Array, b1: Array, t: Int[Array, ""], nesterov: bool
-) -> Array:
-    """The bias-corrected first moment: `mu / (1 - b1**t)`, or the Nesterov one."""
-    return nesterov_mean(mu, g, b1, t) if nesterov else mu / bias_correction(b1, t)
+def first_moment_hat(mu: Array, g: Array, h: Any, nesterov: bool) -> Array:
+    """The bias-corrected first moment `mu / (1 - b1**t)` or, with `nesterov`, the
+    Nesterov one of Dozat (2016) as optax writes it:
+    `b1 * mu / (1 - b1**(t+1)) + (1 - b1) * g / (1 - b1**t)` (`h` from
+    `bias_corrections`)."""
+    if nesterov:
+        return h.b1 * mu / h.bias1_next + (1 - h.b1) * g / h.bias1
+    return mu / h.bias1
 
 
 def adam_direction(
-    h: Any, t: Int[Array, ""], g: Array, mu: Array, nu: Array, nesterov: bool = False
+    h: Any, g: Array, mu: Array, nu: Array, nesterov: bool = False
 ) -> tuple[Array, Array, Array, Array]:
     """Adam's moment updates and direction `m_hat / (sqrt(v_hat + eps_root) + eps)`
-    with `h.b1`, `h.b2`, `h.eps`, `h.eps_root`: `(direction, mu, nu, v_hat)`."""
+    (`h` from `bias_corrections`): `(direction, mu, nu, v_hat)`."""
     mu = ema(mu, g, h.b1)
     nu = ema(nu, abs_sq(g), h.b2)
-    v_hat = nu / bias_correction(h.b2, t)
-    mu_hat = first_moment_hat(mu, g, h.b1, t, nesterov)
+    v_hat = nu / h.bias2
+    mu_hat = first_moment_hat(mu, g, h, nesterov)
     return mu_hat / (jnp.sqrt(v_hat + h.eps_root) + h.eps), mu, nu, v_hat
 
 
@@ -128,9 +135,9 @@ class AbstractAdamLike(AbstractLeafwiseOptimizer):
     only at the leaves `mask` selects (for optimizers with a `mask`; `p` is the
     parameter before the update). A final class declares its options as fields,
     `elementwise`, and the hook
-    `direction(h, t, g, mu, nu) -> (direction, step_size, mu, nu)` on arrays in the
-    compute dtype, with `h` the hyperparameters at this step and `t` the step count
-    after this update (as `AbstractLeafwiseOptimizer.leaf`).
+    `direction(h, g, mu, nu) -> (direction, step_size, mu, nu)` on arrays in the
+    compute dtype, with `h` the hyperparameters at this step and their bias
+    corrections (`bias_corrections`).
     """
 
     b1: eqx.AbstractVar[ScalarOrSchedule]
@@ -144,12 +151,16 @@ class AbstractAdamLike(AbstractLeafwiseOptimizer):
 
     @abc.abstractmethod
     def direction(
-        self, h: Any, t: Int[Array, ""], g: Array, mu: Array, nu: Array
+        self, h: Any, g: Array, mu: Array, nu: Array
     ) -> tuple[Array, Array, Array, Array]:
         """`(direction, step_size, new_mu, new_nu)` for one leaf."""
 
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        return bias_corrections(super().step_values(step), step)
+
     def leaf(self, h, t, g, p, mu, nu, decayed=False):
-        direction, step_size, mu, nu = self.direction(h, t, g, mu, nu)
+        del t  # the bias corrections are in `h`
+        direction, step_size, mu, nu = self.direction(h, g, mu, nu)
         if decayed:
             direction = direction + h.weight_decay * p
         return -step_size * direction, mu, nu

@@ -1,5 +1,7 @@
 """AdEMAMix: AdamW with a mixture of a fast and a slow momentum."""
 
+from types import SimpleNamespace
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
@@ -17,7 +19,7 @@ from ..._core._tree import abs_sq
 from ._adam_like import (
     b1_field,
     b2_field,
-    bias_correction,
+    bias_corrections,
     ema,
     eps_field,
     nonnegative_field,
@@ -95,12 +97,16 @@ class AdEMAMix(AbstractLeafwiseOptimizer):
     def m2_dtype(self) -> DTypeLike:
         return self.mu_dtype
 
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        return bias_corrections(super().step_values(step), step)
+
     def leaf(self, h, t, g, p, m1, m2, nu, decayed):
+        del t  # the bias corrections are in `h`
         m1 = ema(m1, g, h.b1)
         m2 = ema(m2, g, h.b3)
         nu = ema(nu, abs_sq(g), h.b2)
-        root = jnp.sqrt(nu / bias_correction(h.b2, t) + h.eps_root)
-        direction = (m1 / bias_correction(h.b1, t) + h.alpha * m2) / (root + h.eps)
+        root = jnp.sqrt(nu / h.bias2 + h.eps_root)
+        direction = (m1 / h.bias1 + h.alpha * m2) / (root + h.eps)
         if decayed:
             direction = direction + h.weight_decay * p
         return -h.learning_rate * direction, m1, m2, nu

@@ -1,8 +1,11 @@
 """ADOPT: Adam with the second moment taken from before the current gradient."""
 
-import jax.numpy as jnp
+from types import SimpleNamespace
 
-from ..._core._base import Grads, Params
+import jax.numpy as jnp
+from jaxtyping import Array, Int
+
+from ..._core._base import Grads, Params, Updates
 from ..._core._checks import reject_complex
 from ..._core._fields import (
     DTypeLike,
@@ -61,7 +64,9 @@ class ADOPT(AbstractAdamLike):
         self._check_real(params)
         return super().init(params)
 
-    def transform(self, grads: Grads, state: AdamState, params: Params) -> tuple:
+    def transform(
+        self, grads: Grads, state: AdamState, params: Params
+    ) -> tuple[Updates, AdamState]:
         self._check_real(params)
         return super().transform(grads, state, params)
 
@@ -74,17 +79,20 @@ class ADOPT(AbstractAdamLike):
                 "complex numbers have no order to clip by; clip=False takes them",
             )
 
-    def direction(self, h, t, g, mu, nu):
-        # `t - 1` is the step before this update, `s` above (`t` saturates at the
-        # int32 maximum, where `t - 1` and `s` are the same float32).
-        first = t == 1
-        b1 = jnp.where(first, 1.0, h.b1)
-        b2 = jnp.where(first, 0.0, h.b2)
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        h = super().step_values(step)
+        # The first step only initialises `nu`: `b1` taken as 1 and `b2` as 0.
+        first = step == 0
+        h.b1 = jnp.where(first, 1.0, h.b1)
+        h.b2 = jnp.where(first, 0.0, h.b2)
+        h.bound = step.astype(jnp.float32) ** 0.25
+        return h
+
+    def direction(self, h, g, mu, nu):
         x = g / jnp.maximum(jnp.sqrt(nu), h.eps)
         if self.clip:
-            bound = (t - 1).astype(jnp.float32) ** 0.25
-            x = jnp.clip(x, -bound, bound)
-        nu = ema(nu, abs_sq(g), b2)
-        mu = ema(mu, x, b1)
-        direction = ema(mu, x, b1) if self.nesterov else mu
+            x = jnp.clip(x, -h.bound, h.bound)
+        nu = ema(nu, abs_sq(g), h.b2)
+        mu = ema(mu, x, h.b1)
+        direction = ema(mu, x, h.b1) if self.nesterov else mu
         return direction, h.learning_rate, mu, nu

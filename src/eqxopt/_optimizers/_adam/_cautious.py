@@ -42,8 +42,8 @@ class CAdamW(AbstractAdamW):
     # Not elementwise: the rescaling counts the agreeing coordinates per leaf.
     elementwise = False
 
-    def direction(self, h, t, g, mu, nu):
-        u, mu, nu, _ = adam_direction(h, t, g, mu, nu)
+    def direction(self, h, g, mu, nu):
+        u, mu, nu, _ = adam_direction(h, g, mu, nu)
         agree = (jnp.real(mu * jnp.conj(g)) > 0).astype(u.real.dtype)
         scale = agree.size / (jnp.sum(agree) + 1)
         return u * agree * scale, h.learning_rate, mu, nu

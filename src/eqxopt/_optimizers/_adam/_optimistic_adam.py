@@ -1,5 +1,7 @@
 """Optimistic Adam: Adam with an optimistic (extrapolated) step, for min-max games."""
 
+from types import SimpleNamespace
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
@@ -16,6 +18,7 @@ from ._adam_like import (
     adam_direction,
     b1_field,
     b2_field,
+    bias_corrections,
     eps_field,
     nonnegative_field,
 )
@@ -89,8 +92,14 @@ class OptimisticAdam(AbstractLeafwiseOptimizer):
     def previous_dtype(self) -> DTypeLike:
         return self.mu_dtype  # the engine stores moment `x` in `x_dtype`
 
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        h = bias_corrections(super().step_values(step), step)
+        h.first = step == 0
+        return h
+
     def leaf(self, h, t, g, p, mu, nu, previous):
-        r, mu, nu, _ = adam_direction(h, t, g, mu, nu, self.nesterov)
-        previous = jnp.where(t == 1, r, previous)  # `r` itself on the first step
+        del t  # the bias corrections are in `h`
+        r, mu, nu, _ = adam_direction(h, g, mu, nu, self.nesterov)
+        previous = jnp.where(h.first, r, previous)  # `r` itself on the first step
         direction = (h.alpha + h.beta) * r - h.beta * previous
         return -h.learning_rate * direction, mu, nu, r

@@ -1,7 +1,9 @@
 """RAdam: Adam with a rectified adaptive learning rate."""
 
+from types import SimpleNamespace
+
 import jax.numpy as jnp
-from jaxtyping import Array
+from jaxtyping import Array, Int
 
 from ..._core._fields import (
     DTypeLike,
@@ -12,12 +14,11 @@ from ..._core._fields import (
     learning_rate_field,
     mask_field,
 )
-from ..._core._tree import abs_sq
+from ..._core._tree import abs_sq, increment
 from ._adam_like import (
     AbstractAdamLike,
     b1_field,
     b2_field,
-    bias_correction,
     ema,
     eps_field,
     first_moment_hat,
@@ -101,27 +102,26 @@ class RAdam(AbstractAdamLike):
 
     elementwise = True
 
-    def direction(self, h, t, g, mu, nu):
-        rectify, r = _rectification(h.b2, t, h.threshold)
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        h = super().step_values(step)
+        b2, t = h.b2, increment(step)
+        rho_inf = 2.0 / (1.0 - b2) - 1.0
+        rho = rho_t(b2, t)
+        h.rectify = rho >= h.threshold
+        # Clamped so the unselected branch stays finite while rho_t < 4.
+        safe_rho = jnp.where(h.rectify, rho, 5.0)
+        h.r = jnp.sqrt(
+            (safe_rho - 4.0)
+            * (safe_rho - 2.0)
+            * rho_inf
+            / ((rho_inf - 4.0) * (rho_inf - 2.0) * safe_rho)
+        )
+        return h
+
+    def direction(self, h, g, mu, nu):
         mu = ema(mu, g, h.b1)
         nu = ema(nu, abs_sq(g), h.b2)
-        m_hat = first_moment_hat(mu, g, h.b1, t, self.nesterov)
-        root = jnp.sqrt(nu / bias_correction(h.b2, t) + h.eps_root)
-        adaptive = r * m_hat / (root + h.eps)
-        return jnp.where(rectify, adaptive, m_hat), h.learning_rate, mu, nu
-
-
-def _rectification(b2: Array, t: Array, threshold: Array) -> tuple[Array, Array]:
-    """Whether to take the rectified step at `t`, and its factor `r`."""
-    rho_inf = 2.0 / (1.0 - b2) - 1.0
-    rho = rho_t(b2, t)
-    rectify = rho >= threshold
-    # Clamped so the unselected branch stays finite while rho_t < 4.
-    safe_rho = jnp.where(rectify, rho, 5.0)
-    r = jnp.sqrt(
-        (safe_rho - 4.0)
-        * (safe_rho - 2.0)
-        * rho_inf
-        / ((rho_inf - 4.0) * (rho_inf - 2.0) * safe_rho)
-    )
-    return rectify, r
+        m_hat = first_moment_hat(mu, g, h, self.nesterov)
+        root = jnp.sqrt(nu / h.bias2 + h.eps_root)
+        adaptive = h.r * m_hat / (root + h.eps)
+        return jnp.where(h.rectify, adaptive, m_hat), h.learning_rate, mu, nu

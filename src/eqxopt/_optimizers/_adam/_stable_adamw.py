@@ -41,7 +41,7 @@ class StableAdamW(AbstractAdamW):
     # Not elementwise: the clipping factor is a mean over each leaf.
     elementwise = False
 
-    def direction(self, h, t, g, mu, nu):
-        u, mu, nu, v_hat = adam_direction(h, t, g, mu, nu)
+    def direction(self, h, g, mu, nu):
+        u, mu, nu, v_hat = adam_direction(h, g, mu, nu)
         rms = jnp.sqrt(jnp.mean(abs_sq(g) / jnp.maximum(v_hat, h.eps * h.eps)))
         return u, h.learning_rate / jnp.maximum(1.0, rms), mu, nu

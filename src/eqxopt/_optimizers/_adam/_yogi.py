@@ -16,7 +16,6 @@ from ._adam_like import (
     AbstractAdamLike,
     b1_field,
     b2_field,
-    bias_correction,
     ema,
     eps_field,
     nonnegative_field,
@@ -69,12 +68,10 @@ class Yogi(AbstractAdamLike):
         del name
         return self.initial_accumulator_value  # both moments (a scalar array)
 
-    def direction(self, h, t, g, mu, nu):
+    def direction(self, h, g, mu, nu):
         mu = ema(mu, g, h.b1)
         g2 = abs_sq(g)
         nu = nu - (1 - h.b2) * jnp.sign(nu - g2) * g2
-        v_hat = nu / bias_correction(h.b2, t)
-        direction = (mu / bias_correction(h.b1, t)) / (
-            jnp.sqrt(v_hat + h.eps_root) + h.eps
-        )
+        v_hat = nu / h.bias2
+        direction = (mu / h.bias1) / (jnp.sqrt(v_hat + h.eps_root) + h.eps)
         return direction, h.learning_rate, mu, nu
