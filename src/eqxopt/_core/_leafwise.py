@@ -236,9 +236,10 @@ class AbstractLeafwiseOptimizer(AbstractTransform):
       and no shape-dependent maths), which lets the native kernels run it;
     - `leaf(h, t, g, p, *moments[, decayed]) -> (update, *new_moments)`: the rule,
       on arrays in the compute dtype; `h` holds every hyperparameter's value at
-      this step (`h.learning_rate`, `h.b1`, ...; `_fields.values_at`), `t` is the
-      step count after this update, and `decayed` (passed when the optimizer has a
-      `mask` field) whether this leaf is masked in.
+      this step (`h.learning_rate`, `h.b1`, ...; `_fields.values_at`) and what
+      `step_values` adds, `t` is the step count after this update, and `decayed`
+      (passed when the optimizer has a `mask` field) whether this leaf is masked
+      in.
 
     The engine does the rest: state creation, `None` gradients, dtypes, the mask,
     and the native fast path.
