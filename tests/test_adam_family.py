@@ -579,6 +579,81 @@ def test_float_weight_decay_stays_an_array_and_equals_a_constant_schedule():
 
 
 # ----------------------------------------------------------------------------------
+# Scheduled hyperparameters (b1, b2, weight_decay, ...) are read at the step.
+# ----------------------------------------------------------------------------------
+
+SCHEDULED_STEPS = 8
+# Each changes a lot from one step to the next, so a value read one step early or
+# late moves the parameters far beyond the tolerance (checked below).
+B1 = eqxopt.Linear(0.3, 0.95, SCHEDULED_STEPS)
+B2 = eqxopt.Linear(0.8, 0.999, SCHEDULED_STEPS)
+DECAY = eqxopt.Linear(0.0, 2.0, SCHEDULED_STEPS)
+BETAS = {"b1": B1, "b2": B2}
+BETAS_AND_DECAY = {**BETAS, "weight_decay": DECAY}
+
+# (id, optimizer from keyword arguments, the scheduled arguments)
+SCHEDULED = [
+    ("Adam", lambda **kw: eqxopt.Adam(LR, nesterov=True, **kw), BETAS),
+    ("AdamW", lambda **kw: eqxopt.AdamW(LR, mask=_matrices, **kw), BETAS_AND_DECAY),
+    ("NAdam", lambda **kw: eqxopt.NAdam(LR, momentum_decay=0.004, **kw), BETAS),
+    ("NAdamW", lambda **kw: eqxopt.NAdamW(LR, **kw), BETAS_AND_DECAY),
+    ("AMSGrad", lambda **kw: eqxopt.AMSGrad(LR, **kw), BETAS_AND_DECAY),
+    ("AdamaxW", lambda **kw: eqxopt.AdamaxW(LR, **kw), BETAS_AND_DECAY),
+    ("AdaBelief", lambda **kw: eqxopt.AdaBelief(LR, **kw), BETAS),
+    ("RAdam", lambda **kw: eqxopt.RAdam(LR, threshold=3.0, **kw), BETAS_AND_DECAY),
+    ("Yogi", lambda **kw: eqxopt.Yogi(LR, **kw), BETAS),
+    ("ADOPT", lambda **kw: eqxopt.ADOPT(LR, **kw), BETAS),
+    (
+        "AdEMAMix",
+        lambda **kw: eqxopt.AdEMAMix(LR, **kw),
+        {**BETAS_AND_DECAY, "b3": eqxopt.Linear(0.5, 0.99, SCHEDULED_STEPS)},
+    ),
+    (
+        "OptimisticAdam",
+        lambda **kw: eqxopt.OptimisticAdam(LR, **kw),
+        {**BETAS, "beta": eqxopt.Linear(0.0, 2.0, SCHEDULED_STEPS)},
+    ),
+    ("CAdamW", lambda **kw: eqxopt.CAdamW(LR, **kw), BETAS_AND_DECAY),
+    ("StableAdamW", lambda **kw: eqxopt.StableAdamW(LR, **kw), BETAS_AND_DECAY),
+]
+
+
+def _rebuilt_each_step(make, schedules, offset=0):
+    """The run of `make(**schedules)`, with the optimizer rebuilt before each step
+    with every scheduled argument as the number its schedule gives at that step
+    (plus `offset`). The state carries the step count from one to the next."""
+    params = PARAMS
+    state = make(**{name: 0.5 for name in schedules}).init(params)
+    history = []
+    for k, g in enumerate(GRADS[:SCHEDULED_STEPS]):
+        at = jnp.asarray(k + offset, jnp.int32)
+        opt = make(**{name: float(s(at)) for name, s in schedules.items()})
+        params, state = opt.step(g, state, params)
+        history.append(params)
+    return history
+
+
+@pytest.mark.parametrize("case", SCHEDULED, ids=[c[0] for c in SCHEDULED])
+def test_scheduled_hyperparameters_are_read_at_the_step(case):
+    _, make, schedules = case
+    scheduled = []
+    opt = make(**schedules)
+    params, state = PARAMS, opt.init(PARAMS)
+    for g in GRADS[:SCHEDULED_STEPS]:
+        params, state = opt.step(g, state, params)
+        scheduled.append(params)
+    # The schedules' values in the compiled step may differ from the eager ones in
+    # the last bit; the tolerance covers that, not a value from another step.
+    assert_histories_close(
+        scheduled, _rebuilt_each_step(make, schedules), rtol=1e-5, atol=1e-6
+    )
+    with pytest.raises(AssertionError):
+        assert_histories_close(
+            scheduled, _rebuilt_each_step(make, schedules, offset=1), rtol=1e-3
+        )
+
+
+# ----------------------------------------------------------------------------------
 # Moment dtypes.
 # ----------------------------------------------------------------------------------
 

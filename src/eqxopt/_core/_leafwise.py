@@ -16,13 +16,14 @@ leaves, fused with the apply inside `step`; results agree to rounding.
 """
 
 import functools
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, PyTree
+from jaxtyping import Array, Int, PyTree
 
 from .._native import _fused
 from ._base import AbstractTransform, Grads, Params
@@ -235,9 +236,10 @@ class AbstractLeafwiseOptimizer(AbstractTransform):
       and no shape-dependent maths), which lets the native kernels run it;
     - `leaf(h, t, g, p, *moments[, decayed]) -> (update, *new_moments)`: the rule,
       on arrays in the compute dtype; `h` holds every hyperparameter's value at
-      this step (`h.learning_rate`, `h.b1`, ...; `_fields.values_at`), `t` is the
-      step count after this update, and `decayed` (passed when the optimizer has a
-      `mask` field) whether this leaf is masked in.
+      this step (`h.learning_rate`, `h.b1`, ...; `_fields.values_at`) and what
+      `step_values` adds, `t` is the step count after this update, and `decayed`
+      (passed when the optimizer has a `mask` field) whether this leaf is masked
+      in.
 
     The engine does the rest: state creation, `None` gradients, dtypes, the mask,
     and the native fast path.
@@ -249,6 +251,13 @@ class AbstractLeafwiseOptimizer(AbstractTransform):
     elementwise: eqx.AbstractClassVar[bool]
     # The per-leaf rule (a method); see above.
     leaf: eqx.AbstractClassVar[Callable[..., tuple[Array, ...]]]
+
+    def step_values(self, step: Int[Array, ""]) -> types.SimpleNamespace:
+        """What `leaf` gets as `h` at `step`: every hyperparameter's value there
+        (`_fields.values_at`). A subclass may add values derived from them, which
+        are then computed once per step rather than once per leaf (bias
+        corrections, ...)."""
+        return values_at(self, step)
 
     def moment_fill(self, name: str) -> float:
         """The value a moment starts at (0 unless a subclass says otherwise)."""
@@ -271,7 +280,7 @@ class AbstractLeafwiseOptimizer(AbstractTransform):
         return self.state_type(step=zero_step(), **moments)  # pyright: ignore
 
     def transform(self, grads: Grads, state: Any, params: Params) -> tuple[Any, Any]:
-        h = values_at(self, state.step)
+        h = self.step_values(state.step)
         t = increment(state.step)
         updates, new = map_leaves(
             functools.partial(self.leaf, h, t),

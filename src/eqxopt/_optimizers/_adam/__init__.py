@@ -9,13 +9,15 @@ from ._adam import (
     Adam as Adam,
     Adamax as Adamax,
     AdamaxW as AdamaxW,
-    AdamState as AdamState,
     AdamW as AdamW,
     AMSGrad as AMSGrad,
     AMSGradState as AMSGradState,
     NAdam as NAdam,
     NAdamState as NAdamState,
     NAdamW as NAdamW,
+)
+from ._adam_like import (
+    AdamState as AdamState,
 )
 from ._ademamix import (
     AdEMAMix as AdEMAMix,

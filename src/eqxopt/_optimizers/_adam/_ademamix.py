@@ -1,25 +1,28 @@
 """AdEMAMix: AdamW with a mixture of a fast and a slow momentum."""
 
-from typing import Any
+from types import SimpleNamespace
 
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
-from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
-from ._adam import (
-    betas_and_eps,
-    bias_correction,
-    decay_flags,
-    dtype_or_none,
+from ..._core._fields import (
+    DTypeLike,
+    MaskLike,
+    ScalarOrSchedule,
+    dtype_field,
+    learning_rate_field,
+    mask_field,
+)
+from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._tree import abs_sq
+from ._adam_like import (
+    b1_field,
+    b2_field,
+    bias_corrections,
     ema,
-    float_or_schedule,
-    freeze_mask,
-    value_at,
-    with_decay,
+    eps_field,
+    nonnegative_field,
 )
 
 
@@ -40,7 +43,7 @@ class AdEMAMixState(eqx.Module):
     nu: PyTree[Float[Array, "..."] | None]
 
 
-class AdEMAMix(AbstractTransform):
+class AdEMAMix(AbstractLeafwiseOptimizer):
     """AdEMAMix (Pagliardini et al., 2024): AdamW whose numerator mixes a fast and a
     very slow exponential moving average of the gradients.
 
@@ -69,78 +72,41 @@ class AdEMAMix(AbstractTransform):
     - `mu_dtype`: dtype of `m1` and `m2`; `nu_dtype`: of `nu` (as for `Adam`).
     """
 
-    learning_rate: AbstractSchedule
-    b1: Float[Array, ""]
-    b2: Float[Array, ""]
-    b3: Float[Array, ""] | AbstractSchedule
-    alpha: Float[Array, ""] | AbstractSchedule
-    eps: Float[Array, ""]
-    eps_root: Float[Array, ""]
-    weight_decay: Float[Array, ""] | AbstractSchedule
-    mask: Any = eqx.field(static=True)
-    mu_dtype: Any = eqx.field(static=True)
-    nu_dtype: Any = eqx.field(static=True)
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    b1: ScalarOrSchedule = b1_field()
+    b2: ScalarOrSchedule = b2_field()
+    b3: ScalarOrSchedule = b1_field(0.9999)
+    alpha: ScalarOrSchedule = nonnegative_field(5.0, kw_only=False)
+    eps: ScalarOrSchedule = eps_field()
+    eps_root: ScalarOrSchedule = nonnegative_field()
+    weight_decay: ScalarOrSchedule = nonnegative_field()
+    mask: MaskLike = mask_field()
+    mu_dtype: DTypeLike = dtype_field()
+    nu_dtype: DTypeLike = dtype_field()
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        b1: Any = 0.9,
-        b2: Any = 0.999,
-        b3: Any = 0.9999,
-        alpha: Any = 5.0,
-        eps: Any = 1e-8,
-        *,
-        eps_root: Any = 0.0,
-        weight_decay: Any = 0.0,
-        mask: Any = None,
-        mu_dtype: Any = None,
-        nu_dtype: Any = None,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.b1, self.b2, self.eps, self.eps_root = betas_and_eps(b1, b2, eps, eps_root)
-        self.b3 = float_or_schedule("b3", b3, low=0.0, high=1.0, high_open=True)
-        self.alpha = float_or_schedule("alpha", alpha, low=0.0)
-        self.weight_decay = float_or_schedule("weight_decay", weight_decay, low=0.0)
-        self.mask = freeze_mask(mask)
-        self.mu_dtype = dtype_or_none("mu_dtype", mu_dtype)
-        self.nu_dtype = dtype_or_none("nu_dtype", nu_dtype)
+    state_type = AdEMAMixState
+    moments = ("m1", "m2", "nu")
+    elementwise = True
 
-    def init(self, params: Params) -> AdEMAMixState:
-        decay_flags(self.mask, params)
-        return AdEMAMixState(
-            step=zero_step(),
-            m1=float_leaves_like(params, self.mu_dtype),
-            m2=float_leaves_like(params, self.mu_dtype),
-            nu=float_leaves_like(params, self.nu_dtype),
-        )
+    # The engine stores moment `x` in `x_dtype`: both first moments in `mu_dtype`.
+    @property
+    def m1_dtype(self) -> DTypeLike:
+        return self.mu_dtype
 
-    def transform(
-        self, grads: Grads, state: AdEMAMixState, params: Params
-    ) -> tuple[Updates, AdEMAMixState]:
-        lr = self.learning_rate(state.step)
-        wd = value_at(self.weight_decay, state.step)
-        alpha = value_at(self.alpha, state.step)
-        b3 = value_at(self.b3, state.step)
-        b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
-        t = increment(state.step)
-        bias1 = bias_correction(b1, t)
-        bias2 = bias_correction(b2, t)
+    @property
+    def m2_dtype(self) -> DTypeLike:
+        return self.mu_dtype
 
-        def rule(g, p, m1, m2, nu, flag):
-            m1 = ema(m1, g, b1)
-            m2 = ema(m2, g, b3)
-            nu = ema(nu, abs_sq(g), b2)
-            direction = (m1 / bias1 + alpha * m2) / (
-                jnp.sqrt(nu / bias2 + eps_root) + eps
-            )
-            return -lr * with_decay(direction, p, wd, flag), m1, m2, nu
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        return bias_corrections(super().step_values(step), step)
 
-        updates, (m1, m2, nu) = map_leaves(
-            rule,
-            grads,
-            params,
-            (state.m1, state.m2, state.nu),
-            elementwise=True,
-            flags=decay_flags(self.mask, params),
-        )
-        return updates, AdEMAMixState(step=t, m1=m1, m2=m2, nu=nu)
+    def leaf(self, h, t, g, p, m1, m2, nu, decayed):
+        del t  # the bias corrections are in `h`
+        m1 = ema(m1, g, h.b1)
+        m2 = ema(m2, g, h.b3)
+        nu = ema(nu, abs_sq(g), h.b2)
+        root = jnp.sqrt(nu / h.bias2 + h.eps_root)
+        direction = (m1 / h.bias1 + h.alpha * m2) / (root + h.eps)
+        if decayed:
+            direction = direction + h.weight_decay * p
+        return -h.learning_rate * direction, m1, m2, nu

@@ -1,27 +1,24 @@
 """ADOPT: Adam with the second moment taken from before the current gradient."""
 
-from typing import Any
+from types import SimpleNamespace
 
-import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Int
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._base import Grads, Params, Updates
 from ..._core._checks import reject_complex
-from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
-from ..._core._tree import abs_sq, increment
-from ._adam import (
-    AdamState,
-    adam_state,
-    betas_and_eps,
-    check_bool,
-    dtype_or_none,
-    ema,
+from ..._core._fields import (
+    DTypeLike,
+    ScalarOrSchedule,
+    dtype_field,
+    flag_field,
+    learning_rate_field,
 )
+from ..._core._tree import abs_sq
+from ._adam_like import AbstractAdamLike, AdamState, b1_field, b2_field, ema, eps_field
 
 
-class ADOPT(AbstractTransform):
+class ADOPT(AbstractAdamLike):
     """ADOPT (Taniguchi et al., 2024): normalises the gradient by the second moment
     of the *previous* steps, then averages, so it converges for any `b2`.
 
@@ -52,37 +49,26 @@ class ADOPT(AbstractTransform):
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
 
-    learning_rate: AbstractSchedule
-    b1: Float[Array, ""]
-    b2: Float[Array, ""]
-    eps: Float[Array, ""]
-    nesterov: bool = eqx.field(static=True)
-    clip: bool = eqx.field(static=True)
-    mu_dtype: Any = eqx.field(static=True)
-    nu_dtype: Any = eqx.field(static=True)
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    b1: ScalarOrSchedule = b1_field()
+    b2: ScalarOrSchedule = b2_field(0.9999)
+    eps: ScalarOrSchedule = eps_field(1e-6)
+    nesterov: bool = flag_field(False)
+    clip: bool = flag_field(True)
+    mu_dtype: DTypeLike = dtype_field()
+    nu_dtype: DTypeLike = dtype_field()
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        b1: Any = 0.9,
-        b2: Any = 0.9999,
-        eps: Any = 1e-6,
-        *,
-        nesterov: bool = False,
-        clip: bool = True,
-        mu_dtype: Any = None,
-        nu_dtype: Any = None,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.b1, self.b2, self.eps, _ = betas_and_eps(b1, b2, eps)
-        self.nesterov = check_bool("nesterov", nesterov)
-        self.clip = check_bool("clip", clip)
-        self.mu_dtype = dtype_or_none("mu_dtype", mu_dtype)
-        self.nu_dtype = dtype_or_none("nu_dtype", nu_dtype)
+    elementwise = True
 
     def init(self, params: Params) -> AdamState:
         self._check_real(params)
-        return adam_state(params, self.mu_dtype, self.nu_dtype)
+        return super().init(params)
+
+    def transform(
+        self, grads: Grads, state: AdamState, params: Params
+    ) -> tuple[Updates, AdamState]:
+        self._check_real(params)
+        return super().transform(grads, state, params)
 
     def _check_real(self, params: Params) -> None:
         if self.clip:
@@ -93,28 +79,20 @@ class ADOPT(AbstractTransform):
                 "complex numbers have no order to clip by; clip=False takes them",
             )
 
-    def transform(
-        self, grads: Grads, state: AdamState, params: Params
-    ) -> tuple[Updates, AdamState]:
-        self._check_real(params)
-        lr = self.learning_rate(state.step)
-        first = state.step == 0
-        b1 = jnp.where(first, 1.0, self.b1)
-        b2 = jnp.where(first, 0.0, self.b2)
-        eps = self.eps
-        bound = state.step.astype(jnp.float32) ** 0.25
-        clip, nesterov = self.clip, self.nesterov
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        h = super().step_values(step)
+        # The first step only initialises `nu`: `b1` taken as 1 and `b2` as 0.
+        first = step == 0
+        h.b1 = jnp.where(first, 1.0, h.b1)
+        h.b2 = jnp.where(first, 0.0, h.b2)
+        h.bound = step.astype(jnp.float32) ** 0.25
+        return h
 
-        def rule(g, p, mu, nu):
-            x = g / jnp.maximum(jnp.sqrt(nu), eps)
-            if clip:
-                x = jnp.clip(x, -bound, bound)
-            nu = ema(nu, abs_sq(g), b2)
-            mu = ema(mu, x, b1)
-            direction = ema(mu, x, b1) if nesterov else mu
-            return -lr * direction, mu, nu
-
-        updates, (mu, nu) = map_leaves(
-            rule, grads, params, (state.mu, state.nu), elementwise=True
-        )
-        return updates, AdamState(step=increment(state.step), mu=mu, nu=nu)
+    def direction(self, h, g, mu, nu):
+        x = g / jnp.maximum(jnp.sqrt(nu), h.eps)
+        if self.clip:
+            x = jnp.clip(x, -h.bound, h.bound)
+        nu = ema(nu, abs_sq(g), h.b2)
+        mu = ema(mu, x, h.b1)
+        direction = ema(mu, x, h.b1) if self.nesterov else mu
+        return direction, h.learning_rate, mu, nu

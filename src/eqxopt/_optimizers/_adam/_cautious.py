@@ -1,28 +1,12 @@
 """C-AdamW: cautious AdamW, which drops update coordinates that disagree with the
 current gradient."""
 
-from typing import Any
-
-import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._schedule import AbstractSchedule, as_schedule
-from ._adam import (
-    AdamState,
-    adam_state,
-    adam_transform,
-    betas_and_eps,
-    decay_flags,
-    dtype_or_none,
-    float_or_schedule,
-    freeze_mask,
-    value_at,
-)
+from ._adam_like import AbstractAdamW, adam_direction
 
 
-class CAdamW(AbstractTransform):
+class CAdamW(AbstractAdamW):
     """Cautious AdamW (C-AdamW; Liang et al., 2024, "Cautious Optimizers").
 
     AdamW, except that each coordinate of the Adam direction whose sign disagrees
@@ -55,55 +39,11 @@ class CAdamW(AbstractTransform):
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
 
-    learning_rate: AbstractSchedule
-    b1: Float[Array, ""]
-    b2: Float[Array, ""]
-    eps: Float[Array, ""]
-    eps_root: Float[Array, ""]
-    weight_decay: Float[Array, ""] | AbstractSchedule
-    mask: Any = eqx.field(static=True)
-    mu_dtype: Any = eqx.field(static=True)
-    nu_dtype: Any = eqx.field(static=True)
+    # Not elementwise: the rescaling counts the agreeing coordinates per leaf.
+    elementwise = False
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        b1: Any = 0.9,
-        b2: Any = 0.999,
-        eps: Any = 1e-8,
-        weight_decay: Any = 1e-4,
-        *,
-        eps_root: Any = 0.0,
-        mask: Any = None,
-        mu_dtype: Any = None,
-        nu_dtype: Any = None,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.b1, self.b2, self.eps, self.eps_root = betas_and_eps(b1, b2, eps, eps_root)
-        self.weight_decay = float_or_schedule("weight_decay", weight_decay, low=0.0)
-        self.mask = freeze_mask(mask)
-        self.mu_dtype = dtype_or_none("mu_dtype", mu_dtype)
-        self.nu_dtype = dtype_or_none("nu_dtype", nu_dtype)
-
-    def init(self, params: Params) -> AdamState:
-        decay_flags(self.mask, params)
-        return adam_state(params, self.mu_dtype, self.nu_dtype)
-
-    def transform(
-        self, grads: Grads, state: AdamState, params: Params
-    ) -> tuple[Updates, AdamState]:
-        def cautious(g, mu, v_hat, u, lr):
-            agree = (jnp.real(mu * jnp.conj(g)) > 0).astype(u.real.dtype)
-            scale = agree.size / (jnp.sum(agree) + 1)
-            return u * agree * scale, lr
-
-        # Not elementwise: the rescaling counts the agreeing coordinates per leaf.
-        return adam_transform(
-            self,
-            grads,
-            state,
-            params,
-            value_at(self.weight_decay, state.step),
-            decay_flags(self.mask, params),
-            adjust=cautious,
-        )
+    def direction(self, h, g, mu, nu):
+        u, mu, nu, _ = adam_direction(h, g, mu, nu)
+        agree = (jnp.real(mu * jnp.conj(g)) > 0).astype(u.real.dtype)
+        scale = agree.size / (jnp.sum(agree) + 1)
+        return u * agree * scale, h.learning_rate, mu, nu

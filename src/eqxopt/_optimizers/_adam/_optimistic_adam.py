@@ -1,24 +1,26 @@
 """Optimistic Adam: Adam with an optimistic (extrapolated) step, for min-max games."""
 
-from typing import Any
+from types import SimpleNamespace
 
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter
-from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
-from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
-from ._adam import (
-    betas_and_eps,
-    bias_correction,
-    check_bool,
-    dtype_or_none,
-    ema,
-    init_moments,
-    nesterov_mean,
+from ..._core._fields import (
+    DTypeLike,
+    ScalarOrSchedule,
+    dtype_field,
+    flag_field,
+    learning_rate_field,
+)
+from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ._adam_like import (
+    adam_direction,
+    b1_field,
+    b2_field,
+    bias_corrections,
+    eps_field,
+    nonnegative_field,
 )
 
 
@@ -40,7 +42,7 @@ class OptimisticAdamState(eqx.Module):
     previous: PyTree[Float[Array, "..."] | None]
 
 
-class OptimisticAdam(AbstractTransform):
+class OptimisticAdam(AbstractLeafwiseOptimizer):
     """Optimistic Adam (Daskalakis et al., 2018): Adam's direction extrapolated with
     the previous one, which damps the cycling of plain Adam on saddle-point (GAN,
     min-max) problems.
@@ -71,69 +73,33 @@ class OptimisticAdam(AbstractTransform):
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
 
-    learning_rate: AbstractSchedule
-    b1: Float[Array, ""]
-    b2: Float[Array, ""]
-    eps: Float[Array, ""]
-    eps_root: Float[Array, ""]
-    alpha: Float[Array, ""]
-    beta: Float[Array, ""]
-    nesterov: bool = eqx.field(static=True)
-    mu_dtype: Any = eqx.field(static=True)
-    nu_dtype: Any = eqx.field(static=True)
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    b1: ScalarOrSchedule = b1_field()
+    b2: ScalarOrSchedule = b2_field()
+    eps: ScalarOrSchedule = eps_field()
+    alpha: ScalarOrSchedule = nonnegative_field(1.0)
+    beta: ScalarOrSchedule = nonnegative_field(1.0)
+    eps_root: ScalarOrSchedule = nonnegative_field()
+    nesterov: bool = flag_field(True)
+    mu_dtype: DTypeLike = dtype_field()
+    nu_dtype: DTypeLike = dtype_field()
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        b1: Any = 0.9,
-        b2: Any = 0.999,
-        eps: Any = 1e-8,
-        *,
-        alpha: Any = 1.0,
-        beta: Any = 1.0,
-        eps_root: Any = 0.0,
-        nesterov: bool = True,
-        mu_dtype: Any = None,
-        nu_dtype: Any = None,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.b1, self.b2, self.eps, self.eps_root = betas_and_eps(b1, b2, eps, eps_root)
-        self.alpha = hyperparameter("alpha", alpha, low=0.0)
-        self.beta = hyperparameter("beta", beta, low=0.0)
-        self.nesterov = check_bool("nesterov", nesterov)
-        self.mu_dtype = dtype_or_none("mu_dtype", mu_dtype)
-        self.nu_dtype = dtype_or_none("nu_dtype", nu_dtype)
+    state_type = OptimisticAdamState
+    moments = ("mu", "nu", "previous")
+    elementwise = True
 
-    def init(self, params: Params) -> OptimisticAdamState:
-        mu, nu = init_moments(params, self.mu_dtype, self.nu_dtype)
-        previous = float_leaves_like(params, self.mu_dtype)
-        return OptimisticAdamState(step=zero_step(), mu=mu, nu=nu, previous=previous)
+    @property
+    def previous_dtype(self) -> DTypeLike:
+        return self.mu_dtype  # the engine stores moment `x` in `x_dtype`
 
-    def transform(
-        self, grads: Grads, state: OptimisticAdamState, params: Params
-    ) -> tuple[Updates, OptimisticAdamState]:
-        lr = self.learning_rate(state.step)
-        b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
-        alpha, beta = self.alpha, self.beta
-        first = state.step == 0
-        t = increment(state.step)
-        bias1 = bias_correction(b1, t)
-        bias2 = bias_correction(b2, t)
-        nesterov = self.nesterov
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        h = bias_corrections(super().step_values(step), step)
+        h.first = step == 0
+        return h
 
-        def rule(g, p, mu, nu, previous):
-            mu = ema(mu, g, b1)
-            nu = ema(nu, abs_sq(g), b2)
-            m_hat = nesterov_mean(mu, g, b1, t) if nesterov else mu / bias1
-            r = m_hat / (jnp.sqrt(nu / bias2 + eps_root) + eps)
-            previous = jnp.where(first, r, previous)
-            return -lr * ((alpha + beta) * r - beta * previous), mu, nu, r
-
-        updates, (mu, nu, previous) = map_leaves(
-            rule,
-            grads,
-            params,
-            (state.mu, state.nu, state.previous),
-            elementwise=True,
-        )
-        return updates, OptimisticAdamState(step=t, mu=mu, nu=nu, previous=previous)
+    def leaf(self, h, t, g, p, mu, nu, previous):
+        del t  # the bias corrections are in `h`
+        r, mu, nu, _ = adam_direction(h, g, mu, nu, self.nesterov)
+        previous = jnp.where(h.first, r, previous)  # `r` itself on the first step
+        direction = (h.alpha + h.beta) * r - h.beta * previous
+        return -h.learning_rate * direction, mu, nu, r

@@ -1,30 +1,28 @@
 """RAdam: Adam with a rectified adaptive learning rate."""
 
-from typing import Any
+from types import SimpleNamespace
 
-import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Int
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import hyperparameter
-from ..._core._leafwise import map_leaves
-from ..._core._schedule import AbstractSchedule, as_schedule
+from ..._core._fields import (
+    DTypeLike,
+    MaskLike,
+    ScalarOrSchedule,
+    dtype_field,
+    flag_field,
+    learning_rate_field,
+    mask_field,
+)
 from ..._core._tree import abs_sq, increment
-from ._adam import (
-    AdamState,
-    adam_state,
-    betas_and_eps,
-    bias_correction,
-    check_bool,
-    decay_flags,
-    dtype_or_none,
+from ._adam_like import (
+    AbstractAdamLike,
+    b1_field,
+    b2_field,
     ema,
-    float_or_schedule,
-    freeze_mask,
-    nesterov_mean,
-    value_at,
-    with_decay,
+    eps_field,
+    first_moment_hat,
+    nonnegative_field,
 )
 
 _SERIES_STEPS = 1024
@@ -50,7 +48,7 @@ def rho_t(b2: Array, t: Array) -> Array:
     return jnp.where(t <= _SERIES_STEPS, series, direct)
 
 
-class RAdam(AbstractTransform):
+class RAdam(AbstractAdamLike):
     """Rectified Adam (Liu et al., 2020).
 
     For each leaf, with `t = step + 1`, `lr`, `wd` the learning rate and weight decay
@@ -90,82 +88,40 @@ class RAdam(AbstractTransform):
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
 
-    learning_rate: AbstractSchedule
-    b1: Float[Array, ""]
-    b2: Float[Array, ""]
-    eps: Float[Array, ""]
-    eps_root: Float[Array, ""]
-    threshold: Float[Array, ""]
-    weight_decay: Float[Array, ""] | AbstractSchedule
-    mask: Any = eqx.field(static=True)
-    nesterov: bool = eqx.field(static=True)
-    mu_dtype: Any = eqx.field(static=True)
-    nu_dtype: Any = eqx.field(static=True)
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    b1: ScalarOrSchedule = b1_field()
+    b2: ScalarOrSchedule = b2_field()
+    eps: ScalarOrSchedule = eps_field()
+    eps_root: ScalarOrSchedule = nonnegative_field()
+    threshold: ScalarOrSchedule = nonnegative_field(5.0)
+    weight_decay: ScalarOrSchedule = nonnegative_field()
+    mask: MaskLike = mask_field()
+    nesterov: bool = flag_field(False)
+    mu_dtype: DTypeLike = dtype_field()
+    nu_dtype: DTypeLike = dtype_field()
 
-    def __init__(
-        self,
-        learning_rate: Any,
-        b1: Any = 0.9,
-        b2: Any = 0.999,
-        eps: Any = 1e-8,
-        *,
-        eps_root: Any = 0.0,
-        threshold: Any = 5.0,
-        weight_decay: Any = 0.0,
-        mask: Any = None,
-        nesterov: bool = False,
-        mu_dtype: Any = None,
-        nu_dtype: Any = None,
-    ):
-        self.learning_rate = as_schedule("learning_rate", learning_rate)
-        self.b1, self.b2, self.eps, self.eps_root = betas_and_eps(b1, b2, eps, eps_root)
-        self.threshold = hyperparameter("threshold", threshold, low=0.0)
-        self.weight_decay = float_or_schedule("weight_decay", weight_decay, low=0.0)
-        self.mask = freeze_mask(mask)
-        self.nesterov = check_bool("nesterov", nesterov)
-        self.mu_dtype = dtype_or_none("mu_dtype", mu_dtype)
-        self.nu_dtype = dtype_or_none("nu_dtype", nu_dtype)
+    elementwise = True
 
-    def init(self, params: Params) -> AdamState:
-        decay_flags(self.mask, params)
-        return adam_state(params, self.mu_dtype, self.nu_dtype)
-
-    def transform(
-        self, grads: Grads, state: AdamState, params: Params
-    ) -> tuple[Updates, AdamState]:
-        lr = self.learning_rate(state.step)
-        wd = value_at(self.weight_decay, state.step)
-        b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
-        t = increment(state.step)
-        bias1 = bias_correction(b1, t)
-        bias2 = bias_correction(b2, t)
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        h = super().step_values(step)
+        b2, t = h.b2, increment(step)
         rho_inf = 2.0 / (1.0 - b2) - 1.0
         rho = rho_t(b2, t)
-        rectify = rho >= self.threshold
+        h.rectify = rho >= h.threshold
         # Clamped so the unselected branch stays finite while rho_t < 4.
-        safe_rho = jnp.where(rectify, rho, 5.0)
-        r = jnp.sqrt(
+        safe_rho = jnp.where(h.rectify, rho, 5.0)
+        h.r = jnp.sqrt(
             (safe_rho - 4.0)
             * (safe_rho - 2.0)
             * rho_inf
             / ((rho_inf - 4.0) * (rho_inf - 2.0) * safe_rho)
         )
-        nesterov = self.nesterov
+        return h
 
-        def rule(g, p, mu, nu, flag):
-            mu = ema(mu, g, b1)
-            nu = ema(nu, abs_sq(g), b2)
-            m_hat = nesterov_mean(mu, g, b1, t) if nesterov else mu / bias1
-            adaptive = r * m_hat / (jnp.sqrt(nu / bias2 + eps_root) + eps)
-            direction = jnp.where(rectify, adaptive, m_hat)
-            return -lr * with_decay(direction, p, wd, flag), mu, nu
-
-        updates, (mu, nu) = map_leaves(
-            rule,
-            grads,
-            params,
-            (state.mu, state.nu),
-            elementwise=True,
-            flags=decay_flags(self.mask, params),
-        )
-        return updates, AdamState(step=t, mu=mu, nu=nu)
+    def direction(self, h, g, mu, nu):
+        mu = ema(mu, g, h.b1)
+        nu = ema(nu, abs_sq(g), h.b2)
+        m_hat = first_moment_hat(mu, g, h, self.nesterov)
+        root = jnp.sqrt(nu / h.bias2 + h.eps_root)
+        adaptive = h.r * m_hat / (root + h.eps)
+        return jnp.where(h.rectify, adaptive, m_hat), h.learning_rate, mu, nu
