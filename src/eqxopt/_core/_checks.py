@@ -9,15 +9,15 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.core import Tracer
 from jaxtyping import Array, Float, Float32, Int, PyTree
 
+from .._native._compat import is_tracer
 from ._tree import INT32_MAX, align_grads, is_float_leaf, is_none, leaf_paths
 
 
 def is_concrete(x: Any) -> bool:
     """True for values whose number can be read now (not tracers)."""
-    return not isinstance(x, Tracer)
+    return not is_tracer(x)
 
 
 def hyperparameter(
