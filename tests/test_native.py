@@ -142,6 +142,26 @@ def test_every_translated_primitive_matches_xla():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
+def test_call_like_primitives_are_translated():
+    """Bodies of `jax.jit`, `jax.checkpoint` and `custom_jvp` functions (matched by
+    primitive object, whatever this JAX names them) are translated in place."""
+
+    def rule(g, p):
+        doubled = jax.checkpoint(lambda x: x * 2.0)(g)
+        return (jax.jit(jnp.tanh)(doubled) + jax.nn.relu(p) - jnp.clip(g, -0.5, 0.5),)
+
+    g, p = jnp.linspace(-1, 1, 7), jnp.linspace(-2, 3, 7)
+
+    @jax.jit
+    def run(g, p):
+        return _seam.run_update(
+            lambda: map_leaves(rule, g, p, elementwise=True)[0], in_place=True
+        )
+
+    assert "eqxopt_elementwise" in run.lower(g, p).as_text()
+    np.testing.assert_allclose(run(g, p), jax.jit(rule)(g, p)[0], rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     "rule",
     [
@@ -382,6 +402,23 @@ def test_environment_variable_turns_kernels_off(tmp_path):
     assert "available False" in result.stdout
     assert "warnings []" in result.stdout
     assert list(tmp_path.iterdir()) == []  # nothing was built
+
+
+def test_an_untested_jax_turns_the_kernels_off_with_one_warning(tmp_path):
+    """The kernels rely on JAX internals (`_native/README.md`): with a JAX outside
+    the tested range they stay off, say so once, and steps give XLA's numbers."""
+    script = "import jax\njax.__version__ = '0.99.0'\n" + textwrap.dedent(STEP_SCRIPT)
+    result = run_script(script, EQXOPT_CACHE_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "available False" in result.stdout
+    warned = eval(result.stdout.split("warnings ")[1].split("\n")[0])
+    assert len(warned) == 1 and "tested with JAX" in warned[0], warned
+    assert list(tmp_path.iterdir()) == []  # nothing was built
+    params = {"w": jnp.linspace(-1.0, 1.0, 6)}
+    opt = eqxopt.AdamW(0.1)
+    expected = opt.step(params, opt.init(params), params)[0]["w"]
+    got = eval(result.stdout.split("result ")[1])
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
 def test_a_rule_that_cannot_be_built_runs_xla_code(monkeypatch):
