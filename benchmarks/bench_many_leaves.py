@@ -16,7 +16,6 @@ import optax
 
 import eqxopt
 from _common import Stepper, interleaved, ms, rounds, save, table
-from eqxopt._core._dispatch import _SPLIT_MIN_LEAVES
 
 LR, WD = 1e-3, 1e-2
 
@@ -97,19 +96,6 @@ def optax_step(tx, donate):
     return jax.jit(step, donate_argnums=(0, 1) if donate else ())
 
 
-def with_split(enabled, fn):
-    """`fn` run with eqxopt's split compilation on or off (default: off)."""
-
-    def run(*args):
-        eqxopt.set_split_compilation(enabled)
-        try:
-            return fn(*args)
-        finally:
-            eqxopt.set_split_compilation(False)
-
-    return run
-
-
 def xla_only_step(opt, donate):
     """eqxopt's step with the native kernels off, as XLA compiled it: a `jax.jit`
     traced while they are off keeps that code afterwards."""
@@ -153,26 +139,15 @@ def run_tree(label, params, donated, events, n_rounds):
         steppers[name] = Stepper(
             lambda s, f=f: f(s[0], s[1], grads), (copy(), opt.init(params))
         )
-        eqxopt_variants = [("eqxopt step" + suffix, False)]
-        # The opt-in split compilation: only for steps above its leaf threshold and
-        # never with donation.
-        if not donate and 3 * len(jax.tree.leaves(params)) >= _SPLIT_MIN_LEAVES:
-            eqxopt_variants.append(("eqxopt step split", True))
-        for name, split in eqxopt_variants:
-            st = opt.init(params)
-            p0 = copy()
-            compile_rows[name] = events.measure(
-                with_split(
-                    split,
-                    lambda st=st, p0=p0, d=donate: opt.step(grads, st, p0, donate=d),
-                )
-            )
-            steppers[name] = Stepper(
-                with_split(
-                    split, lambda s, d=donate: opt.step(grads, s[1], s[0], donate=d)
-                ),
-                (copy(), opt.init(params)),
-            )
+        name = "eqxopt step" + suffix
+        st, p0 = opt.init(params), copy()
+        compile_rows[name] = events.measure(
+            lambda st=st, p0=p0, d=donate: opt.step(grads, st, p0, donate=d)
+        )
+        steppers[name] = Stepper(
+            lambda s, d=donate: opt.step(grads, s[1], s[0], donate=d),
+            (copy(), opt.init(params)),
+        )
         f = optax_step(tx, donate)
         os0, p1 = tx.init(params), copy()
         compile_rows["optax jit" + suffix] = events.measure(

@@ -239,101 +239,17 @@ def test_bound_methods_are_cheap_pytrees():
     assert doc is not None and "compiled" in doc
 
 
-def assert_close(a, b):
-    """Equal to rounding: the split path runs the same operations, in programs
-    that XLA may fuse differently (one rounding of the storage dtype apart)."""
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        assert x.dtype == y.dtype and x.shape == y.shape
-        tight = jnp.dtype(x.dtype).itemsize >= 4
-        np.testing.assert_allclose(
-            np.asarray(x, np.float64),
-            np.asarray(y, np.float64),
-            rtol=1e-6 if tight else 1e-2,
-            atol=1e-7 if tight else 1e-3,
-        )
-
-
-@pytest.fixture
-def split_on(monkeypatch):
-    """The split path switched on (it is opt-in), with fresh caches (argument
-    kinds that earlier tests sent to the general path, with non-array leaves,
-    would stay there)."""
-    monkeypatch.setattr(_dispatch, "_use_split", [True])
-    monkeypatch.setattr(_dispatch, "_general", set())
-    monkeypatch.setattr(_dispatch, "_small", set())
-    monkeypatch.setattr(_dispatch, "_splits", {})
-
-
-def test_split_path_is_off_by_default():
-    assert _dispatch._use_split == [False]
-
-
-@pytest.fixture
-def split_everything(monkeypatch, split_on):
-    """The split path for every tree, however small (normally 768+ leaves)."""
-    monkeypatch.setattr(_dispatch, "_SPLIT_MIN_LEAVES", 1)
-    monkeypatch.setattr(_dispatch, "_SPLIT_CHUNK", 2)  # several chunks per group
-    monkeypatch.setattr(_dispatch, "_small", set())
-    monkeypatch.setattr(_dispatch, "_splits", {})
-
-
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_split_path_agrees_with_the_direct_path(name, split_everything):
-    """Many-leaf steps are cut into per-leaf pieces run in chunks: same numbers as
-    one program, with None grads, bf16/f16, an int leaf and per-leaf flags."""
-    opt = OPTIMIZERS[name]()
-    params = mixed_tree()
-    split = run(opt, params, 4, donate=False)
-    taken = [s for s in _dispatch._splits.values() if s is not None]
-    assert taken and all(len(s.chunks) >= 2 for s in taken)
-    _dispatch.use_split_path(False)
-    try:
-        direct = run(opt, params, 4, donate=False)
-    finally:
-        _dispatch.use_split_path(True)
-    assert_close(split, direct)
-
-
-def test_split_path_steps_aside_for_maths_across_leaves(split_everything):
-    """A global norm ties every leaf together: one piece, so the direct path."""
-    opt = eqxopt.Chain(eqxopt.ClipByGlobalNorm(1.0), eqxopt.SGD(0.1, momentum=0.5))
+def test_set_split_compilation_is_a_deprecated_no_op():
+    """The split path is gone (`pack` beats it on step and compile time); the public
+    switch stays, warns, and changes nothing."""
+    opt = eqxopt.AdamW(0.01)
     params = nested_tree()
-    grads = jax.tree.map(lambda p: 3.0 * p, params)
-    new_params, _ = opt.step(grads, opt.init(params), params)
-    assert list(_dispatch._splits.values()) == [None]
-    _dispatch.use_split_path(False)
-    try:
-        reference, _ = opt.step(grads, opt.init(params), params)
-    finally:
-        _dispatch.use_split_path(True)
-    assert_same(new_params, reference)
-
-
-def test_split_path_on_a_many_leaf_tree(split_on):
-    """The default threshold: 300 leaves take the split path, and new
-    hyperparameter values reuse its compiled pieces."""
-    params = {f"w{i:03d}": jnp.full((7,), 0.01 * i) for i in range(300)}
-    grads = jax.tree.map(lambda p: p + 1.0, params)
-    for lr in (1e-2, 2e-2):
-        opt = eqxopt.AdamW(lr, weight_decay=0.1)
-        new_params, state = opt.step(grads, opt.init(params), params)
-    runners = len(_dispatch._runners)
-    opt = eqxopt.AdamW(3e-2, weight_decay=0.2)
-    new_params, state = opt.step(grads, opt.init(params), params)
-    assert len(_dispatch._runners) == runners
-    compiled = sum(
-        r._cache_size()  # pyright: ignore[reportFunctionMemberAccess]
-        for r in _dispatch._runners.values()
-    )
-    _dispatch.use_split_path(False)
-    try:
-        reference = opt.step(grads, opt.init(params), params)
-    finally:
-        _dispatch.use_split_path(True)
-    assert_close((new_params, state), reference)
-    assert compiled <= 2 * runners
-    assert int(state.step) == 1
+    grads = jax.tree.map(lambda p: 0.5 * p, params)
+    reference = opt.step(grads, opt.init(params), params)
+    for enabled in (True, False):
+        with pytest.warns(DeprecationWarning, match="set_split_compilation"):
+            eqxopt.set_split_compilation(enabled)
+        assert_same(opt.step(grads, opt.init(params), params), reference)
 
 
 class _Probe(eqxopt.AbstractTransform):

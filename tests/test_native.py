@@ -16,9 +16,8 @@ import pytest
 
 import eqxopt
 from catalog import all_cases
-from eqxopt._core import _base, _dispatch
+from eqxopt._core import _base, _dispatch, _seam
 from eqxopt._core._leafwise import map_leaves
-from eqxopt._native import _fused
 from helpers import assert_trees_close, nested_tree
 from test_catalog import extra_for, quadratic_loss
 
@@ -129,8 +128,9 @@ def test_every_translated_primitive_matches_xla():
 
     @jax.jit
     def run(g, p, m):
-        with _fused.tracing_entry(step=False, donated=True):
-            updates, (moment,) = map_leaves(many_ops, g, p, (m,), elementwise=True)
+        updates, (moment,) = _seam.run_update(
+            lambda: map_leaves(many_ops, g, p, (m,), elementwise=True), in_place=True
+        )
         return updates, moment
 
     assert "eqxopt_elementwise" in run.lower(g, p, m).as_text()
@@ -140,6 +140,26 @@ def test_every_translated_primitive_matches_xla():
         # tanh, exp and log come from the C library here, from XLA's own
         # approximations there: a few ulps apart (of terms of order 1).
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_call_like_primitives_are_translated():
+    """Bodies of `jax.jit`, `jax.checkpoint` and `custom_jvp` functions (matched by
+    primitive object, whatever this JAX names them) are translated in place."""
+
+    def rule(g, p):
+        doubled = jax.checkpoint(lambda x: x * 2.0)(g)
+        return (jax.jit(jnp.tanh)(doubled) + jax.nn.relu(p) - jnp.clip(g, -0.5, 0.5),)
+
+    g, p = jnp.linspace(-1, 1, 7), jnp.linspace(-2, 3, 7)
+
+    @jax.jit
+    def run(g, p):
+        return _seam.run_update(
+            lambda: map_leaves(rule, g, p, elementwise=True)[0], in_place=True
+        )
+
+    assert "eqxopt_elementwise" in run.lower(g, p).as_text()
+    np.testing.assert_allclose(run(g, p), jax.jit(rule)(g, p)[0], rtol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -156,11 +176,70 @@ def test_untranslatable_rules_fall_back_to_xla(rule):
 
     @jax.jit
     def run(g, p):
-        with _fused.tracing_entry(step=False, donated=True):
-            return map_leaves(lambda g, p: rule(g, p), g, p, elementwise=True)[0]
+        return _seam.run_update(
+            lambda: map_leaves(lambda g, p: rule(g, p), g, p, elementwise=True)[0],
+            in_place=True,
+        )
 
     assert "eqxopt_elementwise" not in run.lower(g, p).as_text()
     np.testing.assert_array_equal(run(g, p), jax.jit(rule)(g, p)[0])
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        lambda g, p: (g / g.size + p,),
+        lambda g, p: (g * (2.0 if g.ndim else 1.0) + p,),
+        lambda g, p: (g * jnp.float32(np.prod(g.shape)) - p,),
+    ],
+    ids=["size", "ndim-branch", "shape"],
+)
+def test_a_rule_that_reads_the_shape_is_not_taken_for_elementwise(rule):
+    """`elementwise=True` is a promise the engine checks: a rule that reads its
+    leaf's shape computes something else on the scalars the loop is made from, so it
+    keeps XLA's code (the same numbers as without the promise)."""
+    g, p = jnp.linspace(-1, 1, 7), jnp.linspace(2, 3, 7)
+
+    @jax.jit
+    def run(g, p):
+        return _seam.run_update(
+            lambda: map_leaves(rule, g, p, elementwise=True)[0], in_place=True
+        )
+
+    assert "eqxopt_elementwise" not in run.lower(g, p).as_text()
+    np.testing.assert_array_equal(run(g, p), jax.jit(rule)(g, p)[0])
+    # Where the shape makes no difference (a 0-d leaf), the loop runs it.
+    g0, p0 = g[3], p[3]
+    assert "eqxopt_elementwise" in run.lower(g0, p0).as_text()
+    np.testing.assert_allclose(run(g0, p0), jax.jit(rule)(g0, p0)[0], rtol=1e-6)
+
+
+class _SizeScaled(eqxopt.AbstractTransform):
+    """`map_leaves` with a rule wrongly promised element-wise: it divides by the
+    leaf's size."""
+
+    def init(self, params):
+        return eqxopt.EmptyState()
+
+    def transform(self, grads, state, params):
+        def rule(g, p):
+            return (-g / g.size,)
+
+        return eqxopt.map_leaves(rule, grads, params, elementwise=True)[0], state
+
+
+def test_a_donated_step_of_a_shape_reading_rule_gives_xla_numbers():
+    params = {"w": jnp.linspace(-1.0, 1.0, 12).reshape(3, 4), "b": jnp.ones(5)}
+    grads = jax.tree.map(lambda x: 0.5 * x + 1.0, params)
+    opt = _SizeScaled()
+    args = (opt, grads, params, opt.init(params), {})
+    assert native_calls(_base._step_entry_donated, *args) == 0
+
+    def run():
+        return opt.step(grads, opt.init(params), fresh(params), donate=True)[0]
+
+    expected = jax.tree.map(lambda p, g: p - g / g.size, params, grads)
+    assert_trees_close(with_native(True, run), expected, rtol=1e-6, atol=0)
 
 
 def test_large_leaf_split_across_threads_matches_xla():
@@ -323,6 +402,23 @@ def test_environment_variable_turns_kernels_off(tmp_path):
     assert "available False" in result.stdout
     assert "warnings []" in result.stdout
     assert list(tmp_path.iterdir()) == []  # nothing was built
+
+
+def test_an_untested_jax_turns_the_kernels_off_with_one_warning(tmp_path):
+    """The kernels rely on JAX internals (`_native/README.md`): with a JAX outside
+    the tested range they stay off, say so once, and steps give XLA's numbers."""
+    script = "import jax\njax.__version__ = '0.99.0'\n" + textwrap.dedent(STEP_SCRIPT)
+    result = run_script(script, EQXOPT_CACHE_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "available False" in result.stdout
+    warned = eval(result.stdout.split("warnings ")[1].split("\n")[0])
+    assert len(warned) == 1 and "tested with JAX" in warned[0], warned
+    assert list(tmp_path.iterdir()) == []  # nothing was built
+    params = {"w": jnp.linspace(-1.0, 1.0, 6)}
+    opt = eqxopt.AdamW(0.1)
+    expected = opt.step(params, opt.init(params), params)[0]["w"]
+    got = eval(result.stdout.split("result ")[1])
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
 def test_a_rule_that_cannot_be_built_runs_xla_code(monkeypatch):

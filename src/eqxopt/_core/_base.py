@@ -11,10 +11,9 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import PyTree, jaxtyped
 
-from .._native import _fused
-from . import _dispatch
+from . import _dispatch, _seam
 from ._checks import check_grads, check_state, name_converters
-from ._tree import apply_updates, cast_like
+from ._tree import cast_like
 
 
 class _fast_method:
@@ -256,20 +255,23 @@ def _checked_transform(
 # the buffer of the old `nu` and XLA would add full-size copies to undo it.
 
 
-# Each entry tells the engine (`_fused`) whether its outputs may overwrite the
-# donated inputs and, for `step`, that the updates only get applied.
+# Each entry tells the engine, through the seam, whether its outputs may overwrite
+# the donated inputs and, for `step`, that the updates only get applied.
 
 
 def _update(opt, grads, state, params, extra, *, donated):
-    with _fused.tracing_entry(step=False, donated=donated):
-        updates, new_state = _checked_transform(opt, grads, state, params, extra)
+    updates, new_state = _seam.run_update(
+        lambda: _checked_transform(opt, grads, state, params, extra), in_place=donated
+    )
     return new_state, cast_like(updates, params)
 
 
 def _step(opt, grads, params, state, extra, *, donated):
-    with _fused.tracing_entry(step=True, donated=donated) as applied:
-        updates, new_state = _checked_transform(opt, grads, state, params, extra)
-    return apply_updates(params, updates, applied), new_state
+    return _seam.run_step(
+        lambda: _checked_transform(opt, grads, state, params, extra),
+        params,
+        in_place=donated,
+    )
 
 
 def _update_entry(opt, grads, state, params, extra):

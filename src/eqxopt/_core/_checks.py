@@ -9,16 +9,16 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.core import Tracer
 from jaxtyping import Array, Float, Float32, Int, PyTree
 
+from .._native._compat import is_tracer
 from ._structure import describe as _describe, structure_mismatch
 from ._tree import INT32_MAX, align_grads, is_float_leaf, leaf_paths
 
 
 def is_concrete(x: Any) -> bool:
     """True for values whose number can be read now (not tracers)."""
-    return not isinstance(x, Tracer)
+    return not is_tracer(x)
 
 
 def hyperparameter(

@@ -15,15 +15,14 @@ compiled function, and neither waits for the result:
   flattened in Python; array leaves become the traced inputs and every other leaf
   (activation functions, Python scalars, ...) becomes part of the cache key.
 
-Steps with many leaves (768+ array leaves, nothing donated) can go through the split
-path below (opt-in: `use_split_path(True)`): the traced step is cut into per-leaf
-pieces run in chunks by reused executables, because XLA's compile time grows faster
-than the program size.
+For trees of thousands of leaves, `eqxopt.pack` is the way to keep both the step and
+its compile fast (`set_split_compilation` is a deprecated no-op).
 
 Inside someone else's trace the direct path simply nests in the outer `jit` (the
 general path calls the function), and the enclosing `jit` compiles it.
 """
 
+import dataclasses
 import itertools
 import struct
 import warnings
@@ -32,42 +31,36 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
-import jax.core
-import jax.extend.core as _jc
 import numpy as np
+
+from .._native import _compat
 
 _DYNAMIC = object()  # marks the position of an array leaf in a cache key
 _ARRAY_TYPE = type(jax.numpy.zeros(()))  # jaxlib's concrete array class
 _ALL_ARRAYS = frozenset({_ARRAY_TYPE})
 
 
-class _Static:
-    """A non-array leaf in a cache key: equal only to a leaf of the same type and
-    the same value, bit for bit (`True`, `1`, `1.0` and an `IntEnum` member with
-    value 1 compare equal in Python, as do `0.0` and `-0.0`, and NaN equals
-    nothing); an unhashable leaf is equal only to itself. `obj` is the leaf."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Static:
+    """A non-array leaf in a cache key (`static(obj)`): equal only to a leaf of the
+    same type and the same value, bit for bit (`True`, `1`, `1.0` and an `IntEnum`
+    member with value 1 compare equal in Python, as do `0.0` and `-0.0`, and NaN
+    equals nothing); an unhashable leaf is equal only to itself. `obj` is the leaf."""
 
-    __slots__ = ("key", "obj")
+    key: Hashable
+    obj: Any = dataclasses.field(compare=False)
 
-    def __init__(self, obj: Any):
-        self.obj = obj
-        try:
-            hash(obj)
-        except TypeError:
-            self.key: Hashable = ("id", id(obj))  # `obj` is kept alive by `self`
-            return
-        if isinstance(obj, float):
-            self.key = (type(obj), struct.pack("<d", obj))
-        elif isinstance(obj, complex):
-            self.key = (type(obj), struct.pack("<dd", obj.real, obj.imag))
-        else:
-            self.key = (type(obj), obj)
 
-    def __hash__(self) -> int:
-        return hash(self.key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Static) and other.key == self.key
+def static(obj: Any) -> Static:
+    try:
+        hash(obj)
+    except TypeError:
+        return Static(("id", id(obj)), obj)  # `obj` is kept alive by the `Static`
+    if isinstance(obj, float):
+        return Static((type(obj), struct.pack("<d", obj)), obj)
+    if isinstance(obj, complex):
+        return Static((type(obj), struct.pack("<dd", obj.real, obj.imag)), obj)
+    return Static((type(obj), obj), obj)
 
 
 def _is_dynamic(leaf: Any) -> bool:
@@ -75,48 +68,49 @@ def _is_dynamic(leaf: Any) -> bool:
     return isinstance(leaf, (jax.Array, np.ndarray, np.generic))
 
 
+@dataclasses.dataclass(eq=False)
 class _Compiled:
-    """One jitted program for one tree structure and one set of static leaves.
+    """One jitted program for one tree structure and one set of static leaves
+    (`statics`: per leaf, the leaf or `_DYNAMIC`; `None`: every leaf is an array).
 
     Static leaves stay out of the program: where an output is one of the input
     leaves (a parameter passed through), each call returns the caller's own object
     at that place, never the one seen when tracing, which is only equal to it."""
 
-    def __init__(
-        self,
-        fn: Callable,
-        treedef: Any,
-        statics: list[Any] | None,
-        donate: tuple[int, ...],
-    ):
-        self.out_def: Any = None
-        # Per output leaf: `_DYNAMIC`, the index of the input leaf it is, or
-        # `(obj,)` for an object made by `fn`. `None`: every output is an array.
-        self.out_statics: list[Any] | None = None
+    fn: Callable
+    treedef: Any
+    statics: list[Any] | None
+    donate: tuple[int, ...]
+    out_def: Any = None
+    # Per output leaf: `_DYNAMIC`, the index of the input leaf it is, or `(obj,)`
+    # for an object made by `fn`. `None`: every output is an array.
+    out_statics: list[Any] | None = None
+    jitted: Any = None
 
-        def flat_fn(*groups):
-            dynamic = [x for group in groups for x in group]
-            if statics is None:
-                leaves = dynamic
-            else:
-                it = iter(dynamic)
-                leaves = [next(it) if s is _DYNAMIC else s for s in statics]
-            out = fn(*jax.tree.unflatten(treedef, leaves))
-            out_leaves, self.out_def = jax.tree.flatten(out)
-            if all(isinstance(x, jax.Array) for x in out_leaves):
-                self.out_statics = None
-                return out_leaves
-            position: dict[int, int] = {}
-            for i, s in enumerate(statics or ()):
-                if s is not _DYNAMIC:
-                    position.setdefault(id(s), i)
-            self.out_statics = [
-                _DYNAMIC if isinstance(x, jax.Array) else position.get(id(x), (x,))
-                for x in out_leaves
-            ]
-            return [x for x in out_leaves if isinstance(x, jax.Array)]
+    def __post_init__(self) -> None:
+        self.jitted = jax.jit(self.flat_fn, donate_argnums=self.donate)
 
-        self.jitted = jax.jit(flat_fn, donate_argnums=donate)
+    def flat_fn(self, *groups: list[Any]) -> list[Any]:
+        dynamic = [x for group in groups for x in group]
+        if self.statics is None:
+            leaves = dynamic
+        else:
+            it = iter(dynamic)
+            leaves = [next(it) if s is _DYNAMIC else s for s in self.statics]
+        out = self.fn(*jax.tree.unflatten(self.treedef, leaves))
+        out_leaves, self.out_def = jax.tree.flatten(out)
+        if all(isinstance(x, jax.Array) for x in out_leaves):
+            self.out_statics = None
+            return out_leaves
+        position: dict[int, int] = {}
+        for i, s in enumerate(self.statics or ()):
+            if s is not _DYNAMIC:
+                position.setdefault(id(s), i)
+        self.out_statics = [
+            _DYNAMIC if isinstance(x, jax.Array) else position.get(id(x), (x,))
+            for x in out_leaves
+        ]
+        return [x for x in out_leaves if isinstance(x, jax.Array)]
 
     def __call__(self, groups: list[list[Any]], leaves: list[Any]) -> Any:
         out = self.jitted(*groups)
@@ -131,24 +125,29 @@ class _Compiled:
         )
 
 
+@dataclasses.dataclass(eq=False)
 class _Entry:
-    """Everything cached for one tree structure of the arguments."""
+    """Everything cached for one tree structure of the arguments: where each
+    argument's leaves are (`bounds`), the arguments' treedef, and the compiled
+    programs."""
 
-    __slots__ = ("all_arrays", "bounds", "by_statics", "treedef")
+    bounds: list[slice]
+    treedef: Any
+    all_arrays: _Compiled | None = None
+    by_statics: dict[Hashable, _Compiled] = dataclasses.field(default_factory=dict)
 
-    def __init__(self, first_def: Any, rest_def: Any):
-        sizes = [first_def.num_leaves]
-        sizes += [child.num_leaves for child in rest_def.children()]
-        starts = np.cumsum([0, *sizes]).tolist()
-        self.bounds = [slice(a, b) for a, b in itertools.pairwise(starts)]
-        self.treedef = jax.tree.structure(
-            (
-                first_def.unflatten([0] * first_def.num_leaves),
-                *rest_def.unflatten([0] * rest_def.num_leaves),
-            )
+
+def _entry(first_def: Any, rest_def: Any) -> _Entry:
+    sizes = [first_def.num_leaves]
+    sizes += [child.num_leaves for child in rest_def.children()]
+    starts = np.cumsum([0, *sizes]).tolist()
+    treedef = jax.tree.structure(
+        (
+            first_def.unflatten([0] * first_def.num_leaves),
+            *rest_def.unflatten([0] * rest_def.num_leaves),
         )
-        self.all_arrays: _Compiled | None = None
-        self.by_statics: dict[Hashable, _Compiled] = {}
+    )
+    return _Entry([slice(a, b) for a, b in itertools.pairwise(starts)], treedef)
 
 
 _cache: "weakref.WeakKeyDictionary[Callable, dict[Hashable, _Entry]]" = (
@@ -156,6 +155,7 @@ _cache: "weakref.WeakKeyDictionary[Callable, dict[Hashable, _Entry]]" = (
 )
 
 
+@dataclasses.dataclass(eq=False)
 class _First:
     """What is remembered of the first argument (the optimizer, usually the very
     same immutable object call after call), by identity: its leaves and treedef;
@@ -163,14 +163,17 @@ class _First:
     packed leaves themselves once made, and the `_Direct` (or `None`: the general
     path) for each kind of call made with it."""
 
-    __slots__ = ("direct", "layout", "leaves", "obj", "pack", "packed", "treedef")
+    obj: Any
+    pack: bool = True
+    leaves: list[Any] = dataclasses.field(init=False)
+    treedef: Any = dataclasses.field(init=False)
+    layout: tuple[Any, ...] | None = dataclasses.field(init=False)
+    packed: Any = None
+    direct: "dict[Hashable, _Direct | None]" = dataclasses.field(default_factory=dict)
 
-    def __init__(self, obj: Any, pack: bool = True):
-        self.obj, self.pack = obj, pack
-        self.leaves, self.treedef = jax.tree.flatten(obj)
-        self.layout = _layout(self.leaves, pack)
-        self.packed: Any = None
-        self.direct: dict[Hashable, _Direct | None] = {}
+    def __post_init__(self) -> None:
+        self.leaves, self.treedef = jax.tree.flatten(self.obj)
+        self.layout = _layout(self.leaves, self.pack)
 
 
 # --- Packed hyperparameters -------------------------------------------------------
@@ -222,7 +225,7 @@ def _pack(record: _First) -> tuple[list[Any], list[Any]]:
         else:
             groups.setdefault(code, []).append(x)
     packed = (_stack(list(groups.values())) if groups else [], others)
-    if not any(isinstance(x, jax.core.Tracer) for x in packed[0]):
+    if not any(map(_compat.is_tracer, packed[0])):
         record.packed = packed  # (inside someone's trace it is made per call)
     return packed
 
@@ -264,6 +267,7 @@ class _NotPlain(Exception):
     a 0-d bool array, which lands here too)."""
 
 
+@dataclasses.dataclass(eq=False)
 class _Direct:
     """`jax.jit` over `(first, *rest)`, the rest passed as pytrees.
 
@@ -273,287 +277,59 @@ class _Direct:
     keeps it static, and a function or string is rejected by `jax.jit` with a
     `TypeError`; a Python bool would come back as an array. These send the call to
     the general path, which is then remembered for those argument types. `first` is
-    the first argument's leaves as `_pack` makes them; `run` takes them unpacked
-    (for the split path).
+    the first argument's leaves as `_pack` makes them. `kinds` is its key in
+    `_direct`.
     """
 
-    def __init__(
-        self,
-        fn: Callable,
-        first_def: Any,
-        layout: tuple[Any, ...],
-        donate: tuple[int, ...],
-        bools: tuple[int, ...] = (),
-        kinds: tuple[Any, ...] = (),
-    ):
-        self.kinds = kinds  # its key in `_direct`
+    fn: Callable
+    first_def: Any
+    layout: tuple[Any, ...]
+    donate: tuple[int, ...]
+    bools: tuple[int, ...] = ()
+    kinds: tuple[Any, ...] = ()
+    jitted: Any = None
 
-        def run(first_leaves, *rest):
-            for i, arg in enumerate(rest, 1):
-                for leaf in jax.tree.leaves(arg):
-                    if jax.numpy.ndim(leaf) == 0 and (
-                        getattr(leaf, "weak_type", False)
-                        or (i in bools and leaf.dtype == bool)
-                    ):
-                        raise _NotPlain
-            return fn(first_def.unflatten(first_leaves), *rest)
+    def __post_init__(self) -> None:
+        self.unpack = _unpacker(self.layout)
+        self.jitted = jax.jit(self.run, donate_argnums=self.donate)
 
-        unpack = _unpacker(layout)
-
-        def run_packed(first, *rest):
-            return run(unpack(first), *rest)
-
-        self.run = run
-        self.jitted = jax.jit(run_packed, donate_argnums=donate)
+    def run(self, first: Any, *rest: Any) -> Any:
+        for i, arg in enumerate(rest, 1):
+            for leaf in jax.tree.leaves(arg):
+                if jax.numpy.ndim(leaf) == 0 and (
+                    getattr(leaf, "weak_type", False)
+                    or (i in self.bools and leaf.dtype == bool)
+                ):
+                    raise _NotPlain
+        return self.fn(self.first_def.unflatten(self.unpack(first)), *rest)
 
 
-# How `jax.jit` words its refusal of a leaf that is not an array (new and old JAX).
-_NOT_AN_ARRAY = ("as an abstract array", "is not a valid JAX type")
 _direct: dict[tuple[Any, ...], _Direct] = {}
 _general: set[tuple[Any, ...]] = set()  # argument kinds the direct path cannot take
 
 
-# --- The split path: many leaves -------------------------------------------------
-#
-# XLA's CPU compiler takes time superlinear in the number of separate buffers (AdamW
-# on 2000 leaves of 1000 floats: 11-30 s), while it compiles identical per-leaf
-# kernels only once. So when a step has at least `_SPLIT_MIN_LEAVES` leaves (and
-# nothing is donated: the pieces would not reuse the buffers), its traced program
-# is cut into independent pieces: a piece is everything that flows into and out of
-# one group of array inputs (typically one parameter with its gradient and
-# moments); computations on scalar inputs only (learning rate, bias corrections,
-# the step count) are repeated inside each piece that needs them. Pieces
-# whose programs are the same are run `_SPLIT_CHUNK` at a time by one compiled
-# executable, reused for every chunk. Nothing is rewritten: the pieces run the
-# traced operations themselves, so the numbers are the same. A step whose maths mixes
-# leaves (a global norm) forms one piece and takes the direct path instead.
-
-_SPLIT_MIN_LEAVES = 768  # array leaves in grads + params + state (~256 parameters)
-_SPLIT_CHUNK = 200
-
-
-class _Split:
-    """A traced step cut into a scalar program and chunks of identical pieces."""
-
-    def __init__(self, closed: Any, out_tree: Any, chunk: int):
-        jaxpr = closed.jaxpr
-        if jaxpr.effects:
-            raise _CannotSplit
-        scalar = set(jaxpr.constvars)
-        scalar.update(v for v in jaxpr.invars if v.aval.shape == ())
-        parent: dict[Any, Any] = {}
-
-        def find(x: Any) -> Any:
-            root = x
-            while parent.get(root, root) is not root:
-                root = parent[root]
-            while parent.get(x, x) is not root:
-                parent[x], x = root, parent[x]
-            return root
-
-        piece_of: list[Any] = []
-        producer: dict[Any, int] = {}
-        for i, eqn in enumerate(jaxpr.eqns):
-            ins = [v for v in eqn.invars if isinstance(v, _jc.Var)]
-            outs = [v for v in eqn.outvars if not isinstance(v, _jc.DropVar)]
-            if all(v in scalar for v in ins):
-                scalar.update(outs)
-                producer.update((v, i) for v in outs)
-                piece_of.append(None)
-                continue
-            nodes = [v for v in ins if v not in scalar] + outs
-            root = find(nodes[0])
-            for v in nodes[1:]:
-                other = find(v)
-                if other is not root:
-                    parent[other] = root
-            piece_of.append(root)
-        pieces: dict[Any, list[int]] = {}
-        for i, root in enumerate(piece_of):
-            if root is not None:
-                pieces.setdefault(find(root), []).append(i)
-        if len(pieces) < 2:
-            raise _CannotSplit
-
-        def closure(needed: list[Any]) -> set[int]:
-            found: set[int] = set()
-            stack = [v for v in needed if v in producer]
-            while stack:
-                i = producer[stack.pop()]
-                if i not in found:
-                    found.add(i)
-                    stack.extend(
-                        v
-                        for v in jaxpr.eqns[i].invars
-                        if isinstance(v, _jc.Var) and v in producer
-                    )
-            return found
-
-        sources = set(jaxpr.constvars) | set(jaxpr.invars)
-        wanted = {v for v in jaxpr.outvars if isinstance(v, _jc.Var)}
-        groups: dict[str, list[tuple[Any, list[Any], list[Any]]]] = {}
-        for idx in pieces.values():
-            used = [
-                v for i in idx for v in jaxpr.eqns[i].invars if isinstance(v, _jc.Var)
-            ]
-            idx = sorted(set(idx) | closure([v for v in used if v in scalar]))
-            eqns = [jaxpr.eqns[i] for i in idx]
-            ins: list[Any] = []
-            produced: set[Any] = set()
-            for eqn in eqns:
-                for v in eqn.invars:
-                    if isinstance(v, _jc.Var) and v not in produced and v not in ins:
-                        ins.append(v)
-                produced.update(eqn.outvars)
-            if not all(v in sources for v in ins):
-                raise _CannotSplit
-            outs = list(
-                dict.fromkeys(
-                    v
-                    for eqn in eqns
-                    for v in eqn.outvars
-                    if v in wanted and v not in scalar
-                )
-            )
-            sub = _jaxpr(ins, outs, eqns)
-            groups.setdefault(str(sub), []).append((sub, ins, outs))
-        # Each chunk passes the scalar inputs its pieces share once (so XLA computes
-        # the bias corrections once per chunk), the array inputs piece by piece.
-        self.chunks: list[tuple[Callable, list[Any], list[list[Any]], list[list[Any]]]]
-        self.chunks = []
-        for signature, members in groups.items():
-            fn = _jc.jaxpr_as_fun(_jc.ClosedJaxpr(members[0][0], []))
-            for start in range(0, len(members), chunk):
-                part = members[start : start + chunk]
-                shared = list(
-                    dict.fromkeys(v for _, ins, _ in part for v in ins if v in scalar)
-                )
-                position = {v: j for j, v in enumerate(shared)}
-                pattern = tuple(
-                    tuple(position.get(v, -1) for v in ins) for _, ins, _ in part
-                )
-                own = [[v for v in ins if v not in position] for _, ins, _ in part]
-                key = (signature, pattern)  # the maths, and what is shared
-                self.chunks.append(
-                    (_chunk_runner(key, fn, pattern), shared, own, [m[2] for m in part])
-                )
-        scalar_outs = list(dict.fromkeys(v for v in wanted if v in producer))
-        eqns = [jaxpr.eqns[i] for i in sorted(closure(scalar_outs))]
-        scalar_ins: list[Any] = []
-        for eqn in eqns:
-            for v in eqn.invars:
-                if isinstance(v, _jc.Var) and v in sources and v not in scalar_ins:
-                    scalar_ins.append(v)
-        self.scalar_ins, self.scalar_outs = scalar_ins, scalar_outs
-        self.scalar_fn = jax.jit(
-            _jc.jaxpr_as_fun(_jc.ClosedJaxpr(_jaxpr(scalar_ins, scalar_outs, eqns), []))
-        )
-        self.invars, self.outvars = jaxpr.invars, jaxpr.outvars
-        self.consts = list(zip(jaxpr.constvars, closed.consts))
-        self.out_tree = out_tree
-
-    def __call__(self, leaves: list[Any]) -> Any:
-        env = dict(zip(self.invars, leaves))
-        env.update(self.consts)
-        for run, shared, own, outs in self.chunks:
-            results = run(
-                [env[v] for v in shared], [[env[v] for v in piece] for piece in own]
-            )
-            for names, values in zip(outs, results):
-                env.update(zip(names, values))
-        if self.scalar_outs:
-            env.update(
-                zip(
-                    self.scalar_outs, self.scalar_fn(*[env[v] for v in self.scalar_ins])
-                )
-            )
-        out = [v.val if isinstance(v, _jc.Literal) else env[v] for v in self.outvars]
-        return self.out_tree.unflatten(out)
-
-
-class _CannotSplit(Exception):
-    pass
-
-
-def _jaxpr(ins: list[Any], outs: list[Any], eqns: list[Any]) -> Any:
-    with warnings.catch_warnings():  # no DebugInfo for these internal pieces
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return _jc.Jaxpr([], ins, outs, eqns)
-
-
-_runners: dict[Hashable, Callable] = {}
-
-
-def _chunk_runner(key: Hashable, fn: Callable, pattern: tuple) -> Callable:
-    """One compiled program running pieces with the same maths; `pattern` says, per
-    piece and input, which shared scalar it is (or -1: the piece's own array)."""
-    runner = _runners.get(key)
-    if runner is None:
-
-        def run(shared, own):
-            results = []
-            for where, arrays in zip(pattern, own):
-                it = iter(arrays)
-                args = [shared[j] if j >= 0 else next(it) for j in where]
-                results.append(fn(*args))
-            return results
-
-        runner = _runners[key] = jax.jit(run)
-    return runner
-
-
-_splits: dict[Hashable, _Split | None] = {}
-_small: set[tuple[Any, ...]] = set()  # argument kinds seen with few leaves
-
-
-def _try_split(
-    kinds: tuple[Any, ...], direct: "_Direct", first_leaves: list[Any], args: tuple
-) -> Any:
-    """The result through the split path, or `None` where it does not apply."""
-    rest_leaves, rest_def = jax.tree.flatten(args[1:])
-    if len(rest_leaves) < _SPLIT_MIN_LEAVES:
-        _small.add(kinds)
-        return None
-    if not set(map(type, rest_leaves)) <= _ALL_ARRAYS:
-        return None
-    key = (kinds, rest_def)
-    if key in _splits:
-        split = _splits[key]
-    else:
-        try:
-            closed, shapes = jax.make_jaxpr(direct.run, return_shape=True)(
-                first_leaves, *args[1:]
-            )
-            split = _Split(closed, jax.tree.structure(shapes), _SPLIT_CHUNK)
-        except _CannotSplit:
-            split = None
-        _splits[key] = split
-    if split is None:
-        return None
-    return split(first_leaves + rest_leaves)
-
-
 _use_direct = [True]
-_use_split = [False]
 
 
-def use_split_path(enabled: bool) -> None:
-    """Turns the split path for many-leaf steps on or off (the default).
+def set_split_compilation(enabled: bool) -> None:
+    """Deprecated, and does nothing.
 
-    It is off by default because it trades step time for compile time: on AdamW
-    with 2000 leaves of 1000 floats it cut XLA's backend compile from 11.8 s to
-    0.9 s but made each step about 20% slower (the chunks are dispatched from
-    Python), which a run of more than a few hundred steps pays back. Exported as
-    `eqxopt.set_split_compilation`.
+    It switched on a "split" path for steps of many leaves, which cut XLA's compile
+    time at the cost of a slower step. `eqxopt.pack` (one buffer per dtype instead
+    of thousands of leaves) makes both the step and its compile faster, so the split
+    path is gone: pack the parameters instead.
 
     **Arguments:**
 
-    - `enabled`: whether to split (truthy or falsy).
+    - `enabled`: ignored.
     """
-    _use_split[0] = bool(enabled)
-
-
-set_split_compilation = use_split_path  # the public name
+    del enabled
+    warnings.warn(
+        "eqxopt.set_split_compilation does nothing any more (the split path is "
+        "gone); use eqxopt.pack for trees of many leaves",
+        DeprecationWarning,
+        stacklevel=2,
+    )
 
 
 def clear_caches() -> None:
@@ -562,9 +338,6 @@ def clear_caches() -> None:
     _cache.clear()
     _direct.clear()
     _general.clear()
-    _runners.clear()
-    _splits.clear()
-    _small.clear()
     _last_first[0] = _First(None)
 
 
@@ -598,15 +371,11 @@ def call(
             direct = record.direct[key] = _find_direct(fn, record, donate, bools, args)
         if direct is not None:
             try:
-                if _use_split[0] and not donate and direct.kinds not in _small:
-                    out = _try_split(direct.kinds, direct, record.leaves, args)
-                    if out is not None:
-                        return out
                 return direct.jitted(_pack(record), *args[1:])
             except _NotPlain:
                 pass
             except TypeError as error:
-                if not any(m in str(error) for m in _NOT_AN_ARRAY):
+                if not _compat.is_not_an_array_error(error):
                     raise
             _general.add(direct.kinds)
             record.direct[key] = None
@@ -643,20 +412,20 @@ def _general_call(
         per_fn = _cache.setdefault(fn, {})
     entry = per_fn.get((first_def, rest_def, donate))
     if entry is None:
-        entry = per_fn[(first_def, rest_def, donate)] = _Entry(first_def, rest_def)
+        entry = per_fn[(first_def, rest_def, donate)] = _entry(first_def, rest_def)
     if set(map(type, leaves)) <= _ALL_ARRAYS:
         compiled = entry.all_arrays
         if compiled is None:
             compiled = entry.all_arrays = _Compiled(fn, entry.treedef, None, donate)
         return compiled([leaves[b] for b in entry.bounds], leaves)
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+    if any(map(_compat.is_tracer, leaves)):
         return fn(*args)  # inside a trace: the outer jit compiles this
     statics = [_DYNAMIC if _is_dynamic(x) else x for x in leaves]
     # Each static leaf by type and value, and which earlier leaf it is the very
     # object of, so that an output leaf maps back to one input place.
     first_place: dict[int, int] = {}
     key = tuple(
-        _DYNAMIC if s is _DYNAMIC else (_Static(s), first_place.setdefault(id(s), i))
+        _DYNAMIC if s is _DYNAMIC else (static(s), first_place.setdefault(id(s), i))
         for i, s in enumerate(statics)
     )
     compiled = entry.by_statics.get(key)
@@ -684,15 +453,11 @@ def lower(
 def cache_size(fn: Callable) -> int:
     """How many compiled programs `call` holds for `fn` (for tests and benchmarks)."""
     total = sum(
-        d.jitted._cache_size()  # pyright: ignore[reportAttributeAccessIssue]
-        for k, d in _direct.items()
-        if k[0] is fn
+        _compat.jit_cache_size(d.jitted) for k, d in _direct.items() if k[0] is fn
     )
     for entry in _cache.get(fn, {}).values():
         compiled = [entry.all_arrays, *entry.by_statics.values()]
         total += sum(
-            c.jitted._cache_size()  # pyright: ignore[reportAttributeAccessIssue]
-            for c in compiled
-            if c is not None
+            _compat.jit_cache_size(c.jitted) for c in compiled if c is not None
         )
     return total

@@ -11,8 +11,10 @@ identical per-leaf fusions once and reuses the kernel, whereas gathering leaves 
 flat or stacked buffers needs one slice per leaf to hand the results back, and every
 slice (a different offset) is a kernel of its own to compile (benchmarks/README).
 With `elementwise=True` and float32 leaves on a single CPU device, the rule instead
-runs as one native C loop per leaf (`_fused`): one pass, multi-threaded for large
-leaves, fused with the apply inside `step`; results agree to rounding.
+runs as one native C loop per leaf (`_native._fused.Kernels`) in the steps that write
+in place: one pass, multi-threaded for large leaves, fused with the apply inside
+`step` (the new parameters go back to the entry through `_seam`); results agree to
+rounding.
 """
 
 import functools
@@ -22,10 +24,10 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jaxtyping import Array, Int, PyTree
 
-from .._native import _fused
+from .._native import _ffi, _fused
+from . import _dispatch, _seam
 from ._base import AbstractTransform, Grads, Params
 from ._fields import values_at
 from ._masks import decay_flags
@@ -60,8 +62,9 @@ def map_leaves(
     - `params`: the parameters.
     - `moments`: state trees shaped like `params` (`None` at non-float leaves).
     - `elementwise`: promise that `rule` treats every element on its own (no norms,
-      reductions or shape-dependent maths). The engine may then run it on many leaves
-      at once, concatenated into flat buffers; the results are the same.
+      reductions or shape-dependent maths). The engine may then run it as a native
+      loop over the elements; the promise is checked (a rule that reads a leaf's
+      shape or size keeps XLA's code), and the results are the same.
     - `flags`: optional hashable Python values, one per leaf of `params` (in
       `jax.tree.leaves` order, such as a resolved weight-decay mask); each is passed
       to `rule` as its last argument. Leaves are only ever grouped with leaves of the
@@ -78,17 +81,14 @@ def map_leaves(
     new_moments: list[list[Any]] = [[] for _ in moments]
     # Native kernels for steps that write in place: a step into new buffers is bound
     # by their allocation (page faults), which XLA's passes pay no worse.
+    entry = _seam.current()
     native = (
-        _Native(rule, len(moments))
-        if elementwise and _fused.in_place() and _fused.usable()
+        _fused.Kernels(rule, len(moments), entry.applying, grad_leaves)
+        if elementwise and entry is not None and entry.in_place and _ffi.usable()
         else None
     )
-    previous: list[Any] = []  # the gradients of the last leaves that have one
     for i, (g, p) in enumerate(zip(grad_leaves, param_leaves)):
         old = [m[i] for m in moment_leaves]
-        after = tuple(previous)
-        if g is not None:
-            previous = [*previous, g][-_WAIT_FOR:]
         if g is None or not is_float_leaf(p):
             updates.append(None)
             for column, value in zip(new_moments, old):
@@ -97,7 +97,7 @@ def map_leaves(
         if native is not None and native.takes(g, p, old):
             flag = () if flags is None else (flags[i],)
             try:
-                native.add(i, g, p, old, flag, after)
+                native.add(i, g, p, old, flag)
             except _fused.Unsupported:
                 native = None  # XLA's code for this rule, on every other leaf
             else:
@@ -114,9 +114,12 @@ def map_leaves(
         for column, value, stored in zip(new_moments, outs[1:], old):
             column.append(value.astype(stored.dtype))
     if native is not None:
-        for i, outs in native.finish().items():
-            updates[i] = outs[0]
-            for column, value in zip(new_moments, outs[1:]):
+        assert entry is not None
+        for i, result in native.finish().items():
+            updates[i] = result.update
+            if result.param is not None:
+                entry.add_applied(result.update, result.param)
+            for column, value in zip(new_moments, result.moments):
                 column[i] = value
     return (
         param_def.unflatten(updates),
@@ -124,96 +127,8 @@ def map_leaves(
     )
 
 
-_F32 = jnp.dtype(jnp.float32)
-
-
-class _Native:
-    """Runs one rule through `_fused` (native kernels).
-
-    Programs are translated once per flag value and output set. Leaves below
-    `_GROUP_BELOW` elements share custom calls, `_GROUP_SIZE` at a time (each call
-    is an XLA thunk with a few microseconds of overhead; more leaves per call would
-    make XLA's alias analysis slow to compile); larger leaves get one call each, which
-    splits them across threads. Inside `step` the kernel also applies the update and
-    the update itself is left to a second, normally unused call (XLA drops it)."""
-
-    def __init__(self, rule: LeafRule, n_moments: int):
-        self.rule = rule
-        self.n_in = 2 + n_moments
-        self.programs: dict[tuple, _fused.Program] = {}
-        self.applied = _fused.applying()
-        self.pending: dict[tuple, list[tuple[int, list[Any]]]] = {}
-        # The gradient each leaf's in-place call waits for (`_fused.order_after`).
-        self.after: dict[int, Any] = {}
-
-    def takes(self, g: Any, p: Any, old: list[Any]) -> bool:
-        return all(
-            x is not None and x.dtype == _F32 and x.shape == p.shape
-            for x in (g, p, *old)
-        )
-
-    def program(self, outputs: str, flag: tuple) -> _fused.Program:
-        key = (outputs, flag)
-        if key not in self.programs:
-            self.programs[key] = _fused.translate(self.rule, self.n_in, flag, outputs)
-        return self.programs[key]
-
-    def add(
-        self, index: int, g: Any, p: Any, old: list[Any], flag: tuple, after: Any
-    ) -> None:
-        # Translate and build now, so that an untranslatable rule (or a kernel that
-        # cannot be built) falls back before any leaf is queued.
-        kinds = ("update",) if self.applied is None else ("step", "direction")
-        for kind in kinds:
-            _fused.load(self.program(kind, flag))
-        small = p.size < _GROUP_BELOW
-        self.pending.setdefault((flag, small), []).append((index, [g, p, *old]))
-        self.after.setdefault(index, after)
-
-    def finish(self) -> dict[int, list[Any]]:
-        results: dict[int, list[Any]] = {}
-        for (flag, small), queued in self.pending.items():
-            size = _GROUP_SIZE if small else 1
-            for start in range(0, len(queued), size):
-                chunk = queued[start : start + size]
-                for (index, _), outs in zip(chunk, self.run(chunk, flag)):
-                    results[index] = outs
-        return results
-
-    def waits(self, chunk: list[tuple[int, list[Any]]]) -> list[Any]:
-        # A call of several (small) leaves waits for what each of them waits for.
-        found = {id(g): g for index, _ in chunk for g in self.after[index]}
-        return list(found.values())
-
-    def run(self, chunk: list[tuple[int, list[Any]]], flag: tuple) -> list[list[Any]]:
-        inputs = [leaf for _, leaf in chunk]
-        n_moments = self.n_in - 2
-        # In place (the engine runs only donated steps here): each output reuses
-        # the buffer of the parameter or moment it replaces.
-        moments = {2 + k: 1 + k for k in range(n_moments)}
-        if self.applied is None:
-            return _fused.run_many(
-                self.program("update", flag), inputs, moments, self.waits(chunk)
-            )
-        after = self.waits(chunk)
-        stepped = _fused.run_many(
-            self.program("step", flag), inputs, {1: 0, **moments}, after
-        )
-        directions = _fused.run_many(self.program("direction", flag), inputs, {})
-        results = []
-        for (new_p, *new_moments), (update,) in zip(stepped, directions):
-            self.applied[id(update)] = (update, new_p)
-            results.append([update, *new_moments])
-        return results
-
-
-# A leaf's in-place call waits for the gradients of this many leaves before it
-# (`_fused.order_after`): enough for the parallel branches of a layer (attention's
-# query, key and value projections read the same input).
-_WAIT_FOR = 4
-# Leaves smaller than this share custom calls, this many at a time.
-_GROUP_BELOW = 1 << 16
-_GROUP_SIZE = 32
+# Steps traced with the kernels on differ from those traced with them off.
+_ffi.on_switch(_dispatch.clear_caches)
 
 
 _NO_MASK = object()

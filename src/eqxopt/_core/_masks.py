@@ -6,9 +6,9 @@ from typing import Any
 import equinox as eqx
 import jax
 import numpy as np
-from jax.core import Tracer
 from jaxtyping import PyTree
 
+from .._native._compat import is_tracer
 from ._structure import is_none, structure_mismatch
 
 Mask = PyTree[bool] | Callable[[PyTree], PyTree[bool]] | None
@@ -60,7 +60,7 @@ def _as_bool(name: str, path: str, value: Any) -> bool:
         and value.shape == ()
         and value.dtype == bool
     ):
-        if isinstance(value, Tracer):
+        if is_tracer(value):
             raise TypeError(f"{name}{path} must be a concrete bool, got a traced value")
         return bool(value)
     raise TypeError(f"{name}{path} must be a bool, got {value!r}")

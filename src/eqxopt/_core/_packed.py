@@ -9,12 +9,13 @@ per dtype (and per label), so the optimizer sees a handful of large leaves.
 The model gets its tree back with `packed.unpack()` inside the loss function;
 `jax.grad` through it gives the gradients packed the same way. With the native
 kernels, cutting the buffer into leaves and gluing the gradients back are each one
-copy (`eqxopt_split`/`eqxopt_concat`, linear, so every mode of differentiation
+copy (`_native._ffi.split`/`concat`, linear, so every mode of differentiation
 works), so neither compile time nor run time grows with the number of leaves the way
 XLA's slices do; elsewhere, and in programs exported with `jax.export`, XLA's slices
 and concatenation are used (correct, but slow to compile for thousands of leaves).
 """
 
+import dataclasses
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -22,11 +23,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.interpreters import ad
-from jaxtyping import Array, PyTree
+from jaxtyping import PyTree
 
-from .._native import _build as _native_ffi, _fused
-from ._dispatch import _Static
+from .._native import _ffi
+from ._dispatch import static
 
 # One leaf of the original tree: ("array", buffer index, shape, dtype) or
 # ("static", key) for anything that is not an array (kept as it is in the key, which
@@ -34,25 +34,14 @@ from ._dispatch import _Static
 _Slot = tuple[Any, ...]
 
 
+@dataclasses.dataclass(frozen=True)
 class _Layout:
     """Where each leaf lives: hashable, so a `Packed` of the same layout reuses
     compiled code."""
 
-    __slots__ = ("keys", "slots", "treedef")
-
-    def __init__(self, treedef: Any, slots: tuple[_Slot, ...], keys: tuple):
-        self.treedef, self.slots, self.keys = treedef, slots, keys
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, _Layout)
-            and self.treedef == other.treedef
-            and self.slots == other.slots
-            and self.keys == other.keys
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.treedef, self.slots, self.keys))
+    treedef: Any
+    slots: tuple[_Slot, ...]
+    keys: tuple
 
     def members(self, index: int) -> list[tuple[int, ...]]:
         return [s[2] for s in self.slots if s[0] == "array" and s[1] == index]
@@ -81,7 +70,9 @@ class Packed(eqx.Module):
     def unpack(self) -> PyTree:
         """The tree this was packed from (leaves in their shapes and dtypes). Inside
         `jax.grad`, the gradient with respect to the `Packed` comes back packed."""
-        pieces = [split(b, self.layout.members(k)) for k, b in enumerate(self.buffers)]
+        pieces = [
+            _ffi.split(b, self.layout.members(k)) for k, b in enumerate(self.buffers)
+        ]
         iterators = [iter(p) for p in pieces]
         leaves = [
             next(iterators[slot[1]]) if slot[0] == "array" else slot[1].obj
@@ -125,7 +116,7 @@ def pack(tree: PyTree, labels: PyTree | Callable | None = None) -> Packed:
     slots: list[_Slot] = []
     for leaf, label in zip(leaves, label_leaves):
         if not _is_array(leaf):
-            slots.append(("static", _Static(leaf)))
+            slots.append(("static", static(leaf)))
             continue
         try:
             hash(label)
@@ -138,98 +129,5 @@ def pack(tree: PyTree, labels: PyTree | Callable | None = None) -> Packed:
         index = keys.index(key)
         grouped[index].append(leaf)
         slots.append(("array", index, tuple(np.shape(leaf)), jnp.dtype(leaf.dtype)))
-    buffers = tuple(concat([jnp.ravel(x) for x in group]) for group in grouped)
+    buffers = tuple(_ffi.concat([jnp.ravel(x) for x in group]) for group in grouped)
     return Packed(buffers, _Layout(treedef, tuple(slots), tuple(keys)))
-
-
-# --------------------------------------------------------------------------------------
-# Split and concatenate: one FFI copy each on a single CPU device, XLA otherwise.
-# --------------------------------------------------------------------------------------
-
-
-def _native() -> bool:
-    return _fused.usable()
-
-
-def _split_xla(flat: Array, static: tuple) -> list[Array]:
-    sizes = [int(np.prod(s)) for s in static]
-    offsets = np.cumsum([0, *sizes]).tolist()
-    return [
-        jax.lax.slice(flat, (a,), (b,)).reshape(s)
-        for a, b, s in zip(offsets[:-1], offsets[1:], static)
-    ]
-
-
-def _concat_xla(*parts: Array, static: tuple) -> list[Array]:
-    return [jnp.concatenate([jnp.ravel(p) for p in parts])]
-
-
-# One copy each (`eqxopt_split`/`eqxopt_concat`); XLA's slices in exported programs.
-# `static` is the pieces' shapes. Both are linear, each the other's transpose, so
-# every mode of differentiation works and stays one copy.
-_split_p = _native_ffi.ffi_or_xla("eqxopt_split", _split_xla)
-_concat_p = _native_ffi.ffi_or_xla("eqxopt_concat", _concat_xla)
-_NO_FFI_PARAMS = {"aliases": (), "attributes": ()}
-
-
-def _split_native(flat: Array, shapes: tuple) -> list[Array]:
-    return _split_p.bind(flat, static=shapes, **_NO_FFI_PARAMS)
-
-
-def _concat_native(shapes: tuple, *parts: Array) -> Array:
-    return _concat_p.bind(*parts, static=shapes, **_NO_FFI_PARAMS)[0]
-
-
-def _zero(x: Any) -> Any:
-    return ad.Zero(jax.typeof(x).to_tangent_aval())
-
-
-def _split_jvp(primals, tangents, *, static, **_):
-    outs = _split_native(primals[0], static)
-    if type(tangents[0]) is ad.Zero:
-        return outs, [_zero(o) for o in outs]
-    return outs, _split_native(tangents[0], static)
-
-
-def _split_transpose(cotangents, flat, *, static, **_):
-    parts = [ad.instantiate_zeros(c) for c in cotangents]
-    return [_concat_native(static, *parts)]
-
-
-def _concat_jvp(primals, tangents, *, static, **_):
-    out = _concat_native(static, *primals)
-    if all(type(t) is ad.Zero for t in tangents):
-        return [out], [_zero(out)]
-    return [out], [_concat_native(static, *map(ad.instantiate_zeros, tangents))]
-
-
-def _concat_transpose(cotangents, *parts, static, **_):
-    (cotangent,) = cotangents
-    if type(cotangent) is ad.Zero:
-        return [_zero(p) if ad.is_undefined_primal(p) else None for p in parts]
-    pieces = _split_native(cotangent, static)
-    return [c if ad.is_undefined_primal(p) else None for c, p in zip(pieces, parts)]
-
-
-ad.primitive_jvps[_split_p] = _split_jvp
-ad.primitive_transposes[_split_p] = _split_transpose
-ad.primitive_jvps[_concat_p] = _concat_jvp
-ad.primitive_transposes[_concat_p] = _concat_transpose
-
-
-def split(flat: Array, shapes: list[tuple[int, ...]]) -> list[Array]:
-    """`flat` cut into consecutive pieces of the given shapes."""
-    if not shapes:
-        return []
-    shapes_t = tuple(tuple(s) for s in shapes)
-    if _native() and len(shapes_t) > 1 and flat.dtype != jax.dtypes.float0:
-        return _split_native(flat, shapes_t)
-    return _split_xla(flat, static=shapes_t)
-
-
-def concat(parts: list[Array]) -> Array:
-    """The 1-D concatenation of `parts` (all of one dtype)."""
-    if _native() and len(parts) > 1:
-        arrays = [jnp.asarray(p) for p in parts]
-        return _concat_native(tuple(a.shape for a in arrays), *arrays)
-    return jnp.concatenate([jnp.ravel(p) for p in parts])

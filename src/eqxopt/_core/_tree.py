@@ -111,7 +111,7 @@ def increment(step: Int[Array, ""]) -> Int[Array, ""]:
     return jnp.where(step < INT32_MAX, step + 1, step).astype(jnp.int32)
 
 
-def apply_updates(params: PyTree, updates: PyTree, applied: Any = None) -> PyTree:
+def apply_updates(params: PyTree, updates: PyTree) -> PyTree:
     """`params + updates`, leaf by leaf, keeping each parameter's dtype.
 
     `None` updates (and non-float leaves) leave the parameter as it is. The sum is
@@ -124,22 +124,17 @@ def apply_updates(params: PyTree, updates: PyTree, applied: Any = None) -> PyTre
     - `params`: any pytree.
     - `updates`: a tree with the structure of `params`, `None` where there is no
       update.
-    - `applied`: used by `step` (the new parameters native kernels have already
-      formed, by update).
     """
-    from .._native._fused import (
-        applied_param,
-    )  # _fused imports the engine, which imports us
+    return jax.tree.map(apply_update, updates, params, is_leaf=is_none)
 
-    def apply(u, p):
-        if u is None or not is_float_leaf(p):
-            return p
-        if (new := applied_param(applied, u)) is not None:
-            return new
-        dtype = compute_dtype(p.dtype)
-        return (p.astype(dtype) + u.astype(dtype)).astype(p.dtype)
 
-    return jax.tree.map(apply, updates, params, is_leaf=is_none)
+def apply_update(u: Any, p: Any) -> Any:
+    """One leaf of `apply_updates`: `p + u` in `p`'s dtype (`p` where `u` is `None`
+    or `p` is not a float leaf)."""
+    if u is None or not is_float_leaf(p):
+        return p
+    dtype = compute_dtype(p.dtype)
+    return (p.astype(dtype) + u.astype(dtype)).astype(p.dtype)
 
 
 def cast_like(updates: PyTree, params: PyTree) -> PyTree:

@@ -14,7 +14,8 @@ build the same file at once (pytest-xdist workers) never see a partial library; 
 library's size and checksum are recorded next to it, and one that does not match
 (truncated, overwritten), does not load or lacks its function is built again.
 If there is no compiler, or anything else fails, `handler()` returns `None` after one
-`RuntimeWarning` and eqxopt runs XLA's own code instead (same results).
+`RuntimeWarning` and eqxopt runs XLA's own code instead (same results). The
+custom calls into these libraries are defined in `_ffi.py`.
 """
 
 import _ctypes
@@ -29,15 +30,11 @@ import subprocess
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.core
 import jaxlib
-from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -278,67 +275,3 @@ def load_kernel(source: str) -> int:
 
 def target_name() -> str:
     return _TARGET
-
-
-# --------------------------------------------------------------------------------------
-# Custom calls, with XLA's code where one cannot go.
-# --------------------------------------------------------------------------------------
-
-
-def ffi_or_xla(target: str, xla: Callable[..., Any]) -> Primitive:
-    """A primitive (multiple results) that runs the FFI target `target` of the
-    handler on CPU, and `xla(*args, static=static)` (the same results from XLA's own
-    operations) where the custom call cannot go: other platforms, and programs
-    being exported (`jax.export` serializes only custom calls with compatibility
-    guarantees, and these kernels live in this process only).
-
-    Bound as `prim.bind(*args, static=..., aliases=((input, output), ...),
-    attributes=((name, value), ...))`: `static` is hashable and passed to `xla`;
-    `aliases` and `attributes` go to the custom call. Under `jax.vmap` it runs once
-    per batch element. Derivatives are the caller's (`ad` rules or `custom_jvp`)."""
-    prim = Primitive(target)
-    prim.multiple_results = True
-
-    def fallback(static: Hashable, **_: Any) -> Callable[..., list]:
-        return lambda *args: list(xla(*args, static=static))
-
-    def abstract(*avals: Any, static: Hashable, **_: Any) -> list:
-        shapes = jax.eval_shape(fallback(static), *avals)
-        return [jax.core.ShapedArray(x.shape, x.dtype) for x in shapes]
-
-    def lower_xla(ctx: Any, *args: Any, static: Hashable, **_: Any) -> Any:
-        return mlir.lower_fun(fallback(static), multiple_results=True)(ctx, *args)
-
-    def lower_cpu(ctx: Any, *args: Any, static: Hashable, aliases, attributes) -> Any:
-        if getattr(ctx.module_context.lowering_parameters, "for_export", False):
-            return lower_xla(ctx, *args, static=static)
-        rule = jax.ffi.ffi_lowering(target, operand_output_aliases=dict(aliases))
-        return rule(ctx, *args, **dict(attributes))
-
-    def batch(args: Any, dims: Any, **params: Any) -> tuple[list, list]:
-        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-        if size == 0:
-            outs = jax.vmap(fallback(params["static"]), in_axes=tuple(dims))(*args)
-            return outs, [0] * len(outs)
-        mapped = [i for i, d in enumerate(dims) if d is not None]
-
-        def one(xs: list) -> list:
-            full = list(args)
-            for i, x in zip(mapped, xs):
-                full[i] = x
-            return prim.bind(*full, **params)
-
-        moved = [jax.numpy.moveaxis(args[i], dims[i], 0) for i in mapped]
-        outs = jax.lax.map(one, moved)
-        return outs, [0] * len(outs)
-
-    @functools.cache
-    def compiled(params: tuple) -> Callable[..., Any]:
-        return jax.jit(functools.partial(prim.bind, **dict(params)))
-
-    prim.def_impl(lambda *args, **params: compiled(tuple(params.items()))(*args))
-    prim.def_abstract_eval(abstract)
-    mlir.register_lowering(prim, lower_xla)
-    mlir.register_lowering(prim, lower_cpu, platform="cpu")
-    batching.primitive_batchers[prim] = batch
-    return prim

@@ -8,22 +8,26 @@ bytes would do. Every rule that `map_leaves` is told is element-wise
 
 1. The rule is traced once on float32 scalars (`jax.make_jaxpr`). Equations that
    do not depend on the leaf's elements (learning rate, bias corrections, literals)
-   stay in the XLA program and reach the loop as a vector of float32 scalars.
+   stay in the XLA program and reach the loop as a vector of float32 scalars. The
+   promise is checked: traced on each leaf's own shape, the rule must do the same
+   operations on the same values (shapes aside); one that reads `g.shape` or
+   `g.size`, or takes another branch for other shapes, keeps XLA's code.
 2. The rest becomes C: one statement per equation inside one loop over elements, so
    every intermediate lives in registers. Only a white-list of element-wise
-   primitives is translated; anything else (a reduction, a complex number, an
-   unknown primitive) makes the rule fall back to XLA's code.
-3. The C function is compiled once (`_native.load_kernel`, cached on disk) and
+   primitives (matched by object, through `_compat`) is translated; anything else
+   (a reduction, a complex number, an unknown primitive) makes the rule fall back
+   to XLA's code.
+3. The C function is compiled once (`_build.load_kernel`, cached on disk) and
    called through an XLA FFI custom call, one per leaf, which splits large leaves
    across threads.
 
-They run the steps that write in place (`update`/`step` with `donate=True`, the
-custom call aliasing each output to the buffer it replaces). A step into new buffers
-is bound by their allocation (page faults on every new page), which XLA's passes pay
-no worse, so those keep XLA's code. Inside `step`, the loop also adds the update to
-the parameter (`p + u`, exactly as `apply_updates` does for float32), so the step is
-a single pass; the update itself is then produced only if something other than the
-apply reads it.
+The engine (`map_leaves`, through `Kernels` below) runs them in the steps that write
+in place (`update`/`step` with `donate=True`, the custom call aliasing each output to
+the buffer it replaces). A step into new buffers is bound by their allocation (page
+faults on every new page), which XLA's passes pay no worse, so those keep XLA's
+code. Inside `step`, the loop also adds the update to the parameter (`p + u`,
+exactly as `apply_updates` does for float32), so the step is a single pass; the
+update itself is then produced only if something other than the apply reads it.
 
 The results are those of XLA's code to rounding, with the same elements finite:
 each operation rounds the same way (no fast-math), a multiply whose only user is an
@@ -31,105 +35,24 @@ add or subtract is fused into an FMA exactly where XLA:CPU lets LLVM fuse it (on
 machines with FMA; with one, `nu - mu * mu` stays finite when `mu * mu` overflows),
 and `exp`/`log`/`tanh`/`pow` come from the C library.
 
-The native path is used for float32 leaves when the default backend is a single CPU
-device (with several devices a custom call could force sharded arrays to be
-gathered, so XLA's code runs instead). `set_native_kernels(False)` or the
-environment variable `EQXOPT_NATIVE=0` turn it off. Differentiating through a step
+The native path is used for float32 leaves when `_ffi.usable()` (switched on, a
+tested JAX, a single CPU device). Differentiating through a step
 (`jax.jvp`/`jax.grad` of `opt.step`) uses XLA's code via a custom JVP, and so do
 programs exported with `jax.export` (the custom call lives in this process only).
 """
 
-import contextlib
-import contextvars
+import dataclasses
 import functools
 import itertools
 import re
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
-import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 
-from .._core import _dispatch
-from . import _build as _native
-
-_enabled = [_native.env_flag("EQXOPT_NATIVE", True)]
-
-
-def set_native_kernels(enabled: bool) -> None:
-    """Turns eqxopt's native CPU kernels on (the default) or off.
-
-    With them on, donated steps (`donate=True`) of element-wise optimizer rules on
-    float32 leaves run as one compiled C loop per leaf (single pass, in place,
-    multi-threaded for large leaves) when the default JAX backend is a single CPU
-    device. With them off, XLA's own per-leaf code runs.
-    Results agree to rounding. eqxopt's own compiled steps are dropped, so the next
-    `opt.step`/`opt.update` traces again; a step inside your own `jax.jit` keeps the
-    code it was compiled with until that function traces again. The environment
-    variable `EQXOPT_NATIVE=0` (or `false`/`no`/`off`) sets the default to off.
-
-    **Arguments:**
-
-    - `enabled`: a bool.
-    """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
-    if enabled != _enabled[0]:
-        _enabled[0] = enabled
-        _dispatch.clear_caches()
-
-
-def native_kernels_available() -> bool:
-    """Whether steps traced now would use the native CPU kernels: they are switched
-    on, the default backend is one CPU device, and the kernels could be built (this
-    builds them on first call: a few seconds, once per machine)."""
-    return usable()
-
-
-def usable() -> bool:
-    if not _enabled[0]:
-        return False
-    devices = jax.devices()
-    if len(devices) != 1 or devices[0].platform != "cpu":
-        return False
-    return _native.handler() is not None
-
-
-# --------------------------------------------------------------------------------------
-# How the entry points tell the engine what happens to its results.
-# --------------------------------------------------------------------------------------
-
-# During the trace of `step`: maps id(update) -> (update, new parameter) for updates
-# whose parameter the kernel has already produced.
-_applied: contextvars.ContextVar[dict[int, tuple[Any, Any]] | None] = (
-    contextvars.ContextVar("eqxopt_applied", default=None)
-)
-# During the trace of a donating entry: outputs may overwrite their inputs.
-_in_place: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "eqxopt_in_place", default=False
-)
-
-
-@contextlib.contextmanager
-def tracing_entry(*, step: bool, donated: bool) -> Iterator[dict[int, Any] | None]:
-    applied: dict[int, Any] | None = {} if step else None
-    tokens = (_applied.set(applied), _in_place.set(donated))
-    try:
-        yield applied
-    finally:
-        _applied.reset(tokens[0])
-        _in_place.reset(tokens[1])
-
-
-def applied_param(applied: dict[int, Any] | None, update: Any) -> Any:
-    """The new parameter the kernel made for `update`, or `None`."""
-    if applied is None:
-        return None
-    hit = applied.get(id(update))
-    return hit[1] if hit is not None and hit[0] is update else None
-
+from . import _build, _compat, _ffi
 
 # --------------------------------------------------------------------------------------
 # From a rule to C.
@@ -140,6 +63,8 @@ class Unsupported(Exception):
     """The rule uses something the C translation does not handle."""
 
 
+# The element-wise primitives translated, as C expressions of their operands, by
+# our own name for each; `_OPS` maps each primitive object of this JAX to that name.
 _UNARY = {
     "neg": "(-{0})",
     "sqrt": "std::sqrt({0})",
@@ -157,7 +82,6 @@ _UNARY = {
     "ceil": "std::ceil({0})",
     "square": "({0} * {0})",
     "copy": "{0}",
-    "copy_p": "{0}",
     "is_finite": "std::isfinite({0})",
     "not": "(!{0})",
 }
@@ -178,9 +102,18 @@ _BINARY = {
     "and": "({0} && {1})",
     "or": "({0} || {1})",
 }
+_OTHER = ("integer_pow", "select_n", "clamp", "convert_element_type")
+_OPS = {
+    prim: name[: -len("_p")]
+    for prim, name in _compat.primitives(
+        *(f"{op}_p" for op in [*_UNARY, *_BINARY, *_OTHER])
+    ).items()
+}
 # Primitives whose operands must be booleans (on integers they are bitwise).
 _BOOLEAN_ONLY = {"and", "or", "not"}
-_CALLS = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "remat"}
+# Shapes aside, an element-wise rule traced on a leaf does what it does on a scalar,
+# except for broadcasting its scalars (`Rule.check`).
+_BROADCAST = next(iter(_compat.primitives("broadcast_in_dim_p")), None)
 
 _PRELUDE = """\
 #include <cmath>
@@ -196,64 +129,60 @@ _F32 = np.dtype(np.float32)
 _BOOL = np.dtype(np.bool_)
 
 
-class _Vector:
+class _Vector(NamedTuple):
     """A per-element value in the generated code."""
 
-    __slots__ = ("dtype", "name")
-
-    def __init__(self, name: str, dtype: np.dtype):
-        self.name, self.dtype = name, dtype
+    name: str
+    dtype: np.dtype
 
 
-class _Scalar:
+class _Scalar(NamedTuple):
     """A value that does not depend on the elements (computed in XLA)."""
 
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any):
-        self.value = value
+    value: Any
 
 
-class Op:
-    """One translated equation, kept to re-run the rule in JAX (for derivatives)."""
+class Op(NamedTuple):
+    """One translated equation, kept to re-run the rule in JAX (for derivatives):
+    `name` is the primitive's in `_OPS`, `operands` refer to vectors or scalars."""
 
-    __slots__ = ("operands", "out", "params", "primitive")
-
-    def __init__(self, primitive, params, operands, out):
-        self.primitive, self.params, self.operands, self.out = (
-            primitive,
-            params,
-            operands,
-            out,
-        )
+    primitive: Any
+    name: str
+    params: dict[str, Any]
+    operands: tuple
+    out: str
 
 
+@dataclasses.dataclass(eq=False)
 class Program:
     """A rule translated for one set of outputs.
 
     `scalars` are the element-independent values (tracers of the enclosing trace)
     the loop reads; `ops`/`outputs` describe the loop for `reference`; `source` is
-    the C function."""
+    the C function; `kernel_id` and `vector` (the scalars stacked) are set by
+    `load`."""
 
-    def __init__(self, source, scalars, ops, outputs, n_in):
-        self.kernel_id: int | None = None
-        self.vector: Any = None
-        self.source = source
-        self.scalars = scalars
-        self.ops = ops
-        self.outputs = outputs
-        self.n_in = n_in
+    source: str
+    scalars: list[Any]
+    ops: list[Op]
+    outputs: list[tuple]
+    n_in: int
+    kernel_id: int | None = None
+    vector: Any = None
 
 
+@dataclasses.dataclass
 class _Lowering:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.scalars: list[Any] = []
-        self.scalar_names: dict[int, str] = {}
-        self.ops: list[Op] = []
-        self.forms: dict[str, tuple[str, str, str]] = {}
-        self.known: dict[tuple[str, str], str] = {}
-        self.counter = itertools.count()
+    """The C loop being written: its lines, the scalars it reads, and (to fuse FMAs
+    as XLA does) the multiplies and adds it made."""
+
+    lines: list[str] = dataclasses.field(default_factory=list)
+    scalars: list[Any] = dataclasses.field(default_factory=list)
+    scalar_names: dict[int, str] = dataclasses.field(default_factory=dict)
+    ops: list[Op] = dataclasses.field(default_factory=list)
+    forms: dict[str, tuple[str, str, str]] = dataclasses.field(default_factory=dict)
+    known: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    counter: Any = dataclasses.field(default_factory=itertools.count)
 
     def scalar_ref(self, value: Any, dtype: np.dtype) -> tuple[str, tuple]:
         if jnp.shape(value) != ():
@@ -341,37 +270,31 @@ class _Lowering:
 
     def walk(self, jaxpr: Any, env: dict) -> None:
         def read(v: Any) -> Any:
-            if isinstance(v, jex.Literal):
+            if _compat.is_literal(v):
                 return _Scalar(v.val)
             return env[v]
 
         for eqn in jaxpr.eqns:
             ins = [read(v) for v in eqn.invars]
             if all(isinstance(x, _Scalar) for x in ins):
-                params = eqn.primitive.get_bind_params(eqn.params)
-                outs = eqn.primitive.bind(*(x.value for x in ins), **params)
-                if not eqn.primitive.multiple_results:
-                    outs = [outs]
+                outs = _compat.bind(eqn.primitive, eqn.params, *(x.value for x in ins))
                 for v, out in zip(eqn.outvars, outs):
                     env[v] = _Scalar(out)
                 continue
-            name = eqn.primitive.name
-            if name in _CALLS:
-                sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-                if sub is None:
-                    raise Unsupported(f"call primitive {name} without a jaxpr")
-                inner = getattr(sub, "jaxpr", sub)
-                consts = getattr(sub, "consts", ())
+            body = _compat.call_body(eqn)
+            if body is not None:
+                inner, consts = body
                 inner_env = dict(zip(inner.invars, ins))
                 inner_env.update(
                     (v, _Scalar(c)) for v, c in zip(inner.constvars, consts)
                 )
                 self.walk(inner, inner_env)
                 for v, o in zip(eqn.outvars, inner.outvars):
-                    env[v] = (
-                        _Scalar(o.val) if isinstance(o, jex.Literal) else inner_env[o]
-                    )
+                    env[v] = _Scalar(o.val) if _compat.is_literal(o) else inner_env[o]
                 continue
+            name = _OPS.get(eqn.primitive)
+            if name is None:
+                raise Unsupported(f"primitive {eqn.primitive}")
             (out,) = eqn.outvars
             dtype = np.dtype(out.aval.dtype)
             if out.aval.shape != () or dtype not in (_F32, _BOOL):
@@ -410,9 +333,10 @@ class _Lowering:
                 else:
                     expr = f"({exprs[0]} != 0.0f)"
             else:
-                raise Unsupported(f"primitive {name}")
+                raise Unsupported(f"{name} on {len(exprs)} operands")
             vector = self.new(expr, dtype, form)
-            self.ops.append(Op(eqn.primitive, dict(eqn.params), operands, vector.name))
+            op = Op(eqn.primitive, name, dict(eqn.params), operands, vector.name)
+            self.ops.append(op)
             env[out] = vector
 
     def integer_pow(self, x: str, y: int) -> str:
@@ -433,23 +357,115 @@ class _Lowering:
         return f"(1.0f / {acc})" if y < 0 else str(acc)
 
 
-def translate(rule: Callable, n_in: int, extra_args: tuple, outputs: str) -> Program:
-    """Translates `rule(*inputs, *extra_args)` (inputs: `n_in` float32 scalars).
+@dataclasses.dataclass(eq=False)
+class Rule:
+    """`fn(*inputs, *extra)` (inputs: `n_in` float32 leaves) traced once on float32
+    scalars (`Unsupported` if it does not trace there), with its translations and
+    the leaf shapes it was checked on."""
+
+    fn: Callable[..., Any]
+    n_in: int
+    extra: tuple = ()
+    closed: Any = dataclasses.field(init=False)
+    programs: dict[str, Program] = dataclasses.field(default_factory=dict, init=False)
+    checked: dict[tuple, bool] = dataclasses.field(default_factory=dict, init=False)
+    maths: tuple = dataclasses.field(default=(), init=False)
+
+    def __post_init__(self) -> None:
+        # A rule that needs the leaf's shape, or a genuine error (which XLA's path
+        # then raises where it belongs), does not trace here.
+        self.closed = self.trace(())
+
+    def trace(self, shape: tuple[int, ...]) -> Any:
+        spec = jax.ShapeDtypeStruct(shape, jnp.float32)
+        try:
+            return jax.make_jaxpr(self.traced)(*([spec] * self.n_in))
+        except Exception as error:
+            raise Unsupported(f"the rule does not trace on {shape}: {error}") from error
+
+    def traced(self, *xs: Any) -> Any:
+        return self.fn(*xs, *self.extra)
+
+    def check(self, shape: tuple[int, ...]) -> None:
+        """`Unsupported` unless the rule, traced on leaves of `shape`, does the
+        operations of its scalar trace on the same values: then XLA's code for the
+        leaf computes what the loop computes, element by element. (A rule promised
+        element-wise may still read `g.shape` or `g.size`.)"""
+        if shape not in self.checked:
+            if not self.checked:  # the scalar trace's, once
+                self.checked[()] = True
+                self.maths = _maths(self.closed)
+            self.checked[shape] = _maths(self.trace(shape)) == self.maths
+        if not self.checked[shape]:
+            raise Unsupported(f"the rule is not element-wise on leaves of {shape}")
+
+    def program(self, outputs: str) -> Program:
+        """The translation for `outputs` (see `translate`), built (`load`)."""
+        if outputs not in self.programs:
+            program = translate(self.closed, self.n_in, outputs)
+            load(program)
+            self.programs[outputs] = program
+        return self.programs[outputs]
+
+
+def _maths(closed: Any) -> tuple:
+    """What a traced rule computes, without its shapes: its equations with their
+    primitives, parameters and operands (numbered in order, literals by value, the
+    values it closes over by identity), broadcasts of scalars left out."""
+    return _jaxpr_maths(closed.jaxpr, [_constant(c) for c in closed.consts])
+
+
+def _jaxpr_maths(jaxpr: Any, consts: list[Any]) -> tuple:
+    names: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+    names.update((v, ("input", i)) for i, v in enumerate(jaxpr.invars))
+
+    def atom(v: Any) -> Any:
+        if _compat.is_literal(v):
+            value = np.asarray(v.val)
+            return ("literal", value.dtype.str, value.tobytes())
+        return names[v]
+
+    maths: list[Any] = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is _BROADCAST:
+            names[eqn.outvars[0]] = atom(eqn.invars[0])
+            continue
+        body = _compat.call_body(eqn)
+        if body is None:
+            params = tuple(sorted((k, _param(v)) for k, v in eqn.params.items()))
+        else:  # the body; the other parameters are shardings, names, policies
+            inner, inner_consts = body
+            params = _jaxpr_maths(inner, [_constant(c) for c in inner_consts])
+        maths.append((eqn.primitive, params, tuple(map(atom, eqn.invars))))
+        for v in eqn.outvars:
+            names[v] = ("value", len(maths), str(v.aval.dtype))
+    maths.append(tuple(map(atom, jaxpr.outvars)))
+    return tuple(maths)
+
+
+def _param(value: Any) -> Any:
+    if hasattr(value, "eqns") or hasattr(value, "jaxpr"):
+        return ("jaxpr", str(value))  # (shapes included: no broadcasting there)
+    try:
+        hash(value)
+    except TypeError:
+        return ("repr", repr(value))
+    return value
+
+
+def _constant(value: Any) -> Any:
+    if _compat.is_tracer(value):
+        return ("captured", id(value))
+    value = np.asarray(value)
+    return ("constant", value.dtype.str, value.shape, value.tobytes())
+
+
+def translate(closed: Any, n_in: int, outputs: str) -> Program:
+    """Translates a rule traced on `n_in` float32 scalars (`closed`, a closed jaxpr).
 
     `outputs`: `"update"` (the rule's outputs), `"step"` (the first output replaced
     by `inputs[1] + output`, the applied parameter) or `"direction"` (the first
     output only)."""
-
-    def traced(*xs):
-        return rule(*xs, *extra_args)
-
-    spec = jax.ShapeDtypeStruct((), jnp.float32)
-    try:
-        closed = jax.make_jaxpr(traced)(*([spec] * n_in))
-    except Exception as error:
-        # A rule that needs the leaf's shape (or a genuine error, which XLA's path
-        # then raises where it belongs).
-        raise Unsupported(f"the rule does not trace on scalars: {error}") from error
     jaxpr = closed.jaxpr
     low = _Lowering()
     env: dict = {}
@@ -461,7 +477,7 @@ def translate(rule: Callable, n_in: int, extra_args: tuple, outputs: str) -> Pro
 
     results = []
     for v in jaxpr.outvars:
-        item = _Scalar(v.val) if isinstance(v, jex.Literal) else env[v]
+        item = _Scalar(v.val) if _compat.is_literal(v) else env[v]
         aval: Any = v.aval
         if np.dtype(aval.dtype) != _F32 or aval.shape != ():
             raise Unsupported(f"an output is {aval}")
@@ -563,7 +579,7 @@ def reference(program: Program, scalars: jax.Array, *inputs: jax.Array) -> list:
             a != 0 if r[0] == "s" and _wants_bool(op, j) else a
             for j, (a, r) in enumerate(zip(args, op.operands))
         ]
-        values[op.out] = op.primitive.bind(*args, **op.params)
+        (values[op.out],) = _compat.bind(op.primitive, op.params, *args)
     outs = []
     for ref in program.outputs:
         if ref[0] == "step":
@@ -574,20 +590,17 @@ def reference(program: Program, scalars: jax.Array, *inputs: jax.Array) -> list:
 
 
 def _wants_bool(op: Op, position: int) -> bool:
-    name = op.primitive.name
-    if name in _BOOLEAN_ONLY:
-        return True
-    return name == "select_n" and position == 0
+    return op.name in _BOOLEAN_ONLY or (op.name == "select_n" and position == 0)
 
 
+@dataclasses.dataclass(eq=False)
 class _Spec:
     """Static data of one kernel call (hashed by identity for `custom_jvp`)."""
 
-    def __init__(
-        self, program: Program, kernel_id: int, n_leaves: int, aliases: dict[int, int]
-    ):
-        self.program, self.kernel_id = program, kernel_id
-        self.n_leaves, self.aliases = n_leaves, aliases
+    program: Program
+    kernel_id: int
+    n_leaves: int
+    aliases: dict[int, int]
 
 
 def _reference_leaves(spec: _Spec, scalars: jax.Array, *inputs: jax.Array) -> list:
@@ -599,17 +612,19 @@ def _reference_leaves(spec: _Spec, scalars: jax.Array, *inputs: jax.Array) -> li
     ]
 
 
-# The kernels' custom call, or (in exported programs, which cannot carry it) the
-# same rule as XLA operations.
-_elementwise = _native.ffi_or_xla(
-    _native.target_name(),
-    lambda scalars, *inputs, static: _reference_leaves(static, scalars, *inputs),
-)
+@functools.cache
+def _elementwise() -> Any:
+    """The kernels' custom call, or (in exported programs, which cannot carry it)
+    the same rule as XLA operations."""
+    return _ffi.ffi_or_xla(
+        _build.target_name(),
+        lambda scalars, *inputs, static: _reference_leaves(static, scalars, *inputs),
+    )
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _call(spec: _Spec, scalars: jax.Array, *inputs: jax.Array) -> list:
-    return _elementwise.bind(
+    return _elementwise().bind(
         scalars,
         *inputs,
         static=spec,
@@ -647,9 +662,9 @@ def load(program: Program) -> int:
     """Builds (or finds) `program`'s kernel; `Unsupported` if that fails."""
     if program.kernel_id is None:
         try:
-            program.kernel_id = _native.load_kernel(program.source)
+            program.kernel_id = _build.load_kernel(program.source)
         except Exception as error:  # a full disk, a compiler error: XLA's code
-            _native.warn_once(error)
+            _build.warn_once(error)
             raise Unsupported(f"the kernel could not be built: {error}") from error
         program.vector = scalar_vector(program)
     return program.kernel_id
@@ -681,9 +696,110 @@ def run_many(
     return [outs[j * n_out : (j + 1) * n_out] for j in range(len(leaves))]
 
 
-def in_place() -> bool:
-    return _in_place.get()
+# --------------------------------------------------------------------------------------
+# What the engine (`map_leaves`) uses: one rule's kernels over the leaves of one trace.
+# --------------------------------------------------------------------------------------
+
+# A leaf's in-place call waits for the gradients of this many leaves before it
+# (`order_after`): enough for the parallel branches of a layer (attention's query,
+# key and value projections read the same input).
+_WAIT_FOR = 4
+# Leaves smaller than this share custom calls, this many at a time.
+_GROUP_BELOW = 1 << 16
+_GROUP_SIZE = 32
+_F32_LEAF = jnp.dtype(jnp.float32)
 
 
-def applying() -> dict[int, Any] | None:
-    return _applied.get()
+class Result(NamedTuple):
+    """One leaf's results: its update, its new parameter (when the kernel applied
+    the update: `applying`) or `None`, and its new moments."""
+
+    update: jax.Array
+    param: jax.Array | None
+    moments: list[jax.Array]
+
+
+@dataclasses.dataclass
+class Kernels:
+    """Runs `rule(g, p, *moments[, flag]) -> (update, *moments)` as native kernels
+    on the float32 leaves `add`ed, writing over their inputs (the leaves of a donated
+    step): `finish()` gives each leaf's `Result`.
+
+    Programs are translated once per flag value and output set. Leaves below
+    `_GROUP_BELOW` elements share custom calls, `_GROUP_SIZE` at a time (each call
+    is an XLA thunk with a few microseconds of overhead; more leaves per call would
+    make XLA's alias analysis slow to compile); larger leaves get one call each, which
+    splits them across threads. With `applying` (inside `step`) the kernel also
+    applies the update and the update itself is left to a second, normally unused
+    call (XLA drops it). `grads`: every leaf's gradient (or `None`), in order; each
+    call waits for the gradients of the leaves before its own (`order_after`)."""
+
+    rule: Callable[..., Any]
+    n_moments: int
+    applying: bool
+    grads: Sequence[Any]
+    rules: dict[tuple, Rule] = dataclasses.field(default_factory=dict, init=False)
+    pending: dict[tuple, list[tuple[int, list[Any]]]] = dataclasses.field(
+        default_factory=dict, init=False
+    )
+    # Per leaf, the gradients its call waits for.
+    before: list[list[Any]] = dataclasses.field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        previous: list[Any] = []
+        for g in self.grads:
+            self.before.append(previous)
+            if g is not None:
+                previous = [*previous, g][-_WAIT_FOR:]
+
+    def takes(self, g: Any, p: Any, old: Sequence[Any]) -> bool:
+        return all(
+            x is not None and x.dtype == _F32_LEAF and x.shape == p.shape
+            for x in (g, p, *old)
+        )
+
+    def add(self, index: int, g: Any, p: Any, old: Sequence[Any], flag: tuple) -> None:
+        """Queues leaf `index`; `Unsupported` (nothing queued) if the rule cannot
+        run here on it. `flag`: the rule's extra arguments (`()` or one value)."""
+        if flag not in self.rules:
+            self.rules[flag] = Rule(self.rule, 2 + self.n_moments, flag)
+        rule = self.rules[flag]
+        rule.check(tuple(p.shape))
+        # Translated and built now, so that an untranslatable rule (or a kernel that
+        # cannot be built) falls back before any leaf is queued.
+        for kind in ("step", "direction") if self.applying else ("update",):
+            rule.program(kind)
+        small = p.size < _GROUP_BELOW
+        self.pending.setdefault((flag, small), []).append((index, [g, p, *old]))
+
+    def finish(self) -> dict[int, Result]:
+        results: dict[int, Result] = {}
+        for (flag, small), queued in self.pending.items():
+            size = _GROUP_SIZE if small else 1
+            for start in range(0, len(queued), size):
+                chunk = queued[start : start + size]
+                for (index, _), result in zip(chunk, self.run(chunk, flag)):
+                    results[index] = result
+        return results
+
+    def waits(self, chunk: list[tuple[int, list[Any]]]) -> list[Any]:
+        # A call of several (small) leaves waits for what each of them waits for.
+        found = {id(g): g for index, _ in chunk for g in self.before[index]}
+        return list(found.values())
+
+    def run(self, chunk: list[tuple[int, list[Any]]], flag: tuple) -> list[Result]:
+        rule = self.rules[flag]
+        inputs = [leaf for _, leaf in chunk]
+        after = self.waits(chunk)
+        # In place: each output reuses the buffer of the parameter or moment it
+        # replaces.
+        moments = {2 + k: 1 + k for k in range(self.n_moments)}
+        if not self.applying:
+            outs = run_many(rule.program("update"), inputs, moments, after)
+            return [Result(u, None, list(m)) for u, *m in outs]
+        stepped = run_many(rule.program("step"), inputs, {1: 0, **moments}, after)
+        directions = run_many(rule.program("direction"), inputs, {})
+        return [
+            Result(update, new_p, list(m))
+            for (new_p, *m), (update,) in zip(stepped, directions)
+        ]

@@ -1,0 +1,208 @@
+"""Every JAX internal eqxopt relies on, in one place (listed in README.md here).
+
+JAX's public API has no way to define a primitive with a lowering of its own, to
+read a jaxpr's equations back, or to count a `jax.jit`'s compiled programs; the
+native backend needs the first two, and eqxopt's dispatcher the tracer check, the
+wording of one `jax.jit` error and (for tests and benchmarks) the cache count. All
+of them go through this module, and nothing else in eqxopt imports `jax.core`,
+`jax.extend`, `jax.interpreters` or `jax._src`.
+
+`backend_supported()` says whether this JAX is one the backend was tested with
+(`TESTED`); outside that range the native backend turns itself off, with one
+warning, and every step runs XLA's own code (the same numbers). The other helpers
+here are written to work on any JAX that `pyproject.toml` allows.
+"""
+
+import functools
+import re
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.core
+import jax.extend.core
+from jax.interpreters import ad, batching, mlir
+
+# The JAX releases the native backend is switched on for: from the first to the
+# last (a minor series: every patch release of it). Tested: 0.10.2 (README.md).
+TESTED = ((0, 10, 0), (0, 10))
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def version_tested(version: str = jax.__version__) -> bool:
+    """Whether `version` (of JAX) is in the range the native backend was tested on."""
+    v = _version(version)
+    first, last = TESTED
+    return first <= v and v[: len(last)] <= last
+
+
+@functools.cache
+def backend_supported() -> bool:
+    """`version_tested()` for the running JAX; warns once when it is not."""
+    if version_tested():
+        return True
+    first, last = (".".join(map(str, v)) for v in TESTED)
+    warnings.warn(
+        f"eqxopt's native CPU kernels are tested with JAX {first} to {last}.x and "
+        f"this is JAX {jax.__version__}, so they are off: optimizer steps run XLA's "
+        "per-leaf code instead (same results, slower)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return False
+
+
+# --------------------------------------------------------------------------------------
+# Used by all of eqxopt (written for every JAX version pyproject.toml allows).
+# --------------------------------------------------------------------------------------
+
+_Tracer: Any = getattr(jax.core, "Tracer", None)
+_ARRAY_TYPE = type(jax.numpy.zeros(()))
+
+
+def is_tracer(x: Any) -> bool:
+    """Whether `x` is an abstract value of some trace (no number to read now)."""
+    if _Tracer is not None:
+        return isinstance(x, _Tracer)
+    # Without `jax.core.Tracer`: every JAX array that is not a concrete one.
+    return isinstance(x, jax.Array) and not isinstance(x, _ARRAY_TYPE)
+
+
+# How `jax.jit` words its refusal of an argument leaf that is not an array (a
+# function, a string): `... as an abstract array` (newer JAX), `... is not a valid
+# JAX type` (older).
+_NOT_AN_ARRAY = ("as an abstract array", "is not a valid JAX type")
+
+
+def is_not_an_array_error(error: TypeError) -> bool:
+    """Whether `jax.jit` raised `error` for an argument leaf that is no array."""
+    return any(words in str(error) for words in _NOT_AN_ARRAY)
+
+
+def jit_cache_size(jitted: Any) -> int:
+    """How many programs the `jax.jit` function `jitted` has compiled and cached."""
+    return jitted._cache_size()
+
+
+# --------------------------------------------------------------------------------------
+# Reading jaxprs (the translation of rules to C).
+# --------------------------------------------------------------------------------------
+
+
+def _primitive(name: str) -> Any:
+    """The primitive object `name` (as `jax.lax` or `jax.extend` spell it), or
+    `None` where this JAX has none by that name."""
+    for home in (jax.lax, jax.extend.core.primitives):
+        if (found := getattr(home, name, None)) is not None:
+            return found
+    return None
+
+
+def primitives(*names: str) -> dict[Any, str]:
+    """`{primitive object: name}` for those of `names` this JAX has."""
+    found = {_primitive(name): name for name in names}
+    found.pop(None, None)
+    return found
+
+
+# Call-like primitives whose body is a sub-jaxpr: `closed_call`, `call`,
+# `custom_jvp_call`, and what `jax.jit` and `jax.checkpoint` bind (`jit`, `pjit` in
+# older JAX; `checkpoint`, `remat2`), found by tracing them.
+_CALL_NAMES = ("jit_p", "pjit_p", "closed_call_p", "call_p", "custom_jvp_call_p")
+
+
+@functools.cache
+def call_primitives() -> frozenset:
+    found = set(primitives(*_CALL_NAMES))
+    for wrap in (jax.jit, jax.checkpoint):
+        (eqn,) = jax.make_jaxpr(wrap(lambda x: x * 2))(1.0).eqns
+        found.add(eqn.primitive)
+    return frozenset(found)
+
+
+def call_body(eqn: Any) -> tuple[Any, tuple] | None:
+    """`(jaxpr, consts)` of a call-like equation's body, `None` for other ones."""
+    if eqn.primitive not in call_primitives():
+        return None
+    sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+    if sub is None:
+        return None
+    return getattr(sub, "jaxpr", sub), tuple(getattr(sub, "consts", ()))
+
+
+def is_literal(atom: Any) -> bool:
+    """Whether a jaxpr operand is a literal (a constant in the equation)."""
+    return isinstance(atom, jax.extend.core.Literal)
+
+
+def bind(primitive: Any, params: dict[str, Any], *args: Any) -> list[Any]:
+    """`primitive` applied to `args` with an equation's `params`; a list of outputs."""
+    outs = primitive.bind(*args, **primitive.get_bind_params(params))
+    return list(outs) if primitive.multiple_results else [outs]
+
+
+# --------------------------------------------------------------------------------------
+# Defining primitives (the custom calls).
+# --------------------------------------------------------------------------------------
+
+
+def new_primitive(name: str) -> Any:
+    """A new primitive with several results."""
+    prim = jax.extend.core.Primitive(name)
+    prim.multiple_results = True
+    return prim
+
+
+def shaped_array(shape: tuple[int, ...], dtype: Any) -> Any:
+    return jax.core.ShapedArray(shape, dtype)
+
+
+def lower_fun(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A lowering rule that lowers `fn` (several results) as JAX would."""
+    return mlir.lower_fun(fn, multiple_results=True)
+
+
+def register_lowering(prim: Any, rule: Callable, platform: str | None = None) -> None:
+    if platform is None:
+        mlir.register_lowering(prim, rule)
+    else:
+        mlir.register_lowering(prim, rule, platform=platform)
+
+
+def lowering_for_export(ctx: Any) -> bool:
+    """Whether the lowering context `ctx` belongs to a `jax.export`."""
+    return bool(getattr(ctx.module_context.lowering_parameters, "for_export", False))
+
+
+def register_batching(prim: Any, rule: Callable) -> None:
+    batching.primitive_batchers[prim] = rule
+
+
+def register_linear(prim: Any, jvp: Callable, transpose: Callable) -> None:
+    """The derivative rules of a linear primitive."""
+    ad.primitive_jvps[prim] = jvp
+    ad.primitive_transposes[prim] = transpose
+
+
+def is_zero(tangent: Any) -> bool:
+    """Whether an AD rule's tangent or cotangent is a symbolic zero."""
+    return type(tangent) is ad.Zero
+
+
+def zero_like(x: Any) -> Any:
+    """The symbolic zero tangent of `x`."""
+    return ad.Zero(jax.typeof(x).to_tangent_aval())
+
+
+def instantiate(tangent: Any) -> Any:
+    """A tangent as an array (symbolic zeros made real)."""
+    return ad.instantiate_zeros(tangent)
+
+
+def is_undefined_primal(x: Any) -> bool:
+    """Whether a transpose rule's operand is the linear input."""
+    return ad.is_undefined_primal(x)

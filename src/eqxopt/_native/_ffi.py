@@ -1,0 +1,219 @@
+"""The XLA custom calls into eqxopt's native code: whether they are used (the
+switch), how they are made (`ffi_or_xla`, with XLA's own operations wherever a
+custom call cannot go) and the two copies of packed buffers (`split`/`concat`).
+
+The native path is used when it is switched on (`set_native_kernels`, the
+environment variable `EQXOPT_NATIVE`), this JAX is one it was tested with
+(`_compat.TESTED`), the default backend is a single CPU device (with several devices
+a custom call could force sharded arrays to be gathered) and the handler library
+could be built (`_build.handler`).
+"""
+
+import functools
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _build, _compat
+
+_enabled = [_build.env_flag("EQXOPT_NATIVE", True)]
+# Called when the switch flips (eqxopt's compiled steps must then trace again).
+_on_switch: list[Callable[[], None]] = []
+
+
+def set_native_kernels(enabled: bool) -> None:
+    """Turns eqxopt's native CPU kernels on (the default) or off.
+
+    With them on, donated steps (`donate=True`) of element-wise optimizer rules on
+    float32 leaves run as one compiled C loop per leaf (single pass, in place,
+    multi-threaded for large leaves) when the default JAX backend is a single CPU
+    device. With them off, XLA's own per-leaf code runs.
+    Results agree to rounding. eqxopt's own compiled steps are dropped, so the next
+    `opt.step`/`opt.update` traces again; a step inside your own `jax.jit` keeps the
+    code it was compiled with until that function traces again. The environment
+    variable `EQXOPT_NATIVE=0` (or `false`/`no`/`off`) sets the default to off.
+
+    **Arguments:**
+
+    - `enabled`: a bool.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    if enabled != _enabled[0]:
+        _enabled[0] = enabled
+        for callback in _on_switch:
+            callback()
+
+
+def on_switch(callback: Callable[[], None]) -> None:
+    """Calls `callback()` whenever `set_native_kernels` changes the switch."""
+    _on_switch.append(callback)
+
+
+def native_kernels_available() -> bool:
+    """Whether steps traced now would use the native CPU kernels: they are switched
+    on, this JAX is one they were tested with, the default backend is one CPU device,
+    and the kernels could be built (this builds them on first call: a few seconds,
+    once per machine)."""
+    return usable()
+
+
+def usable() -> bool:
+    if not _enabled[0] or not _compat.backend_supported():
+        return False
+    devices = jax.devices()
+    if len(devices) != 1 or devices[0].platform != "cpu":
+        return False
+    return _build.handler() is not None
+
+
+# --------------------------------------------------------------------------------------
+# Custom calls, with XLA's code where one cannot go.
+# --------------------------------------------------------------------------------------
+
+
+def ffi_or_xla(target: str, xla: Callable[..., Any]) -> Any:
+    """A primitive (multiple results) that runs the FFI target `target` of the
+    handler on CPU, and `xla(*args, static=static)` (the same results from XLA's own
+    operations) where the custom call cannot go: other platforms, and programs
+    being exported (`jax.export` serializes only custom calls with compatibility
+    guarantees, and these kernels live in this process only).
+
+    Bound as `prim.bind(*args, static=..., aliases=((input, output), ...),
+    attributes=((name, value), ...))`: `static` is hashable and passed to `xla`;
+    `aliases` and `attributes` go to the custom call. Under `jax.vmap` it runs once
+    per batch element. Derivatives are the caller's (`ad` rules or `custom_jvp`).
+    Made only once the backend is in use (`usable()`), so that a JAX outside the
+    tested range never reaches these internals."""
+    prim = _compat.new_primitive(target)
+
+    def fallback(static: Hashable, **_: Any) -> Callable[..., list]:
+        return lambda *args: list(xla(*args, static=static))
+
+    def abstract(*avals: Any, static: Hashable, **_: Any) -> list:
+        shapes = jax.eval_shape(fallback(static), *avals)
+        return [_compat.shaped_array(x.shape, x.dtype) for x in shapes]
+
+    def lower_xla(ctx: Any, *args: Any, static: Hashable, **_: Any) -> Any:
+        return _compat.lower_fun(fallback(static))(ctx, *args)
+
+    def lower_cpu(ctx: Any, *args: Any, static: Hashable, aliases, attributes) -> Any:
+        if _compat.lowering_for_export(ctx):
+            return lower_xla(ctx, *args, static=static)
+        rule = jax.ffi.ffi_lowering(target, operand_output_aliases=dict(aliases))
+        return rule(ctx, *args, **dict(attributes))
+
+    def batch(args: Any, dims: Any, **params: Any) -> tuple[list, list]:
+        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+        if size == 0:
+            outs = jax.vmap(fallback(params["static"]), in_axes=tuple(dims))(*args)
+            return outs, [0] * len(outs)
+        mapped = [i for i, d in enumerate(dims) if d is not None]
+
+        def one(xs: list) -> list:
+            full = list(args)
+            for i, x in zip(mapped, xs):
+                full[i] = x
+            return prim.bind(*full, **params)
+
+        moved = [jnp.moveaxis(args[i], dims[i], 0) for i in mapped]
+        outs = jax.lax.map(one, moved)
+        return outs, [0] * len(outs)
+
+    @functools.cache
+    def compiled(params: tuple) -> Callable[..., Any]:
+        return jax.jit(functools.partial(prim.bind, **dict(params)))
+
+    prim.def_impl(lambda *args, **params: compiled(tuple(params.items()))(*args))
+    prim.def_abstract_eval(abstract)
+    _compat.register_lowering(prim, lower_xla)
+    _compat.register_lowering(prim, lower_cpu, platform="cpu")
+    _compat.register_batching(prim, batch)
+    return prim
+
+
+# --------------------------------------------------------------------------------------
+# Split and concatenate (`Packed`): one copy each, linear, each the other's transpose,
+# so every mode of differentiation works and stays one copy.
+# --------------------------------------------------------------------------------------
+
+
+def _split_xla(flat: jax.Array, static: tuple) -> list[jax.Array]:
+    sizes = [int(np.prod(s)) for s in static]
+    offsets = np.cumsum([0, *sizes]).tolist()
+    return [
+        jax.lax.slice(flat, (a,), (b,)).reshape(s)
+        for a, b, s in zip(offsets[:-1], offsets[1:], static)
+    ]
+
+
+def _concat_xla(*parts: jax.Array, static: tuple) -> list[jax.Array]:
+    del static
+    return [jnp.concatenate([jnp.ravel(p) for p in parts])]
+
+
+_NO_FFI_PARAMS = {"aliases": (), "attributes": ()}
+
+
+@functools.cache
+def _copies() -> tuple[Any, Any]:
+    """The primitives `eqxopt_split` and `eqxopt_concat` (`static`: the pieces'
+    shapes), with their derivative rules."""
+    split_p = ffi_or_xla("eqxopt_split", _split_xla)
+    concat_p = ffi_or_xla("eqxopt_concat", _concat_xla)
+
+    def split(flat: jax.Array, shapes: tuple) -> list:
+        return split_p.bind(flat, static=shapes, **_NO_FFI_PARAMS)
+
+    def concat(shapes: tuple, *parts: jax.Array) -> jax.Array:
+        return concat_p.bind(*parts, static=shapes, **_NO_FFI_PARAMS)[0]
+
+    def split_jvp(primals, tangents, *, static, **_):
+        outs = split(primals[0], static)
+        if _compat.is_zero(tangents[0]):
+            return outs, [_compat.zero_like(o) for o in outs]
+        return outs, split(tangents[0], static)
+
+    def split_transpose(cotangents, flat, *, static, **_):
+        return [concat(static, *map(_compat.instantiate, cotangents))]
+
+    def concat_jvp(primals, tangents, *, static, **_):
+        out = concat(static, *primals)
+        if all(map(_compat.is_zero, tangents)):
+            return [out], [_compat.zero_like(out)]
+        return [out], [concat(static, *map(_compat.instantiate, tangents))]
+
+    def concat_transpose(cotangents, *parts, static, **_):
+        (cotangent,) = cotangents
+        linear = [_compat.is_undefined_primal(p) for p in parts]
+        if _compat.is_zero(cotangent):
+            return [_compat.zero_like(p) if t else None for p, t in zip(parts, linear)]
+        pieces = split(cotangent, static)
+        return [c if t else None for c, t in zip(pieces, linear)]
+
+    _compat.register_linear(split_p, split_jvp, split_transpose)
+    _compat.register_linear(concat_p, concat_jvp, concat_transpose)
+    return split, concat
+
+
+def split(flat: jax.Array, shapes: Sequence[Sequence[int]]) -> list[jax.Array]:
+    """`flat` cut into consecutive pieces of the given shapes: one native copy where
+    the backend is in use, XLA's slices elsewhere (slow to compile for thousands of
+    pieces, but correct)."""
+    if not shapes:
+        return []
+    shapes = tuple(tuple(s) for s in shapes)
+    if usable() and len(shapes) > 1 and flat.dtype != jax.dtypes.float0:
+        return _copies()[0](flat, shapes)
+    return _split_xla(flat, static=shapes)
+
+
+def concat(parts: list[jax.Array]) -> jax.Array:
+    """The 1-D concatenation of `parts` (all of one dtype)."""
+    if usable() and len(parts) > 1:
+        arrays = [jnp.asarray(p) for p in parts]
+        return _copies()[1](tuple(a.shape for a in arrays), *arrays)
+    return _concat_xla(*parts, static=())[0]
