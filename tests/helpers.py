@@ -1,13 +1,48 @@
-"""Shared test helpers: trees, reference runs against optax and torch."""
+"""Shared test helpers: trees, reference runs against optax and torch, and a count
+of the programs XLA compiles (through `jax.monitoring`, not eqxopt's caches)."""
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.monitoring
 import jax.numpy as jnp
 import numpy as np
 
 import eqxopt
+
+# JAX records this duration event once per program handed to XLA's compiler (a hit
+# in JAX's in-memory caches records nothing).
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_open_logs: list[list[str]] = []
+
+
+def _on_event_duration(event: str, duration: float, **kwargs: Any) -> None:
+    del duration
+    if event == _BACKEND_COMPILE:
+        for log in _open_logs:
+            log.append(str(kwargs.get("fun_name", "?")))
+
+
+# Registered once, for the whole session (`compiles` opens and closes logs).
+jax.monitoring.register_event_duration_secs_listener(_on_event_duration)
+
+
+@contextlib.contextmanager
+def compiles() -> Iterator[list[str]]:
+    """The names of the programs XLA compiles inside the `with` block, in order.
+
+    Counts through JAX's public monitoring events, so it sees every compilation
+    (eqxopt's steps, the native backend's programs and eager operations alike): warm
+    the same shapes up first, then assert that the block compiled nothing.
+    """
+    log: list[str] = []
+    _open_logs.append(log)
+    try:
+        yield log
+    finally:
+        _open_logs.remove(log)
 
 
 def nested_tree(seed: int = 0, dtype: Any = jnp.float32) -> dict:
