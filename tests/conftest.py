@@ -1,5 +1,56 @@
+import os
+
 import jax
+import pytest
 
 # Reference comparisons run in float32 on the CPU; keep JAX from grabbing other
 # backends and make every failure reproducible.
 jax.config.update("jax_platforms", "cpu")
+
+# JAX's strict dtype promotion (equinox's tests run with it): every implicit
+# promotion between dtypes raises. Off by default while library code still promotes
+# implicitly (see issue 14); EQXOPT_TEST_STRICT_PROMOTION=1 turns it on.
+STRICT_PROMOTION = os.environ.get("EQXOPT_TEST_STRICT_PROMOTION", "0") == "1"
+if STRICT_PROMOTION:
+    jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+# Where the native kernels must be available (CI, on a machine with g++), a test
+# marked `needs_compiler` fails instead of skipping.
+REQUIRE_NATIVE = os.environ.get("EQXOPT_TEST_REQUIRE_NATIVE", "0") == "1"
+
+_native_available: list[bool] = []
+
+
+def native_kernels_here() -> bool:
+    """`eqxopt.native_kernels_available()`, asked once per process, and only when a
+    test needs it (the first call builds the kernels)."""
+    if not _native_available:
+        import eqxopt
+
+        _native_available.append(eqxopt.native_kernels_available())
+    return _native_available[0]
+
+
+def skip_without_native_kernels() -> None:
+    if native_kernels_here():
+        return
+    reason = (
+        "the native CPU kernels are not available here (no C++ compiler, or the "
+        "backend is off for this JAX)"
+    )
+    if REQUIRE_NATIVE:
+        pytest.fail(f"{reason}, and EQXOPT_TEST_REQUIRE_NATIVE=1", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("needs_compiler") is not None:
+        skip_without_native_kernels()
+
+
+@pytest.fixture
+def needs_compiler() -> None:
+    """The fixture form of `@pytest.mark.needs_compiler` (for a fixture or helper
+    that only some tests reach)."""
+    skip_without_native_kernels()

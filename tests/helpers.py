@@ -1,13 +1,48 @@
-"""Shared test helpers: trees, reference runs against optax and torch."""
+"""Shared test helpers: trees, reference runs against optax and torch, and a count
+of the programs XLA compiles (through `jax.monitoring`, not eqxopt's caches)."""
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.monitoring
 import jax.numpy as jnp
 import numpy as np
 
 import eqxopt
+
+# JAX records this duration event once per program handed to XLA's compiler (a hit
+# in JAX's in-memory caches records nothing).
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_open_logs: list[list[str]] = []
+
+
+def _on_event_duration(event: str, duration: float, **kwargs: Any) -> None:
+    del duration
+    if event == _BACKEND_COMPILE:
+        for log in _open_logs:
+            log.append(str(kwargs.get("fun_name", "?")))
+
+
+# Registered once, for the whole session (`compiles` opens and closes logs).
+jax.monitoring.register_event_duration_secs_listener(_on_event_duration)
+
+
+@contextlib.contextmanager
+def compiles() -> Iterator[list[str]]:
+    """The names of the programs XLA compiles inside the `with` block, in order.
+
+    Counts through JAX's public monitoring events, so it sees every compilation
+    (eqxopt's steps, the native backend's programs and eager operations alike): warm
+    the same shapes up first, then assert that the block compiled nothing.
+    """
+    log: list[str] = []
+    _open_logs.append(log)
+    try:
+        yield log
+    finally:
+        _open_logs.remove(log)
 
 
 def nested_tree(seed: int = 0, dtype: Any = jnp.float32) -> dict:
@@ -46,12 +81,51 @@ def run_eqxopt(
     return history
 
 
-def run_optax(tx: Any, params: Any, grads: list[Any]) -> list[Any]:
+class Trajectory(list):
+    """A reference run: the parameters after each step, and `start`, the parameters it
+    started from. `assert_histories_close` checks that a `Trajectory` moved well
+    beyond the tolerance of the comparison (parameters that barely move would match
+    any optimizer)."""
+
+    def __init__(self, start: Any):
+        super().__init__()
+        self.start = start
+
+
+# How many tolerances (`atol + rtol * |x|`) some element of a reference run must have
+# moved from its start by the last step.
+MOVED_TOLERANCES = 100.0
+
+
+def assert_moved(
+    start: Any, end: Any, rtol: float, atol: float, factor: float = MOVED_TOLERANCES
+) -> None:
+    """Some element of `end` lies more than `factor` tolerances (`atol + rtol * |end|`,
+    as `np.testing.assert_allclose` computes them) from where it was in `start`."""
+    best = 0.0
+    for s, e in zip(jax.tree.leaves(start), jax.tree.leaves(end)):
+        s = np.asarray(s, np.float64)
+        e = np.asarray(e, np.float64)
+        if e.size == 0:
+            continue
+        moved = np.abs(e - s)
+        tol = atol + rtol * np.abs(e)
+        if np.any(moved > factor * tol):
+            return
+        best = max(best, float(np.max(moved / np.maximum(tol, 1e-300))))
+    raise AssertionError(
+        f"the reference run moved at most {best:.3g} tolerances (rtol={rtol}, "
+        f"atol={atol}) from its start, under {factor}: a comparison this close "
+        "would pass for almost any optimizer; take more steps or a larger step size"
+    )
+
+
+def run_optax(tx: Any, params: Any, grads: list[Any]) -> Trajectory:
     import optax
 
     state = tx.init(params)
     update = jax.jit(tx.update)
-    history = []
+    history = Trajectory(params)
     for g in grads:
         updates, state = update(g, state, params)
         params = optax.apply_updates(params, updates)
@@ -63,7 +137,7 @@ def run_torch(
     make_opt: Callable[[list[Any]], Any],
     params: Any,
     grads: list[Any],
-) -> list[Any]:
+) -> Trajectory:
     """Runs a torch.optim optimizer on the leaves of `params` (float64 off)."""
     import torch
 
@@ -73,7 +147,7 @@ def run_torch(
         for x in leaves
     ]
     opt = make_opt(tensors)
-    history = []
+    history = Trajectory(params)
     for g in grads:
         for t, gl in zip(tensors, jax.tree.leaves(g)):
             t.grad = torch.tensor(np.asarray(gl, dtype=np.float32))
@@ -109,7 +183,14 @@ def assert_trees_close(actual: Any, expected: Any, rtol=2e-5, atol=2e-6) -> None
 
 
 def assert_histories_close(actual, expected, rtol=2e-5, atol=2e-6) -> None:
+    """Each step's trees agree; where either side is a reference run (a `Trajectory`
+    from `run_optax` or `run_torch`), it must also have moved well beyond the
+    tolerance (`assert_moved`)."""
     assert len(actual) == len(expected)
+    for history in (expected, actual):
+        if isinstance(history, Trajectory) and len(history):
+            assert_moved(history.start, history[-1], rtol, atol)
+            break
     for step, (a, e) in enumerate(zip(actual, expected)):
         try:
             assert_trees_close(a, e, rtol=rtol, atol=atol)

@@ -18,8 +18,6 @@ SCRIPT = textwrap.dedent(
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     import eqxopt
-    from eqxopt._core import _base
-    from eqxopt._core import _dispatch
 
     jax.config.update("jax_platforms", "cpu")
     assert len(jax.devices()) == 8, jax.devices()
@@ -81,12 +79,11 @@ SCRIPT = textwrap.dedent(
             np.testing.assert_allclose(
                 np.asarray(new_params[k], np.float32),
                 np.asarray(single[0][k], np.float32), rtol=1e-6, atol=1e-6)
-        # No collective (gather) in the compiled step, donated or not.
-        for donate in ((), (2, 3)):
-            entry = _base._step_entry_donated if donate else _base._step_entry
-            text = _dispatch.lower(
-                entry, (opt, grads, params, state, {}), donate
-            ).compile().as_text()
+        # No collective (gather) in the compiled step, donated or not (compiled
+        # through the public jit: the step inlined into a program of the user's).
+        for donate in ((), (1, 2)):
+            step = jax.jit(lambda g, s, p: opt.step(g, s, p), donate_argnums=donate)
+            text = step.lower(grads, state, params).compile().as_text()
             for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
                 assert op not in text, (type(opt).__name__, op)
             # Several devices: XLA's own code, never the native custom call.

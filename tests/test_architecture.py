@@ -1,0 +1,258 @@
+"""The package's shape: every public module class is abstract or final, the top-level
+`__init__.py` only re-exports, no import cycles between eqxopt's modules (lazy imports
+inside functions included), and JAX's internals are reached from the native backend
+only. Everything here reads the source with `ast` or inspects the public classes."""
+
+import ast
+import importlib
+import inspect
+import pathlib
+import pkgutil
+import sys
+
+import equinox as eqx
+import pytest
+
+import eqxopt
+
+SRC = pathlib.Path(eqxopt.__file__).resolve().parent
+# The one place allowed to use JAX's internal APIs (`jax._src`, `jax.core`,
+# `jax.extend`): the native backend and its compatibility module.
+NATIVE = SRC / "_native"
+JAX_INTERNALS = ("jax._src", "jax.core", "jax.extend")
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def source_files() -> dict[str, pathlib.Path]:
+    """Every module of the package, by dotted name."""
+    return {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+MODULES = source_files()
+
+
+def is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def resolve(importer: str, node: ast.ImportFrom) -> str:
+    """The absolute module an `ImportFrom` reads from."""
+    if node.level == 0:
+        return node.module or ""
+    base = importer.split(".")
+    if not is_package(importer):
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imported_modules(name: str) -> set[str]:
+    """The eqxopt modules `name` imports anywhere in its body (top level, functions,
+    `TYPE_CHECKING` blocks alike): `from X import y` counts as importing `X.y` when
+    that is a module, else `X`."""
+    tree = ast.parse(MODULES[name].read_text(), filename=str(MODULES[name]))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            origin = resolve(name, node)
+            for alias in node.names:
+                sub = f"{origin}.{alias.name}"
+                found.add(sub if sub in MODULES else origin)
+    return {m for m in found if m in MODULES and m != name}
+
+
+def test_every_public_module_class_is_abstract_or_final():
+    for sub in pkgutil.walk_packages([str(SRC)], prefix="eqxopt."):
+        importlib.import_module(sub.name)
+    ours = {
+        cls
+        for mod in list(sys.modules.values())
+        if getattr(mod, "__name__", "").startswith("eqxopt")
+        for cls in vars(mod).values()
+        if inspect.isclass(cls) and cls.__module__.startswith("eqxopt")
+    }
+    problems = []
+    for name in eqxopt.__all__:
+        cls = getattr(eqxopt, name)
+        if not (inspect.isclass(cls) and issubclass(cls, eqx.Module)):
+            continue
+        abstract = (
+            name.startswith("Abstract")
+            or inspect.isabstract(cls)
+            or bool(getattr(cls, "__abstractvars__", ()))
+            or bool(getattr(cls, "__abstractclassvars__", ()))
+        )
+        if abstract:
+            continue
+        children = sorted(
+            f"{c.__module__}.{c.__qualname__}"
+            for c in ours
+            if c is not cls and issubclass(c, cls)
+        )
+        if children:
+            problems.append(f"{name} is concrete but subclassed by {children}")
+    assert not problems, "\n".join(problems)
+
+
+def test_init_only_reexports():
+    path = SRC / "__init__.py"
+    tree = ast.parse(path.read_text())
+    reexported = set()
+    problems = []
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if not (node.module or "").startswith("_"):
+                problems.append(f"line {node.lineno}: import from a public module")
+            for alias in node.names:
+                if alias.asname != alias.name:
+                    problems.append(
+                        f"line {node.lineno}: {alias.name} is not re-exported as "
+                        f"itself (`{alias.name} as {alias.name}`)"
+                    )
+                reexported.add(alias.asname or alias.name)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom) and all(
+            (getattr(node, "module", None) or alias.name).startswith("importlib")
+            for alias in node.names
+        ):
+            continue  # `__version__` from the package metadata
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for t in targets if isinstance(t, ast.Name)}
+            if names <= {"__all__", "__version__"}:
+                continue
+        problems.append(f"line {node.lineno}: {ast.unparse(node)[:60]!r}")
+    assert not problems, "\n".join(problems)
+    public = {n for n in reexported if not n.startswith("_")}
+    assert set(eqxopt.__all__) == public, (
+        sorted(set(eqxopt.__all__) - public),
+        sorted(public - set(eqxopt.__all__)),
+    )
+    for name in eqxopt.__all__:
+        obj = getattr(eqxopt, name)
+        origin = getattr(obj, "__module__", "") or ""
+        assert origin.startswith("eqxopt._"), (name, origin)
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_find_cycles_sees_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycles(graph) == [["a", "b", "c"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    graph = {name: imported_modules(name) for name in MODULES}
+    cycles = find_cycles(graph)
+    described = [
+        " <-> ".join(c)
+        + "\n    "
+        + "; ".join(f"{m} imports {sorted(graph[m] & set(c))}" for m in c)
+        for c in cycles
+    ]
+    assert not cycles, "import cycles:\n" + "\n".join(described)
+
+
+def jax_internals_used(path: pathlib.Path) -> list[str]:
+    """`line: what` for each import or attribute path into JAX's internals."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    hits = []
+
+    def internal(dotted: str) -> bool:
+        return any(dotted == p or dotted.startswith(p + ".") for p in JAX_INTERNALS)
+
+    inner = {
+        id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+    }
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+            if not internal(node.module):
+                names += [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Attribute) and id(node) not in inner:
+            parts = []
+            value: ast.expr = node
+            while isinstance(value, ast.Attribute):
+                parts.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id == "jax":
+                names = [".".join(["jax", *reversed(parts)])]
+        hits += [f"{node.lineno}: {n}" for n in names if internal(n)]
+    return sorted(set(hits))
+
+
+def test_jax_internals_only_in_the_native_backend():
+    used = {
+        str(path.relative_to(SRC.parent)): found
+        for path in sorted(SRC.rglob("*.py"))
+        if NATIVE not in path.parents
+        if (found := jax_internals_used(path))
+    }
+    assert not used, used
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import jax._src.core",
+        "from jax.extend import core",
+        "from jax import core",
+        "import jax\nx = jax.core.Primitive",
+        "import jax\nx = jax.extend.core.Primitive('p')",
+    ],
+)
+def test_the_internals_check_sees_each_form(tmp_path, source):
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    assert jax_internals_used(path)
+
+
+def test_the_internals_check_passes_public_jax(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import jax\nimport jax.numpy as jnp\nx = jax.tree.map")
+    assert not jax_internals_used(path)
