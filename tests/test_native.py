@@ -61,6 +61,7 @@ def native_calls(fn, *args):
     return eqx.filter_jit(fn).lower(*args).as_text().count("eqxopt_elementwise")
 
 
+@pytest.mark.needs_compiler
 def test_kernels_are_available_here():
     # The CPU machines this project runs on have a C++ compiler; without one the
     # library still works (see test_build_failure_warns_and_falls_back).
@@ -122,6 +123,7 @@ def many_ops(g, p, m):
     return a + b, c + d + e + f + h
 
 
+@pytest.mark.needs_compiler
 def test_every_translated_primitive_matches_xla():
     g, p, m = np.meshgrid(SPECIAL, SPECIAL, SPECIAL[::3], indexing="ij")
     g, p, m = (jnp.asarray(x.ravel()) for x in (g, p, m))
@@ -260,6 +262,7 @@ def test_large_leaf_split_across_threads_matches_xla():
     assert_trees_close(native, with_native(True, run, False), rtol=2e-6, atol=1e-7)
 
 
+@pytest.mark.needs_compiler
 @pytest.mark.parametrize("native", [True, False], ids=["native", "xla"])
 def test_donated_entries_write_in_place(native):
     eqxopt.set_native_kernels(native)
@@ -312,6 +315,7 @@ def test_derivatives_and_vmap_through_a_native_step():
     assert_trees_close(with_native(True, vmapped), with_native(False, vmapped))
 
 
+@pytest.mark.needs_compiler
 def test_only_float32_leaves_take_the_kernel():
     params = {
         "f32": jnp.linspace(-1.0, 1.0, 8),
@@ -442,6 +446,7 @@ def fresh(tree):
     return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
 
 
+@pytest.mark.needs_compiler
 def test_inside_a_donating_jit_donate_true_writes_in_place():
     """Nested in the user's own `jit`, `donate=True` lets the kernels write over their
     inputs: a `jit` that donates its arguments then gets no copies and no full-size

@@ -92,6 +92,7 @@ def test_export_of_a_packed_loss_serializes():
     assert_trees_close(back.call(packed.buffers), jax.jit(fn)(packed.buffers))
 
 
+@pytest.mark.needs_compiler
 @pytest.mark.parametrize("case", ELEMENTWISE, ids=[c.name for c in ELEMENTWISE])
 def test_export_of_a_donated_step_serializes(case):
     params = {"w": jnp.linspace(-1.0, 1.0, 8), "b": jnp.full((2, 3), 0.5)}

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import eqxopt
+from conftest import skip_without_native_kernels
 from test_native import run_script
 
 STEP = """
@@ -76,6 +77,7 @@ def assert_cache_valid(cache):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    skip_without_native_kernels()
     cache = tmp_path_factory.mktemp("built")
     assert run_step(cache) == (True, [])
     assert_cache_valid(cache)
@@ -142,6 +144,7 @@ CORRUPTIONS = [
     ids=[f"kernel-{c.__name__}" for c in CORRUPTIONS]
     + [f"handler-{c.__name__}" for c in (truncate, zero_bytes, unloadable)],
 )
+@pytest.mark.needs_compiler
 @pytest.mark.slow
 def test_a_damaged_cache_is_rebuilt(built, tmp_path, corrupt, which):
     cache = tmp_path / "cache"
@@ -155,6 +158,7 @@ def test_a_damaged_cache_is_rebuilt(built, tmp_path, corrupt, which):
     assert [p.name for p in libraries(cache)] == [p.name for p in libraries(built)]
 
 
+@pytest.mark.needs_compiler
 def test_libraries_are_keyed_on_the_compiler(built, tmp_path):
     cache = tmp_path / "cache"
     shutil.copytree(built, cache)
@@ -173,6 +177,7 @@ def test_native_off_spellings(value, tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing was built
 
 
+@pytest.mark.needs_compiler
 @pytest.mark.parametrize("value", ["1", "true", "YES", "on"])
 def test_native_on_spellings(value, built):
     assert run_step(built, EQXOPT_NATIVE=value) == (True, [])
@@ -188,6 +193,7 @@ def test_native_other_values_warn_once_and_keep_the_default(value, built):
     ]
 
 
+@pytest.mark.needs_compiler
 @pytest.mark.parametrize("value", ["1", "2", "16"])
 def test_num_threads_takes_a_positive_integer(value, built):
     assert run_step(built, EQXOPT_NUM_THREADS=value) == (True, [])

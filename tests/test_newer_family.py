@@ -12,6 +12,7 @@ import eqxopt
 from eqxopt._optimizers._preconditioned._muon import newton_schulz
 from helpers import (
     assert_histories_close,
+    assert_moved,
     assert_trees_close,
     grad_stream,
     nested_tree,
@@ -286,17 +287,21 @@ def test_schedule_free_errors_name_the_argument():
 )
 def test_prodigy_matches_optax(mine, theirs):
     # Random gradients (d stays near d0) and gradients of a quadratic (d grows by
-    # orders of magnitude) both exercise the estimate of d.
-    assert_histories_close(
-        run_eqxopt(eqxopt.Prodigy(**mine), PARAMS, GRADS),
-        run_optax(optax.contrib.prodigy(**theirs), PARAMS, GRADS),
-    )
+    # orders of magnitude) both exercise the estimate of d. With the default
+    # d0 = 1e-6, random gradients move the parameters by a few tolerances only (the
+    # comparison would prove nothing), so that case is compared in the closed loop.
+    if "d0" in mine:
+        assert_histories_close(
+            run_eqxopt(eqxopt.Prodigy(**mine), PARAMS, GRADS),
+            run_optax(optax.contrib.prodigy(**theirs), PARAMS, GRADS),
+        )
     actual, state = closed_loop_eqxopt(eqxopt.Prodigy(**mine), PARAMS)
     expected, tx_state = closed_loop_optax(optax.contrib.prodigy(**theirs), PARAMS)
     # In the closed loop d grows more than 1e4-fold, and the whole-tree sums behind
     # it are added in another order than optax's: a few elements near zero differ
     # by ~3e-6 after 30 steps, hence atol 1e-5.
     assert_histories_close(actual, expected, atol=1e-5)
+    assert_moved(PARAMS, expected[-1], rtol=2e-5, atol=1e-5)
     np.testing.assert_allclose(state.d, tx_state.estim_lr, rtol=1e-4)
     assert float(state.d) > 1e-3  # the estimate did grow from 1e-6 / 1e-3
 

@@ -94,6 +94,7 @@ def hand_written_step(opt):
     [eqxopt.AdamW(1e-3), eqxopt.SGD(1e-2, momentum=0.9)],
     ids=["AdamW", "SGD-momentum"],
 )
+@pytest.mark.needs_compiler
 def test_donated_train_step_copies_no_weight(opt):
     """The in-place writes of the native kernels come after every read of the
     weights in the backward pass, so XLA keeps no copy of any of them (it did: a
@@ -250,6 +251,7 @@ def test_make_train_step_on_packed_parameters():
     close(new_packed.unpack(), tree_model)
 
 
+@pytest.mark.needs_compiler
 def test_make_train_step_donated_step_copies_no_weight():
     opt = eqxopt.AdamW(1e-3)
     model, (x, y) = small_model(), batch()
