@@ -20,6 +20,7 @@ analysis of each compiled step (temporaries; parameter-sized copies in its HLO).
 """
 
 import argparse
+import os
 import re
 import statistics
 import sys
@@ -31,7 +32,6 @@ import optax
 
 import eqxopt
 from _common import QUICK, Stepper, interleaved, rounds, save, table
-from eqxopt._native import _fused
 
 # ------------------------------------------------------------------------- models
 
@@ -215,13 +215,17 @@ def weight_copies(hlo: str) -> int:
     return copies
 
 
+_OFF = ("0", "false", "no", "off")
+
+
 def variants(cfg: dict) -> dict:
     """name -> (call(carry) -> carry, carry, lower(carry) -> compiled)."""
     model, loss_fn, batch = cfg["model"], cfg["loss"], cfg["batch"]
     opt = eqxopt.AdamW(LR, weight_decay=1e-4)
     tx = optax.adamw(LR, weight_decay=1e-4)
     out = {}
-    default = _fused._enabled[0]  # the switch as the environment left it
+    # The switch as the environment left it (README's EQXOPT_NATIVE spellings).
+    default = os.environ.get("EQXOPT_NATIVE", "1").lower() not in _OFF
 
     if hasattr(eqxopt, "make_train_step"):
         helper = eqxopt.make_train_step(loss_fn, opt)
