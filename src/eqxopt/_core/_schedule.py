@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, Float32, Int, jaxtyped
 
-from ._checks import hyperparameter, name_converters
+from ._checks import hyperparameter, is_concrete, name_converters
 
 
 class AbstractSchedule(eqx.Module):
@@ -82,3 +82,11 @@ def value_at(value: Any, step: Int[Array, ""]) -> Any:
     """A hyperparameter field's value at `step`: a schedule is called on it, an array
     (or anything else) is returned as it is."""
     return value(step) if isinstance(value, AbstractSchedule) else value
+
+
+def known_number(value: Any) -> float | None:
+    """The number a hyperparameter field holds if it is known now (not a schedule,
+    not traced), for checks across fields at construction; else `None`."""
+    if isinstance(value, AbstractSchedule) or not is_concrete(value):
+        return None
+    return float(jnp.asarray(value))

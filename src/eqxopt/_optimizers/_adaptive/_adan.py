@@ -1,12 +1,10 @@
 """Adan: adaptive Nesterov momentum."""
 
-from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._checks import is_concrete
 from ..._core._fields import (
     MaskLike,
     ScalarOrSchedule,
@@ -15,7 +13,7 @@ from ..._core._fields import (
     mask_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
-from ..._core._schedule import AbstractSchedule
+from ..._core._schedule import known_number
 from ..._core._tree import abs_sq
 
 
@@ -89,7 +87,7 @@ class Adan(AbstractLeafwiseOptimizer):
     elementwise = True
 
     def __check_init__(self):
-        if _is_zero(self.eps) and _is_zero(self.eps_root):
+        if known_number(self.eps) == 0.0 and known_number(self.eps_root) == 0.0:
             raise ValueError(
                 "eps and eps_root must not both be 0 (a zero gradient would divide "
                 "0 by 0)"
@@ -108,8 +106,3 @@ class Adan(AbstractLeafwiseOptimizer):
         if decayed:
             r = r + h.weight_decay * p
         return -h.learning_rate * r, mu, delta, nu, g
-
-
-def _is_zero(x: Any) -> bool:
-    # Zero now (not a schedule, not traced).
-    return not isinstance(x, AbstractSchedule) and is_concrete(x) and float(x) == 0.0

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import Grads, Params
-from ..._core._checks import is_concrete, reject_complex
+from ..._core._checks import reject_complex
 from ..._core._fields import ScalarOrSchedule, hyper
 from ..._core._leafwise import AbstractLeafwiseOptimizer
-from ..._core._schedule import AbstractSchedule
+from ..._core._schedule import known_number
 
 # The rule compares the signs of successive gradients: complex numbers have none.
 _WHY = "the sign of g * g_prev decides the step; complex numbers have no sign"
@@ -81,7 +81,7 @@ class Rprop(AbstractLeafwiseOptimizer):
     elementwise = True
 
     def __check_init__(self):
-        low, high = _known(self.min_step_size), _known(self.max_step_size)
+        low, high = known_number(self.min_step_size), known_number(self.max_step_size)
         if low is not None and high is not None and low > high:
             raise ValueError(
                 "min_step_size must be <= max_step_size, got "
@@ -105,10 +105,3 @@ class Rprop(AbstractLeafwiseOptimizer):
         size = jnp.clip(size * factor, h.min_step_size, h.max_step_size)
         g = jnp.where(q < 0, 0.0, g)
         return -size * jnp.sign(g), size, g
-
-
-def _known(x: ScalarOrSchedule) -> float | None:
-    """The number `x` holds, if it is known now (not a schedule, not traced)."""
-    if isinstance(x, AbstractSchedule) or not is_concrete(x):
-        return None
-    return float(jnp.asarray(x))
