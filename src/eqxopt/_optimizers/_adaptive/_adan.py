@@ -1,6 +1,5 @@
 """Adan: adaptive Nesterov momentum."""
 
-
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
