@@ -130,7 +130,7 @@ def test_every_translated_primitive_matches_xla():
 
     @jax.jit
     def run(g, p, m):
-        updates, (moment,) = _seam.run_update(
+        updates, (moment,) = _seam.traced(
             lambda: map_leaves(many_ops, g, p, (m,), elementwise=True), in_place=True
         )
         return updates, moment
@@ -156,7 +156,7 @@ def test_call_like_primitives_are_translated():
 
     @jax.jit
     def run(g, p):
-        return _seam.run_update(
+        return _seam.traced(
             lambda: map_leaves(rule, g, p, elementwise=True)[0], in_place=True
         )
 
@@ -178,7 +178,7 @@ def test_untranslatable_rules_fall_back_to_xla(rule):
 
     @jax.jit
     def run(g, p):
-        return _seam.run_update(
+        return _seam.traced(
             lambda: map_leaves(lambda g, p: rule(g, p), g, p, elementwise=True)[0],
             in_place=True,
         )
@@ -204,7 +204,7 @@ def test_a_rule_that_reads_the_shape_is_not_taken_for_elementwise(rule):
 
     @jax.jit
     def run(g, p):
-        return _seam.run_update(
+        return _seam.traced(
             lambda: map_leaves(rule, g, p, elementwise=True)[0], in_place=True
         )
 

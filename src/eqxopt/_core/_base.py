@@ -13,7 +13,7 @@ from jaxtyping import PyTree, jaxtyped
 
 from . import _dispatch, _seam
 from ._checks import check_grads, check_state, name_converters
-from ._tree import cast_like
+from ._tree import apply_updates, cast_like
 
 
 class _fast_method:
@@ -99,6 +99,19 @@ class AbstractTransform(eqx.Module):
         than gradients (such as `value=`, the loss) add keyword-only arguments with
         defaults and name them in `keywords`; `update`/`step` pass their extra
         keywords on."""
+
+    def transform_step(
+        self, grads: Grads, state: State, params: Params, **extra: Any
+    ) -> tuple[Params, State]:
+        """`transform` and the apply: `(new_params, new_state)`, each new parameter
+        `p + update` in `p`'s dtype (`p` itself where the update is `None`). `step`
+        runs this. A transform that can form its new parameters in the same pass as
+        its updates (the per-leaf engine does, for the native kernels) overrides
+        it; the results must be the same."""
+        # Checked as `update` checks it: a subclass's annotations hold here too.
+        transform = _typechecked(type(self).transform)
+        updates, new_state = transform(self, grads, state, params, **extra)
+        return apply_updates(params, updates), new_state
 
     @_fast_method
     def update(
@@ -236,17 +249,18 @@ def _typechecked(method: Callable) -> Callable:
     return jaxtyped(typechecker=beartype)(method)
 
 
-def _checked_transform(
+def _checked(
+    method: Callable,
     opt: AbstractTransform,
     grads: Grads,
     state: State,
     params: Params,
     extra: dict[str, Any],
-) -> tuple[Updates, State]:
+) -> Any:
     # Our own checks first: they name the leaf; jaxtyping's would not.
     check_grads(grads, params)
     check_state(opt, state, params)
-    return _typechecked(type(opt).transform)(opt, grads, state, params, **extra)
+    return _typechecked(method)(opt, grads, state, params, **extra)
 
 
 # XLA pairs donated input buffers with outputs of the same shape in order, so each
@@ -256,21 +270,21 @@ def _checked_transform(
 
 
 # Each entry tells the engine, through the seam, whether its outputs may overwrite
-# the donated inputs and, for `step`, that the updates only get applied.
+# the donated inputs.
 
 
 def _update(opt, grads, state, params, extra, *, donated):
-    updates, new_state = _seam.run_update(
-        lambda: _checked_transform(opt, grads, state, params, extra), in_place=donated
+    method = type(opt).transform
+    updates, new_state = _seam.traced(
+        lambda: _checked(method, opt, grads, state, params, extra), in_place=donated
     )
     return new_state, cast_like(updates, params)
 
 
 def _step(opt, grads, params, state, extra, *, donated):
-    return _seam.run_step(
-        lambda: _checked_transform(opt, grads, state, params, extra),
-        params,
-        in_place=donated,
+    method = type(opt).transform_step
+    return _seam.traced(
+        lambda: _checked(method, opt, grads, state, params, extra), in_place=donated
     )
 
 

@@ -13,10 +13,11 @@ slice (a different offset) is a kernel of its own to compile (benchmarks/README)
 With `elementwise=True` and float32 leaves on a single CPU device, the rule instead
 runs as one native C loop per leaf (`_native._fused.Kernels`) in the steps that write
 in place: one pass, multi-threaded for large leaves, fused with the apply inside
-`step` (the new parameters go back to the entry through `_seam`); results agree to
+`step` (`map_leaves(..., apply=True)` returns the new parameters); results agree to
 rounding.
 """
 
+import abc
 import functools
 import types
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ from ._fields import values_at
 from ._masks import decay_flags
 from ._tree import (
     align_grads,
+    apply_update,
     compute_dtype,
     float_leaves_like,
     increment,
@@ -51,6 +53,7 @@ def map_leaves(
     *,
     elementwise: bool = False,
     flags: Sequence[Any] | None = None,
+    apply: bool = False,
 ) -> tuple[PyTree, tuple[PyTree, ...]]:
     """Applies `rule` to every float leaf of `params` that has a gradient.
 
@@ -69,9 +72,13 @@ def map_leaves(
       `jax.tree.leaves` order, such as a resolved weight-decay mask); each is passed
       to `rule` as its last argument. Leaves are only ever grouped with leaves of the
       same flag.
+    - `apply`: return the new parameters instead of the updates (`p + update` in
+      `p`'s dtype; `p` where there is no update), formed in the same pass as the
+      updates where the native kernels run (an optimizer's `transform_step`).
 
     **Returns:** `(updates, new_moments)`: updates in the compute dtype (`None` where
-    there is no update), and each moment tree with its stored dtypes.
+    there is no update), or the new parameters with `apply`; and each moment tree
+    with its stored dtypes.
     """
     param_leaves, param_def = jax.tree.flatten(params)
     grad_leaves = align_grads(grads, params)
@@ -83,7 +90,7 @@ def map_leaves(
     # by their allocation (page faults), which XLA's passes pay no worse.
     entry = _seam.current()
     native = (
-        _fused.Kernels(rule, len(moments), entry.applying, grad_leaves)
+        _fused.Kernels(rule, len(moments), apply, grad_leaves)
         if elementwise and entry is not None and entry.in_place and _ffi.usable()
         else None
     )
@@ -113,12 +120,11 @@ def map_leaves(
         updates.append(outs[0])
         for column, value, stored in zip(new_moments, outs[1:], old):
             column.append(value.astype(stored.dtype))
+    if apply:
+        updates = [apply_update(u, p) for u, p in zip(updates, param_leaves)]
     if native is not None:
-        assert entry is not None
         for i, result in native.finish().items():
-            updates[i] = result.update
-            if result.param is not None:
-                entry.add_applied(result.update, result.param)
+            updates[i] = result.param if apply else result.update
             for column, value in zip(new_moments, result.moments):
                 column[i] = value
     return (
@@ -131,10 +137,38 @@ def map_leaves(
 _ffi.on_switch(_dispatch.clear_caches)
 
 
+class AbstractEngineTransform(AbstractTransform):
+    """A transform whose per-leaf work runs through `map_leaves`, written once as
+    `run(grads, state, params, *, apply, **extra) -> (out, new_state)`: with
+    `apply=False` it is `transform` (`out` is the updates), with `apply=True` it is
+    `transform_step` (`out` is the new parameters, `map_leaves(..., apply=True)`), so
+    that a `step` can form each new parameter in the pass that makes its update."""
+
+    @abc.abstractmethod
+    def run(
+        self, grads: Grads, state: Any, params: Params, *, apply: bool
+    ) -> tuple[Any, Any]:
+        """See the class docstring."""
+
+    def transform(
+        self, grads: Grads, state: Any, params: Params, **extra: Any
+    ) -> tuple[Any, Any]:
+        return self.run(grads, state, params, apply=False, **extra)
+
+    def transform_step(
+        self, grads: Grads, state: Any, params: Params, **extra: Any
+    ) -> tuple[Params, Any]:
+        if type(self).transform is not AbstractEngineTransform.transform:
+            # A subclass that rewrote `transform` itself (rather than `run`): its
+            # updates, applied as usual.
+            return super().transform_step(grads, state, params, **extra)
+        return self.run(grads, state, params, apply=True, **extra)
+
+
 _NO_MASK = object()
 
 
-class AbstractLeafwiseOptimizer(AbstractTransform):
+class AbstractLeafwiseOptimizer(AbstractEngineTransform):
     """An optimizer whose maths is one rule per parameter leaf, over a few
     params-shaped state trees (moments): the base of every optimizer that is its
     fields plus a `leaf` method.
@@ -194,15 +228,20 @@ class AbstractLeafwiseOptimizer(AbstractTransform):
         }
         return self.state_type(step=zero_step(), **moments)  # pyright: ignore
 
-    def transform(self, grads: Grads, state: Any, params: Params) -> tuple[Any, Any]:
+    def run(
+        self, grads: Grads, state: Any, params: Params, *, apply: bool
+    ) -> tuple[Any, Any]:
+        # The engine's run over the leaves; a subclass may override it to add
+        # checks or per-step values that need the state, calling `super().run`.
         h = self.step_values(state.step)
         t = increment(state.step)
-        updates, new = map_leaves(
+        out, new = map_leaves(
             functools.partial(self.leaf, h, t),
             grads,
             params,
             tuple(getattr(state, name) for name in self.moments),
             elementwise=self.elementwise,
             flags=self._flags(params),
+            apply=apply,
         )
-        return updates, self.state_type(step=t, **dict(zip(self.moments, new)))  # pyright: ignore
+        return out, self.state_type(step=t, **dict(zip(self.moments, new)))  # pyright: ignore

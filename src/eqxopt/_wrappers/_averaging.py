@@ -10,7 +10,14 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._fields import ScalarOrSchedule, count_field, hyper, values_at
-from .._core._tree import compute_dtype, increment, is_float_leaf, zero_step
+from .._core._tree import (
+    align_grads,
+    apply_updates,
+    compute_dtype,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
 from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
 
 
@@ -57,10 +64,11 @@ class ParamEMAState(eqx.Module):
 class ParamEMA(AbstractSingleWrapper):
     """Keeps an exponential moving average of the parameters alongside `inner`,
     for evaluation (Polyak averaging, "EMA weights"). The updates are `inner`'s,
-    unchanged; after each step
+    unchanged; after each step, with `p_new` the parameters it gives (`p + u` in
+    `p`'s dtype)
 
     ```
-    ema = decay * ema + (1 - decay) * (p + u)       (ema starts as the params)
+    ema = decay * ema + (1 - decay) * p_new     (ema starts as the params)
     ```
 
     Read the averaged model with `state.averaged(params)`. The average is kept in at
@@ -89,17 +97,40 @@ class ParamEMA(AbstractSingleWrapper):
         self, grads: Grads, state: ParamEMAState, params: Params, **extra: Any
     ) -> tuple[Updates, ParamEMAState]:
         updates, inner_state = self.run_inner(grads, state.inner, params, extra)
-        param_leaves, treedef = jax.tree.flatten(params)
+        new_params = apply_updates(params, updates)
+        moved = leaves_of(updates, params)
+        return updates, self._averaged(state, moved, new_params, inner_state)
+
+    def transform_step(
+        self, grads: Grads, state: ParamEMAState, params: Params, **extra: Any
+    ) -> tuple[Params, ParamEMAState]:
+        # The inner optimizer's own step (which may form the new parameters in the
+        # pass that makes its updates); the average follows what it returns.
+        self.check_keywords(extra)
+        new_params, inner_state = self.inner.transform_step(
+            grads, state.inner, params, **extra
+        )
+        moved = align_grads(grads, params)
+        return new_params, self._averaged(state, moved, new_params, inner_state)
+
+    def _averaged(
+        self,
+        state: ParamEMAState,
+        moved: list[Any],
+        new_params: Params,
+        inner_state: Any,
+    ) -> ParamEMAState:
+        # `moved`: per leaf, `None` where the step leaves the parameter alone.
+        param_leaves, treedef = jax.tree.flatten(new_params)
         ema_leaves = treedef.flatten_up_to(state.ema)
         decay = values_at(self, state.step).decay
         new_ema = []
-        for u, p, e in zip(leaves_of(updates, params), param_leaves, ema_leaves):
-            if u is None or e is None:
+        for m, p, e in zip(moved, param_leaves, ema_leaves):
+            if m is None or e is None:
                 new_ema.append(e)
-                continue
-            new = p.astype(e.dtype) + u.astype(e.dtype)
-            new_ema.append(decay * e + (1 - decay) * new)
-        return updates, ParamEMAState(
+            else:
+                new_ema.append(decay * e + (1 - decay) * p.astype(e.dtype))
+        return ParamEMAState(
             step=increment(state.step),
             ema=treedef.unflatten(new_ema),
             inner=inner_state,

@@ -109,3 +109,24 @@ class Chain(AbstractWrapper):
             )
             new_states.append(link_state)
         return updates, ChainState(names=self.names, states=tuple(new_states))
+
+    def transform_step(
+        self, grads: Grads, state: ChainState, params: Params, **extra: Any
+    ) -> tuple[Params, ChainState]:
+        # The last link's own `transform_step`: where it can form the new
+        # parameters in the pass that makes its updates (the per-leaf engine), a
+        # chain's step keeps that.
+        self.check_keywords(extra)
+        updates = grads
+        new_states: list[State] = []
+        *first, last = self.links
+        for link, link_state in zip(first, state.states):
+            updates, link_state = link.transform(
+                updates, link_state, params, **keywords_for(link, extra)
+            )
+            new_states.append(link_state)
+        new_params, last_state = last.transform_step(
+            updates, state.states[-1], params, **keywords_for(last, extra)
+        )
+        states = (*new_states, last_state)
+        return new_params, ChainState(names=self.names, states=states)

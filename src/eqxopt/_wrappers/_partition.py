@@ -176,6 +176,30 @@ class Partition(AbstractWrapper):
         treedef = jax.tree.structure(params)
         return treedef.unflatten(merged), PartitionState(groups=groups)
 
+    def transform_step(
+        self, grads: Grads, state: PartitionState, params: Params, **extra: Any
+    ) -> tuple[Params, PartitionState]:
+        # Each group's own `transform_step`, so that a group run by the per-leaf
+        # engine forms its new parameters in the pass that makes its updates.
+        self.check_keywords(extra)
+        labels = self._resolve(params)
+        aligned = align_grads(grads, params)
+        param_leaves, treedef = jax.tree.flatten(params)
+        merged = list(param_leaves)
+        groups = {}
+        for label, t in self.transforms.items():
+            keep = [x == label and x is not None for x in labels]
+            new_params, groups[label] = t.transform_step(
+                select_aligned(aligned, params, keep),
+                state.groups[label],
+                select_leaves(params, keep),
+                **keywords_for(t, extra),
+            )
+            for i, p in enumerate(leaves_of(new_params, params)):
+                if keep[i]:
+                    merged[i] = p
+        return treedef.unflatten(merged), PartitionState(groups=groups)
+
 
 class MaskedState(eqx.Module):
     """State of `Masked` and `Freeze`.
@@ -297,3 +321,22 @@ class Freeze(AbstractSingleWrapper):
         return treedef.unflatten(
             [u if k else None for k, u in zip(keep, inner_updates)]
         ), new_state
+
+    def transform_step(
+        self, grads: Grads, state: MaskedState, params: Params, **extra: Any
+    ) -> tuple[Params, MaskedState]:
+        # `inner`'s own step on the leaves that train (it may form their new
+        # parameters in the pass that makes their updates); frozen leaves stay.
+        self.check_keywords(extra)
+        keep = self._trainable(params)
+        new_params, inner_state = self.inner.transform_step(
+            select_aligned(align_grads(grads, params), params, keep),
+            state.inner,
+            select_leaves(params, keep),
+            **extra,
+        )
+        param_leaves, treedef = jax.tree.flatten(params)
+        new_leaves = leaves_of(new_params, params)
+        return treedef.unflatten(
+            [n if k else p for k, n, p in zip(keep, new_leaves, param_leaves)]
+        ), MaskedState(inner=inner_state)

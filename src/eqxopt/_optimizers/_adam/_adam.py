@@ -205,8 +205,8 @@ class AbstractNAdam(AbstractLeafwiseOptimizer):
             nu=float_leaves_like(params, self.nu_dtype),
         )
 
-    def transform(
-        self, grads: Grads, state: NAdamState, params: Params
+    def run(
+        self, grads: Grads, state: NAdamState, params: Params, *, apply: bool
     ) -> tuple[Updates, NAdamState]:
         h = bias_corrections(self.step_values(state.step), state.step)
         b1, psi = h.b1, h.momentum_decay
@@ -226,6 +226,7 @@ class AbstractNAdam(AbstractLeafwiseOptimizer):
             (state.mu, state.nu),
             elementwise=True,
             flags=self._flags(params),
+            apply=apply,
         )
         mu_product = product.astype(jnp.float32)
         return updates, NAdamState(step=t, mu_product=mu_product, mu=mu, nu=nu)

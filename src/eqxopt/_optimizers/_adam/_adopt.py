@@ -64,11 +64,11 @@ class ADOPT(AbstractAdamLike):
         self._check_real(params)
         return super().init(params)
 
-    def transform(
-        self, grads: Grads, state: AdamState, params: Params
+    def run(
+        self, grads: Grads, state: AdamState, params: Params, *, apply: bool
     ) -> tuple[Updates, AdamState]:
         self._check_real(params)
-        return super().transform(grads, state, params)
+        return super().run(grads, state, params, apply=apply)
 
     def _check_real(self, params: Params) -> None:
         if self.clip:

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
     ScalarOrSchedule,
     flag_field,
@@ -13,7 +13,7 @@ from ..._core._fields import (
     learning_rate_field,
     values_at,
 )
-from ..._core._leafwise import map_leaves
+from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._tree import (
     abs_sq,
     float_leaves_like,
@@ -47,7 +47,7 @@ class ProdigyState(eqx.Module):
     numerator: Float[Array, ""]
 
 
-class Prodigy(AbstractTransform):
+class Prodigy(AbstractEngineTransform):
     """Prodigy (Mishchenko & Defazio, 2023): AdamW with a learning rate `d` that it
     estimates itself; `learning_rate` is a multiplier (schedule) around 1.
 
@@ -115,8 +115,8 @@ class Prodigy(AbstractTransform):
             numerator=jnp.zeros((), jnp.float32),
         )
 
-    def transform(
-        self, grads: Grads, state: ProdigyState, params: Params
+    def run(
+        self, grads: Grads, state: ProdigyState, params: Params, *, apply: bool
     ) -> tuple[Updates, ProdigyState]:
         h = values_at(self, state.step)
         t = increment(state.step)
@@ -158,7 +158,9 @@ class Prodigy(AbstractTransform):
             return -dlr * direction, mu, nu
 
         # mu and nu pass through unchanged; only the leaves with gradients move.
-        updates, _ = map_leaves(step, grads, params, (mu, nu), elementwise=True)
+        updates, _ = map_leaves(
+            step, grads, params, (mu, nu), elementwise=True, apply=apply
+        )
         return updates, ProdigyState(
             step=t,
             mu=mu,

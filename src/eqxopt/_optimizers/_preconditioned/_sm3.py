@@ -101,11 +101,11 @@ class SM3(AbstractLeafwiseOptimizer):
             momentum=float_leaves_like(params),
         )
 
-    def transform(
-        self, grads: Grads, state: SM3State, params: Params
+    def run(
+        self, grads: Grads, state: SM3State, params: Params, *, apply: bool
     ) -> tuple[Updates, SM3State]:
         reject_complex(params, "params", "SM3", _WHY)
-        return super().transform(grads, state, params)
+        return super().run(grads, state, params, apply=apply)
 
     def leaf(self, h, t, g, p, a, m):
         shape = g.shape

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, UInt32
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._base import Grads, Params, Updates
 from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field, values_at
-from ..._core._leafwise import map_leaves
+from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._tree import (
     align_grads,
     compute_dtype,
@@ -35,7 +35,7 @@ class NoisySGDState(eqx.Module):
     key: UInt32[Array, "..."]
 
 
-class NoisySGD(AbstractTransform):
+class NoisySGD(AbstractEngineTransform):
     """SGD with annealed Gaussian noise added to the gradient (Neelakantan et al.,
     2015).
 
@@ -81,8 +81,8 @@ class NoisySGD(AbstractTransform):
         # A copy: a donated step must not delete the optimizer's own key.
         return NoisySGDState(step=zero_step(), key=jnp.array(self.key, copy=True))
 
-    def transform(
-        self, grads: Grads, state: NoisySGDState, params: Params
+    def run(
+        self, grads: Grads, state: NoisySGDState, params: Params, *, apply: bool
     ) -> tuple[Updates, NoisySGDState]:
         h = values_at(self, state.step)
         t = increment(state.step)
@@ -102,7 +102,12 @@ class NoisySGD(AbstractTransform):
             return -h.learning_rate * (g + sigma * n), n
 
         updates, _ = map_leaves(
-            rule, grads, params, (param_def.unflatten(noise),), elementwise=True
+            rule,
+            grads,
+            params,
+            (param_def.unflatten(noise),),
+            elementwise=True,
+            apply=apply,
         )
         return updates, NoisySGDState(step=t, key=jax.random.key_data(next_key))
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
     ScalarOrSchedule,
     choice_field,
@@ -16,7 +16,7 @@ from ..._core._fields import (
     learning_rate_field,
     values_at,
 )
-from ..._core._leafwise import map_leaves
+from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._tree import (
     abs_sq,
     align_grads,
@@ -42,7 +42,7 @@ class PolyakSGDState(eqx.Module):
     step: Int[Array, ""]
 
 
-class PolyakSGD(AbstractTransform):
+class PolyakSGD(AbstractEngineTransform):
     """SGD with the stochastic Polyak step size (Loizou et al., 2021).
 
     With `f` the loss at the current parameters (passed as `value=`), `|g|**2`
@@ -97,12 +97,13 @@ class PolyakSGD(AbstractTransform):
 
     keywords = frozenset({"value"})  # the loss
 
-    def transform(
+    def run(
         self,
         grads: Grads,
         state: PolyakSGDState,
         params: Params,
         *,
+        apply: bool,
         value: Any = None,
     ) -> tuple[Updates, PolyakSGDState]:
         if value is None:
@@ -141,5 +142,5 @@ class PolyakSGD(AbstractTransform):
         def rule(g, p):
             return (-scale * g,)
 
-        updates, _ = map_leaves(rule, grads, params, elementwise=True)
+        updates, _ = map_leaves(rule, grads, params, elementwise=True, apply=apply)
         return updates, PolyakSGDState(step=increment(state.step))

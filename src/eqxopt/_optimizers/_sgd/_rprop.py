@@ -95,9 +95,11 @@ class Rprop(AbstractLeafwiseOptimizer):
         reject_complex(params, "params", "Rprop", _WHY)
         return super().init(params)
 
-    def transform(self, grads: Grads, state: Any, params: Params) -> tuple[Any, Any]:
+    def run(
+        self, grads: Grads, state: Any, params: Params, *, apply: bool
+    ) -> tuple[Any, Any]:
         reject_complex(params, "params", "Rprop", _WHY)
-        return super().transform(grads, state, params)
+        return super().run(grads, state, params, apply=apply)
 
     def leaf(self, h, t, g, p, size, prev):
         q = g * prev

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
     DTypeLike,
     ScalarOrSchedule,
@@ -18,7 +18,7 @@ from ..._core._fields import (
     learning_rate_field,
     values_at,
 )
-from ..._core._leafwise import map_leaves
+from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._schedule import value_at
 from ..._core._tree import (
     abs_sq,
@@ -52,7 +52,7 @@ class ScheduleFreeState(eqx.Module):
     max_lr: Float[Array, ""]
 
 
-class AbstractScheduleFree(AbstractTransform):
+class AbstractScheduleFree(AbstractEngineTransform):
     """The schedule-free averaging around a base optimizer's step (the change of
     `z`), shared by `ScheduleFreeSGD` and `ScheduleFreeAdamW`: a final subclass
     declares the fields below and its base step, `base`."""
@@ -85,8 +85,8 @@ class AbstractScheduleFree(AbstractTransform):
             max_lr=jnp.zeros((), jnp.float32),
         )
 
-    def transform(
-        self, grads: Grads, state: ScheduleFreeState, params: Params
+    def run(
+        self, grads: Grads, state: ScheduleFreeState, params: Params, *, apply: bool
     ) -> tuple[Updates, ScheduleFreeState]:
         h = values_at(self, state.step)
         t = increment(state.step)
@@ -111,7 +111,7 @@ class AbstractScheduleFree(AbstractTransform):
 
         nu = () if state.nu is None else (state.nu,)
         updates, (z, *nu) = map_leaves(
-            rule, grads, params, (state.z, *nu), elementwise=True
+            rule, grads, params, (state.z, *nu), elementwise=True, apply=apply
         )
         return updates, ScheduleFreeState(
             step=t,
