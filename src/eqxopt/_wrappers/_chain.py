@@ -100,33 +100,30 @@ class Chain(AbstractWrapper):
     def transform(
         self, grads: Grads, state: ChainState, params: Params, **extra: Any
     ) -> tuple[Updates, ChainState]:
-        self.check_keywords(extra)
-        updates = grads
-        new_states: list[State] = []
-        for link, link_state in zip(self.links, state.states):
-            updates, link_state = link.transform(
-                updates, link_state, params, **keywords_for(link, extra)
-            )
-            new_states.append(link_state)
-        return updates, ChainState(names=self.names, states=tuple(new_states))
+        return self._run("transform", grads, state, params, extra)
 
     def transform_step(
         self, grads: Grads, state: ChainState, params: Params, **extra: Any
     ) -> tuple[Params, ChainState]:
-        # The last link's own `transform_step`: where it can form the new
-        # parameters in the pass that makes its updates (the per-leaf engine), a
-        # chain's step keeps that.
+        # The last link's own `transform_step`: where it forms the new parameters in
+        # the pass that makes its updates (the per-leaf engine), a chain keeps that.
+        return self._run("transform_step", grads, state, params, extra)
+
+    def _run(
+        self,
+        last_method: str,
+        grads: Grads,
+        state: ChainState,
+        params: Params,
+        extra: dict[str, Any],
+    ) -> tuple[Any, ChainState]:
         self.check_keywords(extra)
-        updates = grads
+        out = grads
         new_states: list[State] = []
-        *first, last = self.links
-        for link, link_state in zip(first, state.states):
-            updates, link_state = link.transform(
-                updates, link_state, params, **keywords_for(link, extra)
+        for i, (link, link_state) in enumerate(zip(self.links, state.states)):
+            method = last_method if i == len(self.links) - 1 else "transform"
+            out, link_state = getattr(link, method)(
+                out, link_state, params, **keywords_for(link, extra)
             )
             new_states.append(link_state)
-        new_params, last_state = last.transform_step(
-            updates, state.states[-1], params, **keywords_for(last, extra)
-        )
-        states = (*new_states, last_state)
-        return new_params, ChainState(names=self.names, states=states)
+        return out, ChainState(names=self.names, states=tuple(new_states))

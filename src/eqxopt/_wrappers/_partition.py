@@ -157,47 +157,44 @@ class Partition(AbstractWrapper):
     def transform(
         self, grads: Grads, state: PartitionState, params: Params, **extra: Any
     ) -> tuple[Updates, PartitionState]:
-        self.check_keywords(extra)
-        labels = self._resolve(params)
-        aligned = align_grads(grads, params)
-        merged: list[Any] = [None] * len(labels)
-        groups = {}
-        for label, t in self.transforms.items():
-            keep = [x == label and x is not None for x in labels]
-            updates, groups[label] = t.transform(
-                select_aligned(aligned, params, keep),
-                state.groups[label],
-                select_leaves(params, keep),
-                **keywords_for(t, extra),
-            )
-            for i, u in enumerate(leaves_of(updates, params)):
-                if keep[i]:
-                    merged[i] = u
-        treedef = jax.tree.structure(params)
-        return treedef.unflatten(merged), PartitionState(groups=groups)
+        return self._per_group("transform", grads, state, params, extra)
 
     def transform_step(
         self, grads: Grads, state: PartitionState, params: Params, **extra: Any
     ) -> tuple[Params, PartitionState]:
         # Each group's own `transform_step`, so that a group run by the per-leaf
         # engine forms its new parameters in the pass that makes its updates.
+        return self._per_group("transform_step", grads, state, params, extra)
+
+    def _per_group(
+        self,
+        method: str,
+        grads: Grads,
+        state: PartitionState,
+        params: Params,
+        extra: dict[str, Any],
+    ) -> tuple[Any, PartitionState]:
+        # Each group's `method` on its leaves, merged: updates (`None` at leaves of
+        # no group) or new parameters (the old ones at leaves of no group).
         self.check_keywords(extra)
         labels = self._resolve(params)
         aligned = align_grads(grads, params)
         param_leaves, treedef = jax.tree.flatten(params)
-        merged = list(param_leaves)
+        merged = (
+            list(param_leaves) if method == "transform_step" else [None] * len(labels)
+        )
         groups = {}
         for label, t in self.transforms.items():
             keep = [x == label and x is not None for x in labels]
-            new_params, groups[label] = t.transform_step(
+            out, groups[label] = getattr(t, method)(
                 select_aligned(aligned, params, keep),
                 state.groups[label],
                 select_leaves(params, keep),
                 **keywords_for(t, extra),
             )
-            for i, p in enumerate(leaves_of(new_params, params)):
+            for i, x in enumerate(leaves_of(out, params)):
                 if keep[i]:
-                    merged[i] = p
+                    merged[i] = x
         return treedef.unflatten(merged), PartitionState(groups=groups)
 
 
