@@ -14,8 +14,10 @@ Variants, interleaved in one process (one call of each per round, medians):
   eqx.filter(model, eqx.is_array))`, `eqx.apply_updates`, as optax's and Equinox's
   docs show.
 
-Reports examples (or tokens) per second, the ratios eqxopt / optax, and XLA's memory
-analysis of each compiled step (temporaries; parameter-sized copies in its HLO).
+Reports examples (or tokens) per second, the ratios eqxopt / optax (of wall-clock
+time, and of the process's CPU time, which other jobs on a shared machine move less),
+XLA's memory analysis of each compiled step (temporaries; parameter-sized copies in
+its HLO), and a table of issue 15's targets per model.
 `--quick` (or EQXOPT_BENCH_QUICK=1): two rounds, small configurations only.
 """
 
@@ -24,6 +26,7 @@ import os
 import re
 import statistics
 import sys
+import time
 
 import equinox as eqx
 import jax
@@ -215,6 +218,28 @@ def weight_copies(hlo: str) -> int:
     return copies
 
 
+class CpuStepper(Stepper):
+    """A `Stepper` that also records the process's CPU time per call (all threads):
+    the work a step costs, which other jobs on a shared machine move far less than
+    its wall-clock time."""
+
+    def __init__(self, fn, state):
+        super().__init__(fn, state)
+        self.cpu: list[float] = []
+
+    def run(self) -> float:
+        start = time.process_time()
+        elapsed = super().run()
+        self.cpu.append(time.process_time() - start)
+        return elapsed
+
+
+def round_ratios(reference: list[float], times: list[float]) -> float:
+    """The ratio of each round (same load for both), then the median: steadier than
+    the ratio of medians on a machine whose load drifts."""
+    return statistics.median(o / t for o, t in zip(reference, times))
+
+
 _OFF = ("0", "false", "no", "off")
 
 
@@ -279,6 +304,7 @@ def target_rows(results: dict) -> list[tuple]:
             (
                 model,
                 f"{ratio['eqxopt helper']:.2f}",
+                f"{r['cpu_ratio_vs_optax']['eqxopt helper']:.2f}",
                 f"{by_hand[best]:.2f} ({best.removeprefix('eqxopt ')})",
                 f"{ratio['eqxopt helper'] / by_hand[best]:.2f}",
                 f"{helper['peak_MB'] / memory['optax']['peak_MB']:.3f}",
@@ -328,16 +354,16 @@ def main() -> None:
                 "aliased_MB": analysis.alias_size_in_bytes / 1e6,
                 "weight_copies": weight_copies(compiled.as_text()),
             }
-        steppers = {name: Stepper(fn, carry) for name, (fn, carry, _) in found.items()}
-        times = interleaved(steppers, n_rounds, warmup=2)
-        rate = {name: cfg["examples"] / t for name, t in times.items()}
-        # The ratio of each round (same load for both), then the median: steadier
-        # than the ratio of medians on a machine whose load drifts.
-        ref_times = steppers["optax"].times
-        ratio = {
-            name: statistics.median(o / t for o, t in zip(ref_times, s.times))
-            for name, s in steppers.items()
+        steppers = {
+            name: CpuStepper(fn, carry) for name, (fn, carry, _) in found.items()
         }
+        times = interleaved(steppers, n_rounds, warmup=2)
+        for s in steppers.values():
+            s.cpu = s.cpu[-n_rounds:]  # the timed rounds, not the warm-up
+        rate = {name: cfg["examples"] / t for name, t in times.items()}
+        ref = steppers["optax"]
+        ratio = {name: round_ratios(ref.times, s.times) for name, s in steppers.items()}
+        cpu_ratio = {name: round_ratios(ref.cpu, s.cpu) for name, s in steppers.items()}
         for name in found:
             rows.append(
                 (
@@ -346,6 +372,8 @@ def main() -> None:
                     f"{rate[name]:.4g} {cfg['unit']}",
                     f"{times[name] * 1e3:.2f} ms",
                     f"{ratio[name]:.2f}",
+                    f"{statistics.median(steppers[name].cpu) * 1e3:.2f} ms",
+                    f"{cpu_ratio[name]:.2f}",
                 )
             )
             m = memory[name]
@@ -369,13 +397,15 @@ def main() -> None:
             "rate": rate,
             "step_ms": {k: v * 1e3 for k, v in times.items()},
             "ratio_vs_optax": ratio,
+            "cpu_ms": {k: statistics.median(s.cpu) * 1e3 for k, s in steppers.items()},
+            "cpu_ratio_vs_optax": cpu_ratio,
             "memory": memory,
         }
     table(
         f"Train step, {n_rounds} interleaved rounds (ratio: eqxopt / optax throughput,"
-        " median over rounds)",
+        " median over rounds; CPU: process CPU time per step, all threads)",
         rows,
-        ("model", "variant", "throughput", "step", "ratio"),
+        ("model", "variant", "throughput", "step", "ratio", "CPU", "CPU ratio"),
     )
     table(
         "Train step, the targets (recommended: the helper; best by hand: the fastest"
@@ -384,6 +414,7 @@ def main() -> None:
         (
             "model",
             "helper / optax",
+            "helper / optax, CPU time",
             "best by hand / optax",
             "helper / best by hand",
             "peak / optax",
