@@ -302,6 +302,24 @@ CATALOG = [
     ),
 ]
 
+# Parameter-free and adaptive-step optimizers (api/parameter-free.md)
+CATALOG += [
+    (
+        "DoG",
+        "parameter-free",
+        f"Ivgi et al., *DoG is SGD's Best Friend: A Parameter-Free Dynamic Step Size Schedule*, ICML 2023, {arxiv('2302.12022')}",
+        "`optax.contrib.dog` over 40 steps: the three `init_step` kinds; a schedule with masked weight decay",
+        "rtol 1e-4, atol 1e-5 (whole-tree norms, a root and a division per step)",
+    ),
+    (
+        "DoWG",
+        "parameter-free",
+        f"Khaled et al., *DoWG Unleashed: An Efficient Universal Parameter-Free Gradient Descent Method*, NeurIPS 2023, {arxiv('2305.16284')}",
+        "`optax.contrib.dowg` over 40 steps, with and without `init_estim_sq_dist`, masked weight decay",
+        "rtol 1e-4, atol 1e-5 (whole-tree norms, a root and a division per step)",
+    ),
+]
+
 HEADER = """# The optimizer catalog
 
 <!-- Written by docs/make_catalog.py from eqxopt's docstrings and signatures: edit

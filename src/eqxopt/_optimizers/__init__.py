@@ -44,6 +44,12 @@ from ._layerwise import (
     NovoGrad as NovoGrad,
     NovoGradState as NovoGradState,
 )
+from ._parameter_free import (
+    DoG as DoG,
+    DoGState as DoGState,
+    DoWG as DoWG,
+    DoWGState as DoWGState,
+)
 from ._preconditioned import (
     LBFGS as LBFGS,
     SM3 as SM3,

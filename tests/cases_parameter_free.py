@@ -1,0 +1,36 @@
+"""Catalog cases for the parameter-free family: DoG, DoWG, COCOB, ASGD, MADGRAD,
+D-Adaptation AdamW/SGD, Momo and MomoAdam."""
+
+import eqxopt
+from catalog import CatalogCase
+
+
+def _loss_value(loss_fn, params):
+    return {"value": loss_fn(params)}
+
+
+CASES = [
+    CatalogCase(
+        "DoG",
+        lambda **kw: eqxopt.DoG(**{"init_value": 1e-2, "weight_decay": 1e-3, **kw}),
+        vary=("learning_rate", 0.5),
+        invalid=(
+            ("learning_rate", -1.0),
+            ("init_value", 0.0),
+            ("eps", -1.0),
+            ("weight_decay", -1.0),
+            ("init_step", "guess"),
+        ),
+    ),
+    CatalogCase(
+        "DoWG",
+        lambda **kw: eqxopt.DoWG(**{"weight_decay": 1e-3, **kw}),
+        vary=("weight_decay", 1e-2),
+        invalid=(
+            ("learning_rate", -1.0),
+            ("init_estim_sq_dist", 0.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+        ),
+    ),
+]
