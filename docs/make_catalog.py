@@ -318,6 +318,13 @@ CATALOG += [
         "`optax.contrib.dowg` over 40 steps, with and without `init_estim_sq_dist`, masked weight decay",
         "rtol 1e-4, atol 1e-5 (whole-tree norms, a root and a division per step)",
     ),
+    (
+        "COCOB",
+        "parameter-free",
+        f"Orabona & Tommasi, *Training Deep Networks without Learning Rates Through Coin Betting*, NeurIPS 2017, {arxiv('1705.07795')}",
+        "`optax.contrib.cocob` over 40 steps, with masked weight decay and with a schedule",
+        None,
+    ),
 ]
 
 HEADER = """# The optimizer catalog

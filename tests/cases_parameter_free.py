@@ -33,4 +33,15 @@ CASES = [
             ("weight_decay", -1.0),
         ),
     ),
+    CatalogCase(
+        "COCOB",
+        lambda **kw: eqxopt.COCOB(**{"weight_decay": 1e-3, **kw}),
+        vary=("alpha", 20.0),
+        invalid=(
+            ("learning_rate", -1.0),
+            ("alpha", 0.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+        ),
+    ),
 ]

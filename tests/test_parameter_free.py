@@ -103,3 +103,30 @@ def test_dog_and_dowg_errors_name_the_argument():
         eqxopt.DoWG(eps=0.0)
     with pytest.raises(ValueError, match="weight_decay"):
         eqxopt.DoWG(weight_decay=-0.1)
+
+
+# ------------------------------------------------------------------------------------
+# COCOB
+# ------------------------------------------------------------------------------------
+
+
+def test_cocob_matches_optax():
+    opt = eqxopt.COCOB(alpha=50.0, weight_decay=0.01, mask=matrices)
+    tx = optax.contrib.cocob(alpha=50.0, weight_decay=0.01, mask=matrices)
+    assert_histories_close(run_eqxopt(opt, PARAMS, GRADS), run_optax(tx, PARAMS, GRADS))
+
+
+def test_cocob_with_schedule_matches_optax():
+    schedule = eqxopt.WarmupCosine(1.0, 0.5, 5, STEPS)
+    opt = eqxopt.COCOB(schedule, eps=1e-6)
+    tx = optax.contrib.cocob(lambda n: schedule(jnp.asarray(n, jnp.int32)), eps=1e-6)
+    assert_histories_close(run_eqxopt(opt, PARAMS, GRADS), run_optax(tx, PARAMS, GRADS))
+
+
+def test_cocob_errors_name_the_argument():
+    with pytest.raises(ValueError, match="alpha"):
+        eqxopt.COCOB(alpha=0.0)
+    with pytest.raises(ValueError, match="eps"):
+        eqxopt.COCOB(eps=0.0)
+    with pytest.raises(TypeError, match=r"eps.*not a schedule"):
+        eqxopt.COCOB(eps=eqxopt.Constant(1e-8))

@@ -21,6 +21,7 @@ from ._native import (
 )
 from ._optimizers import (
     ADOPT as ADOPT,
+    COCOB as COCOB,
     LAMB as LAMB,
     LARS as LARS,
     LBFGS as LBFGS,
@@ -46,6 +47,7 @@ from ._optimizers import (
     AMSGrad as AMSGrad,
     AMSGradState as AMSGradState,
     CAdamW as CAdamW,
+    COCOBState as COCOBState,
     DoG as DoG,
     DoGState as DoGState,
     DoWG as DoWG,
@@ -187,6 +189,8 @@ __all__ = [
     "AddNoise",
     "AddNoiseState",
     "CAdamW",
+    "COCOB",
+    "COCOBState",
     "Centralize",
     "Chain",
     "ChainState",

@@ -45,6 +45,8 @@ from ._layerwise import (
     NovoGradState as NovoGradState,
 )
 from ._parameter_free import (
+    COCOB as COCOB,
+    COCOBState as COCOBState,
     DoG as DoG,
     DoGState as DoGState,
     DoWG as DoWG,
