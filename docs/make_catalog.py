@@ -325,6 +325,13 @@ CATALOG += [
         "`optax.contrib.cocob` over 40 steps, with masked weight decay and with a schedule",
         None,
     ),
+    (
+        "ASGD",
+        "parameter-free",
+        f"Polyak & Juditsky, *Acceleration of Stochastic Approximation by Averaging*, SIAM J. Control Optim. 30(4), 1992; step sizes of Xu, *Towards Optimal One Pass Large Scale Learning with Averaged Stochastic Gradient Descent*, 2011, {arxiv('1107.2490')}",
+        "`torch.optim.ASGD` over 40 steps: the parameters and the averages `ax`, two settings of `lambd`, `alpha`, `t0` and weight decay",
+        None,
+    ),
 ]
 
 HEADER = """# The optimizer catalog

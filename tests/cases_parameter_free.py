@@ -44,4 +44,16 @@ CASES = [
             ("weight_decay", -1.0),
         ),
     ),
+    CatalogCase(
+        "ASGD",
+        lambda **kw: eqxopt.ASGD(**{"learning_rate": 0.05, "t0": 1.0, **kw}),
+        vary=("lambd", 0.1),
+        invalid=(
+            ("learning_rate", -1.0),
+            ("lambd", -1.0),
+            ("alpha", -1.0),
+            ("t0", -1.0),
+            ("weight_decay", -1.0),
+        ),
+    ),
 ]

@@ -4,12 +4,16 @@ transcriptions of the authors' code, over many steps on a nested tree."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
 import eqxopt
 from helpers import (
+    Trajectory,
     assert_histories_close,
+    assert_moved,
+    assert_trees_close,
     grad_stream,
     nested_tree,
     run_eqxopt,
@@ -130,3 +134,71 @@ def test_cocob_errors_name_the_argument():
         eqxopt.COCOB(eps=0.0)
     with pytest.raises(TypeError, match=r"eps.*not a schedule"):
         eqxopt.COCOB(eps=eqxopt.Constant(1e-8))
+
+
+# ------------------------------------------------------------------------------------
+# ASGD
+# ------------------------------------------------------------------------------------
+
+
+def _torch_asgd_run(params, grads, **kw):
+    """torch.optim.ASGD's parameters and averages after each step."""
+    import torch
+
+    leaves, treedef = jax.tree.flatten(params)
+    tensors = [
+        torch.nn.Parameter(torch.tensor(np.asarray(x, np.float32))) for x in leaves
+    ]
+    opt = torch.optim.ASGD(tensors, **kw)
+    history, averages = Trajectory(params), []
+    for g in grads:
+        for t, gl in zip(tensors, jax.tree.leaves(g)):
+            t.grad = torch.tensor(np.asarray(gl, np.float32))
+        opt.step()
+        history.append(
+            jax.tree.unflatten(treedef, [t.detach().numpy().copy() for t in tensors])
+        )
+        averages.append(
+            jax.tree.unflatten(
+                treedef, [opt.state[t]["ax"].numpy().copy() for t in tensors]
+            )
+        )
+    return history, averages
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(lr=0.05, lambd=1e-2, alpha=0.75, t0=5.0, weight_decay=0.01),
+        dict(lr=0.1, lambd=0.5, alpha=0.5, t0=0.0),
+    ],
+)
+def test_asgd_matches_torch_parameters_and_averages(kw):
+    kw = dict(kw)
+    lr = kw.pop("lr")
+    opt = eqxopt.ASGD(lr, **kw)
+    expected, expected_ax = _torch_asgd_run(PARAMS, GRADS, lr=lr, **kw)
+    state = opt.init(PARAMS)
+    params, actual, actual_ax = PARAMS, [], []
+    for g in GRADS:
+        updates, state = opt.update(g, state, params)
+        params = eqxopt.apply_updates(params, updates)
+        actual.append(params)
+        actual_ax.append(opt.eval_params(state, params))
+    assert_histories_close(actual, expected)
+    assert_histories_close(actual_ax, expected_ax)
+    assert_moved(expected_ax[0], expected_ax[-1], rtol=2e-5, atol=2e-6)
+
+
+def test_asgd_eval_params_are_the_params_before_the_first_step():
+    opt = eqxopt.ASGD()
+    assert_trees_close(opt.eval_params(opt.init(PARAMS), PARAMS), PARAMS)
+
+
+def test_asgd_errors_name_the_argument():
+    with pytest.raises(ValueError, match="lambd"):
+        eqxopt.ASGD(lambd=-1.0)
+    with pytest.raises(ValueError, match="alpha"):
+        eqxopt.ASGD(alpha=-1.0)
+    with pytest.raises(ValueError, match="t0"):
+        eqxopt.ASGD(t0=-1.0)

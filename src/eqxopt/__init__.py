@@ -21,6 +21,7 @@ from ._native import (
 )
 from ._optimizers import (
     ADOPT as ADOPT,
+    ASGD as ASGD,
     COCOB as COCOB,
     LAMB as LAMB,
     LARS as LARS,
@@ -46,6 +47,7 @@ from ._optimizers import (
     AdEMAMixState as AdEMAMixState,
     AMSGrad as AMSGrad,
     AMSGradState as AMSGradState,
+    ASGDState as ASGDState,
     CAdamW as CAdamW,
     COCOBState as COCOBState,
     DoG as DoG,
@@ -166,6 +168,8 @@ __all__ = [
     "ADOPT",
     "AMSGrad",
     "AMSGradState",
+    "ASGD",
+    "ASGDState",
     "AbstractSchedule",
     "AbstractTransform",
     "AdEMAMix",

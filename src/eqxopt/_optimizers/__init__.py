@@ -45,7 +45,9 @@ from ._layerwise import (
     NovoGradState as NovoGradState,
 )
 from ._parameter_free import (
+    ASGD as ASGD,
     COCOB as COCOB,
+    ASGDState as ASGDState,
     COCOBState as COCOBState,
     DoG as DoG,
     DoGState as DoGState,

@@ -4,6 +4,10 @@ global step size compute it from whole-tree sums (`_sums.tree_sums`) and then ta
 an element-wise step through the shared engine.
 """
 
+from ._asgd import (
+    ASGD as ASGD,
+    ASGDState as ASGDState,
+)
 from ._cocob import (
     COCOB as COCOB,
     COCOBState as COCOBState,
