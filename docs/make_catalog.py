@@ -332,6 +332,13 @@ CATALOG += [
         "`torch.optim.ASGD` over 40 steps: the parameters and the averages `ax`, two settings of `lambd`, `alpha`, `t0` and weight decay",
         None,
     ),
+    (
+        "MADGRAD",
+        "parameter-free",
+        f"Defazio & Jelassi, *Adaptivity without Compromise: A Momentumized, Adaptive, Dual Averaged Gradient Method for Stochastic Optimization*, JMLR 23, 2022, {arxiv('2101.11075')}",
+        "a float64 NumPy transcription of the authors' `madgrad.MADGRAD` over 40 steps (momentum 0.9, 0.5 and 0, coupled and decoupled decay, eps 0); `optax.contrib.madgrad`",
+        "rtol 1e-4, atol 1e-5 against the float64 transcription; the default against optax",
+    ),
 ]
 
 HEADER = """# The optimizer catalog

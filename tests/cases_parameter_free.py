@@ -56,4 +56,15 @@ CASES = [
             ("weight_decay", -1.0),
         ),
     ),
+    CatalogCase(
+        "MADGRAD",
+        lambda **kw: eqxopt.MADGRAD(**{"learning_rate": 0.05, **kw}),
+        vary=("momentum", 0.5),
+        invalid=(
+            ("learning_rate", -1.0),
+            ("momentum", 1.0),
+            ("weight_decay", -1.0),
+            ("eps", -1.0),
+        ),
+    ),
 ]

@@ -202,3 +202,69 @@ def test_asgd_errors_name_the_argument():
         eqxopt.ASGD(alpha=-1.0)
     with pytest.raises(ValueError, match="t0"):
         eqxopt.ASGD(t0=-1.0)
+
+
+# ------------------------------------------------------------------------------------
+# MADGRAD
+# ------------------------------------------------------------------------------------
+
+
+def madgrad_numpy(params, grads, lr, momentum, weight_decay, eps, decouple_decay):
+    """A float64 NumPy transcription of `madgrad.MADGRAD.step` (facebookresearch/
+    madgrad, dense gradients), the parameters after each step."""
+    leaves, treedef = jax.tree.flatten(params)
+    p = [np.asarray(x, np.float64) for x in leaves]
+    x0 = [x.copy() for x in p]
+    gss = [np.zeros_like(x) for x in p]
+    s = [np.zeros_like(x) for x in p]
+    history = Trajectory(params)
+    for k, g_tree in enumerate(grads):
+        lr_k = lr + eps
+        ck = 1 - momentum
+        lamb = lr_k * np.sqrt(k + 1)
+        for i, g in enumerate(jax.tree.leaves(g_tree)):
+            g = np.asarray(g, np.float64)
+            if weight_decay != 0 and not decouple_decay:
+                g = g + weight_decay * p[i]
+            gss[i] = gss[i] + lamb * g * g
+            rms = np.atleast_1d(np.power(gss[i], 1 / 3) + eps).reshape(gss[i].shape)
+            if eps == 0:
+                rms[rms == 0] = np.inf
+            s[i] = s[i] + lamb * g
+            p_old = p[i].copy()
+            z = x0[i] - s[i] / rms
+            p[i] = p[i] * (1 - ck) + ck * z
+            if weight_decay != 0 and decouple_decay:
+                p[i] = p[i] - lr_k * weight_decay * p_old
+        history.append(jax.tree.unflatten(treedef, [x.copy() for x in p]))
+    return history
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(momentum=0.9, weight_decay=0.0, eps=1e-6, decouple_decay=False),
+        dict(momentum=0.5, weight_decay=0.1, eps=1e-6, decouple_decay=False),
+        dict(momentum=0.0, weight_decay=0.1, eps=0.0, decouple_decay=True),
+    ],
+)
+def test_madgrad_matches_the_authors_algorithm(kw):
+    actual = run_eqxopt(eqxopt.MADGRAD(0.05, **kw), PARAMS, GRADS)
+    expected = madgrad_numpy(PARAMS, GRADS, 0.05, **kw)
+    # float32 against a float64 transcription.
+    assert_histories_close(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_madgrad_matches_optax():
+    opt = eqxopt.MADGRAD(0.05, momentum=0.8, weight_decay=0.05, eps=1e-5)
+    tx = optax.contrib.madgrad(0.05, momentum=0.8, weight_decay=0.05, eps=1e-5)
+    assert_histories_close(run_eqxopt(opt, PARAMS, GRADS), run_optax(tx, PARAMS, GRADS))
+
+
+def test_madgrad_errors_name_the_argument():
+    with pytest.raises(ValueError, match="momentum"):
+        eqxopt.MADGRAD(momentum=1.0)
+    with pytest.raises(ValueError, match="eps"):
+        eqxopt.MADGRAD(eps=-1.0)
+    with pytest.raises(ValueError, match="weight_decay"):
+        eqxopt.MADGRAD(weight_decay=-1.0)

@@ -47,12 +47,14 @@ from ._layerwise import (
 from ._parameter_free import (
     ASGD as ASGD,
     COCOB as COCOB,
+    MADGRAD as MADGRAD,
     ASGDState as ASGDState,
     COCOBState as COCOBState,
     DoG as DoG,
     DoGState as DoGState,
     DoWG as DoWG,
     DoWGState as DoWGState,
+    MADGRADState as MADGRADState,
 )
 from ._preconditioned import (
     LBFGS as LBFGS,

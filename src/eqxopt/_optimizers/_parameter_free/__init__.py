@@ -18,3 +18,7 @@ from ._dog import (
     DoWG as DoWG,
     DoWGState as DoWGState,
 )
+from ._madgrad import (
+    MADGRAD as MADGRAD,
+    MADGRADState as MADGRADState,
+)
