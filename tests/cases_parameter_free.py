@@ -67,4 +67,17 @@ CASES = [
             ("eps", -1.0),
         ),
     ),
+    CatalogCase(
+        "DAdaptAdamW",
+        lambda **kw: eqxopt.DAdaptAdamW(**{"d0": 1e-2, "weight_decay": 1e-3, **kw}),
+        vary=("b1", 0.5),
+        invalid=(
+            ("learning_rate", -1.0),
+            ("b1", 1.0),
+            ("b2", 0.0),
+            ("eps", 0.0),
+            ("d0", 0.0),
+            ("weight_decay", -1.0),
+        ),
+    ),
 ]

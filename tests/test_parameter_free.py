@@ -268,3 +268,119 @@ def test_madgrad_errors_name_the_argument():
         eqxopt.MADGRAD(eps=-1.0)
     with pytest.raises(ValueError, match="weight_decay"):
         eqxopt.MADGRAD(weight_decay=-1.0)
+
+
+# ------------------------------------------------------------------------------------
+# D-Adaptation
+# ------------------------------------------------------------------------------------
+
+
+def closed_loop(step, params, steps=STEPS):
+    """Parameters after each step, gradients of `loss` at the current parameters:
+    where `d` grows, as on a real problem (random gradients keep it near `d0`)."""
+    history = Trajectory(params)
+    for _ in range(steps):
+        value, grads = LOSS_AND_GRAD(params)
+        params = step(params, grads, value)
+        history.append(params)
+    return history
+
+
+def eqxopt_stepper(opt, with_value=False):
+    state = [None]
+
+    def step(params, grads, value):
+        if state[0] is None:
+            state[0] = opt.init(params)
+        extra = {"value": value} if with_value else {}
+        updates, state[0] = opt.update(grads, state[0], params, **extra)
+        return eqxopt.apply_updates(params, updates)
+
+    return step, state
+
+
+def optax_stepper(tx, with_value=False):
+    state = [None]
+    update = jax.jit(tx.update)
+
+    def step(params, grads, value):
+        if state[0] is None:
+            state[0] = tx.init(params)
+        extra = {"value": value} if with_value else {}
+        updates, state[0] = update(grads, state[0], params, **extra)
+        return optax.apply_updates(params, updates)
+
+    return step, state
+
+
+def test_dadapt_adamw_matches_optax_on_random_gradients():
+    opt = eqxopt.DAdaptAdamW(b1=0.8, b2=0.99, d0=1e-2, weight_decay=0.1)
+    tx = optax.contrib.dadapt_adamw(betas=(0.8, 0.99), estim_lr0=1e-2, weight_decay=0.1)
+    assert_histories_close(
+        run_eqxopt(opt, PARAMS, GRADS),
+        run_optax(tx, PARAMS, GRADS),
+        rtol=GLOBAL_RTOL,
+        atol=GLOBAL_ATOL,
+    )
+
+
+def test_dadapt_adamw_matches_optax_on_a_quadratic_where_d_grows():
+    # A schedule from 0 (warmup) would give optax 0 / 0 = NaN at the first step.
+    opt = eqxopt.DAdaptAdamW(0.5, d0=1e-4)
+    tx = optax.contrib.dadapt_adamw(0.5, estim_lr0=1e-4)
+    step, state = eqxopt_stepper(opt)
+    actual = closed_loop(step, PARAMS)
+    tx_step, tx_state = optax_stepper(tx)
+    expected = closed_loop(tx_step, PARAMS)
+    assert float(state[0].d) > 1000 * 1e-4  # d adapted
+    np.testing.assert_allclose(state[0].d, tx_state[0].estim_lr, rtol=GLOBAL_RTOL)
+    # The closed loop doubles a one-ulp difference (sums in another order) every
+    # few steps, to 5e-5 by step 40; in float64 (below) the runs agree to 1e-8.
+    assert_histories_close(actual, expected, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_dadapt_adamw_matches_optax_on_a_quadratic_in_float64():
+    with jax.enable_x64(True):
+        params = nested_tree(dtype=jnp.float64)
+        targets = nested_tree(seed=7, dtype=jnp.float64)
+
+        def loss64(params):
+            return sum(
+                jnp.sum((p - t) ** 2)
+                for p, t in zip(jax.tree.leaves(params), jax.tree.leaves(targets))
+            )
+
+        grad = jax.jit(jax.grad(loss64))
+        opt = eqxopt.DAdaptAdamW(0.5, d0=1e-4)
+        tx = optax.contrib.dadapt_adamw(0.5, estim_lr0=1e-4)
+        ours, theirs = params, params
+        state, tx_state = opt.init(params), tx.init(params)
+        tx_update = jax.jit(tx.update)
+        for _ in range(STEPS):
+            updates, state = opt.update(grad(ours), state, ours)
+            ours = eqxopt.apply_updates(ours, updates)
+            tx_updates, tx_state = tx_update(grad(theirs), tx_state, theirs)
+            theirs = optax.apply_updates(theirs, tx_updates)
+        # eqxopt keeps d in float32 (as Prodigy does), hence not 1e-12.
+        assert_trees_close(ours, theirs, rtol=1e-7, atol=1e-7)
+        assert_moved(params, theirs, rtol=1e-7, atol=1e-7)
+
+
+def test_dadapt_adamw_keeps_d_when_every_gradient_is_zero():
+    opt = eqxopt.DAdaptAdamW(d0=1e-3)
+    state = opt.init(PARAMS)
+    zeros = jax.tree.map(jnp.zeros_like, PARAMS)
+    updates, state = opt.update(zeros, state, PARAMS)
+    assert float(state.d) == pytest.approx(1e-3)
+    for u in jax.tree.leaves(updates):
+        assert bool(jnp.all(u == 0))
+
+
+def test_dadapt_errors_name_the_argument():
+    with pytest.raises(ValueError, match="b2"):
+        eqxopt.DAdaptAdamW(b2=0.0)
+    with pytest.raises(ValueError, match="eps"):
+        eqxopt.DAdaptAdamW(eps=0.0)
+    with pytest.raises(ValueError, match="d0"):
+        eqxopt.DAdaptAdamW(d0=0.0)

@@ -50,6 +50,8 @@ from ._parameter_free import (
     MADGRAD as MADGRAD,
     ASGDState as ASGDState,
     COCOBState as COCOBState,
+    DAdaptAdamW as DAdaptAdamW,
+    DAdaptAdamWState as DAdaptAdamWState,
     DoG as DoG,
     DoGState as DoGState,
     DoWG as DoWG,

@@ -12,6 +12,10 @@ from ._cocob import (
     COCOB as COCOB,
     COCOBState as COCOBState,
 )
+from ._dadapt import (
+    DAdaptAdamW as DAdaptAdamW,
+    DAdaptAdamWState as DAdaptAdamWState,
+)
 from ._dog import (
     DoG as DoG,
     DoGState as DoGState,
