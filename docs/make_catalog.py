@@ -346,6 +346,20 @@ CATALOG += [
         "`optax.contrib.dadapt_adamw` over 40 steps: random gradients; a quadratic where `d` grows 10^4-fold, in float32 and (slow) float64",
         "rtol 1e-4, atol 1e-5 on random gradients; rtol 1e-3, atol 1e-4 on the float32 quadratic, where the closed loop doubles a one-ulp difference every few steps; 1e-7 in float64 (d kept in float32)",
     ),
+    (
+        "Momo",
+        "parameter-free",
+        f"Schaipp et al., *MoMo: Momentum Models for Adaptive Learning Rates*, ICML 2024, {arxiv('2305.07583')}",
+        "`optax.contrib.momo` over 40 steps on a quadratic (the loss passed as `value`), with and without `adapt_lower_bound`, with a schedule",
+        "rtol 1e-4, atol 1e-5 (whole-tree inner products each step, in a closed loop)",
+    ),
+    (
+        "MomoAdam",
+        "parameter-free",
+        f"Schaipp et al., *MoMo: Momentum Models for Adaptive Learning Rates*, ICML 2024, {arxiv('2305.07583')}",
+        "`optax.contrib.momo_adam` over 40 steps on a quadratic (the loss passed as `value`), with and without `adapt_lower_bound`",
+        "rtol 1e-4, atol 1e-5 (whole-tree inner products each step, in a closed loop)",
+    ),
 ]
 
 HEADER = """# The optimizer catalog

@@ -80,4 +80,32 @@ CASES = [
             ("weight_decay", -1.0),
         ),
     ),
+    CatalogCase(
+        "Momo",
+        lambda **kw: eqxopt.Momo(**{"learning_rate": 0.1, "weight_decay": 1e-3, **kw}),
+        vary=("beta", 0.5),
+        invalid=(
+            ("learning_rate", -1.0),
+            ("beta", 1.0),
+            ("lower_bound", float("nan")),
+            ("weight_decay", -1.0),
+        ),
+        extra=_loss_value,
+    ),
+    CatalogCase(
+        "MomoAdam",
+        lambda **kw: eqxopt.MomoAdam(
+            **{"learning_rate": 0.05, "adapt_lower_bound": True, **kw}
+        ),
+        vary=("b2", 0.99),
+        invalid=(
+            ("learning_rate", -1.0),
+            ("b1", 1.0),
+            ("b2", 0.0),
+            ("eps", 0.0),
+            ("lower_bound", float("inf")),
+            ("weight_decay", -1.0),
+        ),
+        extra=_loss_value,
+    ),
 ]

@@ -384,3 +384,65 @@ def test_dadapt_errors_name_the_argument():
         eqxopt.DAdaptAdamW(eps=0.0)
     with pytest.raises(ValueError, match="d0"):
         eqxopt.DAdaptAdamW(d0=0.0)
+
+
+# ------------------------------------------------------------------------------------
+# Momo and MomoAdam
+# ------------------------------------------------------------------------------------
+
+
+def _momo_pair(opt, tx, rtol=GLOBAL_RTOL, atol=GLOBAL_ATOL):
+    step, _ = eqxopt_stepper(opt, with_value=True)
+    tx_step, _ = optax_stepper(tx, with_value=True)
+    assert_histories_close(
+        closed_loop(step, PARAMS),
+        closed_loop(tx_step, PARAMS),
+        rtol=rtol,
+        atol=atol,
+    )
+
+
+@pytest.mark.parametrize("adapt", [False, True])
+def test_momo_matches_optax(adapt):
+    kw = dict(beta=0.8, weight_decay=0.01, adapt_lower_bound=adapt)
+    _momo_pair(
+        eqxopt.Momo(0.3, lower_bound=0.5, **kw),
+        optax.contrib.momo(0.3, lower_bound=0.5, **kw),
+    )
+
+
+@pytest.mark.parametrize("adapt", [False, True])
+def test_momo_adam_matches_optax(adapt):
+    kw = dict(b1=0.8, b2=0.99, weight_decay=0.01, adapt_lower_bound=adapt)
+    _momo_pair(
+        eqxopt.MomoAdam(0.1, lower_bound=0.5, **kw),
+        optax.contrib.momo_adam(0.1, lower_bound=0.5, **kw),
+    )
+
+
+def test_momo_with_schedule_matches_optax():
+    schedule = eqxopt.WarmupCosine(0.5, 0.05, 3, STEPS)
+    _momo_pair(
+        eqxopt.Momo(schedule),
+        optax.contrib.momo(lambda n: schedule(jnp.asarray(n, jnp.int32))),
+    )
+
+
+def test_momo_errors():
+    opt = eqxopt.Momo()
+    state = opt.init(PARAMS)
+    with pytest.raises(TypeError, match="Momo needs the loss"):
+        opt.update(GRADS[0], state, PARAMS)
+    with pytest.raises(ValueError, match="value must be the scalar loss"):
+        opt.update(GRADS[0], state, PARAMS, value=jnp.ones(2))
+    with pytest.raises(TypeError, match="value must be a float scalar"):
+        opt.update(GRADS[0], state, PARAMS, value=jnp.int32(1))
+    adam = eqxopt.MomoAdam()
+    with pytest.raises(TypeError, match="MomoAdam needs the loss"):
+        adam.update(GRADS[0], adam.init(PARAMS), PARAMS)
+    with pytest.raises(ValueError, match="beta"):
+        eqxopt.Momo(beta=1.0)
+    with pytest.raises(ValueError, match="eps"):
+        eqxopt.MomoAdam(eps=0.0)
+    with pytest.raises(TypeError, match=r"lower_bound.*not a schedule"):
+        eqxopt.MomoAdam(lower_bound=eqxopt.Constant(0.0))

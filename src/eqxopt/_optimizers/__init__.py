@@ -57,6 +57,10 @@ from ._parameter_free import (
     DoWG as DoWG,
     DoWGState as DoWGState,
     MADGRADState as MADGRADState,
+    Momo as Momo,
+    MomoAdam as MomoAdam,
+    MomoAdamState as MomoAdamState,
+    MomoState as MomoState,
 )
 from ._preconditioned import (
     LBFGS as LBFGS,

@@ -26,3 +26,9 @@ from ._madgrad import (
     MADGRAD as MADGRAD,
     MADGRADState as MADGRADState,
 )
+from ._momo import (
+    Momo as Momo,
+    MomoAdam as MomoAdam,
+    MomoAdamState as MomoAdamState,
+    MomoState as MomoState,
+)
