@@ -360,6 +360,13 @@ CATALOG += [
         "`optax.contrib.momo_adam` over 40 steps on a quadratic (the loss passed as `value`), with and without `adapt_lower_bound`",
         "rtol 1e-4, atol 1e-5 (whole-tree inner products each step, in a closed loop)",
     ),
+    (
+        "DAdaptSGD",
+        "parameter-free",
+        f"Defazio & Mishchenko, *Learning-Rate-Free Learning by D-Adaptation*, ICML 2023, {arxiv('2301.07733')}",
+        "a float64 NumPy transcription of the authors' `dadaptation.DAdaptSGD` over 40 steps on a quadratic where `d` grows over 100-fold, with and without momentum, weight decay and `growth_rate`",
+        "rtol 1e-4, atol 1e-5 (float32 against the float64 transcription)",
+    ),
 ]
 
 HEADER = """# The optimizer catalog

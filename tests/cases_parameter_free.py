@@ -108,4 +108,18 @@ CASES = [
         ),
         extra=_loss_value,
     ),
+    CatalogCase(
+        "DAdaptSGD",
+        lambda **kw: eqxopt.DAdaptSGD(
+            **{"d0": 1e-2, "momentum": 0.9, "weight_decay": 1e-3, **kw}
+        ),
+        vary=("momentum", 0.5),
+        invalid=(
+            ("learning_rate", -1.0),
+            ("momentum", 1.0),
+            ("weight_decay", -1.0),
+            ("d0", 0.0),
+            ("growth_rate", 0.5),
+        ),
+    ),
 ]

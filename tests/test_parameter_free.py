@@ -446,3 +446,78 @@ def test_momo_errors():
         eqxopt.MomoAdam(eps=0.0)
     with pytest.raises(TypeError, match=r"lower_bound.*not a schedule"):
         eqxopt.MomoAdam(lower_bound=eqxopt.Constant(0.0))
+
+
+def dadapt_sgd_numpy(params, grad_fn, steps, lr, momentum, weight_decay, d0, growth):
+    """A float64 NumPy transcription of `dadaptation.DAdaptSGD.step`
+    (facebookresearch/dadaptation), gradients from `grad_fn(params)`: the
+    parameters after each step, and the final `d`."""
+    leaves, treedef = jax.tree.flatten(params)
+    p = [np.asarray(x, np.float64) for x in leaves]
+    x0 = [x.copy() for x in p]
+    s = [np.zeros_like(x) for x in p]
+    d, gsq_weighted, g0_norm = d0, 0.0, None
+    ck = 1 - momentum
+    history = Trajectory(params)
+    for k in range(steps):
+        tree = jax.tree.unflatten(treedef, [x.astype(np.float32) for x in p])
+        grads = [np.asarray(g, np.float64) for g in jax.tree.leaves(grad_fn(tree))]
+        if weight_decay != 0:
+            grads = [g + weight_decay * x for g, x in zip(grads, p)]
+        g_sq = sum(float(np.sum(g * g)) for g in grads)
+        if k == 0:
+            g0_norm = np.sqrt(g_sq)
+        dlr = d * lr / g0_norm
+        sk_sq = 0.0
+        for i, g in enumerate(grads):
+            s[i] = s[i] + dlr * g
+            sk_sq += float(np.sum(s[i] * s[i]))
+        gsq_weighted = gsq_weighted + dlr * dlr * g_sq
+        d_hat = (sk_sq - gsq_weighted) / np.sqrt(sk_sq)
+        d = max(d, min(d_hat, d * growth))
+        for i in range(len(p)):
+            z = x0[i] - s[i]
+            p[i] = p[i] * (1 - ck) + ck * z
+        history.append(jax.tree.unflatten(treedef, [x.copy() for x in p]))
+    return history, d
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(momentum=0.0, weight_decay=0.0, d0=1e-3, growth_rate=float("inf")),
+        dict(momentum=0.9, weight_decay=0.01, d0=1e-4, growth_rate=1.5),
+    ],
+)
+def test_dadapt_sgd_matches_the_authors_algorithm_on_a_quadratic(kw):
+    grad = jax.jit(jax.grad(loss))
+    opt = eqxopt.DAdaptSGD(0.5, **kw)
+    step, state = eqxopt_stepper(opt)
+    actual = closed_loop(step, PARAMS)
+    expected, d = dadapt_sgd_numpy(PARAMS, grad, STEPS, 0.5, *kw.values())
+    assert float(state[0].d) > 100 * kw["d0"]  # d adapted
+    np.testing.assert_allclose(state[0].d, d, rtol=1e-4)
+    # float32 (the gradients at float32 parameters in both) against float64.
+    assert_histories_close(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_dadapt_sgd_waits_for_a_non_zero_gradient():
+    opt = eqxopt.DAdaptSGD()
+    state = opt.init(PARAMS)
+    zeros = jax.tree.map(jnp.zeros_like, PARAMS)
+    updates, state = opt.update(zeros, state, PARAMS)
+    assert float(state.g0_norm) == 0 and float(state.d) == pytest.approx(1e-6)
+    for u in jax.tree.leaves(updates):
+        assert bool(jnp.all(u == 0))
+    updates, state = opt.update(GRADS[0], state, PARAMS)
+    assert float(state.g0_norm) > 0
+    assert all(bool(jnp.all(jnp.isfinite(u))) for u in jax.tree.leaves(updates))
+
+
+def test_dadapt_sgd_errors_name_the_argument():
+    with pytest.raises(ValueError, match="growth_rate"):
+        eqxopt.DAdaptSGD(growth_rate=0.5)
+    with pytest.raises(ValueError, match="momentum"):
+        eqxopt.DAdaptSGD(momentum=1.0)
+    with pytest.raises(ValueError, match="d0"):
+        eqxopt.DAdaptSGD(d0=0.0)

@@ -52,6 +52,8 @@ from ._parameter_free import (
     COCOBState as COCOBState,
     DAdaptAdamW as DAdaptAdamW,
     DAdaptAdamWState as DAdaptAdamWState,
+    DAdaptSGD as DAdaptSGD,
+    DAdaptSGDState as DAdaptSGDState,
     DoG as DoG,
     DoGState as DoGState,
     DoWG as DoWG,

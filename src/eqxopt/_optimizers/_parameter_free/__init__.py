@@ -15,6 +15,8 @@ from ._cocob import (
 from ._dadapt import (
     DAdaptAdamW as DAdaptAdamW,
     DAdaptAdamWState as DAdaptAdamWState,
+    DAdaptSGD as DAdaptSGD,
+    DAdaptSGDState as DAdaptSGDState,
 )
 from ._dog import (
     DoG as DoG,
