@@ -49,7 +49,12 @@ GLOBAL_RTOL, GLOBAL_ATOL = 1e-4, 1e-5
 
 
 @pytest.mark.parametrize(
-    "kind, value", [("heuristic", 1e-2), ("distance", 0.5), ("learning_rate", 0.1)]
+    "kind, value",
+    [
+        ("heuristic", 1e-2),
+        pytest.param("distance", 0.5, marks=pytest.mark.slow),
+        pytest.param("learning_rate", 0.1, marks=pytest.mark.slow),
+    ],
 )
 def test_dog_matches_optax(kind, value):
     opt = eqxopt.DoG(init_step=kind, init_value=value)
@@ -82,7 +87,7 @@ def test_dog_with_schedule_weight_decay_and_mask_matches_optax():
     )
 
 
-@pytest.mark.parametrize("init", [None, 0.3])
+@pytest.mark.parametrize("init", [pytest.param(None, marks=pytest.mark.slow), 0.3])
 def test_dowg_matches_optax(init):
     opt = eqxopt.DoWG(init_estim_sq_dist=init, weight_decay=0.05, mask=matrices)
     tx = optax.contrib.dowg(init_estim_sq_dist=init, weight_decay=0.05, mask=matrices)
@@ -120,6 +125,7 @@ def test_cocob_matches_optax():
     assert_histories_close(run_eqxopt(opt, PARAMS, GRADS), run_optax(tx, PARAMS, GRADS))
 
 
+@pytest.mark.slow
 def test_cocob_with_schedule_matches_optax():
     schedule = eqxopt.WarmupCosine(1.0, 0.5, 5, STEPS)
     opt = eqxopt.COCOB(schedule, eps=1e-6)
@@ -243,7 +249,10 @@ def madgrad_numpy(params, grads, lr, momentum, weight_decay, eps, decouple_decay
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(momentum=0.9, weight_decay=0.0, eps=1e-6, decouple_decay=False),
+        pytest.param(
+            dict(momentum=0.9, weight_decay=0.0, eps=1e-6, decouple_decay=False),
+            marks=pytest.mark.slow,
+        ),
         dict(momentum=0.5, weight_decay=0.1, eps=1e-6, decouple_decay=False),
         dict(momentum=0.0, weight_decay=0.1, eps=0.0, decouple_decay=True),
     ],
@@ -402,7 +411,7 @@ def _momo_pair(opt, tx, rtol=GLOBAL_RTOL, atol=GLOBAL_ATOL):
     )
 
 
-@pytest.mark.parametrize("adapt", [False, True])
+@pytest.mark.parametrize("adapt", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_momo_matches_optax(adapt):
     kw = dict(beta=0.8, weight_decay=0.01, adapt_lower_bound=adapt)
     _momo_pair(
@@ -411,7 +420,7 @@ def test_momo_matches_optax(adapt):
     )
 
 
-@pytest.mark.parametrize("adapt", [False, True])
+@pytest.mark.parametrize("adapt", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_momo_adam_matches_optax(adapt):
     kw = dict(b1=0.8, b2=0.99, weight_decay=0.01, adapt_lower_bound=adapt)
     _momo_pair(
