@@ -495,7 +495,7 @@ def dadapt_sgd_numpy(params, grad_fn, steps, lr, momentum, weight_decay, d0, gro
             sk_sq += float(np.sum(s[i] * s[i]))
         gsq_weighted = gsq_weighted + dlr * dlr * g_sq
         d_hat = (sk_sq - gsq_weighted) / np.sqrt(sk_sq)
-        d = max(d, min(d_hat, d * growth))
+        d = max(d, min(d_hat, d * (np.inf if growth is None else growth)))
         for i in range(len(p)):
             z = x0[i] - s[i]
             p[i] = p[i] * (1 - ck) + ck * z
@@ -506,7 +506,7 @@ def dadapt_sgd_numpy(params, grad_fn, steps, lr, momentum, weight_decay, d0, gro
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(momentum=0.0, weight_decay=0.0, d0=1e-3, growth_rate=float("inf")),
+        dict(momentum=0.0, weight_decay=0.0, d0=1e-3, growth_rate=None),
         dict(momentum=0.9, weight_decay=0.01, d0=1e-4, growth_rate=1.5),
     ],
 )

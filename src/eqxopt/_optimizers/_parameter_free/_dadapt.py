@@ -1,8 +1,6 @@
 """D-Adaptation (Defazio & Mishchenko, 2023): a learning rate from a running lower
 bound on the distance to the solution. AdamW and SGD."""
 
-import math
-
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
@@ -184,6 +182,7 @@ class DAdaptSGD(AbstractTransform):
     s   = s + dlr * g
     G   = G + dlr**2 * |g|**2
     d'  = max(d, min((|s|**2 - G) / |s|, growth_rate * d))
+          (no min when growth_rate is None)
     p   = momentum * p + (1 - momentum) * (p0 - s)
     ```
 
@@ -203,7 +202,7 @@ class DAdaptSGD(AbstractTransform):
     - `d0`: the initial (under-)estimate of the distance, `> 0` (a number: the
       state starts at it).
     - `growth_rate`: the largest factor by which `d` may grow in one step,
-      `>= 1` (default `inf`, unrestricted).
+      `>= 1`; `None` (the default, the authors' `inf`) leaves it unrestricted.
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
@@ -211,7 +210,7 @@ class DAdaptSGD(AbstractTransform):
     weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
     # The state's starting estimate of `d`: used at `init`, so not a schedule.
     d0: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True, schedule=False)
-    growth_rate: ScalarOrSchedule = hyper(math.inf, low=1.0, allow_inf=True)
+    growth_rate: ScalarOrSchedule | None = hyper(None, low=1.0, optional=True)
 
     def init(self, params: Params) -> DAdaptSGDState:
         return DAdaptSGDState(
@@ -249,9 +248,9 @@ class DAdaptSGD(AbstractTransform):
         gsq_weighted = state.gsq_weighted + dlr * dlr * g_sq
         sk_norm = jnp.sqrt(sk_sq)
         d_hat = (sk_sq - gsq_weighted) / jnp.where(sk_sq > 0, sk_norm, 1.0)
-        new_d = jnp.where(
-            sk_sq > 0, jnp.maximum(d, jnp.minimum(d_hat, d * h.growth_rate)), d
-        )
+        if h.growth_rate is not None:
+            d_hat = jnp.minimum(d_hat, d * h.growth_rate)
+        new_d = jnp.where(sk_sq > 0, jnp.maximum(d, d_hat), d)
 
         def step(g, p, s, p0):
             new = momentum * p + (1 - momentum) * (p0 - s)

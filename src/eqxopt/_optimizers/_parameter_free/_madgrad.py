@@ -51,7 +51,7 @@ class MADGRAD(AbstractLeafwiseOptimizer):
     lamb = (lr + eps) * sqrt(k + 1)
     v    = v + lamb * |g|**2
     s    = s + lamb * g
-    z    = p0 - s / (cbrt(v) + eps)      (s / 0 read as 0 when eps = 0)
+    z    = p0 - s / (v**(1/3) + eps)     (s / 0 read as 0 when eps = 0)
     p'   = momentum * p + (1 - momentum) * z
          - (lr + eps) * weight_decay * p (if decouple_decay)
     ```
@@ -98,7 +98,9 @@ class MADGRAD(AbstractLeafwiseOptimizer):
             g = g + h.weight_decay * p
         grad_sum_sq = jnp.real(grad_sum_sq) + h.lamb * abs_sq(g)
         grad_sum = grad_sum + h.lamb * g
-        rms = jnp.cbrt(grad_sum_sq) + h.eps
+        # The authors' pow(1/3) (optax's cbrt differs by rounding); the native
+        # kernels have pow.
+        rms = jnp.power(grad_sum_sq, 1 / 3) + h.eps
         # eps = 0 with no gradient yet: the authors read s / 0 as 0.
         rms = jnp.where(rms == 0, jnp.inf, rms)
         z = p0 - grad_sum / rms
