@@ -302,6 +302,73 @@ CATALOG = [
     ),
 ]
 
+# Parameter-free and adaptive-step optimizers (api/parameter-free.md)
+CATALOG += [
+    (
+        "DoG",
+        "parameter-free",
+        f"Ivgi et al., *DoG is SGD's Best Friend: A Parameter-Free Dynamic Step Size Schedule*, ICML 2023, {arxiv('2302.12022')}",
+        "`optax.contrib.dog` over 40 steps: the three `init_step` kinds; a schedule with masked weight decay",
+        "rtol 1e-4, atol 1e-5 (whole-tree norms, a root and a division per step)",
+    ),
+    (
+        "DoWG",
+        "parameter-free",
+        f"Khaled et al., *DoWG Unleashed: An Efficient Universal Parameter-Free Gradient Descent Method*, NeurIPS 2023, {arxiv('2305.16284')}",
+        "`optax.contrib.dowg` over 40 steps, with and without `init_estim_sq_dist`, masked weight decay",
+        "rtol 1e-4, atol 1e-5 (whole-tree norms, a root and a division per step)",
+    ),
+    (
+        "COCOB",
+        "parameter-free",
+        f"Orabona & Tommasi, *Training Deep Networks without Learning Rates Through Coin Betting*, NeurIPS 2017, {arxiv('1705.07795')}",
+        "`optax.contrib.cocob` over 40 steps, with masked weight decay and with a schedule",
+        None,
+    ),
+    (
+        "ASGD",
+        "parameter-free",
+        f"Polyak & Juditsky, *Acceleration of Stochastic Approximation by Averaging*, SIAM J. Control Optim. 30(4), 1992; step sizes of Xu, *Towards Optimal One Pass Large Scale Learning with Averaged Stochastic Gradient Descent*, 2011, {arxiv('1107.2490')}",
+        "`torch.optim.ASGD` over 40 steps: the parameters and the averages `ax`, two settings of `lambd`, `alpha`, `t0` and weight decay",
+        None,
+    ),
+    (
+        "MADGRAD",
+        "parameter-free",
+        f"Defazio & Jelassi, *Adaptivity without Compromise: A Momentumized, Adaptive, Dual Averaged Gradient Method for Stochastic Optimization*, JMLR 23, 2022, {arxiv('2101.11075')}",
+        "a float64 NumPy transcription of the authors' `madgrad.MADGRAD` over 40 steps (momentum 0.9, 0.5 and 0, coupled and decoupled decay, eps 0); `optax.contrib.madgrad`",
+        "rtol 1e-4, atol 1e-5 against the float64 transcription; the default against optax",
+    ),
+    (
+        "DAdaptAdamW",
+        "parameter-free",
+        f"Defazio & Mishchenko, *Learning-Rate-Free Learning by D-Adaptation*, ICML 2023, {arxiv('2301.07733')}",
+        "`optax.contrib.dadapt_adamw` over 40 steps: random gradients; a quadratic where `d` grows 10^4-fold, in float32 and (slow) float64",
+        "rtol 1e-4, atol 1e-5 on random gradients; rtol 1e-3, atol 1e-4 on the float32 quadratic, where the closed loop doubles a one-ulp difference every few steps; 1e-7 in float64 (d kept in float32)",
+    ),
+    (
+        "Momo",
+        "parameter-free",
+        f"Schaipp et al., *MoMo: Momentum Models for Adaptive Learning Rates*, ICML 2024, {arxiv('2305.07583')}",
+        "`optax.contrib.momo` over 40 steps on a quadratic (the loss passed as `value`), with and without `adapt_lower_bound`, with a schedule",
+        "rtol 1e-4, atol 1e-5 (whole-tree inner products each step, in a closed loop)",
+    ),
+    (
+        "MomoAdam",
+        "parameter-free",
+        f"Schaipp et al., *MoMo: Momentum Models for Adaptive Learning Rates*, ICML 2024, {arxiv('2305.07583')}",
+        "`optax.contrib.momo_adam` over 40 steps on a quadratic (the loss passed as `value`), with and without `adapt_lower_bound`",
+        "rtol 1e-4, atol 1e-5 (whole-tree inner products each step, in a closed loop)",
+    ),
+    (
+        "DAdaptSGD",
+        "parameter-free",
+        f"Defazio & Mishchenko, *Learning-Rate-Free Learning by D-Adaptation*, ICML 2023, {arxiv('2301.07733')}",
+        "a float64 NumPy transcription of the authors' `dadaptation.DAdaptSGD` over 40 steps on a quadratic where `d` grows over 100-fold, with and without momentum, weight decay and `growth_rate`",
+        "rtol 1e-4, atol 1e-5 (float32 against the float64 transcription)",
+    ),
+]
+
 HEADER = """# The optimizer catalog
 
 <!-- Written by docs/make_catalog.py from eqxopt's docstrings and signatures: edit

@@ -44,6 +44,26 @@ from ._layerwise import (
     NovoGrad as NovoGrad,
     NovoGradState as NovoGradState,
 )
+from ._parameter_free import (
+    ASGD as ASGD,
+    COCOB as COCOB,
+    MADGRAD as MADGRAD,
+    ASGDState as ASGDState,
+    COCOBState as COCOBState,
+    DAdaptAdamW as DAdaptAdamW,
+    DAdaptAdamWState as DAdaptAdamWState,
+    DAdaptSGD as DAdaptSGD,
+    DAdaptSGDState as DAdaptSGDState,
+    DoG as DoG,
+    DoGState as DoGState,
+    DoWG as DoWG,
+    DoWGState as DoWGState,
+    MADGRADState as MADGRADState,
+    Momo as Momo,
+    MomoAdam as MomoAdam,
+    MomoAdamState as MomoAdamState,
+    MomoState as MomoState,
+)
 from ._preconditioned import (
     LBFGS as LBFGS,
     SM3 as SM3,

@@ -1,0 +1,248 @@
+"""DoG and DoWG: SGD with a step size from the distance travelled from the start."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PyTree
+
+from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._fields import (
+    MaskLike,
+    ScalarOrSchedule,
+    choice_field,
+    hyper,
+    learning_rate_field,
+    mask_field,
+    values_at,
+)
+from ..._core._leafwise import map_leaves
+from ..._core._masks import decay_flags
+from ..._core._tree import abs_sq, increment, is_float_leaf, zero_step
+from ._sums import copy_params, real_dtype, tree_sums
+
+
+def _norm(params: PyTree) -> Float[Array, ""]:
+    total = jnp.zeros((), jnp.float32)
+    for p in jax.tree.leaves(params):
+        if is_float_leaf(p):
+            total = total + jnp.sum(abs_sq(p)).astype(jnp.float32)
+    return jnp.sqrt(total)
+
+
+class DoGState(eqx.Module):
+    """State of `DoG`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `params0`: the parameters at `init`, shaped like params (`None` at
+      non-float leaves).
+    - `max_dist`: float32 scalar, the largest distance `|p - params0|` seen so
+      far (starting at the initial distance `r_eps`).
+    - `sum_sq_norm_grads`: float32 scalar, the sum over steps of `|g|**2`.
+    """
+
+    step: Int[Array, ""]
+    params0: PyTree[Float[Array, "..."] | None]
+    max_dist: Float[Array, ""]
+    sum_sq_norm_grads: Float[Array, ""]
+
+
+class DoG(AbstractTransform):
+    """DoG, "Distance over Gradients" (Ivgi et al., 2023): SGD whose step size is
+    the largest distance travelled from the start over the root of the summed
+    squared gradient norms.
+
+    With norms over the whole tree, `g` the gradient plus `weight_decay * p`
+    (where `mask`) and `lr` the learning rate at the current step:
+
+    ```
+    r   = max(r, |p - p0|)           (r starts at r_eps)
+    G   = G + |g|**2
+    eta = r / sqrt(G + eps)          (init_value at the first step, if
+                                      init_step="learning_rate")
+    p   = p - lr * eta * g
+    ```
+
+    `r_eps` is `init_value` (`init_step="distance"`), `init_value * (1 + |p0|)`
+    (`"heuristic"`; `init` must then get the real parameters), or `0`
+    (`"learning_rate"`). The same as `optax.contrib.dog` (`init_step=(kind,
+    value)` there), except that only leaves with a gradient count towards the
+    norms. The authors recommend averaging the iterates (such as with
+    `eqxopt.ParamEMA`). Complex leaves use `|.|**2`.
+
+    **Arguments:**
+
+    - `learning_rate`: a multiplier of the step size (a float `>= 0`, a scalar
+      array or a schedule module; default `1.0`).
+    - `init_step`: how the first step is set: `"heuristic"`, `"distance"` or
+      `"learning_rate"` (see above).
+    - `init_value`: the value `init_step` uses, `> 0` (`1e-6`; the authors
+      suggest `1e-4` for models with batch normalisation).
+    - `eps`: added to the sum of squared gradient norms, `>= 0`.
+    - `weight_decay`: coefficient of `p` added to the gradient, `>= 0`.
+    - `mask`: which leaves get weight decay: `None` (all), a tree of bools (or a
+      prefix of params' structure), or a function of params returning one.
+    """
+
+    learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
+    init_step: str = choice_field(
+        "heuristic", ("heuristic", "distance", "learning_rate")
+    )
+    # Read at `init` (the starting distance), so not a schedule.
+    init_value: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True, schedule=False)
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0)
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    mask: MaskLike = mask_field()
+
+    def init(self, params: Params) -> DoGState:
+        decay_flags(self.mask, params)  # a bad mask fails here
+        if self.init_step == "distance":
+            r_eps = jnp.asarray(self.init_value, jnp.float32)
+        elif self.init_step == "heuristic":
+            r_eps = jnp.asarray(self.init_value, jnp.float32) * (1 + _norm(params))
+        else:
+            r_eps = jnp.zeros((), jnp.float32)
+        return DoGState(
+            step=zero_step(),
+            params0=copy_params(params),
+            max_dist=jnp.array(r_eps, jnp.float32, copy=True),
+            sum_sq_norm_grads=jnp.zeros((), jnp.float32),
+        )
+
+    def transform(
+        self, grads: Grads, state: DoGState, params: Params
+    ) -> tuple[Updates, DoGState]:
+        h = values_at(self, state.step)
+        flags = decay_flags(self.mask, params)
+        wd = h.weight_decay
+
+        def sums(g, p, p0, decayed):
+            if decayed:
+                g = g + wd.astype(real_dtype(p)) * p
+            moved = jnp.sum(abs_sq(p - p0))
+            return jnp.stack([moved, jnp.sum(abs_sq(g))]).astype(jnp.float32), p0
+
+        total, (params0,) = tree_sums(sums, 2, grads, params, (state.params0,), flags)
+        max_dist = jnp.maximum(state.max_dist, jnp.sqrt(total[0]))
+        sum_sq = state.sum_sq_norm_grads + total[1]
+        eta = max_dist / jnp.sqrt(sum_sq + h.eps)
+        if self.init_step == "learning_rate":
+            eta = jnp.where(state.step == 0, h.init_value, eta)
+        scale = h.learning_rate * eta
+
+        def step(g, p, decayed):
+            dtype = real_dtype(p)
+            if decayed:
+                g = g + wd.astype(dtype) * p
+            return (-scale.astype(dtype) * g,)
+
+        updates, _ = map_leaves(step, grads, params, elementwise=True, flags=flags)
+        return updates, DoGState(
+            step=increment(state.step),
+            params0=params0,
+            max_dist=max_dist.astype(jnp.float32),
+            sum_sq_norm_grads=sum_sq.astype(jnp.float32),
+        )
+
+
+class DoWGState(eqx.Module):
+    """State of `DoWG`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `params0`: the parameters at `init`, shaped like params (`None` at
+      non-float leaves).
+    - `estim_sq_dist`: float32 scalar, the largest squared distance
+      `|p - params0|**2` seen so far (starting at `init_estim_sq_dist`).
+    - `weighted_sq_norm_grads`: float32 scalar, the sum over steps of
+      `estim_sq_dist * |g|**2`.
+    """
+
+    step: Int[Array, ""]
+    params0: PyTree[Float[Array, "..."] | None]
+    estim_sq_dist: Float[Array, ""]
+    weighted_sq_norm_grads: Float[Array, ""]
+
+
+class DoWG(AbstractTransform):
+    """DoWG, "Distance over Weighted Gradients" (Khaled et al., 2023): DoG with the
+    squared gradient norms weighted by the squared distance estimate.
+
+    With norms over the whole tree, `g` the gradient plus `weight_decay * p`
+    (where `mask`) and `lr` the learning rate at the current step:
+
+    ```
+    r2  = max(r2, |p - p0|**2)        (r2 starts at init_estim_sq_dist)
+    v   = v + r2 * |g|**2
+    eta = r2 / (sqrt(v) + eps)
+    p   = p - lr * eta * g
+    ```
+
+    The same as `optax.contrib.dowg`, except that only leaves with a gradient
+    count towards the norms. Complex leaves use `|.|**2`.
+
+    **Arguments:**
+
+    - `learning_rate`: a multiplier of the step size (a float `>= 0`, a scalar
+      array or a schedule module; default `1.0`).
+    - `init_estim_sq_dist`: the initial guess of the squared distance to the
+      solution, `> 0`; `None` uses `eps`.
+    - `eps`: added to the denominator of the step size, `> 0`.
+    - `weight_decay`: coefficient of `p` added to the gradient, `>= 0`.
+    - `mask`: which leaves get weight decay: `None` (all), a tree of bools (or a
+      prefix of params' structure), or a function of params returning one.
+    """
+
+    learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
+    # Read at `init` (the state starts at it), so not a schedule.
+    init_estim_sq_dist: ScalarOrSchedule | None = hyper(
+        None, low=0.0, low_open=True, schedule=False, optional=True
+    )
+    # Also the starting estimate when init_estim_sq_dist is None, so not a schedule.
+    eps: ScalarOrSchedule = hyper(1e-4, low=0.0, low_open=True, schedule=False)
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    mask: MaskLike = mask_field()
+
+    def init(self, params: Params) -> DoWGState:
+        decay_flags(self.mask, params)  # a bad mask fails here
+        start = self.eps if self.init_estim_sq_dist is None else self.init_estim_sq_dist
+        return DoWGState(
+            step=zero_step(),
+            params0=copy_params(params),
+            estim_sq_dist=jnp.array(start, jnp.float32, copy=True),
+            weighted_sq_norm_grads=jnp.zeros((), jnp.float32),
+        )
+
+    def transform(
+        self, grads: Grads, state: DoWGState, params: Params
+    ) -> tuple[Updates, DoWGState]:
+        h = values_at(self, state.step)
+        flags = decay_flags(self.mask, params)
+        wd = h.weight_decay
+
+        def sums(g, p, p0, decayed):
+            if decayed:
+                g = g + wd.astype(real_dtype(p)) * p
+            moved = jnp.sum(abs_sq(p - p0))
+            return jnp.stack([moved, jnp.sum(abs_sq(g))]).astype(jnp.float32), p0
+
+        total, (params0,) = tree_sums(sums, 2, grads, params, (state.params0,), flags)
+        estim = jnp.maximum(state.estim_sq_dist, total[0])
+        weighted = state.weighted_sq_norm_grads + estim * total[1]
+        scale = h.learning_rate * estim / (jnp.sqrt(weighted) + h.eps)
+
+        def step(g, p, decayed):
+            dtype = real_dtype(p)
+            if decayed:
+                g = g + wd.astype(dtype) * p
+            return (-scale.astype(dtype) * g,)
+
+        updates, _ = map_leaves(step, grads, params, elementwise=True, flags=flags)
+        return updates, DoWGState(
+            step=increment(state.step),
+            params0=params0,
+            estim_sq_dist=estim.astype(jnp.float32),
+            weighted_sq_norm_grads=weighted.astype(jnp.float32),
+        )
