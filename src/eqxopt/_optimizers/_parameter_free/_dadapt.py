@@ -5,14 +5,14 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
     ScalarOrSchedule,
     hyper,
     learning_rate_field,
     values_at,
 )
-from ..._core._leafwise import map_leaves
+from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
 from ._sums import copy_params, re_dot, tree_sums
 
@@ -41,7 +41,7 @@ class DAdaptAdamWState(eqx.Module):
     numerator: Float[Array, ""]
 
 
-class DAdaptAdamW(AbstractTransform):
+class DAdaptAdamW(AbstractEngineTransform):
     """D-Adaptation AdamW (Defazio & Mishchenko, 2023, "Learning-Rate-Free
     Learning by D-Adaptation"): AdamW whose learning rate `d` grows with a lower
     bound on the distance to the solution (in the infinity norm); `learning_rate`
@@ -99,8 +99,8 @@ class DAdaptAdamW(AbstractTransform):
             numerator=jnp.zeros((), jnp.float32),
         )
 
-    def transform(
-        self, grads: Grads, state: DAdaptAdamWState, params: Params
+    def run(
+        self, grads: Grads, state: DAdaptAdamWState, params: Params, *, apply: bool
     ) -> tuple[Updates, DAdaptAdamWState]:
         h = values_at(self, state.step)
         t = increment(state.step)
@@ -132,7 +132,9 @@ class DAdaptAdamW(AbstractTransform):
             return -direction - wd * dlr * p, mu, nu
 
         # mu and nu pass through unchanged; only the leaves with gradients move.
-        updates, _ = map_leaves(step, grads, params, (mu, nu), elementwise=True)
+        updates, _ = map_leaves(
+            step, grads, params, (mu, nu), elementwise=True, apply=apply
+        )
         return updates, DAdaptAdamWState(
             step=t,
             mu=mu,
@@ -167,7 +169,7 @@ class DAdaptSGDState(eqx.Module):
     gsq_weighted: Float[Array, ""]
 
 
-class DAdaptSGD(AbstractTransform):
+class DAdaptSGD(AbstractEngineTransform):
     """D-Adaptation SGD (Defazio & Mishchenko, 2023, "Learning-Rate-Free Learning
     by D-Adaptation"): dual averaging whose step size `d` grows with a lower bound
     on the distance to the solution; `learning_rate` is a multiplier (schedule)
@@ -222,8 +224,8 @@ class DAdaptSGD(AbstractTransform):
             gsq_weighted=jnp.zeros((), jnp.float32),
         )
 
-    def transform(
-        self, grads: Grads, state: DAdaptSGDState, params: Params
+    def run(
+        self, grads: Grads, state: DAdaptSGDState, params: Params, *, apply: bool
     ) -> tuple[Updates, DAdaptSGDState]:
         h = values_at(self, state.step)
         wd, momentum = h.weight_decay, h.momentum
@@ -258,7 +260,12 @@ class DAdaptSGD(AbstractTransform):
 
         # s and params0 pass through unchanged; only the leaves with gradients move.
         updates, (_, params0) = map_leaves(
-            step, grads, params, (grad_sum, state.params0), elementwise=True
+            step,
+            grads,
+            params,
+            (grad_sum, state.params0),
+            elementwise=True,
+            apply=apply,
         )
         return updates, DAdaptSGDState(
             step=increment(state.step),

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
     MaskLike,
     ScalarOrSchedule,
@@ -15,7 +15,7 @@ from ..._core._fields import (
     mask_field,
     values_at,
 )
-from ..._core._leafwise import map_leaves
+from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._masks import decay_flags
 from ..._core._tree import abs_sq, increment, is_float_leaf, zero_step
 from ._sums import copy_params, real_dtype, tree_sums
@@ -48,7 +48,7 @@ class DoGState(eqx.Module):
     sum_sq_norm_grads: Float[Array, ""]
 
 
-class DoG(AbstractTransform):
+class DoG(AbstractEngineTransform):
     """DoG, "Distance over Gradients" (Ivgi et al., 2023): SGD whose step size is
     the largest distance travelled from the start over the root of the summed
     squared gradient norms.
@@ -110,8 +110,8 @@ class DoG(AbstractTransform):
             sum_sq_norm_grads=jnp.zeros((), jnp.float32),
         )
 
-    def transform(
-        self, grads: Grads, state: DoGState, params: Params
+    def run(
+        self, grads: Grads, state: DoGState, params: Params, *, apply: bool
     ) -> tuple[Updates, DoGState]:
         h = values_at(self, state.step)
         flags = decay_flags(self.mask, params)
@@ -137,7 +137,9 @@ class DoG(AbstractTransform):
                 g = g + wd.astype(dtype) * p
             return (-scale.astype(dtype) * g,)
 
-        updates, _ = map_leaves(step, grads, params, elementwise=True, flags=flags)
+        updates, _ = map_leaves(
+            step, grads, params, elementwise=True, flags=flags, apply=apply
+        )
         return updates, DoGState(
             step=increment(state.step),
             params0=params0,
@@ -166,7 +168,7 @@ class DoWGState(eqx.Module):
     weighted_sq_norm_grads: Float[Array, ""]
 
 
-class DoWG(AbstractTransform):
+class DoWG(AbstractEngineTransform):
     """DoWG, "Distance over Weighted Gradients" (Khaled et al., 2023): DoG with the
     squared gradient norms weighted by the squared distance estimate.
 
@@ -215,8 +217,8 @@ class DoWG(AbstractTransform):
             weighted_sq_norm_grads=jnp.zeros((), jnp.float32),
         )
 
-    def transform(
-        self, grads: Grads, state: DoWGState, params: Params
+    def run(
+        self, grads: Grads, state: DoWGState, params: Params, *, apply: bool
     ) -> tuple[Updates, DoWGState]:
         h = values_at(self, state.step)
         flags = decay_flags(self.mask, params)
@@ -239,7 +241,9 @@ class DoWG(AbstractTransform):
                 g = g + wd.astype(dtype) * p
             return (-scale.astype(dtype) * g,)
 
-        updates, _ = map_leaves(step, grads, params, elementwise=True, flags=flags)
+        updates, _ = map_leaves(
+            step, grads, params, elementwise=True, flags=flags, apply=apply
+        )
         return updates, DoWGState(
             step=increment(state.step),
             params0=params0,

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
     ScalarOrSchedule,
     flag_field,
@@ -16,7 +16,7 @@ from ..._core._fields import (
     learning_rate_field,
     values_at,
 )
-from ..._core._leafwise import map_leaves
+from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
 from ._sums import re_dot, tree_sums
 
@@ -81,7 +81,7 @@ class MomoState(eqx.Module):
     lower_bound: Float[Array, ""]
 
 
-class Momo(AbstractTransform):
+class Momo(AbstractEngineTransform):
     """Momo (Schaipp et al., 2023, "MoMo: Momentum Models for Adaptive Learning
     Rates"): SGD with momentum whose step size is capped by a Polyak-type step
     from a model of the loss; needs the loss value.
@@ -142,12 +142,13 @@ class Momo(AbstractTransform):
             lower_bound=jnp.array(self.lower_bound, jnp.float32, copy=True),
         )
 
-    def transform(
+    def run(
         self,
         grads: Grads,
         state: MomoState,
         params: Params,
         *,
+        apply: bool,
         value: Any = None,
     ) -> tuple[Updates, MomoState]:
         f = _loss(value, "Momo")
@@ -176,7 +177,9 @@ class Momo(AbstractTransform):
         def step(g, p, mu):
             return -tau * mu - shrink * p, mu
 
-        updates, _ = map_leaves(step, grads, params, (mu,), elementwise=True)
+        updates, _ = map_leaves(
+            step, grads, params, (mu,), elementwise=True, apply=apply
+        )
         return updates, MomoState(
             step=increment(state.step),
             mu=mu,
@@ -208,7 +211,7 @@ class MomoAdamState(eqx.Module):
     lower_bound: Float[Array, ""]
 
 
-class MomoAdam(AbstractTransform):
+class MomoAdam(AbstractEngineTransform):
     """MomoAdam (Schaipp et al., 2023, "MoMo: Momentum Models for Adaptive
     Learning Rates"): Adam whose step size is capped by a Polyak-type step from a
     model of the loss; needs the loss value.
@@ -274,12 +277,13 @@ class MomoAdam(AbstractTransform):
             lower_bound=jnp.array(self.lower_bound, jnp.float32, copy=True),
         )
 
-    def transform(
+    def run(
         self,
         grads: Grads,
         state: MomoAdamState,
         params: Params,
         *,
+        apply: bool,
         value: Any = None,
     ) -> tuple[Updates, MomoAdamState]:
         f = _loss(value, "MomoAdam")
@@ -314,7 +318,9 @@ class MomoAdam(AbstractTransform):
             precond = eps + jnp.sqrt(jnp.real(nu) / bc2)
             return -tau * mu / precond - shrink * p, mu, nu
 
-        updates, _ = map_leaves(step, grads, params, (mu, nu), elementwise=True)
+        updates, _ = map_leaves(
+            step, grads, params, (mu, nu), elementwise=True, apply=apply
+        )
         return updates, MomoAdamState(
             step=t,
             mu=mu,
