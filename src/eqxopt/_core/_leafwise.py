@@ -20,7 +20,7 @@ rounding.
 import functools
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -31,6 +31,7 @@ from . import _dispatch, _seam
 from ._base import AbstractTransform, Grads, Params
 from ._fields import values_at
 from ._masks import decay_flags
+from ._storage import is_quantized, load, store
 from ._tree import (
     align_grads,
     compute_dtype,
@@ -94,7 +95,8 @@ def map_leaves(
             for column, value in zip(new_moments, old):
                 column.append(value)
             continue
-        if native is not None and native.takes(g, p, old):
+        quantized = any(is_quantized(m) for m in old)  # XLA's code dequantizes
+        if native is not None and not quantized and native.takes(g, p, old):
             flag = () if flags is None else (flags[i],)
             try:
                 native.add(i, g, p, old, flag)
@@ -106,13 +108,13 @@ def map_leaves(
                     column.append(None)
                 continue
         dtype = compute_dtype(p.dtype)
-        args = [g.astype(dtype), p.astype(dtype), *(m.astype(dtype) for m in old)]
+        args = [g.astype(dtype), p.astype(dtype), *(load(m, dtype) for m in old)]
         if flags is not None:
             args.append(flags[i])
         outs = rule(*args)
         updates.append(outs[0])
         for column, value, stored in zip(new_moments, outs[1:], old):
-            column.append(value.astype(stored.dtype))
+            column.append(store(value, stored))  # quantized again if it was
     if native is not None:
         assert entry is not None
         for i, result in native.finish().items():
@@ -147,6 +149,8 @@ class AbstractLeafwiseOptimizer(AbstractTransform):
     - `moments`: the names of the moment fields, in the order `leaf` takes them;
       each is stored in the dtype of the field `<name>_dtype` if there is one (else
       each parameter's dtype);
+    - `nonnegative_moments` (optional): the moments that are never negative,
+      which a quantized storage then keeps in its unsigned map;
     - `elementwise`: whether `leaf` treats every element on its own (no reductions
       and no shape-dependent maths), which lets the native kernels run it;
     - `leaf(h, t, g, p, *moments[, decayed]) -> (update, *new_moments)`: the rule,
@@ -164,6 +168,9 @@ class AbstractLeafwiseOptimizer(AbstractTransform):
     state_type: eqx.AbstractClassVar[type[eqx.Module]]
     moments: eqx.AbstractClassVar[tuple[str, ...]]
     elementwise: eqx.AbstractClassVar[bool]
+    # The moments that are never negative (Adam's `nu`): a quantized storage
+    # (`Blockwise8bit()`, ...) keeps them in its unsigned map, twice as fine.
+    nonnegative_moments: ClassVar[frozenset[str]] = frozenset()
     # The per-leaf rule (a method); see above.
     leaf: eqx.AbstractClassVar[Callable[..., tuple[Array, ...]]]
 
@@ -188,7 +195,10 @@ class AbstractLeafwiseOptimizer(AbstractTransform):
         self._flags(params)  # a bad mask fails here, not mid-training
         moments = {
             name: float_leaves_like(
-                params, getattr(self, f"{name}_dtype", None), self.moment_fill(name)
+                params,
+                getattr(self, f"{name}_dtype", None),
+                self.moment_fill(name),
+                nonnegative=name in self.nonnegative_moments,
             )
             for name in self.moments
         }
