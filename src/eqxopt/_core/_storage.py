@@ -84,15 +84,15 @@ def _nearest_code(y: Array, table: np.ndarray) -> Array:
     least half-way to the next entry."""
     n = table.shape[0]
     qmap = jnp.asarray(table)
-    codes = jnp.zeros(y.shape, jnp.int32)
+    # uint8 throughout (n <= 256): the search's temporaries stay a byte an element.
+    codes = jnp.zeros(y.shape, jnp.uint8)
     step = n // 2
     while step >= 1:
-        codes = codes + jnp.where(y >= qmap[codes + step], step, 0).astype(jnp.int32)
+        codes = codes + jnp.where(y >= qmap[codes + step], step, 0).astype(jnp.uint8)
         step //= 2
-    up = jnp.minimum(codes + 1, n - 1)
+    up = jnp.minimum(codes, n - 2) + 1
     down_value = qmap[codes]
-    codes = jnp.where(y - down_value >= (qmap[up] - down_value) * 0.5, up, codes)
-    return codes.astype(jnp.uint8)
+    return jnp.where(y - down_value >= (qmap[up] - down_value) * 0.5, up, codes)
 
 
 def _blocks(x: Array, block_size: int) -> Array:
