@@ -4,7 +4,9 @@ An optimizer writes its rule for one leaf, `rule(g, p, *moments) -> (u, *moments
 on arrays already cast to the compute dtype (at least float32). `map_leaves` does the
 rest once for everybody: it pairs every float parameter with its gradient and state,
 skips leaves whose gradient is `None` (their state is kept as it was), upcasts
-low-precision inputs, and casts new state back to the dtype it is stored in.
+low-precision inputs, and casts new state back to the dtype it is stored in (a
+block-wise quantized moment, `_storage.QuantizedArray`, is dequantized on load and
+quantized again on store).
 
 Each leaf gets its own element-wise code, on purpose: XLA's CPU backend compiles
 identical per-leaf fusions once and reuses the kernel, whereas gathering leaves into
