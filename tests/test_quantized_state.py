@@ -403,3 +403,18 @@ def test_other_optimizers_with_moment_dtypes_take_storage():
         state = opt.init(params)
         p, state = opt.step(grads, state, params)
         assert float(p["w"][0, 0]) < 1.0, type(opt).__name__
+
+
+def test_wrappers_carry_quantized_inner_state():
+    q = eqxopt.Blockwise8bit(block_size=16, min_size=16)
+    params = {"w": jnp.ones((8, 8)), "b": jnp.ones(4)}
+    grads = {"w": jnp.full((8, 8), 0.1), "b": jnp.full(4, 0.1)}
+    for opt in [
+        eqxopt.MultiSteps(eqxopt.AdamW(1e-2, mu_dtype=q, nu_dtype=q), 2),
+        eqxopt.Masked(eqxopt.Lion(1e-2, mu_dtype=q), {"w": True, "b": False}),
+    ]:
+        p = jax.tree.map(jnp.copy, params)
+        state = opt.init(p)
+        for _ in range(2):
+            p, state = opt.step(grads, state, p, donate=True)
+        assert float(p["w"][0, 0]) < 1.0, type(opt).__name__
