@@ -16,6 +16,12 @@ from ._packed import (
     Packed as Packed,
     pack as pack,
 )
+from ._storage import (
+    Blockwise4bit as Blockwise4bit,
+    Blockwise8bit as Blockwise8bit,
+    BlockwiseFp8 as BlockwiseFp8,
+    QuantizedArray as QuantizedArray,
+)
 from ._tree import (
     apply_updates as apply_updates,
 )

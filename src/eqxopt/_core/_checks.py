@@ -167,6 +167,15 @@ def float_dtype_or_none(name: str, dtype: Any) -> Any:
         ) from None
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"{name} must be a float dtype or None, got {dtype}")
+    if jnp.finfo(dtype).bits < 16:
+        # A plain cast to 8 or 4 bits has no scale: a second moment of 1e-6 (the
+        # square of a gradient of 1e-3) rounds to 0 in float8_e4m3fn.
+        raise ValueError(
+            f"{name}={dtype} cannot hold optimizer state: a float of under 16 bits "
+            "without a scale rounds small moments to 0; use eqxopt.Blockwise8bit(), "
+            "eqxopt.Blockwise4bit() or eqxopt.BlockwiseFp8() (scaled per block), or "
+            "a float dtype of 16 bits or more"
+        )
     return dtype
 
 

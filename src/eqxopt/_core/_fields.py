@@ -34,6 +34,7 @@ from ._checks import (
 )
 from ._masks import Mask, freeze_mask
 from ._schedule import AbstractSchedule, as_schedule, value_at
+from ._storage import AbstractStateStorage
 
 # What users may pass for a float hyperparameter, and what a field then holds (a
 # scalar array, or the schedule as given).
@@ -78,7 +79,18 @@ class _Mask(NamedConverter):
 
 
 class _DType(NamedConverter):
+    def __init__(self, storage: bool):
+        self.storage = storage
+
     def __call__(self, value: Any) -> Any:
+        if isinstance(value, AbstractStateStorage):
+            if self.storage:
+                return value
+            raise TypeError(
+                f"{self.name} takes a float dtype or None, not a quantized storage "
+                f"({type(value).__name__}): this state is not stored through the "
+                "per-leaf engine"
+            )
         return float_dtype_or_none(self.name, value)
 
 
@@ -155,9 +167,16 @@ def mask_field(default: Any = None, *, kw_only: bool = True) -> Any:
     return eqx.field(default=default, converter=_Mask(), static=True, kw_only=kw_only)
 
 
-def dtype_field(*, kw_only: bool = True) -> Any:
-    """A float dtype to store a piece of state in, or `None` (each parameter's)."""
-    return eqx.field(default=None, converter=_DType(), static=True, kw_only=kw_only)
+def dtype_field(*, kw_only: bool = True, storage: bool = True) -> Any:
+    """A float dtype to store a piece of state in, or `None` (each parameter's).
+
+    With `storage=True` (a moment that `map_leaves` loads and stores, created by
+    `float_leaves_like`) it may also be a block-wise quantized storage such as
+    `Blockwise8bit()`; otherwise that is a `TypeError` naming the field. Floats of
+    under 16 bits (`float8_*`, `float4_*`) are a `ValueError`: without a scale
+    they round small moments to 0."""
+    converter = _DType(storage)
+    return eqx.field(default=None, converter=converter, static=True, kw_only=kw_only)
 
 
 def flag_field(default: bool, *, kw_only: bool = True) -> Any:

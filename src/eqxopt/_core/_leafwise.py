@@ -4,7 +4,9 @@ An optimizer writes its rule for one leaf, `rule(g, p, *moments) -> (u, *moments
 on arrays already cast to the compute dtype (at least float32). `map_leaves` does the
 rest once for everybody: it pairs every float parameter with its gradient and state,
 skips leaves whose gradient is `None` (their state is kept as it was), upcasts
-low-precision inputs, and casts new state back to the dtype it is stored in.
+low-precision inputs, and casts new state back to the dtype it is stored in (a
+block-wise quantized moment, `_storage.QuantizedArray`, is dequantized on load and
+quantized again on store).
 
 Each leaf gets its own element-wise code, on purpose: XLA's CPU backend compiles
 identical per-leaf fusions once and reuses the kernel, whereas gathering leaves into
@@ -21,7 +23,7 @@ import abc
 import functools
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -32,6 +34,7 @@ from . import _dispatch, _seam
 from ._base import AbstractTransform, Grads, Params
 from ._fields import values_at
 from ._masks import decay_flags
+from ._storage import is_quantized, load, store
 from ._tree import (
     align_grads,
     apply_update,
@@ -101,7 +104,8 @@ def map_leaves(
             for column, value in zip(new_moments, old):
                 column.append(value)
             continue
-        if native is not None and native.takes(g, p, old):
+        quantized = any(is_quantized(m) for m in old)  # XLA's code dequantizes
+        if native is not None and not quantized and native.takes(g, p, old):
             flag = () if flags is None else (flags[i],)
             try:
                 native.add(i, g, p, old, flag)
@@ -113,13 +117,13 @@ def map_leaves(
                     column.append(None)
                 continue
         dtype = compute_dtype(p.dtype)
-        args = [g.astype(dtype), p.astype(dtype), *(m.astype(dtype) for m in old)]
+        args = [g.astype(dtype), p.astype(dtype), *(load(m, dtype) for m in old)]
         if flags is not None:
             args.append(flags[i])
         outs = rule(*args)
         updates.append(outs[0])
         for column, value, stored in zip(new_moments, outs[1:], old):
-            column.append(value.astype(stored.dtype))
+            column.append(store(value, stored))  # quantized again if it was
     if apply:
         updates = [apply_update(u, p) for u, p in zip(updates, param_leaves)]
     if native is not None:
@@ -181,6 +185,8 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
     - `moments`: the names of the moment fields, in the order `leaf` takes them;
       each is stored in the dtype of the field `<name>_dtype` if there is one (else
       each parameter's dtype);
+    - `nonnegative_moments` (optional): the moments that are never negative,
+      which a quantized storage then keeps in its unsigned map;
     - `elementwise`: whether `leaf` treats every element on its own (no reductions
       and no shape-dependent maths), which lets the native kernels run it;
     - `leaf(h, t, g, p, *moments[, decayed]) -> (update, *new_moments)`: the rule,
@@ -198,6 +204,9 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
     state_type: eqx.AbstractClassVar[type[eqx.Module]]
     moments: eqx.AbstractClassVar[tuple[str, ...]]
     elementwise: eqx.AbstractClassVar[bool]
+    # The moments that are never negative (Adam's `nu`): a quantized storage
+    # (`Blockwise8bit()`, ...) keeps them in its unsigned map, twice as fine.
+    nonnegative_moments: ClassVar[frozenset[str]] = frozenset()
     # The per-leaf rule (a method); see above.
     leaf: eqx.AbstractClassVar[Callable[..., tuple[Array, ...]]]
 
@@ -222,7 +231,10 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
         self._flags(params)  # a bad mask fails here, not mid-training
         moments = {
             name: float_leaves_like(
-                params, getattr(self, f"{name}_dtype", None), self.moment_fill(name)
+                params,
+                getattr(self, f"{name}_dtype", None),
+                self.moment_fill(name),
+                nonnegative=name in self.nonnegative_moments,
             )
             for name in self.moments
         }

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PyTree
 
+from ._storage import AbstractStateStorage
 from ._structure import is_none as is_none, structure_mismatch
 
 # The largest step count: the counter saturates there (`increment`).
@@ -39,15 +40,30 @@ def abs_sq(x: Array) -> Array:
 
 
 def float_leaves_like(
-    params: PyTree, dtype: Any = None, fill: float | Array = 0.0
+    params: PyTree,
+    dtype: Any = None,
+    fill: float | Array = 0.0,
+    *,
+    nonnegative: bool = False,
 ) -> PyTree:
     """A tree shaped like `params`: `fill` for every float leaf (in `dtype`, or the
     leaf's own dtype; see `stored_dtype` for complex leaves), `None` for every other
     leaf. Each new leaf is placed like its parameter (`full_like_leaf`), so sharded
-    parameters get sharded state from the start."""
+    parameters get sharded state from the start.
+
+    `dtype` may be a quantized storage (`Blockwise8bit()`, ...): then large real
+    leaves are `QuantizedArray`s (which `map_leaves` loads and stores), in the
+    unsigned map if `nonnegative` (the moment is never negative), and the others
+    float32."""
 
     def make(p):
-        return full_like_leaf(p, fill, dtype) if is_float_leaf(p) else None
+        if not is_float_leaf(p):
+            return None
+        if isinstance(dtype, AbstractStateStorage):
+            if dtype.quantizes(p):
+                return dtype.init_leaf(p, fill, nonnegative)
+            return full_like_leaf(p, fill, jnp.float32)
+        return full_like_leaf(p, fill, dtype)
 
     return jax.tree.map(make, params)
 
@@ -85,6 +101,11 @@ def stored_dtype(dtype: Any, param_dtype: Any) -> Any:
     imaginary parts. A bool or integer `dtype` (a flag per leaf) stays as it is."""
     if dtype is None:
         return jnp.dtype(param_dtype)
+    if isinstance(dtype, AbstractStateStorage):
+        raise TypeError(
+            f"{type(dtype).__name__} storage is for moments the per-leaf engine "
+            "stores (float_leaves_like and map_leaves), not for this state"
+        )
     if jnp.issubdtype(param_dtype, jnp.complexfloating) and jnp.issubdtype(
         dtype, jnp.floating
     ):

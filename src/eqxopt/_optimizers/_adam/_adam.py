@@ -202,7 +202,7 @@ class AbstractNAdam(AbstractLeafwiseOptimizer):
             step=zero_step(),
             mu_product=jnp.ones((), jnp.float32),
             mu=float_leaves_like(params, self.mu_dtype),
-            nu=float_leaves_like(params, self.nu_dtype),
+            nu=float_leaves_like(params, self.nu_dtype, nonnegative=True),
         )
 
     def run(
@@ -380,6 +380,7 @@ class AMSGrad(AbstractLeafwiseOptimizer):
 
     state_type = AMSGradState
     moments = ("mu", "nu", "nu_max")
+    nonnegative_moments = frozenset({"nu", "nu_max"})
     elementwise = True
 
     @property

@@ -148,6 +148,7 @@ class AbstractAdamLike(AbstractLeafwiseOptimizer):
 
     state_type = AdamState
     moments = ("mu", "nu")
+    nonnegative_moments = frozenset({"nu"})  # squares, maxima of |g|, ...
 
     @abc.abstractmethod
     def direction(

@@ -86,6 +86,7 @@ class AdEMAMix(AbstractLeafwiseOptimizer):
 
     state_type = AdEMAMixState
     moments = ("m1", "m2", "nu")
+    nonnegative_moments = frozenset({"nu"})
     elementwise = True
 
     # The engine stores moment `x` in `x_dtype`: both first moments in `mu_dtype`.

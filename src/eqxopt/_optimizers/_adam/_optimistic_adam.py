@@ -86,6 +86,7 @@ class OptimisticAdam(AbstractLeafwiseOptimizer):
 
     state_type = OptimisticAdamState
     moments = ("mu", "nu", "previous")
+    nonnegative_moments = frozenset({"nu"})
     elementwise = True
 
     @property

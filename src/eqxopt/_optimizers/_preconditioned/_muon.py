@@ -25,7 +25,6 @@ from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
 from ..._core._tree import (
     abs_sq,
-    align_grads,
     float_leaves_like,
     increment,
     is_float_leaf,
@@ -95,8 +94,9 @@ def _muon_flags(mask: Any, params: Params) -> list[bool]:
 
 
 def _select(tree: PyTree, params: Params, keep: list[bool]) -> PyTree:
-    leaves = align_grads(tree, params)
     treedef = jax.tree.structure(params)
+    # Up to params' leaves: a quantized moment (`Blockwise8bit`) is a module there.
+    leaves = treedef.flatten_up_to(tree)
     return treedef.unflatten([x if k else None for x, k in zip(leaves, keep)])
 
 
@@ -211,7 +211,7 @@ class Muon(AbstractTransform):
     def init(self, params: Params) -> MuonState:
         flags = _muon_flags(self.muon_mask, params)
         decay_flags(self.weight_decay_mask, params, "weight_decay_mask")  # checked
-        nu = float_leaves_like(params, self.nu_dtype)
+        nu = float_leaves_like(params, self.nu_dtype, nonnegative=True)
         return MuonState(
             step=zero_step(),
             mu=float_leaves_like(params, self.mu_dtype),
@@ -287,8 +287,9 @@ class Muon(AbstractTransform):
 
 
 def _merge(a: PyTree, b: PyTree, params: Params, take_a: list[bool]) -> PyTree:
-    a_leaves = align_grads(a, params)
-    b_leaves = align_grads(b, params)
-    return jax.tree.structure(params).unflatten(
+    treedef = jax.tree.structure(params)
+    a_leaves = treedef.flatten_up_to(a)  # as in `_select`
+    b_leaves = treedef.flatten_up_to(b)
+    return treedef.unflatten(
         [x if k else y for x, y, k in zip(a_leaves, b_leaves, take_a)]
     )

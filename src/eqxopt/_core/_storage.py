@@ -1,0 +1,330 @@
+"""Block-wise quantized optimizer state: 8-bit, 4-bit and fp8 moments.
+
+A storage option (`Blockwise8bit()`, `Blockwise4bit()`, `BlockwiseFp8()`) goes where
+a dtype goes today (`mu_dtype=`, `nu_dtype=`, ...). At `init` each large enough float
+leaf of that moment is stored as a `QuantizedArray` at the parameter's position in
+the state tree; `map_leaves` dequantizes it on load (the rule sees float32 arrays)
+and quantizes the new value on store, so every optimizer that runs through the
+per-leaf engine gets it without code of its own.
+
+The maps and block sizes are those of torchao 0.18 (`torchao.optim.AdamW8bit`,
+`AdamW4bit`, `AdamWFp8`), after bitsandbytes (Dettmers et al. 2021, arXiv 2110.02861)
+and Li et al. 2023 (arXiv 2309.01507): a leaf is flattened and cut into blocks; each
+block is divided by its absmax (so its values lie in [-1, 1]) and each value is
+stored as the index of the nearest entry of a fixed table, the map.
+"""
+
+import functools
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float32, Shaped
+
+# The 4-bit maps: two codes per byte.
+_PACKED = ("dynamic4_signed", "linear4_unsigned")
+
+# torchao clips each block's absmax at this, so an all-zero block divides by it.
+_TINY_SCALE = 1e-12
+
+
+def _dynamic_map(signed: bool, exponent_bits: int, total_bits: int) -> np.ndarray:
+    """bitsandbytes' dynamic map (`create_dynamic_map`, as torchao 0.18 has it, with
+    no zero padding): for each decade `10**-(exponent_bits-1+k)`, `k = 0..e-1`, the
+    midpoints of a linear grid on [0.1, 1] with `2**(k + total_bits - 1 - e) + 1`
+    points (twice as many when unsigned), scaled by the decade, mirrored to the
+    negatives when `signed`, plus 0 and 1. Computed in float64 and rounded once to
+    float32 (torchao rounds `torch.linspace` in float32: its table can differ from
+    this one by one float32 ulp)."""
+    non_sign_bits = total_bits - 1
+    values = [0.0, 1.0]
+    for i in range(exponent_bits):
+        power = i + non_sign_bits - exponent_bits
+        points = 2**power + 1 if signed else 2 ** (power + 1) + 1
+        grid = np.linspace(0.1, 1.0, points, dtype=np.float64)
+        means = (grid[:-1] + grid[1:]) / 2.0
+        decade = 10.0 ** (-(exponent_bits - 1) + i)
+        values.extend(decade * means)
+        if signed:
+            values.extend(-decade * means)
+    assert len(values) == 2**total_bits
+    return np.sort(np.asarray(values, np.float64)).astype(np.float32)
+
+
+@functools.cache
+def code_map(name: str) -> np.ndarray:
+    """The table of a map, by name (ascending float32 values in [-1, 1])."""
+    if name == "dynamic8_signed":
+        return _dynamic_map(True, 7, 8)
+    if name == "dynamic8_unsigned":
+        return _dynamic_map(False, 7, 8)
+    if name == "dynamic4_signed":
+        return _dynamic_map(True, 3, 4)
+    if name == "linear4_unsigned":
+        # torchao's 4-bit second moment (from Li et al.'s lpmm): k/16, k = 1..16.
+        # No zero: a value below 1/32 of its block's absmax is stored as 1/16 of it.
+        return (np.arange(1, 17, dtype=np.float64) / 16).astype(np.float32)
+    raise ValueError(f"unknown map {name!r}")
+
+
+def map_resolution(name: str) -> float:
+    """The largest distance from a value in the map's range ([-1, 1] signed, [0, 1]
+    unsigned) to the nearest table entry: the round-trip error of a block is at most
+    this times its absmax (plus float32 rounding)."""
+    table = code_map(name).astype(np.float64)
+    low = 0.0 if name.endswith("unsigned") else -1.0
+    return float(max(np.max(np.diff(table)) / 2, table[0] - low, 1.0 - table[-1]))
+
+
+def _nearest_code(y: Array, table: np.ndarray) -> Array:
+    """The index of the nearest entry of `table` for every element of `y` (values
+    in the table's range), as torchao's `quantize_8bit_with_qmap` finds it: a
+    branch-free binary search (`y >= table[mid]`), then up by one when `y` is at
+    least half-way to the next entry."""
+    n = table.shape[0]
+    qmap = jnp.asarray(table)
+    # uint8 throughout (n <= 256): the search's temporaries stay a byte an element.
+    codes = jnp.zeros(y.shape, jnp.uint8)
+    step = n // 2
+    while step >= 1:
+        codes = codes + jnp.where(y >= qmap[codes + step], step, 0).astype(jnp.uint8)
+        step //= 2
+    up = jnp.minimum(codes, n - 2) + 1
+    down_value = qmap[codes]
+    return jnp.where(y - down_value >= (qmap[up] - down_value) * 0.5, up, codes)
+
+
+def _blocks(x: Array, block_size: int) -> Array:
+    """`x` flattened, zero-padded to whole blocks, as `(n_blocks, block_size)`."""
+    flat = x.reshape(-1)
+    pad = -flat.size % block_size
+    if pad:
+        flat = jnp.pad(flat, (0, pad))
+    return flat.reshape(-1, block_size)
+
+
+class QuantizedArray(eqx.Module):
+    """One leaf of a moment, stored block-wise quantized: what a `Blockwise8bit`,
+    `Blockwise4bit` or `BlockwiseFp8` moment holds at each large float parameter.
+
+    The leaf is flattened and cut into blocks of `block_size` (the last zero-padded);
+    block `b` is stored as `codes[b]` and `absmax[b]`, and element `i` of it reads
+
+    $$x_i = \\text{map}[\\text{code}_i] \\cdot \\text{absmax}_b$$
+
+    (fp8: $x_i = \\text{float}(\\text{code}_i) \\cdot \\text{absmax}_b$, where
+    `absmax` holds the block's absmax over 448). 4-bit codes are packed two to a
+    byte, the first in the high nibble.
+
+    **Arguments:**
+
+    - `codes`: `uint8` `(n_blocks, block_size)` (4-bit: `block_size // 2`), or
+      `float8_e4m3fn` `(n_blocks, block_size)` for fp8.
+    - `absmax`: float32 `(n_blocks,)`: each block's scale.
+    - `shape`: the leaf's shape (static).
+    - `dtype`: the dtype the values are read in (float32; static).
+    - `map_name`: the map (static): `"dynamic8_signed"`, `"dynamic8_unsigned"`,
+      `"dynamic4_signed"`, `"linear4_unsigned"` or `"fp8_e4m3fn"`.
+    """
+
+    codes: Shaped[Array, "blocks width"]
+    absmax: Float32[Array, " blocks"]
+    shape: tuple[int, ...] = eqx.field(static=True)
+    dtype: Any = eqx.field(static=True)
+    map_name: str = eqx.field(static=True)
+
+    @property
+    def block_size(self) -> int:
+        width = self.codes.shape[-1]
+        return 2 * width if self.map_name in _PACKED else width
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def dequantize(self) -> Float32[Array, "..."]:
+        """The stored values, as a float32 array of `shape`."""
+        codes = self.codes
+        if self.map_name == "fp8_e4m3fn":
+            values = codes.astype(jnp.float32)
+        else:
+            if self.block_size != codes.shape[-1]:  # 4-bit: unpack
+                codes = jnp.stack([codes >> 4, codes & 0xF], axis=-1)
+                codes = codes.reshape(codes.shape[0], -1)
+            values = jnp.asarray(code_map(self.map_name))[codes.astype(jnp.int32)]
+        values = values * self.absmax[:, None]
+        return values.reshape(-1)[: self.size].reshape(self.shape)
+
+    def requantize(self, x: Array) -> "QuantizedArray":
+        """`x` (of `shape`) stored the way this leaf is (same map and blocks)."""
+        return quantize(x, self.map_name, self.block_size)
+
+
+def quantize(x: Array, map_name: str, block_size: int) -> QuantizedArray:
+    """`x` stored block-wise in the map `map_name` (see `QuantizedArray`)."""
+    blocks = _blocks(x.astype(jnp.float32), block_size)
+    absmax = jnp.maximum(jnp.max(jnp.abs(blocks), axis=-1), _TINY_SCALE)
+    if map_name == "fp8_e4m3fn":
+        scale = absmax / float(jnp.finfo(jnp.float8_e4m3fn).max)
+        codes = (blocks / scale[:, None]).astype(jnp.float8_e4m3fn)
+        return QuantizedArray(codes, scale, tuple(x.shape), jnp.float32, map_name)
+    codes = _nearest_code(blocks / absmax[:, None], code_map(map_name))
+    if map_name in _PACKED:  # two 4-bit codes per byte
+        codes = (codes[:, 0::2] << 4) | codes[:, 1::2]
+    return QuantizedArray(codes, absmax, tuple(x.shape), jnp.float32, map_name)
+
+
+def _zeros(shape: tuple[int, ...], map_name: str, block_size: int) -> QuantizedArray:
+    # All codes 0 with absmax 0: exactly zero under every map (as torchao's `zeros`;
+    # quantizing zeros would store the 4-bit unsigned map's 1/16 times 1e-12).
+    size = int(np.prod(shape, dtype=np.int64))
+    n_blocks = -(-size // block_size)
+    width = block_size // 2 if map_name in _PACKED else block_size
+    dtype = jnp.float8_e4m3fn if map_name == "fp8_e4m3fn" else jnp.uint8
+    codes = jnp.zeros((n_blocks, width), dtype)
+    absmax = jnp.zeros((n_blocks,), jnp.float32)
+    return QuantizedArray(codes, absmax, shape, jnp.float32, map_name)
+
+
+def _check_int(owner: str, name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{owner}: {name} must be >= {low}, got {value}")
+    return int(value)
+
+
+class AbstractStateStorage(eqx.Module):
+    """How a moment is stored: passed where a dtype goes (`mu_dtype=`, ...).
+
+    Leaves with at least `min_size` elements (real floating point) are stored as
+    `QuantizedArray`s; smaller leaves, and complex ones, stay float32 (complex64)."""
+
+    block_size: eqx.AbstractVar[int]
+    min_size: eqx.AbstractVar[int]
+    signed_map: eqx.AbstractClassVar[str]
+    unsigned_map: eqx.AbstractClassVar[str]
+
+    def __check_init__(self):
+        owner = type(self).__name__
+        _check_int(owner, "block_size", self.block_size, 1)
+        _check_int(owner, "min_size", self.min_size, 0)
+        if self.signed_map in _PACKED and self.block_size % 2:
+            raise ValueError(
+                f"{owner}: block_size must be even (two 4-bit codes per byte), got "
+                f"{self.block_size}"
+            )
+
+    def quantizes(self, p: Any) -> bool:
+        """Whether a leaf like `p` is stored quantized."""
+        return jnp.issubdtype(p.dtype, jnp.floating) and p.size >= self.min_size
+
+    def init_leaf(self, p: Array, fill: Any, nonnegative: bool) -> QuantizedArray:
+        """The stored form of `fill` shaped like `p` (a leaf `quantizes` takes).
+        `nonnegative`: the optimizer declares this moment never negative, which
+        selects the unsigned map (twice the resolution on [0, 1])."""
+        name = self.unsigned_map if nonnegative else self.signed_map
+        if isinstance(fill, (int, float)) and fill == 0:
+            return _zeros(tuple(p.shape), name, self.block_size)
+        full = jnp.full(p.shape, fill, jnp.float32)
+        return quantize(full, name, self.block_size)
+
+
+class Blockwise8bit(AbstractStateStorage):
+    """Block-wise 8-bit storage for a moment (bitsandbytes; torchao's `AdamW8bit`):
+    1 byte per element plus a float32 absmax per block.
+
+    Each block of `block_size` elements of the flattened leaf is divided by its
+    absmax $s_b = \\max_{i \\in b} |x_i|$ and every value is stored as the index of
+    the nearest entry of the dynamic map $M$ (256 float32 values in [-1, 1]:
+    `QuantizedArray`); it reads back as $M[\\text{code}_i] \\, s_b$. The map is
+    signed (bitsandbytes' dynamic map: 7 decades from $10^{-6}$ to 1, a sign bit)
+    unless the optimizer declares the moment non-negative (Adam's `nu`, ...), then
+    unsigned (the same decades with twice the points). The round-trip error of an
+    element is at most $s_b$ times half the largest gap of the map ($s_b / 142$
+    signed, $s_b / 284$ unsigned).
+
+    ```python
+    opt = eqxopt.AdamW(1e-3, mu_dtype=eqxopt.Blockwise8bit(),
+                       nu_dtype=eqxopt.Blockwise8bit())
+    ```
+
+    **Arguments:**
+
+    - `block_size`: elements per block (torchao's and bitsandbytes' 256 by
+      default). A leaf's last block is zero-padded (torchao keeps a leaf whose size
+      is not a multiple of the block in full precision instead).
+    - `min_size`: leaves with fewer elements stay float32 (4096, as bitsandbytes
+      and torchao: small leaves cost little and their scales would cost more).
+    """
+
+    block_size: int = eqx.field(default=256, static=True)
+    min_size: int = eqx.field(default=4096, static=True)
+    signed_map = "dynamic8_signed"
+    unsigned_map = "dynamic8_unsigned"
+
+
+class Blockwise4bit(AbstractStateStorage):
+    """Block-wise 4-bit storage for a moment (Li et al. 2023; torchao's
+    `AdamW4bit`): half a byte per element (two codes per byte) plus a float32
+    absmax per block.
+
+    As `Blockwise8bit`, with 16-entry maps: signed moments use the dynamic map with
+    3 exponent bits ($\\{0, \\pm 0.0055, \\pm 0.0325, \\pm 0.0775, \\pm 0.2125,
+    \\pm 0.4375, \\pm 0.6625, \\pm 0.8875, 1\\}$); non-negative ones the linear map
+    $k / 16$, $k = 1..16$, which has no zero (a value under $s_b / 32$ reads back
+    as $s_b / 16$; torchao and Li et al. use it for Adam's second moment). Error
+    bound: $0.1125 \\, s_b$ signed, $s_b / 16$ unsigned.
+
+    **Arguments:**
+
+    - `block_size`: elements per block (even; torchao's 128 by default).
+    - `min_size`: leaves with fewer elements stay float32 (4096, as torchao).
+    """
+
+    block_size: int = eqx.field(default=128, static=True)
+    min_size: int = eqx.field(default=4096, static=True)
+    signed_map = "dynamic4_signed"
+    unsigned_map = "linear4_unsigned"
+
+
+class BlockwiseFp8(AbstractStateStorage):
+    """Block-wise scaled fp8 storage for a moment (torchao's `AdamWFp8`): one
+    `float8_e4m3fn` per element plus a float32 scale per block.
+
+    Each block is divided by $s_b = \\max_{i \\in b} |x_i| / 448$ (448: the largest
+    e4m3 value) and cast to `float8_e4m3fn` (round to nearest); it reads back as
+    $\\text{float}(\\text{code}_i) \\, s_b$. The relative error of an element is at
+    most $2^{-4}$ while it stays above e4m3's normal range ($2^{-6} s_b$); a plain
+    `nu_dtype=jnp.float8_e4m3fn` has no scale, so a second moment below $2^{-10}$
+    rounds to 0 (and is refused).
+
+    **Arguments:**
+
+    - `block_size`: elements per block (torchao's 256 by default).
+    - `min_size`: leaves with fewer elements stay float32 (4096, as torchao).
+    """
+
+    block_size: int = eqx.field(default=256, static=True)
+    min_size: int = eqx.field(default=4096, static=True)
+    signed_map = "fp8_e4m3fn"
+    unsigned_map = "fp8_e4m3fn"
+
+
+def is_quantized(x: Any) -> bool:
+    return isinstance(x, QuantizedArray)
+
+
+def load(stored: Any, dtype: Any) -> Array:
+    """A moment leaf as the rule sees it: in `dtype` (the compute dtype)."""
+    if isinstance(stored, QuantizedArray):
+        return stored.dequantize().astype(dtype)
+    return stored.astype(dtype)
+
+
+def store(value: Array, stored: Any) -> Any:
+    """The new value of a moment leaf, in the form the old one is stored in."""
+    if isinstance(stored, QuantizedArray):
+        return stored.requantize(value)
+    return value.astype(stored.dtype)
