@@ -66,26 +66,32 @@ def _round_stochastic(x: Array, dtype: Any, bits: Array) -> Array:
     return _round_stochastic_f16(x, bits)
 
 
-def _delta(p: Array, p_new: Array) -> Array:
-    """A float32 update, exactly representable in `p`'s dtype, that
-    `eqxopt.apply_updates` (`(p + u)` in float32, rounded to `p`'s dtype) turns into
-    `p_new`: `p_new - p` rounded to `p`'s dtype, or the neighbour above or below it
-    where that rounding of the difference would land elsewhere (a parameter moving
-    by more than its own size)."""
+def _landing_delta(p: Array, target: Array) -> Array:
+    """An update in `p`'s dtype that `eqxopt.apply_updates` (`p + u` in float32,
+    rounded to `p`'s dtype) turns into `target`: `target - p` rounded to `p`'s
+    dtype, or the neighbour above or below it where that one lands and it does
+    not. Where none lands (a parameter crossing zero, or moving by more than its
+    own size, to a value whose difference from `p` needs more bits than `p`'s
+    dtype has), `target - p` rounded: the parameter then lands next to `target`."""
     dtype = p.dtype
     pf = p.astype(jnp.float32)
 
     def lands(d):
-        return (pf + d.astype(jnp.float32)).astype(dtype) == p_new
+        return (pf + d.astype(jnp.float32)).astype(dtype) == target
 
-    d = (p_new.astype(jnp.float32) - pf).astype(dtype)
+    d = (target.astype(jnp.float32) - pf).astype(dtype)
     up = jnp.nextafter(d, jnp.full_like(d, jnp.inf))
     down = jnp.nextafter(d, jnp.full_like(d, -jnp.inf))
     d = jnp.where(
         lands(d), d, jnp.where(lands(up), up, jnp.where(lands(down), down, d))
     )
-    # Same value (infinite parameters included, where `p_new - p` is NaN).
-    return jnp.where(p_new == p, jnp.zeros_like(d), d).astype(jnp.float32)
+    # Same value (infinite parameters included, where `target - p` is NaN).
+    return jnp.where(target == p, jnp.zeros_like(d), d)
+
+
+def _added(p: Array, d: Array) -> Array:
+    """`p + d` as `eqxopt.apply_updates` forms it (in float32, rounded once)."""
+    return (p.astype(jnp.float32) + d.astype(jnp.float32)).astype(p.dtype)
 
 
 def _has_low(params: Params) -> bool:
@@ -127,10 +133,14 @@ class StochasticRounding(AbstractSingleWrapper):
     others. Every other leaf (float32, complex, ...) is updated exactly as `inner`
     alone would. No float32 copy of the parameters is kept.
 
-    `step` does the rounding; `update` returns, for each bf16/f16 leaf, the update
-    in the parameter's dtype that `eqxopt.apply_updates` (or `optax.apply_updates`)
-    turns into the same rounded parameter. Use it as the outermost transform: a
-    transform after it would change updates it has already rounded.
+    The update applied is one in the parameter's dtype (`update` returns it, and
+    `eqxopt.apply_updates` or `optax.apply_updates` gives exactly the parameters
+    `step` gives): the one that lands on the rounded value. A parameter that
+    crosses zero (or moves by more than its own size) to a value whose distance
+    from it needs more bits than the dtype has lands next to that value instead
+    (one step of the dtype away; rare, and only in such large moves). Use it as
+    the outermost transform: a transform after it would change updates it has
+    already rounded.
 
     **Arguments:**
 
@@ -156,8 +166,9 @@ class StochasticRounding(AbstractSingleWrapper):
     def _rounded(
         self, updates: Updates, state: StochasticRoundingState, params: Params
     ) -> list[Any]:
-        """Per leaf of params: the new parameter for bf16/f16 leaves with an
-        update, `None` elsewhere."""
+        """Per leaf of params: for bf16/f16 leaves with an update, the update in
+        the parameter's dtype that lands on the stochastically rounded `p + u`;
+        `None` elsewhere."""
         key = jax.random.wrap_key_data(state.key, impl=self.key_impl)
         key = jax.random.fold_in(key, state.step)
         out = []
@@ -169,7 +180,7 @@ class StochasticRounding(AbstractSingleWrapper):
                 continue
             bits = jax.random.bits(jax.random.fold_in(key, i), p.shape, jnp.uint16)
             x = p.astype(jnp.float32) + u.astype(jnp.float32)
-            out.append(_round_stochastic(x, p.dtype, bits))
+            out.append(_landing_delta(p, _round_stochastic(x, p.dtype, bits)))
         return out
 
     def transform(
@@ -181,10 +192,10 @@ class StochasticRounding(AbstractSingleWrapper):
     ) -> tuple[Updates, StochasticRoundingState]:
         updates, inner_state = self.run_inner(grads, state.inner, params, extra)
         rounded = self._rounded(updates, state, params)
-        leaves, treedef = jax.tree.flatten(params)
+        treedef = jax.tree.structure(params)
         new = [
-            u if r is None else _delta(p, r)
-            for u, p, r in zip(leaves_of(updates, params), leaves, rounded)
+            u if d is None else d.astype(jnp.float32)
+            for u, d in zip(leaves_of(updates, params), rounded)
         ]
         return treedef.unflatten(new), self._next(state, inner_state)
 
@@ -206,7 +217,10 @@ class StochasticRounding(AbstractSingleWrapper):
         updates, inner_state = self.inner.transform(grads, state.inner, params, **extra)
         rounded = self._rounded(updates, state, params)
         plain = jax.tree.leaves(apply_updates(params, updates))
-        leaves = [q if r is None else r for q, r in zip(plain, rounded)]
+        leaves = [
+            q if d is None else _added(p, d)
+            for q, p, d in zip(plain, jax.tree.leaves(params), rounded)
+        ]
         return jax.tree.structure(params).unflatten(leaves), self._next(
             state, inner_state
         )
@@ -238,19 +252,20 @@ class KahanSummation(AbstractSingleWrapper):
     step. With `u` the (float32) update,
 
     ```
-    v = u + c
-    p_new = round(p + v)                      (to nearest, in p's dtype)
+    v = u + c                  (float32)
+    p_new = p + round(v)       (both roundings to nearest, in p's dtype)
     c = round(v - (p_new - p))
     ```
 
-    (computed in float32). A bf16 model then needs 2 bytes per parameter for `c`
-    instead of 4 for float32 master weights. Every other leaf (float32, complex,
-    ...) gets no buffer and is updated exactly as `inner` alone would.
+    As in optimi, the compensated update is rounded to the parameter's dtype
+    before it is added, so `update` returns it exactly: `eqxopt.apply_updates` (or
+    `optax.apply_updates`) gives the parameters `step` gives. A bf16 model then
+    needs 2 bytes per parameter for `c` instead of 4 for float32 master weights.
+    Every other leaf (float32, complex, ...) gets no buffer and is updated exactly
+    as `inner` alone would.
 
-    `step` does the compensated apply; `update` returns, for each bf16/f16 leaf, the
-    update in the parameter's dtype that `eqxopt.apply_updates` (or
-    `optax.apply_updates`) turns into the same `p_new`. Use it as the outermost
-    transform: a transform after it would change the compensated updates.
+    Use it as the outermost transform: a transform after it would change the
+    compensated updates.
 
     **Arguments:**
 
@@ -270,8 +285,8 @@ class KahanSummation(AbstractSingleWrapper):
     def _compensated(
         self, updates: Updates, state: KahanSummationState, params: Params
     ) -> tuple[list[Any], PyTree]:
-        """Per leaf: the new parameter (`None` where `inner`'s apply stands), and
-        the new compensation tree."""
+        """Per leaf: the update in the parameter's dtype (`None` where `inner`'s
+        stands), and the new compensation tree."""
         leaves, treedef = jax.tree.flatten(params)
         comps = treedef.flatten_up_to(state.compensation)
         new_params, new_comps = [], []
@@ -280,11 +295,18 @@ class KahanSummation(AbstractSingleWrapper):
                 new_params.append(None)
                 new_comps.append(c)
                 continue
-            pf = p.astype(jnp.float32)
+            # As optimi: the compensated update is rounded to the parameter's
+            # dtype (so `update` can return it exactly) and added to `p`; what the
+            # two roundings lost is the new compensation.
             v = u.astype(jnp.float32) + c.astype(jnp.float32)
-            p_new = (pf + v).astype(p.dtype)
-            new_params.append(p_new)
-            new_comps.append((v - (p_new.astype(jnp.float32) - pf)).astype(c.dtype))
+            d = v.astype(p.dtype)
+            p_new = _added(p, d)
+            moved = p_new.astype(jnp.float32) - p.astype(jnp.float32)
+            # `p_new == p`: nothing moved (also for infinite `p`, where
+            # `p_new - p` is NaN).
+            new_c = jnp.where(p_new == p, v, v - moved)
+            new_params.append(d)
+            new_comps.append(new_c.astype(c.dtype))
         return new_params, treedef.unflatten(new_comps)
 
     def transform(
@@ -292,10 +314,10 @@ class KahanSummation(AbstractSingleWrapper):
     ) -> tuple[Updates, KahanSummationState]:
         updates, inner_state = self.run_inner(grads, state.inner, params, extra)
         summed, comps = self._compensated(updates, state, params)
-        leaves, treedef = jax.tree.flatten(params)
+        treedef = jax.tree.structure(params)
         new = [
-            u if s is None else _delta(p, s)
-            for u, p, s in zip(leaves_of(updates, params), leaves, summed)
+            u if d is None else d.astype(jnp.float32)
+            for u, d in zip(leaves_of(updates, params), summed)
         ]
         return treedef.unflatten(new), KahanSummationState(comps, inner_state)
 
@@ -311,7 +333,10 @@ class KahanSummation(AbstractSingleWrapper):
         updates, inner_state = self.inner.transform(grads, state.inner, params, **extra)
         summed, comps = self._compensated(updates, state, params)
         plain = jax.tree.leaves(apply_updates(params, updates))
-        leaves = [q if s is None else s for q, s in zip(plain, summed)]
+        leaves = [
+            q if d is None else _added(p, d)
+            for q, p, d in zip(plain, jax.tree.leaves(params), summed)
+        ]
         return jax.tree.structure(params).unflatten(leaves), KahanSummationState(
             comps, inner_state
         )
