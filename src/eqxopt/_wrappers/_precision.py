@@ -11,7 +11,13 @@ from jaxtyping import Array, Int, PyTree, UInt32
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._keys import key_data
-from .._core._tree import apply_updates, increment, is_float_leaf, zero_step
+from .._core._tree import (
+    apply_updates,
+    full_like_leaf,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
 from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
 
 _LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -276,7 +282,8 @@ class KahanSummation(AbstractSingleWrapper):
 
     def init(self, params: Params) -> KahanSummationState:
         def zeros(p):
-            return jnp.zeros_like(p) if _is_low(p) else None
+            # Placed like `p` (a sharded parameter gets a sharded buffer).
+            return full_like_leaf(p) if _is_low(p) else None
 
         return KahanSummationState(
             compensation=jax.tree.map(zeros, params), inner=self.inner.init(params)
