@@ -279,3 +279,26 @@ def test_errors_name_the_argument():
         eqxopt.KahanSummation("sgd")
     with pytest.raises(TypeError, match="key"):
         eqxopt.StochasticRounding(eqxopt.SGD(0.1))
+
+
+def test_stochastic_rounding_stays_unbiased_for_parameters_crossing_zero():
+    # Parameters smaller than their update, many crossing zero: some cannot land on
+    # their rounded value with an update in bf16 (see the docstring); the mean of
+    # the applied steps is still the update.
+    n = 1 << 16
+    p = {"w": (0.002 * jax.random.normal(jax.random.key(0), (n,))).astype(BF16)}
+    opt = eqxopt.StochasticRounding(eqxopt.SGD(1.0), key=1)
+    new, _ = opt.step({"w": jnp.full((n,), -1e-3, BF16)}, opt.init(p), p)
+    u = float(jnp.asarray(1e-3, BF16))
+    moved = np.asarray(new["w"], np.float64) - np.asarray(p["w"], np.float64)
+    assert abs(moved.mean() - u) < 1e-3 * u
+
+
+def test_keyword_arguments_reach_the_inner_optimizer():
+    p = {"w": jnp.ones((3,), BF16)}
+    g = {"w": jnp.ones((3,), BF16)}
+    for opt in wrappers(eqxopt.PolyakSGD(max_learning_rate=1.0)):
+        new, _ = opt.step(g, opt.init(p), p, value=jnp.float32(0.3))
+        assert not np.array_equal(np.asarray(new["w"]), np.asarray(p["w"]))
+        with pytest.raises(TypeError, match="'loss'"):
+            opt.step(g, opt.init(p), p, loss=1.0)
