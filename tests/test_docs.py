@@ -125,8 +125,9 @@ def test_catalog_page_is_current():
         "AbstractTransform", "AddDecayedWeights", "AddNoise", "AdaptiveGradClip",
         "Centralize", "Chain",
         "ClipByBlockRMS", "ClipByGlobalNorm", "ClipByValue", "DecoupledWeightDecay",
-        "Freeze", "FromOptax", "Lookahead", "Masked", "MultiSteps", "ParamEMA",
-        "Partition", "ReduceOnPlateau", "SkipNonFinite", "ZeroNans",
+        "Freeze", "FromOptax", "KahanSummation", "Lookahead", "Masked", "MultiSteps",
+        "ParamEMA", "Partition", "ReduceOnPlateau", "SkipNonFinite",
+        "StochasticRounding", "ZeroNans",
     }  # fmt: skip
     assert sorted(set(optimizers) - wrappers) == sorted(names)
 

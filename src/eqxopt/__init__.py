@@ -163,6 +163,8 @@ from ._wrappers import (
     Chain as Chain,
     ChainState as ChainState,
     Freeze as Freeze,
+    KahanSummation as KahanSummation,
+    KahanSummationState as KahanSummationState,
     Lookahead as Lookahead,
     LookaheadState as LookaheadState,
     Masked as Masked,
@@ -173,6 +175,9 @@ from ._wrappers import (
     ParamEMAState as ParamEMAState,
     Partition as Partition,
     PartitionState as PartitionState,
+    StochasticRounding as StochasticRounding,
+    StochasticRoundingState as StochasticRoundingState,
+    round_stochastic_bf16 as round_stochastic_bf16,
 )
 
 __version__ = importlib.metadata.version("eqxopt")
@@ -241,6 +246,8 @@ __all__ = [
     "FromageState",
     "GlobalNormState",
     "Join",
+    "KahanSummation",
+    "KahanSummationState",
     "LAMB",
     "LAMBState",
     "LARS",
@@ -316,6 +323,8 @@ __all__ = [
     "StableAdamW",
     "StepDecay",
     "StepState",
+    "StochasticRounding",
+    "StochasticRoundingState",
     "TrainStep",
     "WarmupConstant",
     "WarmupCosine",
@@ -333,6 +342,7 @@ __all__ = [
     "native_kernels_available",
     "pack",
     "plot_schedules",
+    "round_stochastic_bf16",
     "set_native_kernels",
     "set_split_compilation",
 ]

@@ -1,6 +1,7 @@
 """Transforms that hold other transforms (`AbstractWrapper`, which passes them the
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
-Lookahead, ParamEMA (and, among the transforms, SkipNonFinite).
+Lookahead, ParamEMA, StochasticRounding, KahanSummation (and, among the
+transforms, SkipNonFinite).
 """
 
 from ._accumulate import (
@@ -23,6 +24,13 @@ from ._partition import (
     MaskedState as MaskedState,
     Partition as Partition,
     PartitionState as PartitionState,
+)
+from ._precision import (
+    KahanSummation as KahanSummation,
+    KahanSummationState as KahanSummationState,
+    StochasticRounding as StochasticRounding,
+    StochasticRoundingState as StochasticRoundingState,
+    round_stochastic_bf16 as round_stochastic_bf16,
 )
 from ._wrapper import (
     AbstractSingleWrapper as AbstractSingleWrapper,
