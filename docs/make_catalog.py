@@ -273,6 +273,13 @@ CATALOG = [
         None,
     ),
     (
+        "Shampoo",
+        "newer",
+        f"Gupta et al., *Shampoo: Preconditioned Stochastic Tensor Optimization*, ICML 2018, {arxiv('1802.09568')}; grafting, blocking and filtering as Shi et al., *A Distributed Data-Parallel PyTorch Implementation of the Distributed Shampoo Optimizer*, 2023, {arxiv('2309.06497')}",
+        "a NumPy float64 transcription of the distributed Shampoo paper's algorithm (unpadded blocks), 3 configurations over 30 steps; a Kronecker-factored quadratic (condition number 1e4) reached in under half the steps of Adam at its best learning rate",
+        "rtol 2e-4, atol 2e-5 (float32 eigendecompositions against float64)",
+    ),
+    (
         "Prodigy",
         "newer",
         f"Mishchenko & Defazio, *Prodigy: An Expeditiously Adaptive Parameter-Free Learner*, 2023, {arxiv('2306.06101')}",

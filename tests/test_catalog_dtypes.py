@@ -112,6 +112,7 @@ REJECTS = {
     "Rprop": "Rprop",  # sign comparisons (optax.rprop fails likewise)
     "SM3": "SM3",
     "SOAP": "SOAP",
+    "Shampoo": "Shampoo",
     "Chain-ClipByValue-Centralize-AddNoise-AddDecayedWeights-SGD": "ClipByValue",
 }
 
