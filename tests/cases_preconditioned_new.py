@@ -33,4 +33,28 @@ CASES = [
             ("block_size", 0),
         ),
     ),
+    CatalogCase(
+        "PSGDKron",
+        lambda **kw: eqxopt.PSGDKron(
+            **{
+                "learning_rate": 0.05,
+                "weight_decay": 0.01,
+                "block_size": 2,
+                "key": 0,
+                **kw,
+            }
+        ),
+        vary=("precond_lr", 0.2),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("b1", 1.0),
+            ("weight_decay", -0.1),
+            ("precond_lr", 0.0),
+            ("precond_init_scale", 0.0),
+            ("update_probability", 1.5),
+            ("max_size_triangular", 0),
+            ("min_ndim_triangular", 0),
+            ("block_size", 0),
+        ),
+    ),
 ]

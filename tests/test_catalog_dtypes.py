@@ -113,6 +113,7 @@ REJECTS = {
     "SM3": "SM3",
     "SOAP": "SOAP",
     "Shampoo": "Shampoo",
+    "PSGDKron": "PSGDKron",
     "Chain-ClipByValue-Centralize-AddNoise-AddDecayedWeights-SGD": "ClipByValue",
 }
 

@@ -39,6 +39,7 @@ NOT_ELEMENTWISE = {
     "SOAP",
     "LBFGS",
     "Shampoo",
+    "PSGDKron",
 }
 
 

@@ -1,5 +1,5 @@
 """Optimizers with structured preconditioners: Adafactor, SM3, SOAP, Shampoo,
-Muon, L-BFGS."""
+PSGD-Kron, Muon, L-BFGS."""
 
 from ._adafactor import (
     Adafactor as Adafactor,
@@ -12,6 +12,10 @@ from ._lbfgs import (
 from ._muon import (
     Muon as Muon,
     MuonState as MuonState,
+)
+from ._psgd import (
+    PSGDKron as PSGDKron,
+    PSGDKronState as PSGDKronState,
 )
 from ._shampoo import (
     Shampoo as Shampoo,
