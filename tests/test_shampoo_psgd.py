@@ -549,3 +549,15 @@ def test_psgd_kron_errors_name_the_argument():
         eqxopt.PSGDKron(key="a")
     with pytest.raises(TypeError, match=r"PSGDKron supports real .*\['w'\]"):
         eqxopt.PSGDKron().init({"w": jnp.ones((2, 2), jnp.complex64)})
+
+
+def test_state_of_a_large_leaf_stays_per_block():
+    # Shapes only (eval_shape): an embedding-sized leaf keeps block-sized factors,
+    # stacked on a leading axis; PSGD's axis above max_size_triangular is diagonal.
+    big = {"w": jax.ShapeDtypeStruct((50_000, 1024), jnp.float32)}
+    shampoo = jax.eval_shape(eqxopt.Shampoo(block_size=512).init, big)
+    assert [f.shape for f in shampoo.factors["w"]] == [(196, 512, 512)] * 2
+    psgd = jax.eval_shape(eqxopt.PSGDKron().init, big)
+    assert [q.shape for q in psgd.q["w"]] == [(1, 50_000), (1, 1024, 1024)]
+    blocked = jax.eval_shape(eqxopt.PSGDKron(block_size=1024).init, big)
+    assert [q.shape for q in blocked.q["w"]] == [(49, 1024, 1024), (49, 1024, 1024)]
