@@ -331,8 +331,8 @@ def psgd_draws(seed, steps, leaves):
         ]
         draws.append(
             (
-                float(jax.random.uniform(k_update)),
-                float(jax.random.uniform(k_balance)),
+                float(jax.random.uniform(k_update, dtype=jnp.float32)),
+                float(jax.random.uniform(k_balance, dtype=jnp.float32)),
                 probes,
             )
         )

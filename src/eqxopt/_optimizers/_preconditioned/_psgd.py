@@ -312,9 +312,10 @@ class PSGDKron(AbstractTransform):
             k32 = t.astype(jnp.float32)
             prob = jnp.clip(jnp.exp(-0.001 * (k32 - 500.0)), 0.03, 1.0)
         else:
-            prob = h.update_probability
-        update = jax.random.uniform(k_update) < prob
-        balance = jax.random.uniform(k_balance) < 0.01
+            prob = h.update_probability.astype(jnp.float32)
+        # float32 draws, under jax_enable_x64 too (the same numbers either way).
+        update = jax.random.uniform(k_update, dtype=jnp.float32) < prob
+        balance = jax.random.uniform(k_balance, dtype=jnp.float32) < 0.01
 
         param_leaves, param_def = jax.tree.flatten(params)
         grad_leaves = align_grads(grads, params)
