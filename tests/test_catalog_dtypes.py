@@ -112,6 +112,8 @@ REJECTS = {
     "Rprop": "Rprop",  # sign comparisons (optax.rprop fails likewise)
     "SM3": "SM3",
     "SOAP": "SOAP",
+    "Shampoo": "Shampoo",
+    "PSGDKron": "PSGDKron",
     "Chain-ClipByValue-Centralize-AddNoise-AddDecayedWeights-SGD": "ClipByValue",
 }
 

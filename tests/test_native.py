@@ -38,6 +38,8 @@ NOT_ELEMENTWISE = {
     "Adafactor-factored-momentum",
     "SOAP",
     "LBFGS",
+    "Shampoo",
+    "PSGDKron",
 }
 
 

@@ -73,6 +73,10 @@ from ._preconditioned import (
     LBFGSState as LBFGSState,
     Muon as Muon,
     MuonState as MuonState,
+    PSGDKron as PSGDKron,
+    PSGDKronState as PSGDKronState,
+    Shampoo as Shampoo,
+    ShampooState as ShampooState,
     SM3State as SM3State,
     SOAPState as SOAPState,
 )

@@ -1,4 +1,5 @@
-"""Optimizers with structured preconditioners: Adafactor, SM3, SOAP, Muon, L-BFGS."""
+"""Optimizers with structured preconditioners: Adafactor, SM3, SOAP, Shampoo,
+PSGD-Kron, Muon, L-BFGS."""
 
 from ._adafactor import (
     Adafactor as Adafactor,
@@ -11,6 +12,14 @@ from ._lbfgs import (
 from ._muon import (
     Muon as Muon,
     MuonState as MuonState,
+)
+from ._psgd import (
+    PSGDKron as PSGDKron,
+    PSGDKronState as PSGDKronState,
+)
+from ._shampoo import (
+    Shampoo as Shampoo,
+    ShampooState as ShampooState,
 )
 from ._sm3 import (
     SM3 as SM3,

@@ -1,0 +1,291 @@
+"""Shampoo with grafting and blocking, as in distributed Shampoo (Shi et al.,
+2023)."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PyTree
+
+from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._checks import reject_complex
+from ..._core._fields import (
+    ScalarOrSchedule,
+    checked_field,
+    choice_field,
+    hyper,
+    learning_rate_field,
+    values_at,
+)
+from ..._core._tree import (
+    align_grads,
+    compute_dtype,
+    float_leaves_like,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
+from ._blocks import Layout, from_blocks, layout, to_blocks
+from ._counts import array_count, static_count
+
+# Its factor matrices are real symmetric statistics G G^T, and their inverse roots
+# come from a real eigendecomposition.
+_WHY = "its Kronecker factors and their inverse roots are real"
+
+
+def _optional_count(name: str, value: Any) -> Int[Array, ""] | None:
+    return None if value is None else array_count(name, value)
+
+
+class ShampooState(eqx.Module):
+    """State of `Shampoo`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `mu`: the filtered gradient (exponential average, decay `b1`), shaped like
+      params.
+    - `nu`: the grafting method's second moment (Adam's average or AdaGrad's sum
+      of squared gradients), shaped like params.
+    - `factors`: for each float leaf of at least one dimension, a tuple with one
+      array per axis `i`: the Kronecker factors `L_i` of every block, stacked,
+      shaped `(blocks, b_i, b_i)` with `b_i = min(d_i, block_size)` and `blocks`
+      the number of blocks of the leaf. `None` at 0-d and non-float leaves.
+    - `roots`: the inverse roots `R_i` (see `Shampoo`) last
+      computed from `factors` (shaped as them; the identity until then).
+    """
+
+    step: Int[Array, ""]
+    mu: PyTree[Float[Array, "..."] | None]
+    nu: PyTree[Float[Array, "..."] | None]
+    factors: PyTree[Any]
+    roots: PyTree[Any]
+
+
+def _outer(g: Array, axis: int) -> Array:
+    """`g`'s outer product along `axis`, summed over every other axis."""
+    others = [i for i in range(g.ndim) if i != axis]
+    return jnp.tensordot(g, g, axes=(others, others))
+
+
+def _precondition(x: Array, roots: tuple[Array, ...]) -> Array:
+    """`x` multiplied along each axis `i` by the symmetric `roots[i]`."""
+    for m in roots:
+        x = jnp.tensordot(x, m, axes=(0, 0))  # axis 0 contracted, result at the end
+    return x
+
+
+def inverse_root(a: Array, eps: Array, root: Array) -> Array:
+    """`(a + eps I)**(-1/root)` of a symmetric positive semi-definite `a`, by an
+    eigendecomposition whose eigenvalues are floored at 0 first (rounding makes
+    the smallest ones slightly negative)."""
+    a = (a + a.T) / 2
+    w, v = jnp.linalg.eigh(a)
+    w = jnp.maximum(w, 0) + eps
+    return (v * w ** (-1.0 / root)) @ v.T
+
+
+class Shampoo(AbstractTransform):
+    """Shampoo (Gupta et al., 2018) as distributed Shampoo (Shi et al., 2023,
+    "A Distributed Data-Parallel PyTorch Implementation of the Distributed
+    Shampoo Optimizer for Training Neural Networks At-Scale"): a Kronecker-factored
+    full-matrix preconditioner per block of each parameter, with its step size
+    grafted from Adam or AdaGrad.
+
+    Each leaf of `n >= 1` dimensions is cut into blocks: every axis longer than
+    `block_size` into pieces of `block_size` (the last one padded with zeros,
+    which leaves the other blocks' maths exact). For a block `G` of the gradient,
+    with `k` the step count after this update and `lr` the learning rate at it:
+
+    ```
+    m  = b1 * m + (1 - b1) * g;     m^ = m / (1 - b1**k)           (filtering)
+    graft (Adam):    v = graft_b2 * v + (1 - graft_b2) * g**2
+                     D = m^ / (sqrt(v / (1 - graft_b2**k)) + graft_eps)
+    graft (AdaGrad): v = v + g**2;   D = m^ / (sqrt(v) + graft_eps)
+    L_i = b2 * L_i + (1 - b2) * G_(i) G_(i)^T  (b2 = 1: L_i = L_i + G_(i) G_(i)^T)
+    every precondition_frequency steps (k % precondition_frequency == 0):
+        R_i = (eigh floor(L_i / (1 - b2**k)) + eps)**(-1/r)
+    (r = 2 n, or inv_root_override)
+    S = m^ x_1 R_1 x_2 ... x_n R_n                 (R_i applied along axis i)
+    P = S * ||D|| / ||S||   (norms per block)   if k >= start_preconditioning_step
+    P = D                                        otherwise
+    p = p - lr * (P + weight_decay * p)            (decoupled weight decay)
+    ```
+
+    (`(1 - b2**k)` is 1 when `b2 = 1`.) The inverse roots come from a
+    symmetric eigendecomposition in the state's precision (float32 or wider),
+    with the eigenvalues floored at zero before `eps` is added. A 0-d leaf gets
+    the grafting direction `D` alone. The state of every block is stacked on a
+    leading axis (`ShampooState`), so it can be sharded across devices like a
+    batch; each step's matrix work is per block, `O(block_size**3)`. This
+    follows the distributed Shampoo paper's algorithm (arXiv 2309.06497) without
+    its momentum, Nesterov and coupled weight decay options.
+
+    **Arguments:**
+
+    - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
+    - `b1`: decay of the gradient filter, in `[0, 1)` (0: no filtering).
+    - `b2`: decay of the Kronecker factors, in `(0, 1]` (1: a running sum).
+    - `eps`: added to the factors' eigenvalues before the inverse root, `> 0`.
+    - `weight_decay`: decoupled decay coefficient, `>= 0`.
+    - `grafting`: `"adam"` or `"adagrad"`: whose per-block step size the
+      Shampoo direction takes (static).
+    - `graft_b2`: decay of Adam grafting's second moment, in `(0, 1)`.
+    - `graft_eps`: added to the grafting method's root, `> 0`.
+    - `precondition_frequency`: recompute the inverse roots every this many steps
+      (an int `>= 1`; an array field, so changing it does not recompile).
+    - `start_preconditioning_step`: the first step that uses the Shampoo
+      direction (an int `>= 1`, or `None`: `precondition_frequency`, the first
+      step with inverse roots).
+    - `inv_root_override`: the root `r` of `R_i = (...)**(-1/r)` for every block
+      (an int `>= 1`, or `None`: `2 n` for a block of `n` axes, the paper's
+      default; 2 is the common override, which whitens a quadratic's Kronecker
+      factors fully).
+    - `block_size`: the largest block along any axis (static int; the paper's
+      `max_preconditioner_dim`).
+    """
+
+    learning_rate: ScalarOrSchedule = learning_rate_field(1e-3)
+    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    b2: ScalarOrSchedule = hyper(0.999, low=0.0, high=1.0, low_open=True)
+    eps: ScalarOrSchedule = hyper(1e-12, low=0.0, low_open=True)
+    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    grafting: str = choice_field("adam", ("adam", "adagrad"), kw_only=False)
+    graft_b2: ScalarOrSchedule = hyper(
+        0.999, low=0.0, high=1.0, low_open=True, high_open=True
+    )
+    graft_eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
+    precondition_frequency: Int[Array, ""] = checked_field(array_count, 20)
+    start_preconditioning_step: Int[Array, ""] | None = checked_field(
+        _optional_count, None
+    )
+    inv_root_override: Int[Array, ""] | None = checked_field(_optional_count, None)
+    # Static: it decides the shapes of the state.
+    block_size: int = checked_field(static_count, 1024, static=True, kw_only=True)
+
+    def _layout(self, p: Array) -> Layout | None:
+        if p.ndim == 0 or p.size == 0:
+            return None
+        return layout(p.shape, self.block_size)
+
+    def init(self, params: Params) -> ShampooState:
+        reject_complex(params, "params", "Shampoo", _WHY)
+
+        def stacked(p, eye):
+            if not is_float_leaf(p):
+                return None
+            lay = self._layout(p)
+            if lay is None:
+                return None
+            dtype = compute_dtype(p.dtype)
+            make = jnp.eye if eye else (lambda b, dtype: jnp.zeros((b, b), dtype))
+            return tuple(
+                jnp.broadcast_to(make(b, dtype=dtype), (lay.blocks, b, b))
+                for b in lay.block
+            )
+
+        return ShampooState(
+            step=zero_step(),
+            mu=float_leaves_like(params),
+            nu=float_leaves_like(params),
+            factors=jax.tree.map(lambda p: stacked(p, False), params),
+            roots=jax.tree.map(lambda p: stacked(p, True), params),
+        )
+
+    def transform(
+        self, grads: Grads, state: ShampooState, params: Params
+    ) -> tuple[Updates, ShampooState]:
+        reject_complex(params, "params", "Shampoo", _WHY)
+        h = values_at(self, state.step)
+        t = increment(state.step)
+        start = (
+            self.precondition_frequency
+            if self.start_preconditioning_step is None
+            else self.start_preconditioning_step
+        )
+        refresh = (t % self.precondition_frequency) == 0
+        use_shampoo = t >= start
+
+        def leaf(g, p, mu, nu, factors, roots, lay):
+            dtype = g.dtype
+            k = t.astype(dtype)
+            b1, b2 = h.b1.astype(dtype), h.b2.astype(dtype)
+            gb2, geps = h.graft_b2.astype(dtype), h.graft_eps.astype(dtype)
+            mu = b1 * mu + (1 - b1) * g
+            filtered = mu / (1 - b1**k)
+            if self.grafting == "adam":
+                nu = gb2 * nu + (1 - gb2) * g * g
+                graft = filtered / (jnp.sqrt(nu / (1 - gb2**k)) + geps)
+            else:
+                nu = nu + g * g
+                graft = filtered / (jnp.sqrt(nu) + geps)
+            if lay is None:
+                return graft, mu, nu, factors, roots
+            blocks = to_blocks(g, lay)
+            summed = b2 == 1
+            weight = jnp.where(summed, 1.0, 1 - b2).astype(dtype)
+            factors = tuple(
+                b2 * f + weight * jax.vmap(lambda x, i=i: _outer(x, i))(blocks)
+                for i, f in enumerate(factors)
+            )
+            correction = jnp.where(summed, 1.0, 1 - b2**k).astype(dtype)
+            eps = h.eps.astype(dtype)
+            root = (
+                jnp.asarray(2 * len(lay.block), dtype)
+                if self.inv_root_override is None
+                else self.inv_root_override.astype(dtype)
+            )
+
+            def compute(factors, roots):
+                del roots
+                return tuple(
+                    jax.vmap(lambda a: inverse_root(a / correction, eps, root))(f)
+                    for f in factors
+                )
+
+            roots = jax.lax.cond(
+                refresh, compute, lambda factors, roots: roots, factors, roots
+            )
+            s = jax.vmap(_precondition)(to_blocks(filtered, lay), roots)
+            d = to_blocks(graft, lay)
+            axes = tuple(range(1, s.ndim))
+            s_norm = jnp.sqrt(jnp.sum(s * s, axis=axes, keepdims=True))
+            d_norm = jnp.sqrt(jnp.sum(d * d, axis=axes, keepdims=True))
+            positive = s_norm > 0
+            scale = jnp.where(positive, d_norm / jnp.where(positive, s_norm, 1), 0)
+            grafted = from_blocks(s * scale, lay)
+            direction = jnp.where(use_shampoo, grafted, graft)
+            return direction, mu, nu, factors, roots
+
+        param_leaves, param_def = jax.tree.flatten(params)
+        grad_leaves = align_grads(grads, params)
+        columns = [
+            param_def.flatten_up_to(tree)
+            for tree in (state.mu, state.nu, state.factors, state.roots)
+        ]
+        out: list[list[Any]] = [[], [], [], [], []]
+        for g, p, mu, nu, factors, roots in zip(grad_leaves, param_leaves, *columns):
+            if g is None or not is_float_leaf(p):
+                for column, value in zip(out, (None, mu, nu, factors, roots)):
+                    column.append(value)
+                continue
+            dtype = compute_dtype(p.dtype)
+            p32 = p.astype(dtype)
+            direction, new_mu, new_nu, factors, roots = leaf(
+                g.astype(dtype),
+                p32,
+                mu.astype(dtype),
+                nu.astype(dtype),
+                factors,
+                roots,
+                self._layout(p),
+            )
+            lr, wd = h.learning_rate.astype(dtype), h.weight_decay.astype(dtype)
+            out[0].append(-lr * (direction + wd * p32))
+            out[1].append(new_mu.astype(mu.dtype))
+            out[2].append(new_nu.astype(nu.dtype))
+            out[3].append(factors)
+            out[4].append(roots)
+        updates, mu, nu, factors, roots = (param_def.unflatten(c) for c in out)
+        return updates, ShampooState(step=t, mu=mu, nu=nu, factors=factors, roots=roots)
