@@ -1,15 +1,13 @@
 """SGD with annealed Gaussian gradient noise."""
 
-from typing import Any
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Int, UInt32
 
 from ..._core._base import Grads, Params, Updates
 from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field, values_at
+from ..._core._keys import key_data
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._tree import (
     align_grads,
@@ -75,7 +73,7 @@ class NoisySGD(AbstractEngineTransform):
 
     def __post_init__(self):
         # Two fields from one argument: the raw key data and its implementation.
-        self.key, self.key_impl = _key_data("key", self.key)
+        self.key, self.key_impl = key_data("key", self.key)
 
     def init(self, params: Params) -> NoisySGDState:
         # A copy: a donated step must not delete the optimizer's own key.
@@ -110,34 +108,3 @@ class NoisySGD(AbstractEngineTransform):
             apply=apply,
         )
         return updates, NoisySGDState(step=t, key=jax.random.key_data(next_key))
-
-
-def _key_data(name: str, key: Any) -> tuple[Array, str]:
-    """Raw key data and the name of its PRNG implementation."""
-    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-        key = jax.random.key(int(key))
-    if not isinstance(key, (jax.Array, np.ndarray)):
-        raise TypeError(
-            f"{name} must be an integer seed or a JAX PRNG key, got "
-            f"{type(key).__name__}"
-        )
-    if key.ndim == 0 and jnp.issubdtype(key.dtype, jnp.integer):
-        # A seed as a 0-d integer array, as optax.inject_hyperparams makes of an
-        # int (and as optax takes it): the same key as the Python int.
-        key = jax.random.key(key)
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        if key.shape != ():
-            raise ValueError(f"{name} must be a single key, got shape {key.shape}")
-        impl = jax.random.key_impl(key)
-        return jax.random.key_data(key), str(impl)
-    if key.dtype != np.uint32 or key.ndim != 1:
-        raise ValueError(
-            f"{name} must be an integer seed, a typed key (jax.random.key) or raw "
-            f"uint32 key data (jax.random.PRNGKey), got dtype {key.dtype} and "
-            f"shape {key.shape}"
-        )
-    try:
-        typed = jax.random.wrap_key_data(jnp.asarray(key))
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"{name} is not valid raw key data: {err}") from None
-    return jnp.asarray(key), str(jax.random.key_impl(typed))
