@@ -21,6 +21,8 @@ CASES = [
     "bench_overhead.py",
     "bench_recompiles.py",
     "bench_memory.py",
+    "bench_state_memory.py",
+    "bench_bf16_memory.py",
 ]
 
 
