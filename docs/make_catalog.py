@@ -300,6 +300,28 @@ CATALOG = [
         "`optax.lbfgs`: the same linesearch iterations at every step; Rosenbrock to the exact minimum",
         "rtol 1e-3, atol 5e-4 on Rosenbrock (dot products summed in another order, amplified by the curved valley; the largest difference seen is 7e-5); the default elsewhere",
     ),
+    # optax.contrib methods
+    (
+        "Mechanic",
+        "contrib",
+        f"Cutkosky, Defazio & Mehta, *Mechanic: A Learning Rate Tuner*, NeurIPS 2023, {arxiv('2306.00144')}",
+        "`optax.contrib.mechanize` around the same inner optimizer (Adam, 32 steps) and around `optax.sgd` with momentum (40 steps), on a quartic regression",
+        "rtol 1e-4, atol 1e-5 (tree-wide sums added in another order, times a scale that grows 10^5-fold)",
+    ),
+    (
+        "ScheduleFree",
+        "contrib",
+        f"Defazio et al., *The Road Less Scheduled*, 2024, {arxiv('2405.15682')}",
+        "`optax.contrib.schedule_free` around `optax.adam(b1=0)`: the evaluation parameters at every step; around `SGD` and `AdamW(b1=0)` it is `ScheduleFreeSGD` and `ScheduleFreeAdamW`",
+        "the default against optax; rtol 1e-6, atol 1e-7 against eqxopt's fused schedule-free optimizers",
+    ),
+    (
+        "SAM",
+        "contrib",
+        f"Foret et al., *Sharpness-Aware Minimization for Efficiently Improving Generalization*, ICLR 2021, {arxiv('2010.01412')}",
+        "`optax.contrib.sam` (opaque mode, normalised SGD ascent step) around SGD with momentum; on `(a * b - 1)**2` SAM leaves the sharp minimum SGD stays at for the flattest",
+        None,
+    ),
 ]
 
 HEADER = """# The optimizer catalog

@@ -1,6 +1,7 @@
 """Transforms that hold other transforms (`AbstractWrapper`, which passes them the
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
-Lookahead, ParamEMA (and, among the transforms, SkipNonFinite).
+Lookahead, ParamEMA, Mechanic, SAM, ScheduleFree (and, among the transforms,
+SkipNonFinite).
 """
 
 from ._accumulate import (
@@ -17,12 +18,24 @@ from ._chain import (
     Chain as Chain,
     ChainState as ChainState,
 )
+from ._mechanic import (
+    Mechanic as Mechanic,
+    MechanicState as MechanicState,
+)
 from ._partition import (
     Freeze as Freeze,
     Masked as Masked,
     MaskedState as MaskedState,
     Partition as Partition,
     PartitionState as PartitionState,
+)
+from ._sam import (
+    SAM as SAM,
+    SAMState as SAMState,
+)
+from ._schedule_free import (
+    ScheduleFree as ScheduleFree,
+    ScheduleFreeWrapperState as ScheduleFreeWrapperState,
 )
 from ._wrapper import (
     AbstractSingleWrapper as AbstractSingleWrapper,
