@@ -322,6 +322,13 @@ CATALOG = [
         "`optax.contrib.sam` (opaque mode, normalised SGD ascent step) around SGD with momentum; on `(a * b - 1)**2` SAM leaves the sharp minimum SGD stays at for the flattest",
         None,
     ),
+    (
+        "Sophia",
+        "contrib",
+        f"Liu et al., *Sophia: A Scalable Stochastic Second-order Optimizer for Language Model Pre-training*, ICLR 2024, {arxiv('2305.14342')}",
+        "`optax.contrib.sophia` with its Hutchinson estimator and the same seed (Sophia-H, 30 steps), and with an estimator of one's own (the exact diagonal, `hessian=`)",
+        None,
+    ),
 ]
 
 HEADER = """# The optimizer catalog

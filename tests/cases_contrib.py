@@ -57,3 +57,25 @@ CASES = [
         extra=_sam_extra,
     ),
 ]
+
+CASES.append(
+    CatalogCase(
+        "Sophia-H",
+        lambda **kw: eqxopt.Sophia(
+            **{"learning_rate": 0.05, "update_interval": 2, "gamma": 0.1, **kw}
+        ),
+        vary=("learning_rate", 0.01),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("b1", 1.0),
+            ("b2", 1.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+            ("gamma", 0.0),
+            ("clip_threshold", 0.0),
+            ("update_interval", 0),
+        ),
+        # The loss itself: the same function every step.
+        extra=lambda loss_fn, params: {"obj_fn": loss_fn},
+    )
+)

@@ -213,3 +213,68 @@ def test_sam_errors_name_what_is_missing():
         eqxopt.SAM(eqxopt.SGD(0.1), rho=-1.0)
     with pytest.raises(TypeError, match=r"SAM got the keyword argument.*'value'"):
         opt.update(GRADS[0], state, PARAMS, grad_fn=grad, value=1.0)
+
+
+# ---------------------------------------------------------------------------------
+# Sophia
+
+
+def test_sophia_h_matches_optax_sophia_with_the_same_signs():
+    ours = eqxopt.Sophia(0.05, weight_decay=0.01, gamma=0.05, update_interval=3)
+    ref = optax.contrib.sophia(0.05, weight_decay=0.01, gamma=0.05, update_interval=3)
+    # The batch (here the targets) goes in fn_args; obj_fn stays the same function.
+    history = run_ours_on_loss(ours, obj_fn=loss, fn_args=(TARGETS,))
+    assert_histories_close(history, run_optax_on_loss(ref, obj_fn=loss))
+    assert float(loss(history[-1])) < 0.25 * float(loss(PARAMS))
+
+
+def exact_diagonal(params):
+    """The Hessian's diagonal of `loss`: 2 + 1.2 * p**2."""
+    return jax.tree.map(lambda p: 2.0 + 1.2 * p**2, params)
+
+
+def test_sophia_with_an_estimate_of_your_own_matches_optax():
+    def update(updates, state, params=None, **extra):
+        del updates, extra
+        return exact_diagonal(params), state
+
+    estimator = optax.GradientTransformationExtraArgs(lambda p: (), update)
+    matrices = jax.tree.map(lambda p: p.ndim >= 2, PARAMS)
+    ours = eqxopt.Sophia(0.05, clip_threshold=0.5, mask=matrices)
+    ref = optax.contrib.sophia(
+        0.05,
+        clip_threshold=0.5,
+        hessian_diagonal_fn=estimator,
+        weight_decay_mask=matrices,
+    )
+    state, ref_state = ours.init(PARAMS), ref.init(PARAMS)
+    ref_update = jax.jit(ref.update)
+    params, ref_params = PARAMS, PARAMS
+    history, expected = [], Trajectory(PARAMS)
+    for _ in range(STEPS):
+        params, state = ours.step(
+            grad(params), state, params, hessian=exact_diagonal(params)
+        )
+        updates, ref_state = ref_update(grad(ref_params), ref_state, ref_params)
+        ref_params = optax.apply_updates(ref_params, updates)
+        history.append(params)
+        expected.append(ref_params)
+    assert_histories_close(history, expected)
+
+
+def test_sophia_errors_name_what_is_wrong():
+    opt = eqxopt.Sophia(0.05)
+    state = opt.init(PARAMS)
+    with pytest.raises(TypeError, match=r"Sophia\.update/step need exactly one of"):
+        opt.update(GRADS[0], state, PARAMS)
+    with pytest.raises(TypeError, match=r"Sophia\.update/step need exactly one of"):
+        opt.update(GRADS[0], state, PARAMS, obj_fn=loss, hessian=exact_diagonal(PARAMS))
+    with pytest.raises(ValueError, match="update_interval"):
+        eqxopt.Sophia(0.05, update_interval=0)
+    with pytest.raises(ValueError, match="clip_threshold"):
+        eqxopt.Sophia(0.05, clip_threshold=0.0)
+    with pytest.raises(TypeError, match="seed must be an integer seed"):
+        eqxopt.Sophia(0.05, seed="zero")
+    complex_params = {"w": jnp.ones(3, jnp.complex64)}
+    with pytest.raises(TypeError, match=r"Sophia supports real .* params\['w'\]"):
+        opt.init(complex_params)

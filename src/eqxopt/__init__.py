@@ -85,6 +85,8 @@ from ._optimizers import (
     SignumState as SignumState,
     SM3State as SM3State,
     SOAPState as SOAPState,
+    Sophia as Sophia,
+    SophiaState as SophiaState,
     StableAdamW as StableAdamW,
     Yogi as Yogi,
 )
@@ -281,6 +283,8 @@ __all__ = [
     "SignumState",
     "SkipNonFinite",
     "SkipNonFiniteState",
+    "Sophia",
+    "SophiaState",
     "StableAdamW",
     "StepDecay",
     "StepState",
