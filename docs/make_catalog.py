@@ -329,6 +329,13 @@ CATALOG = [
         "`optax.contrib.sophia` with its Hutchinson estimator and the same seed (Sophia-H, 30 steps), and with an estimator of one's own (the exact diagonal, `hessian=`)",
         None,
     ),
+    (
+        "GaLore",
+        "contrib",
+        f"Zhao et al., *GaLore: Memory-Efficient LLM Training by Gradient Low-Rank Projection*, ICML 2024, {arxiv('2403.03507')}",
+        "`optax.contrib.galore` (its default `scale_by_adam` base) on tall and wide matrices and non-matrix leaves, projectors refreshed every 7 steps, 30 steps",
+        "rtol 2e-5, atol 1e-5 (the non-matrix leaves' Adam steps of nearly constant size round one ulp apart each step; the matrices agree to 1e-6)",
+    ),
 ]
 
 HEADER = """# The optimizer catalog

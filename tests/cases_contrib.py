@@ -79,3 +79,22 @@ CASES.append(
         extra=lambda loss_fn, params: {"obj_fn": loss_fn},
     )
 )
+
+CASES.append(
+    CatalogCase(
+        "GaLore",
+        lambda **kw: eqxopt.GaLore(
+            **{"learning_rate": 0.05, "rank": 2, "update_proj_gap": 2, **kw}
+        ),
+        vary=("learning_rate", 0.01),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("rank", 0),
+            ("update_proj_gap", 0),
+            ("b1", 1.0),
+            ("b2", 1.0),
+            ("eps", -1.0),
+            ("weight_decay", -1.0),
+        ),
+    )
+)

@@ -115,6 +115,7 @@ REJECTS = {
     "Rprop": "Rprop",  # sign comparisons (optax.rprop fails likewise)
     "SM3": "SM3",
     "SOAP": "SOAP",
+    "GaLore": "GaLore",  # transposes, not conjugate transposes (as optax)
     "Sophia-H": "Sophia",  # a clip and a max of magnitudes (optax's fail likewise)
     "Chain-ClipByValue-Centralize-AddNoise-AddDecayedWeights-SGD": "ClipByValue",
 }

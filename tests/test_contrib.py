@@ -17,6 +17,7 @@ from helpers import (
     grad_stream,
     nested_tree,
     run_eqxopt,
+    run_optax,
 )
 
 STEPS = 30
@@ -278,3 +279,47 @@ def test_sophia_errors_name_what_is_wrong():
     complex_params = {"w": jnp.ones(3, jnp.complex64)}
     with pytest.raises(TypeError, match=r"Sophia supports real .* params\['w'\]"):
         opt.init(complex_params)
+
+
+# ---------------------------------------------------------------------------------
+# GaLore
+
+
+def test_galore_matches_optax_galore():
+    # Tall and wide matrices (projected from the left and from the right, the
+    # projectors refreshed at steps 0, 7, 14, ...), and PARAMS' other leaves
+    # (plain Adam).
+    params = {
+        "tall": jax.random.normal(jax.random.key(0), (8, 5)),
+        "wide": jax.random.normal(jax.random.key(1), (3, 6)),
+        **PARAMS,
+    }
+    grads = list(grad_stream(params, STEPS))
+    ours = eqxopt.GaLore(0.05, rank=2, update_proj_gap=7, scale=0.5, weight_decay=0.01)
+    ref = optax.contrib.galore(
+        0.05, rank=2, update_proj_gap=7, scale=0.5, weight_decay=0.01
+    )
+    # Adam's steps of nearly constant size: the one-ulp difference in each step of
+    # the non-matrix leaves (XLA fuses the moment updates its own way) adds up.
+    assert_histories_close(
+        run_eqxopt(ours, params, grads),
+        run_optax(ref, params, grads),
+        rtol=2e-5,
+        atol=1e-5,
+    )
+    state = ours.init(params)
+    assert state.mu["tall"].shape == (2, 5) and state.mu["wide"].shape == (3, 2)
+    assert state.projector["tall"].shape == (8, 2)
+    assert state.projector["wide"].shape == (6, 2)
+    assert state.projector["scale"] is None and state.mu["scale"].shape == ()
+
+
+def test_galore_errors_name_the_argument_or_leaf():
+    with pytest.raises(ValueError, match="rank"):
+        eqxopt.GaLore(0.05, rank=0)
+    with pytest.raises(TypeError, match="rank"):
+        eqxopt.GaLore(0.05, rank=2.0)
+    with pytest.raises(ValueError, match="update_proj_gap"):
+        eqxopt.GaLore(0.05, update_proj_gap=0)
+    with pytest.raises(TypeError, match=r"GaLore supports real .* params\['w'\]"):
+        eqxopt.GaLore(0.05).init({"w": jnp.ones((2, 2), jnp.complex64)})

@@ -35,6 +35,8 @@ from ._adaptive import (
     RMSPropState as RMSPropState,
 )
 from ._contrib import (
+    GaLore as GaLore,
+    GaLoreState as GaLoreState,
     Sophia as Sophia,
     SophiaState as SophiaState,
 )

@@ -4,6 +4,10 @@ projection of each matrix's gradient). The contrib wrappers (Mechanic, SAM,
 ScheduleFree) are in `_wrappers`.
 """
 
+from ._galore import (
+    GaLore as GaLore,
+    GaLoreState as GaLoreState,
+)
 from ._sophia import (
     Sophia as Sophia,
     SophiaState as SophiaState,
