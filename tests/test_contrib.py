@@ -188,7 +188,7 @@ def product_loss(p):
 
 
 def test_sam_leaves_a_sharp_minimum_for_the_flattest_where_sgd_stays():
-    grad_fn = jax.grad(product_loss)
+    grad_fn = jax.jit(jax.grad(product_loss))  # also called outside the step
     start = {"a": jnp.float32(4.0), "b": jnp.float32(0.2)}  # near a sharp minimum
     ends = {}
     for rho in (0.0, 0.2):
