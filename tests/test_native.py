@@ -38,6 +38,7 @@ NOT_ELEMENTWISE = {
     "Adafactor-factored-momentum",
     "SOAP",
     "LBFGS",
+    "GaLore",  # projections through each matrix's SVD
 }
 
 

@@ -241,6 +241,7 @@ class Sophia(AbstractTransform):
             grads,
             params,
             (state.mu, state.nu, diag),
+            elementwise=True,
             flags=decay_flags(self.mask, params),
         )
         return updates, SophiaState(step=t, mu=mu, nu=nu, key=key)
