@@ -314,6 +314,42 @@ CATALOG = [
         "`optax.lbfgs`: the same linesearch iterations at every step; Rosenbrock to the exact minimum",
         "rtol 1e-3, atol 5e-4 on Rosenbrock (dot products summed in another order, amplified by the curved valley; the largest difference seen is 7e-5); the default elsewhere",
     ),
+    # optax.contrib methods
+    (
+        "Mechanic",
+        "contrib",
+        f"Cutkosky, Defazio & Mehta, *Mechanic: A Learning Rate Tuner*, NeurIPS 2023, {arxiv('2306.00144')}",
+        "`optax.contrib.mechanize` around the same inner optimizer (Adam, 32 steps) and around `optax.sgd` with momentum (40 steps), on a quartic regression",
+        "rtol 1e-4, atol 1e-5 (tree-wide sums added in another order, times a scale that grows 10^5-fold)",
+    ),
+    (
+        "ScheduleFree",
+        "contrib",
+        f"Defazio et al., *The Road Less Scheduled*, 2024, {arxiv('2405.15682')}",
+        "`optax.contrib.schedule_free` around `optax.adam(b1=0)`: the evaluation parameters at every step; around `SGD` and `AdamW(b1=0)` it is `ScheduleFreeSGD` and `ScheduleFreeAdamW`",
+        "the default against optax; rtol 1e-6, atol 1e-7 against eqxopt's fused schedule-free optimizers",
+    ),
+    (
+        "SAM",
+        "contrib",
+        f"Foret et al., *Sharpness-Aware Minimization for Efficiently Improving Generalization*, ICLR 2021, {arxiv('2010.01412')}",
+        "`optax.contrib.sam` (opaque mode, normalised SGD ascent step) around SGD with momentum; on `(a * b - 1)**2` SAM leaves the sharp minimum SGD stays at for the flattest",
+        None,
+    ),
+    (
+        "Sophia",
+        "contrib",
+        f"Liu et al., *Sophia: A Scalable Stochastic Second-order Optimizer for Language Model Pre-training*, ICLR 2024, {arxiv('2305.14342')}",
+        "`optax.contrib.sophia` with its Hutchinson estimator and the same seed (Sophia-H, 30 steps), and with an estimator of one's own (the exact diagonal, `hessian=`)",
+        None,
+    ),
+    (
+        "GaLore",
+        "contrib",
+        f"Zhao et al., *GaLore: Memory-Efficient LLM Training by Gradient Low-Rank Projection*, ICML 2024, {arxiv('2403.03507')}",
+        "`optax.contrib.galore` (its default `scale_by_adam` base) on tall and wide matrices and non-matrix leaves, projectors refreshed every 7 steps, 30 steps",
+        "rtol 2e-5, atol 1e-5 (the non-matrix leaves' Adam steps of nearly constant size round one ulp apart each step; the matrices agree to 1e-6)",
+    ),
 ]
 
 # Parameter-free and adaptive-step optimizers (api/parameter-free.md)

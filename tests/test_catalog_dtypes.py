@@ -77,6 +77,9 @@ OPTAX = {
     "ScheduleFreeAdamW": lambda: optax.contrib.schedule_free_adamw(
         0.05, weight_decay=0.01
     ),
+    "ScheduleFree-Adam": lambda: optax.contrib.schedule_free(
+        optax.adam(0.05, b1=0.0), 0.05
+    ),
     "LBFGS": lambda: optax.lbfgs(memory_size=5),
     "Adagrad": lambda: optax.adagrad(0.1),
     "RMSProp": lambda: optax.rmsprop(0.01),
@@ -114,6 +117,8 @@ REJECTS = {
     "SOAP": "SOAP",
     "Shampoo": "Shampoo",
     "PSGDKron": "PSGDKron",
+    "GaLore": "GaLore",  # transposes, not conjugate transposes (as optax)
+    "Sophia-H": "Sophia",  # a clip and a max of magnitudes (optax's fail likewise)
     "Chain-ClipByValue-Centralize-AddNoise-AddDecayedWeights-SGD": "ClipByValue",
 }
 

@@ -40,6 +40,7 @@ NOT_ELEMENTWISE = {
     "LBFGS",
     "Shampoo",
     "PSGDKron",
+    "GaLore",  # projections through each matrix's SVD
 }
 
 

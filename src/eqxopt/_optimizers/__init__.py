@@ -34,6 +34,12 @@ from ._adaptive import (
     RMSProp as RMSProp,
     RMSPropState as RMSPropState,
 )
+from ._contrib import (
+    GaLore as GaLore,
+    GaLoreState as GaLoreState,
+    Sophia as Sophia,
+    SophiaState as SophiaState,
+)
 from ._layerwise import (
     LAMB as LAMB,
     LARS as LARS,

@@ -1,7 +1,7 @@
 """Transforms that hold other transforms (`AbstractWrapper`, which passes them the
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
-Lookahead, ParamEMA, StochasticRounding, KahanSummation (and, among the
-transforms, SkipNonFinite).
+Lookahead, ParamEMA, Mechanic, SAM, ScheduleFree, StochasticRounding,
+KahanSummation (and, among the transforms, SkipNonFinite).
 """
 
 from ._accumulate import (
@@ -18,6 +18,10 @@ from ._chain import (
     Chain as Chain,
     ChainState as ChainState,
 )
+from ._mechanic import (
+    Mechanic as Mechanic,
+    MechanicState as MechanicState,
+)
 from ._partition import (
     Freeze as Freeze,
     Masked as Masked,
@@ -31,6 +35,14 @@ from ._precision import (
     StochasticRounding as StochasticRounding,
     StochasticRoundingState as StochasticRoundingState,
     round_stochastic_bf16 as round_stochastic_bf16,
+)
+from ._sam import (
+    SAM as SAM,
+    SAMState as SAMState,
+)
+from ._schedule_free import (
+    ScheduleFree as ScheduleFree,
+    ScheduleFreeWrapperState as ScheduleFreeWrapperState,
 )
 from ._wrapper import (
     AbstractSingleWrapper as AbstractSingleWrapper,

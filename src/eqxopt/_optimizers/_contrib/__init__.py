@@ -1,0 +1,14 @@
+"""Optimizers from `optax.contrib` and their papers that no other family holds:
+Sophia (a clipped, diagonal-Hessian preconditioner) and GaLore (Adam on a low-rank
+projection of each matrix's gradient). The contrib wrappers (Mechanic, SAM,
+ScheduleFree) are in `_wrappers`.
+"""
+
+from ._galore import (
+    GaLore as GaLore,
+    GaLoreState as GaLoreState,
+)
+from ._sophia import (
+    Sophia as Sophia,
+    SophiaState as SophiaState,
+)

@@ -1,0 +1,147 @@
+"""Sharpness-Aware Minimization (Foret et al., 2021): the inner optimizer steps with
+the gradient taken at an adversarially perturbed point (`optax.contrib.sam`)."""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Int
+
+from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._fields import ScalarOrSchedule, hyper, values_at
+from .._core._tree import (
+    abs_sq,
+    align_grads,
+    compute_dtype,
+    increment,
+    is_float_leaf,
+    zero_step,
+)
+from ._wrapper import AbstractSingleWrapper, inner_field, keywords_for
+
+
+class SAMState(eqx.Module):
+    """State of `SAM`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done (at which a scheduled `rho`
+      is read).
+    - `inner`: the inner optimizer's state.
+    """
+
+    step: Int[Array, ""]
+    inner: Any
+
+
+class SAM(AbstractSingleWrapper):
+    """Sharpness-Aware Minimization (Foret et al., 2021, "Sharpness-Aware
+    Minimization for Efficiently Improving Generalization"): `inner` steps with
+    the gradient at the worst point of a ball of radius `rho` around the
+    parameters (to first order), which steers training towards flat minima.
+
+    Each update takes the gradient `g` at `p` (the `grads` passed in), makes the
+    ascent step and a second gradient call, and hands that gradient to `inner`:
+
+    ```
+    e  = rho * g / |g|                (|g|: the norm over the whole tree)
+    g2 = grad_fn(p + e, *fn_args)
+    p  = p + inner(g2)                (inner sees g2, at the parameters p)
+    ```
+
+    A train step (the second gradient is computed inside the compiled step):
+
+    ```python
+    grad_fn = eqx.filter_grad(loss)          # loss(model, x, y) -> scalar
+    opt = eqxopt.SAM(eqxopt.SGD(0.1), rho=0.05)
+    state = opt.init(model)
+    grads = grad_fn(model, x, y)
+    model, state = opt.step(grads, state, model, grad_fn=grad_fn, fn_args=(x, y))
+    ```
+
+    `grad_fn` is part of the compiled step's cache key (by identity): make it once,
+    outside the loop, and pass the batch through `fn_args` (a closure over the
+    batch would be a new function, and a recompile, every step). Other keyword
+    arguments go to `inner`.
+
+    The same as `optax.contrib.sam(inner, chain(normalize(), sgd(rho)),
+    sync_period=2, opaque_mode=True)` (the paper's SAM: one normalised ascent
+    step, the adversarial state reset each update), except that a zero gradient
+    gives no perturbation instead of NaN. Leaves whose gradient is `None` are not
+    perturbed, and `inner` gets no gradient for them. Complex leaves are perturbed
+    along `g` with `|g|**2 = Re(conj(g) * g)`.
+
+    **Arguments:**
+
+    - `inner`: the optimizer that takes the step (the paper's base optimizer).
+    - `rho`: the radius of the perturbation, `>= 0` (`0` is `inner` on
+      `grad_fn(p)`).
+    """
+
+    inner: AbstractTransform = inner_field()
+    rho: ScalarOrSchedule = hyper(0.05, low=0.0)
+
+    keywords = frozenset({"grad_fn", "fn_args"})
+
+    def takes_keyword(self, key: str) -> bool:
+        return key in self.keywords or self.inner.takes_keyword(key)
+
+    def init(self, params: Params) -> SAMState:
+        return SAMState(step=zero_step(), inner=self.inner.init(params))
+
+    def transform(
+        self,
+        grads: Grads,
+        state: SAMState,
+        params: Params,
+        *,
+        grad_fn: Callable[..., Grads] | None = None,
+        fn_args: tuple = (),
+        **extra: Any,
+    ) -> tuple[Updates, SAMState]:
+        if grad_fn is None:
+            raise TypeError(
+                "SAM.update/step need grad_fn=, the gradient function "
+                "grad_fn(params, *fn_args) -> grads, for the second gradient "
+                "(at the perturbed parameters)"
+            )
+        if not callable(grad_fn):
+            raise TypeError(
+                f"SAM: grad_fn must be callable, got {type(grad_fn).__name__}"
+            )
+        if not isinstance(fn_args, tuple):
+            raise TypeError(
+                f"SAM: fn_args must be a tuple, got {type(fn_args).__name__}"
+            )
+        self.check_keywords(extra)
+        rho = values_at(self, state.step).rho
+        param_leaves, treedef = jax.tree.flatten(params)
+        grad_leaves = align_grads(grads, params)
+        squares = [
+            jnp.sum(abs_sq(g.astype(compute_dtype(g.dtype)))).astype(jnp.float32)
+            for g, p in zip(grad_leaves, param_leaves)
+            if g is not None and is_float_leaf(p)
+        ]
+        norm = jnp.sqrt(sum(squares, jnp.zeros((), jnp.float32)))
+        # A zero gradient has no ascent direction: no perturbation (optax: NaN).
+        scale = jnp.where(norm > 0, rho / jnp.where(norm > 0, norm, 1.0), 0.0)
+
+        def perturb(g, p):
+            if g is None or not is_float_leaf(p):
+                return p
+            dtype = compute_dtype(p.dtype)
+            return (p.astype(dtype) + scale * g.astype(dtype)).astype(p.dtype)
+
+        perturbed = treedef.unflatten(
+            [perturb(g, p) for g, p in zip(grad_leaves, param_leaves)]
+        )
+        second = align_grads(grad_fn(perturbed, *fn_args), params)
+        inner_grads = treedef.unflatten(
+            [g2 if g is not None else None for g, g2 in zip(grad_leaves, second)]
+        )
+        updates, inner_state = self.inner.transform(
+            inner_grads, state.inner, params, **keywords_for(self.inner, extra)
+        )
+        return updates, SAMState(step=increment(state.step), inner=inner_state)

@@ -1,0 +1,176 @@
+"""Schedule-Free around any base optimizer (Defazio et al., 2024;
+`optax.contrib.schedule_free`)."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PyTree
+
+from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._fields import (
+    DTypeLike,
+    ScalarOrSchedule,
+    dtype_field,
+    hyper,
+    learning_rate_field,
+    values_at,
+)
+from .._core._schedule import value_at
+from .._core._tree import compute_dtype, increment, is_float_leaf, zero_step
+from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
+
+
+class ScheduleFreeWrapperState(eqx.Module):
+    """State of `ScheduleFree`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `z`: the base optimizer's iterate, shaped like params (`None` at non-float
+      leaves); the parameters are `y`, and `eval_params` recovers `x` from both.
+    - `weight_sum`: float32 scalar, the sum of the averaging weights so far.
+    - `max_lr`: float32 scalar, the largest learning rate seen so far.
+    - `inner`: the base optimizer's state.
+    """
+
+    step: Int[Array, ""]
+    z: PyTree[Float[Array, "..."] | None]
+    weight_sum: Float[Array, ""]
+    max_lr: Float[Array, ""]
+    inner: Any
+
+
+class ScheduleFree(AbstractSingleWrapper):
+    """Schedule-Free (Defazio et al., 2024, "The Road Less Scheduled") around any
+    base optimizer: `inner`'s updates `u` move the iterate `z`, the parameters `y`
+    interpolate between `z` and the running average `x`, and gradients are taken
+    at `y`. With `lr` the learning rate at `step`:
+
+    ```
+    z' = z + u                             (u: inner's update at y)
+    max_lr = max(max_lr, lr);  w = max_lr**weight_lr_power;  W = W + w;  c = w / W
+    x  = (y - (1 - b1) * z) / b1           (the previous x)
+    x' = (1 - c) * x + c * z'
+    y' = b1 * x' + (1 - b1) * z'
+    ```
+
+    Evaluate the model at `eval_params(state, params)` (`x`). Turn the base
+    optimizer's momentum off (`Adam(lr, b1=0.0)`, `SGD(lr)`): the interpolation
+    replaces it. `ScheduleFree(SGD(lr))` is `ScheduleFreeSGD(lr)` and
+    `ScheduleFree(AdamW(lr, b1=0.0, weight_decay=wd))` is
+    `ScheduleFreeAdamW(lr, weight_decay=wd)`.
+
+    The same as `optax.contrib.schedule_free(inner, learning_rate, b1,
+    weight_lr_power)` and `optax.contrib.schedule_free_eval_params`, except that a
+    scheduled learning rate is read at `step`, as the base step reads it (optax
+    reads the weight's at `step + 1`); with a constant learning rate the two agree.
+
+    **Arguments:**
+
+    - `inner`: the base optimizer (without momentum).
+    - `learning_rate`: the learning rate the averaging weights are built from: a
+      float `>= 0`, a scalar array or a schedule; `None` (the default) takes
+      `inner.learning_rate` (an error if `inner` has none, such as a `Chain`).
+    - `b1`: the interpolation between `x` and `z`, in `(0, 1]` (a number, not a
+      schedule: `x` is recovered from `y` with the `b1` that built it).
+    - `weight_lr_power`: the averaging weight is `max_lr**weight_lr_power`, `>= 0`.
+    - `z_dtype`: dtype to store `z` in (`None`: each parameter's dtype).
+    """
+
+    inner: AbstractTransform = inner_field()
+    learning_rate: ScalarOrSchedule = learning_rate_field(None, optional=True)
+    # Not a schedule: `y = b1 * x + (1 - b1) * z`, and `x` is recovered from `y`
+    # (at each step, and by `eval_params`) with the `b1` that built it.
+    b1: Float[Array, ""] = hyper(0.9, low=0.0, high=1.0, low_open=True, schedule=False)
+    weight_lr_power: ScalarOrSchedule = hyper(2.0, low=0.0)
+    z_dtype: DTypeLike = dtype_field()
+
+    def __check_init__(self):
+        if self.learning_rate is None and (
+            getattr(self.inner, "learning_rate", None) is None
+        ):
+            raise TypeError(
+                f"ScheduleFree needs learning_rate=: its inner "
+                f"{type(self.inner).__name__} has no learning_rate to build the "
+                "averaging weights from"
+            )
+
+    def _learning_rate(self) -> Any:
+        if self.learning_rate is not None:
+            return self.learning_rate
+        return getattr(self.inner, "learning_rate", None)
+
+    def init(self, params: Params) -> ScheduleFreeWrapperState:
+        def z_of(p):
+            if not is_float_leaf(p):
+                return None
+            dtype = p.dtype if self.z_dtype is None else self.z_dtype
+            return jnp.array(p, dtype=dtype, copy=True)
+
+        return ScheduleFreeWrapperState(
+            step=zero_step(),
+            z=jax.tree.map(z_of, params),
+            weight_sum=jnp.zeros((), jnp.float32),
+            max_lr=jnp.zeros((), jnp.float32),
+            inner=self.inner.init(params),
+        )
+
+    def transform(
+        self,
+        grads: Grads,
+        state: ScheduleFreeWrapperState,
+        params: Params,
+        **extra: Any,
+    ) -> tuple[Updates, ScheduleFreeWrapperState]:
+        updates, inner_state = self.run_inner(grads, state.inner, params, extra)
+        h = values_at(self, state.step)
+        lr = value_at(self._learning_rate(), state.step)
+        b1 = h.b1
+        max_lr = jnp.maximum(state.max_lr, lr)
+        weight = max_lr**h.weight_lr_power
+        weight_sum = state.weight_sum + weight
+        # 0 / 0 (a zero learning rate so far) gives 0: keep x where it is.
+        ck = jnp.where(
+            jnp.isnan(weight) | jnp.isnan(weight_sum),
+            jnp.nan,
+            jnp.nan_to_num(weight / weight_sum, nan=0.0, posinf=jnp.inf),
+        )
+        param_leaves, treedef = jax.tree.flatten(params)
+        z_leaves = treedef.flatten_up_to(state.z)
+        new_updates, new_z = [], []
+        for u, y, z in zip(leaves_of(updates, params), param_leaves, z_leaves):
+            if u is None or z is None:
+                new_updates.append(None)
+                new_z.append(z)
+                continue
+            dtype = compute_dtype(y.dtype)
+            y_, z_ = y.astype(dtype), z.astype(dtype)
+            x = (y_ - (1 - b1) * z_) / b1
+            z_ = z_ + u.astype(dtype)
+            x = (1 - ck) * x + ck * z_
+            new_updates.append(b1 * x + (1 - b1) * z_ - y_)
+            new_z.append(z_.astype(z.dtype))
+        return treedef.unflatten(new_updates), ScheduleFreeWrapperState(
+            step=increment(state.step),
+            z=treedef.unflatten(new_z),
+            weight_sum=weight_sum.astype(jnp.float32),
+            max_lr=max_lr.astype(jnp.float32),
+            inner=inner_state,
+        )
+
+    def eval_params(self, state: ScheduleFreeWrapperState, params: Params) -> Params:
+        """The averaged parameters `x = (y - (1 - b1) * z) / b1` at which to evaluate
+        the model (as `optax.contrib.schedule_free_eval_params`); non-float leaves
+        pass through, each leaf keeps its dtype."""
+        b1 = self.b1
+
+        def x_of(p, z):
+            if z is None or not is_float_leaf(p):
+                return p
+            dtype = compute_dtype(p.dtype)
+            y, z = p.astype(dtype), z.astype(dtype)
+            return ((y - (1 - b1) * z) / b1).astype(p.dtype)
+
+        return jax.tree.map(x_of, params, state.z, is_leaf=lambda x: x is None)
