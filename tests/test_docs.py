@@ -127,6 +127,9 @@ def test_catalog_page_is_current():
         "ClipByBlockRMS", "ClipByGlobalNorm", "ClipByValue", "DecoupledWeightDecay",
         "Freeze", "FromOptax", "Lookahead", "Masked", "MultiSteps", "ParamEMA",
         "Partition", "ReduceOnPlateau", "SkipNonFinite", "ZeroNans",
+        # the building blocks (_transforms/_blocks.py)
+        "AbstractBlock", "Identity", "ScaleByAdam", "ScaleByLearningRate",
+        "ScaleByRms", "ScaleBySign", "ScaleByTrustRatio", "Stateless", "Trace",
     }  # fmt: skip
     assert sorted(set(optimizers) - wrappers) == sorted(names)
 
