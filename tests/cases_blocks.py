@@ -12,6 +12,11 @@ def _halve(updates, params):
     return jax.tree.map(lambda u: 0.5 * u, updates)
 
 
+# Vectors and scalars (biases, scales) at half the learning rate.
+def _half_below_matrices(params):
+    return jax.tree.map(lambda p: 0.5 if getattr(p, "ndim", 0) < 2 else 1.0, params)
+
+
 CASES = [
     CatalogCase(
         "Blocks-AdamW-as-chain",
@@ -38,5 +43,14 @@ CASES = [
         ),
         vary=("decay", 0.9),
         invalid=(("decay", 1.5), ("trust_coefficient", -1.0)),
+    ),
+    CatalogCase(
+        "LearningRateMultipliers-AdamW",
+        lambda **kw: eqxopt.LearningRateMultipliers(
+            eqxopt.AdamW(**{"learning_rate": 0.05, "weight_decay": 0.01, **kw}),
+            _half_below_matrices,
+        ),
+        vary=("learning_rate", 0.01),
+        invalid=(("learning_rate", -1.0), ("weight_decay", -0.1)),
     ),
 ]

@@ -24,6 +24,10 @@ from ._partition import (
     Partition as Partition,
     PartitionState as PartitionState,
 )
+from ._per_parameter import (
+    LearningRateMultipliers as LearningRateMultipliers,
+    Maximize as Maximize,
+)
 from ._wrapper import (
     AbstractSingleWrapper as AbstractSingleWrapper,
     AbstractWrapper as AbstractWrapper,

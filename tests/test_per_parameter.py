@@ -1,0 +1,151 @@
+"""Per-parameter options: `LearningRateMultipliers` (torch's parameter groups with
+their own `lr`) and `Maximize` (torch's `maximize=True`)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqxopt
+from helpers import (
+    Trajectory,
+    assert_histories_close,
+    compiles,
+    grad_stream,
+    run_eqxopt,
+)
+
+torch = pytest.importorskip("torch")
+
+STEPS = 30
+
+
+def _leaf(seed, *shape):
+    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), jnp.float32)
+
+
+PARAMS = {"emb": _leaf(0, 5, 3), "dense": {"w": _leaf(1, 3, 4), "b": _leaf(2, 4)}}
+GRADS = list(grad_stream(PARAMS, STEPS))
+
+
+def run_torch_groups(make_opt, params, grads, group_of):
+    """A torch optimizer over the leaves of `params`, with one parameter group per
+    distinct `group_of(path)` (its keyword arguments)."""
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
+    tensors = [
+        torch.nn.Parameter(torch.tensor(np.asarray(x, np.float32)))
+        for _, x in with_paths
+    ]
+    groups = {}
+    for (path, _), t in zip(with_paths, tensors):
+        key = tuple(sorted(group_of(jax.tree_util.keystr(path)).items()))
+        groups.setdefault(key, []).append(t)
+    opt = make_opt([{"params": ts, **dict(k)} for k, ts in groups.items()])
+    history = Trajectory(params)
+    for g in grads:
+        for t, gl in zip(tensors, jax.tree.leaves(g)):
+            t.grad = torch.tensor(np.asarray(gl, np.float32))
+        opt.step()
+        history.append(
+            treedef.unflatten([jnp.asarray(t.detach().numpy().copy()) for t in tensors])
+        )
+    return history
+
+
+LR = 0.01
+
+
+def _groups(path):
+    if "emb" in path:
+        return {"lr": LR * 0.1}
+    if "'b'" in path:
+        return {"lr": LR * 3.0}
+    return {}
+
+
+MULTIPLIERS = {"emb": 0.1, "dense": {"w": 1.0, "b": 3.0}}
+
+
+def test_multipliers_match_torch_adamw_param_groups():
+    expected = run_torch_groups(
+        lambda groups: torch.optim.AdamW(groups, lr=LR, weight_decay=0.5),
+        PARAMS, GRADS, _groups,
+    )  # fmt: skip
+    opt = eqxopt.LearningRateMultipliers(
+        eqxopt.AdamW(LR, weight_decay=0.5), MULTIPLIERS
+    )
+    assert_histories_close(run_eqxopt(opt, PARAMS, GRADS), expected)
+
+
+def _by_name(params):
+    return {"emb": 0.1, "dense": {"w": 1.0, "b": 3.0}}
+
+
+def test_multipliers_as_a_function_match_torch_sgd_param_groups():
+    expected = run_torch_groups(
+        lambda groups: torch.optim.SGD(groups, lr=LR, momentum=0.9, nesterov=True),
+        PARAMS, GRADS, _groups,
+    )  # fmt: skip
+    opt = eqxopt.LearningRateMultipliers(
+        eqxopt.SGD(LR, momentum=0.9, nesterov=True), _by_name
+    )
+    assert_histories_close(run_eqxopt(opt, PARAMS, GRADS), expected)
+
+
+def test_a_prefix_multiplier_covers_its_subtree_and_new_values_reuse_the_step():
+    g = GRADS[0]
+    opt = eqxopt.LearningRateMultipliers(eqxopt.SGD(0.1), {"emb": 0.0, "dense": 2.0})
+    updates, _ = opt.update(g, opt.init(PARAMS), PARAMS)
+    np.testing.assert_array_equal(updates["emb"], np.zeros((5, 3)))
+    np.testing.assert_allclose(updates["dense"]["b"], -0.2 * g["dense"]["b"], rtol=1e-6)
+    with compiles() as log:
+        other = eqxopt.LearningRateMultipliers(
+            eqxopt.SGD(0.1), {"emb": 1.0, "dense": 0.5}
+        )
+        other.update(g, other.init(PARAMS), PARAMS)
+    assert log == []
+
+
+@pytest.mark.parametrize(
+    "make,error,match",
+    [
+        (lambda: eqxopt.LearningRateMultipliers(eqxopt.SGD(0.1), {"emb": -1.0}),
+         ValueError, r"multipliers\['emb'\] must be finite and >= 0, got -1.0"),
+        (lambda: eqxopt.LearningRateMultipliers(eqxopt.SGD(0.1), {"emb": "x"}),
+         TypeError, r"multipliers\['emb'\] must be a float, got str"),
+        (lambda: eqxopt.LearningRateMultipliers(eqxopt.SGD(0.1), 1.0 * jnp.ones(2)),
+         ValueError, "must be a scalar"),
+        (lambda: eqxopt.LearningRateMultipliers(0.1, 1.0),
+         TypeError, "inner must be an eqxopt transform"),
+        (lambda: eqxopt.LearningRateMultipliers(eqxopt.SGD(0.1), {"x": 1.0})
+         .init(PARAMS), ValueError, "multipliers"),
+    ],
+)  # fmt: skip
+def test_bad_multipliers_are_named(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+@pytest.mark.parametrize(
+    "ours,theirs",
+    [
+        (lambda: eqxopt.AdamW(LR, weight_decay=0.5),
+         lambda ps: torch.optim.AdamW(ps, lr=LR, weight_decay=0.5, maximize=True)),
+        (lambda: eqxopt.SGD(LR, momentum=0.9),
+         lambda ps: torch.optim.SGD(ps, lr=LR, momentum=0.9, maximize=True)),
+    ],
+    ids=["AdamW", "SGD"],
+)  # fmt: skip
+def test_maximize_matches_torch(ours, theirs):
+    expected = run_torch_groups(theirs, PARAMS, GRADS, lambda path: {})
+    actual = run_eqxopt(eqxopt.Maximize(ours()), PARAMS, GRADS)
+    assert_histories_close(actual, expected)
+
+
+def test_maximize_ascends_and_keeps_none_gradients():
+    params = {"w": jnp.ones(2), "n": jnp.ones(2)}
+    opt = eqxopt.Maximize(eqxopt.SGD(0.5))
+    grads = {"w": jnp.ones(2), "n": None}
+    new, _ = opt.step(grads, opt.init(params), params)
+    np.testing.assert_allclose(new["w"], [1.5, 1.5])
+    np.testing.assert_array_equal(new["n"], params["n"])
