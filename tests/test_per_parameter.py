@@ -149,3 +149,38 @@ def test_maximize_ascends_and_keeps_none_gradients():
     new, _ = opt.step(grads, opt.init(params), params)
     np.testing.assert_allclose(new["w"], [1.5, 1.5])
     np.testing.assert_array_equal(new["n"], params["n"])
+
+
+def test_skip_large_updates_matches_optax():
+    optax = pytest.importorskip("optax")
+    import functools
+
+    from helpers import run_optax
+
+    # every fourth gradient is large: skipped
+    grads = [
+        jax.tree.map(functools.partial(jnp.multiply, 10.0 if i % 4 == 0 else 1.0), g)
+        for i, g in enumerate(GRADS)
+    ]
+    bound = 60.0
+    expected = run_optax(
+        optax.MultiSteps(
+            optax.adamw(0.05, weight_decay=0.1),
+            1,
+            should_skip_update_fn=functools.partial(
+                optax.skip_large_updates, max_squared_norm=bound
+            ),
+        ).gradient_transformation(),
+        PARAMS,
+        grads,
+    )
+    opt = eqxopt.SkipLargeUpdates(eqxopt.AdamW(0.05, weight_decay=0.1), bound)
+    actual = run_eqxopt(opt, PARAMS, grads)
+    assert_histories_close(actual, expected)
+    state = opt.init(PARAMS)
+    _, state = opt.update(grads[0], state, PARAMS)
+    assert bool(state.should_skip) and int(state.inner.step) == 0
+    _, state = opt.update(grads[1], state, PARAMS)
+    assert not bool(state.should_skip) and int(state.inner.step) == 1
+    with pytest.raises(ValueError, match="max_squared_norm"):
+        eqxopt.SkipLargeUpdates(eqxopt.SGD(0.1), 0.0)

@@ -165,6 +165,8 @@ from ._wrappers import (
     ParamEMAState as ParamEMAState,
     Partition as Partition,
     PartitionState as PartitionState,
+    SkipLargeUpdates as SkipLargeUpdates,
+    SkipLargeUpdatesState as SkipLargeUpdatesState,
 )
 
 __version__ = importlib.metadata.version("eqxopt")
@@ -292,6 +294,8 @@ __all__ = [
     "SignSGDState",
     "Signum",
     "SignumState",
+    "SkipLargeUpdates",
+    "SkipLargeUpdatesState",
     "SkipNonFinite",
     "SkipNonFiniteState",
     "StableAdamW",

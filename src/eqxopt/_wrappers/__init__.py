@@ -28,6 +28,10 @@ from ._per_parameter import (
     LearningRateMultipliers as LearningRateMultipliers,
     Maximize as Maximize,
 )
+from ._skip import (
+    SkipLargeUpdates as SkipLargeUpdates,
+    SkipLargeUpdatesState as SkipLargeUpdatesState,
+)
 from ._wrapper import (
     AbstractSingleWrapper as AbstractSingleWrapper,
     AbstractWrapper as AbstractWrapper,
