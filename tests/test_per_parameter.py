@@ -184,3 +184,41 @@ def test_skip_large_updates_matches_optax():
     assert not bool(state.should_skip) and int(state.inner.step) == 1
     with pytest.raises(ValueError, match="max_squared_norm"):
         eqxopt.SkipLargeUpdates(eqxopt.SGD(0.1), 0.0)
+
+
+def _mean_loss(model, x, y):
+    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+
+def test_microbatch_equals_the_full_batch_gradient():
+    import equinox as eqx
+
+    model = eqx.nn.MLP(3, 1, 8, 2, key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (12, 3))
+    y = jax.random.normal(jax.random.key(2), (12, 1))
+    grad_fn = eqx.filter_value_and_grad(_mean_loss)
+    loss, grads = grad_fn(model, x, y)
+    for k in (1, 3, 4):
+        loss_k, grads_k = eqx.filter_jit(eqxopt.microbatch(grad_fn, k, (1, 2)))(
+            model, x, y
+        )
+        np.testing.assert_allclose(loss_k, loss, rtol=1e-6)
+        for a, b in zip(jax.tree.leaves(grads_k), jax.tree.leaves(grads)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        assert jax.tree.structure(grads_k) == jax.tree.structure(grads)
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda f: eqxopt.microbatch(f, 0), ValueError, "num_microbatches must be"),
+        (lambda f: eqxopt.microbatch(f, 2.0), TypeError, "num_microbatches must be"),
+        (lambda f: eqxopt.microbatch(f, 5)(None, jnp.ones((12, 3)), jnp.ones(12)),
+         ValueError, r"argument 1 has a leaf of shape \(12, 3\)"),
+        (lambda f: eqxopt.microbatch(f, 2, (1, 5))(None, jnp.ones((12, 3))),
+         ValueError, "batch_argnums holds 5"),
+    ],
+)  # fmt: skip
+def test_microbatch_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call(_mean_loss)

@@ -15,6 +15,7 @@ from ._interop import (
     FromOptaxState as FromOptaxState,
     from_optax as from_optax,
 )
+from ._microbatch import microbatch as microbatch
 from ._native import (
     native_kernels_available as native_kernels_available,
     set_native_kernels as set_native_kernels,
@@ -318,6 +319,7 @@ __all__ = [
     "global_norm",
     "make_train_step",
     "map_leaves",
+    "microbatch",
     "native_kernels_available",
     "pack",
     "plot_schedules",
