@@ -53,4 +53,12 @@ CASES = [
         vary=("learning_rate", 0.01),
         invalid=(("learning_rate", -1.0), ("weight_decay", -0.1)),
     ),
+    CatalogCase(
+        "SkipLargeUpdates-Adam",
+        lambda max_squared_norm=1e6, **kw: eqxopt.SkipLargeUpdates(
+            eqxopt.Adam(**{"learning_rate": 0.05, **kw}), max_squared_norm
+        ),
+        vary=("learning_rate", 0.01),
+        invalid=(("max_squared_norm", 0.0), ("b1", 1.0)),
+    ),
 ]
