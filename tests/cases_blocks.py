@@ -12,6 +12,10 @@ def _halve(updates, params):
     return jax.tree.map(lambda u: 0.5 * u, updates)
 
 
+def _negate(updates, params):
+    return jax.tree.map(lambda u: -u, updates)
+
+
 # Vectors and scalars (biases, scales) at half the learning rate.
 def _half_below_matrices(params):
     return jax.tree.map(lambda p: 0.5 if getattr(p, "ndim", 0) < 2 else 1.0, params)
@@ -60,5 +64,17 @@ CASES = [
         ),
         vary=("learning_rate", 0.01),
         invalid=(("max_squared_norm", 0.0), ("b1", 1.0)),
+    ),
+    CatalogCase(
+        "Monitor-Maximize-Chain",
+        lambda **kw: eqxopt.Monitor(
+            eqxopt.Chain(
+                # twice negated: the chain still descends
+                eqxopt.Stateless(_negate),
+                eqxopt.Maximize(eqxopt.Adam(**{"learning_rate": 0.05, **kw})),
+            )
+        ),
+        vary=("learning_rate", 0.01),
+        invalid=(("b2", 1.0),),
     ),
 ]

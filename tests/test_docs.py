@@ -130,7 +130,7 @@ def test_catalog_page_is_current():
         # the building blocks (_transforms/_blocks.py)
         "AbstractBlock", "Identity", "ScaleByAdam", "ScaleByLearningRate",
         "ScaleByRms", "ScaleBySign", "ScaleByTrustRatio", "Stateless", "Trace",
-        "LearningRateMultipliers", "Maximize", "SkipLargeUpdates",
+        "LearningRateMultipliers", "Maximize", "SkipLargeUpdates", "Monitor",
     }  # fmt: skip
     assert sorted(set(optimizers) - wrappers) == sorted(names)
 

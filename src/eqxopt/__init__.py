@@ -160,6 +160,8 @@ from ._wrappers import (
     Masked as Masked,
     MaskedState as MaskedState,
     Maximize as Maximize,
+    Monitor as Monitor,
+    MonitorState as MonitorState,
     MultiSteps as MultiSteps,
     MultiStepsState as MultiStepsState,
     ParamEMA as ParamEMA,
@@ -168,6 +170,7 @@ from ._wrappers import (
     PartitionState as PartitionState,
     SkipLargeUpdates as SkipLargeUpdates,
     SkipLargeUpdatesState as SkipLargeUpdatesState,
+    hyperparameters as hyperparameters,
 )
 
 __version__ = importlib.metadata.version("eqxopt")
@@ -239,6 +242,8 @@ __all__ = [
     "Masked",
     "MaskedState",
     "Maximize",
+    "Monitor",
+    "MonitorState",
     "MultiStepDecay",
     "MultiSteps",
     "MultiStepsState",
@@ -317,6 +322,7 @@ __all__ = [
     "apply_updates",
     "from_optax",
     "global_norm",
+    "hyperparameters",
     "make_train_step",
     "map_leaves",
     "microbatch",

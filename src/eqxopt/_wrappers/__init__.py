@@ -17,6 +17,11 @@ from ._chain import (
     Chain as Chain,
     ChainState as ChainState,
 )
+from ._monitor import (
+    Monitor as Monitor,
+    MonitorState as MonitorState,
+    hyperparameters as hyperparameters,
+)
 from ._partition import (
     Freeze as Freeze,
     Masked as Masked,
