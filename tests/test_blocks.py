@@ -201,3 +201,20 @@ def test_invalid_types_name_the_argument(make, match):
 def test_scale_by_rms_rejects_negative_initial_scale():
     with pytest.raises(ValueError, match="initial_scale must be >= 0"):
         eqxopt.ScaleByRms(initial_scale=-1.0)
+
+
+def test_donated_steps_of_blocks_agree():
+    # donated steps may run the native kernels; the results are the same
+    params = nested_tree()
+    grads = list(grad_stream(params, 3))
+    chain = eqxopt.Chain(
+        eqxopt.ScaleByAdam(), eqxopt.Trace(0.5), eqxopt.ScaleByLearningRate(0.1)
+    )
+    runs = []
+    for donate in (False, True):
+        p = jax.tree.map(jnp.copy, params)
+        s = chain.init(p)
+        for g in grads:
+            p, s = chain.step(g, s, p, donate=donate)
+        runs.append(p)
+    assert_histories_close([runs[1]], [runs[0]], rtol=1e-6, atol=1e-7)

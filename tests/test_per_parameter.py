@@ -222,3 +222,16 @@ def test_microbatch_equals_the_full_batch_gradient():
 def test_microbatch_errors(call, error, match):
     with pytest.raises(error, match=match):
         call(_mean_loss)
+
+
+def test_sgd_velocity_dtype():
+    params = {"w": jnp.ones(4, jnp.bfloat16)}
+    opt = eqxopt.SGD(0.1, momentum=0.9, velocity_dtype=jnp.float32)
+    state = opt.init(params)
+    assert state.velocity["w"].dtype == jnp.float32
+    g = {"w": jnp.full(4, 1e-3, jnp.bfloat16)}
+    new, state = opt.step(g, state, params)
+    assert new["w"].dtype == jnp.bfloat16 and state.velocity["w"].dtype == jnp.float32
+    np.testing.assert_allclose(state.velocity["w"], np.float32(jnp.bfloat16(1e-3)))
+    with pytest.raises(TypeError, match="velocity_dtype"):
+        eqxopt.SGD(0.1, velocity_dtype=jnp.int32)
