@@ -128,6 +128,10 @@ def test_catalog_page_is_current():
         "Freeze", "FromOptax", "KahanSummation", "Lookahead", "Masked", "MultiSteps",
         "ParamEMA", "Partition", "ReduceOnPlateau", "SkipNonFinite",
         "StochasticRounding", "ZeroNans",
+        # the building blocks (_transforms/_blocks.py)
+        "AbstractBlock", "Identity", "ScaleByAdam", "ScaleByLearningRate",
+        "ScaleByRms", "ScaleBySign", "ScaleByTrustRatio", "Stateless", "Trace",
+        "LearningRateMultipliers", "Maximize", "SkipLargeUpdates", "Monitor",
     }  # fmt: skip
     assert sorted(set(optimizers) - wrappers) == sorted(names)
 

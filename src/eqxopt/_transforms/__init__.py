@@ -3,6 +3,20 @@ centralisation, learning-rate reduction on plateau; and the states of those that
 keep only their step count (`StepState`) or nothing (`EmptyState`).
 """
 
+from ._blocks import (
+    AbstractBlock as AbstractBlock,
+    Identity as Identity,
+    ScaleByAdam as ScaleByAdam,
+    ScaleByAdamState as ScaleByAdamState,
+    ScaleByLearningRate as ScaleByLearningRate,
+    ScaleByRms as ScaleByRms,
+    ScaleByRmsState as ScaleByRmsState,
+    ScaleBySign as ScaleBySign,
+    ScaleByTrustRatio as ScaleByTrustRatio,
+    Stateless as Stateless,
+    Trace as Trace,
+    TraceState as TraceState,
+)
 from ._clip import (
     AdaptiveGradClip as AdaptiveGradClip,
     ClipByBlockRMS as ClipByBlockRMS,

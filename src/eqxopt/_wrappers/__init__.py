@@ -1,7 +1,8 @@
 """Transforms that hold other transforms (`AbstractWrapper`, which passes them the
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
 Lookahead, ParamEMA, Mechanic, SAM, ScheduleFree, StochasticRounding,
-KahanSummation (and, among the transforms, SkipNonFinite).
+KahanSummation, LearningRateMultipliers, Maximize, SkipLargeUpdates, Monitor (and,
+among the transforms, SkipNonFinite).
 """
 
 from ._accumulate import (
@@ -22,12 +23,21 @@ from ._mechanic import (
     Mechanic as Mechanic,
     MechanicState as MechanicState,
 )
+from ._monitor import (
+    Monitor as Monitor,
+    MonitorState as MonitorState,
+    hyperparameters as hyperparameters,
+)
 from ._partition import (
     Freeze as Freeze,
     Masked as Masked,
     MaskedState as MaskedState,
     Partition as Partition,
     PartitionState as PartitionState,
+)
+from ._per_parameter import (
+    LearningRateMultipliers as LearningRateMultipliers,
+    Maximize as Maximize,
 )
 from ._precision import (
     KahanSummation as KahanSummation,
@@ -43,6 +53,10 @@ from ._sam import (
 from ._schedule_free import (
     ScheduleFree as ScheduleFree,
     ScheduleFreeWrapperState as ScheduleFreeWrapperState,
+)
+from ._skip import (
+    SkipLargeUpdates as SkipLargeUpdates,
+    SkipLargeUpdatesState as SkipLargeUpdatesState,
 )
 from ._wrapper import (
     AbstractSingleWrapper as AbstractSingleWrapper,

@@ -3,7 +3,14 @@
 import equinox as eqx
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._fields import ScalarOrSchedule, flag_field, hyper, learning_rate_field
+from ..._core._fields import (
+    DTypeLike,
+    ScalarOrSchedule,
+    dtype_field,
+    flag_field,
+    hyper,
+    learning_rate_field,
+)
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 
 
@@ -39,11 +46,15 @@ class SGD(AbstractLeafwiseOptimizer):
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
     - `momentum`: in `[0, 1)`; `0` gives plain SGD.
     - `nesterov`: use Nesterov momentum.
+    - `velocity_dtype`: dtype to store the momentum buffer in; `None` keeps each
+      parameter's dtype (optax's `accumulator_dtype`; `jnp.float32` keeps the
+      buffer of bf16 parameters accurate).
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
     momentum: ScalarOrSchedule = hyper(0.0, low=0.0, high=1.0, high_open=True)
     nesterov: bool = flag_field(False, kw_only=False)
+    velocity_dtype: DTypeLike = dtype_field()
 
     state_type = SGDState
     moments = ("velocity",)

@@ -1,0 +1,381 @@
+"""Building blocks for writing an optimizer as a chain of links, the optax way:
+`Chain(ScaleByAdam(b1, b2, eps), AddDecayedWeights(wd), ScaleByLearningRate(lr))`
+is `AdamW(lr, b1, b2, eps, wd)`.
+
+Each block is a checked module with named state that runs through the per-leaf
+engine (`map_leaves`), so the element-wise ones get the native kernels, and its
+float options are hyperparameters (numbers, scalar arrays or schedules): a block
+built with new values reuses the compiled step."""
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PyTree
+
+from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._fields import (
+    DTypeLike,
+    ScalarOrSchedule,
+    checked_field,
+    dtype_field,
+    flag_field,
+    hyper,
+    learning_rate_field,
+)
+from .._core._leafwise import AbstractLeafwiseOptimizer, map_leaves
+from .._core._tree import abs_sq, increment
+from ._state import EmptyState, StepState
+
+
+class AbstractBlock(AbstractLeafwiseOptimizer):
+    """A building block run by the per-leaf engine: its fields plus a `leaf` rule
+    (see `AbstractLeafwiseOptimizer`), on the incoming updates `g`. A block scales
+    updates rather than stepping, so it has no learning rate (`ScaleByLearningRate`
+    is the block that has one)."""
+
+    # Satisfies the engine's `learning_rate`: blocks have none (not a field, so
+    # `values_at` and the hyperparameter readers never see it).
+    learning_rate = None
+
+
+def _t_as(t: Int[Array, ""], like: Array) -> Array:
+    return t.astype(jnp.result_type(like))
+
+
+class ScaleByAdamState(eqx.Module):
+    """State of `ScaleByAdam`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `mu`: first moment, shaped like params (`None` at non-float leaves).
+    - `nu`: second moment, shaped like params (`None` at non-float leaves).
+    """
+
+    step: Int[Array, ""]
+    mu: PyTree[Float[Array, "..."] | None]
+    nu: PyTree[Float[Array, "..."] | None]
+
+
+class ScaleByAdam(AbstractBlock):
+    """Adam's direction (Kingma & Ba, 2015) without the learning rate: with
+    `t = step + 1`,
+
+    ```
+    mu = b1 * mu + (1 - b1) * u
+    nu = b2 * nu + (1 - b2) * u**2
+    u  = (mu / (1 - b1**t)) / (sqrt(nu / (1 - b2**t) + eps_root) + eps)
+    ```
+
+    With `nesterov=True` the first moment is Dozat's Nesterov estimate
+    `b1 * mu / (1 - b1**(t+1)) + (1 - b1) * u / (1 - b1**t)`. The same as
+    `optax.scale_by_adam`; `Chain(ScaleByAdam(b1, b2, eps), ScaleByLearningRate(lr))`
+    is `Adam(lr, b1, b2, eps)`.
+
+    **Arguments:**
+
+    - `b1`: decay of the first moment, in `[0, 1)`.
+    - `b2`: decay of the second moment, in `(0, 1)`.
+    - `eps`: added to the root of the second moment, `> 0`.
+    - `eps_root`: added inside the root, `>= 0`.
+    - `mu_dtype`: dtype to store the first moment in; `None` keeps each
+      parameter's dtype.
+    - `nesterov`: use the Nesterov first moment (a bool).
+    - `nu_dtype`: dtype to store the second moment in (optax has no such option).
+    """
+
+    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    b2: ScalarOrSchedule = hyper(
+        0.999, low=0.0, high=1.0, low_open=True, high_open=True
+    )
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
+    eps_root: ScalarOrSchedule = hyper(0.0, low=0.0)
+    mu_dtype: DTypeLike = dtype_field(kw_only=False)
+    nesterov: bool = flag_field(False)
+    nu_dtype: DTypeLike = dtype_field()
+
+    state_type = ScaleByAdamState
+    moments = ("mu", "nu")
+    elementwise = True
+
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        # The bias corrections, once per step rather than once per leaf.
+        h = super().step_values(step)
+        t = increment(step)
+        h.bias1 = 1 - h.b1 ** _t_as(t, h.b1)
+        h.bias1_next = 1 - h.b1 ** _t_as(increment(t), h.b1)
+        h.bias2 = 1 - h.b2 ** _t_as(t, h.b2)
+        return h
+
+    def leaf(self, h, t, g, p, mu, nu):
+        del t, p
+        mu = h.b1 * mu + (1 - h.b1) * g
+        nu = h.b2 * nu + (1 - h.b2) * abs_sq(g)
+        if self.nesterov:
+            mu_hat = h.b1 * mu / h.bias1_next + (1 - h.b1) * g / h.bias1
+        else:
+            mu_hat = mu / h.bias1
+        return mu_hat / (jnp.sqrt(nu / h.bias2 + h.eps_root) + h.eps), mu, nu
+
+
+class ScaleByRmsState(eqx.Module):
+    """State of `ScaleByRms`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `nu`: moving average of squared updates, shaped like params (`None` at
+      non-float leaves).
+    """
+
+    step: Int[Array, ""]
+    nu: PyTree[Float[Array, "..."] | None]
+
+
+def _initial_scale(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if not value >= 0.0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return float(value)
+
+
+class ScaleByRms(AbstractBlock):
+    """Divides by the root of a moving average of squared updates (RMSProp's
+    scaling, Hinton 2012), with `t = step + 1`:
+
+    ```
+    nu = decay * nu + (1 - decay) * u**2
+    v  = nu / (1 - decay**t)   if bias_correction, else nu
+    u  = u / sqrt(v + eps)     if eps_in_sqrt, else u / (sqrt(v) + eps)
+    ```
+
+    The same as `optax.scale_by_rms`.
+
+    **Arguments:**
+
+    - `decay`: decay of the average, in `[0, 1)`.
+    - `eps`: added to the average (or its root), `> 0`.
+    - `initial_scale`: the value the average starts at, a float `>= 0` (the state's
+      initial value, so a Python number).
+    - `eps_in_sqrt`: add `eps` inside the root (a bool).
+    - `bias_correction`: divide the average by `1 - decay**t` (a bool).
+    - `nu_dtype`: dtype to store the average in; `None` keeps each parameter's.
+    """
+
+    decay: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
+    # The fill of the state at `init`, so it cannot be a schedule or an array.
+    initial_scale: float = checked_field(_initial_scale, 0.0, static=True)
+    eps_in_sqrt: bool = flag_field(True, kw_only=False)
+    bias_correction: bool = flag_field(False, kw_only=False)
+    nu_dtype: DTypeLike = dtype_field()
+
+    state_type = ScaleByRmsState
+    moments = ("nu",)
+    elementwise = True
+
+    def moment_fill(self, name: str) -> float:
+        return self.initial_scale
+
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        h = super().step_values(step)
+        h.bias = 1 - h.decay ** _t_as(increment(step), h.decay)
+        return h
+
+    def leaf(self, h, t, g, p, nu):
+        del t, p
+        nu = h.decay * nu + (1 - h.decay) * abs_sq(g)
+        v = nu / h.bias if self.bias_correction else nu
+        if self.eps_in_sqrt:
+            return g * jax.lax.rsqrt(v + h.eps), nu
+        return g / (jnp.sqrt(v) + h.eps), nu
+
+
+class ScaleBySign(AbstractBlock):
+    """Replaces each update by its sign, `u = sign(u)`. The same as
+    `optax.scale_by_sign`; `Chain(ScaleBySign(), ScaleByLearningRate(lr))` is
+    `SignSGD(lr)`. It takes no arguments.
+    """
+
+    state_type = StepState
+    moments = ()
+    elementwise = True
+
+    def leaf(self, h, t, g, p):
+        return (jnp.sign(g),)
+
+
+class ScaleByTrustRatio(AbstractBlock):
+    """Scales each leaf's update by its trust ratio (You et al., 2017, 2019: LARS
+    and LAMB's layer-wise scaling), with `||.||` the leaf's Euclidean norm:
+
+    ```
+    pn = max(||p||, min_norm);  un = max(||u||, min_norm)
+    u  = u * trust_coefficient * pn / (un + eps)     (u unchanged if pn or un is 0)
+    ```
+
+    The same as `optax.scale_by_trust_ratio`.
+
+    **Arguments:**
+
+    - `min_norm`: the least value of either norm, `>= 0`.
+    - `trust_coefficient`: multiplies the ratio, `>= 0`.
+    - `eps`: added to the update's norm, `>= 0`.
+    """
+
+    min_norm: ScalarOrSchedule = hyper(0.0, low=0.0)
+    trust_coefficient: ScalarOrSchedule = hyper(1.0, low=0.0)
+    eps: ScalarOrSchedule = hyper(0.0, low=0.0)
+
+    state_type = StepState
+    moments = ()
+    elementwise = False  # the norms reduce over the leaf
+
+    def leaf(self, h, t, g, p):
+        pn = jnp.maximum(jnp.sqrt(jnp.sum(abs_sq(p))), h.min_norm)
+        un = jnp.maximum(jnp.sqrt(jnp.sum(abs_sq(g))), h.min_norm)
+        ratio = h.trust_coefficient * pn / (un + h.eps)
+        ratio = jnp.where((pn == 0) | (un == 0), jnp.ones_like(ratio), ratio)
+        return (g * ratio.astype(g.dtype),)
+
+
+class ScaleByLearningRate(AbstractLeafwiseOptimizer):
+    """Multiplies updates by the learning rate at the step and, with `flip_sign`
+    (the default), by `-1`: `u = -lr * u`, the last link of an optimizer written
+    as a chain (its other links give a direction to descend along). The same as
+    `optax.scale_by_learning_rate`.
+
+    **Arguments:**
+
+    - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module (read
+      at the step, which starts at 0 as optax's count).
+    - `flip_sign`: multiply by `-lr` rather than `lr` (a bool).
+    """
+
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    flip_sign: bool = flag_field(True, kw_only=False)
+
+    state_type = StepState
+    moments = ()
+    elementwise = True
+
+    def leaf(self, h, t, g, p):
+        return ((-h.learning_rate if self.flip_sign else h.learning_rate) * g,)
+
+
+class TraceState(eqx.Module):
+    """State of `Trace`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `trace`: the momentum buffer, shaped like params (`None` at non-float
+      leaves).
+    """
+
+    step: Int[Array, ""]
+    trace: PyTree[Float[Array, "..."] | None]
+
+
+class Trace(AbstractBlock):
+    """Momentum (heavy ball, or Nesterov's):
+
+    ```
+    trace = decay * trace + u
+    u     = trace                  (u + decay * trace with nesterov)
+    ```
+
+    The same as `optax.trace`; `Chain(Trace(m), ScaleByLearningRate(lr))` is
+    `SGD(lr, momentum=m)` from the second step on (torch's first step copies the
+    gradient into the buffer, which is the same from a zero buffer).
+
+    **Arguments:**
+
+    - `decay`: the momentum, in `[0, 1]`.
+    - `nesterov`: use Nesterov's momentum (a bool).
+    - `trace_dtype`: dtype to store the buffer in; `None` keeps each parameter's
+      (optax's `accumulator_dtype`).
+    """
+
+    decay: ScalarOrSchedule = hyper(low=0.0, high=1.0)
+    nesterov: bool = flag_field(False, kw_only=False)
+    trace_dtype: DTypeLike = dtype_field()
+
+    state_type = TraceState
+    moments = ("trace",)
+    elementwise = True
+
+    def leaf(self, h, t, g, p, trace):
+        trace = g + h.decay * trace
+        return (g + h.decay * trace if self.nesterov else trace), trace
+
+
+class Identity(AbstractBlock):
+    """Passes updates through unchanged (`u = u`), as `optax.identity`: a
+    placeholder link. It takes no arguments."""
+
+    state_type = StepState
+    moments = ()
+    elementwise = True
+
+    def leaf(self, h, t, g, p):
+        return (g,)
+
+
+def _function(name: str, value: Any) -> Callable:
+    if not callable(value) or isinstance(value, eqx.Module):
+        raise TypeError(
+            f"{name} must be a function of (updates, params), got "
+            f"{type(value).__name__}"
+        )
+    return value
+
+
+class Stateless(AbstractTransform):
+    """A link from a function of the updates and parameters,
+    `u = fn(updates, params)`, with no state: the same as `optax.stateless`.
+
+    `fn` gets the updates (full precision; `None` where a leaf gets no update) and
+    the parameters with `None` at those same leaves, so
+    `jax.tree.map(f, updates, params)` works inside it; it returns a tree of the
+    same structure (`None` kept where it got `None`).
+
+    `fn` is static, part of the compiled step's key: pass the same function each
+    time (one defined at module level, or a `functools.partial` of one with the
+    same arguments), not a new `lambda` per optimizer, or every new optimizer
+    compiles its step again.
+
+    **Arguments:**
+
+    - `fn`: a function `(updates, params) -> updates`.
+    """
+
+    fn: Callable = checked_field(_function, static=True)
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def transform(
+        self, grads: Grads, state: EmptyState, params: Params
+    ) -> tuple[Updates, EmptyState]:
+        updates, _ = map_leaves(lambda g, p: (g,), grads, params)
+        # Parameters with None where there is no update, so both trees match.
+        shown = jax.tree.map(
+            lambda u, p: None if u is None else p,
+            updates,
+            params,
+            is_leaf=lambda x: x is None,
+        )
+        out = self.fn(updates, shown)
+        out = jax.tree.map(
+            lambda o, u: None if u is None else jnp.asarray(o).astype(u.dtype),
+            out,
+            updates,
+            is_leaf=lambda x: x is None,
+        )
+        return out, state

@@ -1,0 +1,121 @@
+"""Reading an optimizer's hyperparameters at its state's step, and recording
+gradient and update norms into the state for logging."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._fields import values_at
+from .._core._tree import abs_sq, align_grads, is_float_leaf, zero_step
+from ._chain import Chain, ChainState
+from ._partition import Partition, PartitionState
+from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
+
+
+def hyperparameters(opt: AbstractTransform, state: Any) -> dict[str, Any]:
+    """Every hyperparameter of `opt` at the step its `state` has reached: the
+    value the next update uses (schedules called), by name.
+
+    A `Chain` gives a dict by link name (`state`'s names), a `Partition` a dict
+    by label, a wrapper around one transform its own values plus `"inner"`
+    (the wrapped transform's dict), as in
+    `hyperparameters(opt, state)["ScaleByLearningRate"]["learning_rate"]`.
+
+    **Arguments:**
+
+    - `opt`: the optimizer or transform.
+    - `state`: its state (from `init`, `update` or `step`).
+
+    **Returns:** a dict from names to scalar arrays (and nested dicts).
+    """
+    if not isinstance(opt, AbstractTransform):
+        raise TypeError(f"opt must be an eqxopt transform, got {type(opt).__name__}")
+    if isinstance(opt, Chain):
+        if not isinstance(state, ChainState):
+            raise TypeError(f"state must be a ChainState, got {type(state).__name__}")
+        return {
+            name: hyperparameters(link, link_state)
+            for name, link, link_state in zip(state.names, opt.links, state.states)
+        }
+    if isinstance(opt, Partition):
+        if not isinstance(state, PartitionState):
+            raise TypeError(
+                f"state must be a PartitionState, got {type(state).__name__}"
+            )
+        return {
+            label: hyperparameters(t, state.groups[label])
+            for label, t in opt.transforms.items()
+        }
+    step = getattr(state, "step", None)
+    own = vars(values_at(opt, zero_step() if step is None else step))
+    if isinstance(opt, AbstractSingleWrapper):
+        # Wrappers keep the inner state in `inner`, or are the inner state itself.
+        inner_state = getattr(state, "inner", state)
+        own["inner"] = hyperparameters(opt.inner, inner_state)
+    return own
+
+
+class MonitorState(eqx.Module):
+    """State of `Monitor`.
+
+    **Fields:**
+
+    - `grad_norm`: float32 scalar, the global norm of the last step's gradients.
+    - `update_norm`: float32 scalar, the global norm of the last step's updates.
+    - `inner`: the wrapped optimizer's state.
+    """
+
+    grad_norm: Float[Array, ""]
+    update_norm: Float[Array, ""]
+    inner: Any
+
+
+def _global_norm(leaves: list[Any]) -> Array:
+    squares = [
+        jnp.sum(abs_sq(x.astype(jnp.promote_types(x.dtype, jnp.float32))))
+        for x in leaves
+        if x is not None
+    ]
+    if not squares:
+        return jnp.zeros((), jnp.float32)
+    return jnp.sqrt(jnp.sum(jnp.stack(squares))).astype(jnp.float32)
+
+
+class Monitor(AbstractSingleWrapper):
+    """Runs `inner` and records, for logging, the global (Euclidean) norms of the
+    step's gradients and of `inner`'s updates into the state: `state.grad_norm`,
+    `state.update_norm`. The updates are `inner`'s, unchanged.
+
+    **Arguments:**
+
+    - `inner`: the optimizer (or chain) to watch.
+    """
+
+    inner: AbstractTransform = inner_field()
+
+    def init(self, params: Params) -> MonitorState:
+        # Two buffers: a donated step may write each in place.
+        return MonitorState(
+            grad_norm=jnp.zeros((), jnp.float32),
+            update_norm=jnp.zeros((), jnp.float32),
+            inner=self.inner.init(params),
+        )
+
+    def transform(
+        self, grads: Grads, state: MonitorState, params: Params, **extra: Any
+    ) -> tuple[Updates, MonitorState]:
+        updates, inner_state = self.run_inner(grads, state.inner, params, extra)
+        floats = [is_float_leaf(p) for p in jax.tree.leaves(params)]
+        grad_norm = _global_norm(
+            [g for g, f in zip(align_grads(grads, params), floats) if f]
+        )
+        update_norm = _global_norm(
+            [u for u, f in zip(leaves_of(updates, params), floats) if f]
+        )
+        return updates, MonitorState(
+            grad_norm=grad_norm, update_norm=update_norm, inner=inner_state
+        )

@@ -1,0 +1,81 @@
+"""Skipping steps whose gradients are too large (optax's `skip_large_updates`)."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float
+
+from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._fields import hyper
+from .._core._tree import abs_sq, align_grads, is_float_leaf
+from ._wrapper import AbstractSingleWrapper, inner_field
+
+
+class SkipLargeUpdatesState(eqx.Module):
+    """State of `SkipLargeUpdates`.
+
+    **Fields:**
+
+    - `should_skip`: bool scalar, whether the last step was skipped.
+    - `norm_squared`: float32 scalar, the squared global norm of the last step's
+      gradients.
+    - `inner`: the wrapped optimizer's state.
+    """
+
+    should_skip: Bool[Array, ""]
+    norm_squared: Float[Array, ""]
+    inner: Any
+
+
+class SkipLargeUpdates(AbstractSingleWrapper):
+    """Skips steps whose gradients have a squared global norm of `max_squared_norm`
+    or more (or a NaN): the update is zero and the inner state does not change.
+    The inner optimizer only runs on accepted steps (a `lax.cond`).
+
+    The same as `optax.MultiSteps(inner, 1, should_skip_update_fn=
+    functools.partial(optax.skip_large_updates, max_squared_norm=...))`, whose
+    `updates` are the gradients: `||g||^2 < max_squared_norm` accepts a step.
+
+    **Arguments:**
+
+    - `inner`: the optimizer (or chain) to protect.
+    - `max_squared_norm`: the bound on the squared global gradient norm, `> 0`
+      (a number or scalar array; an array field, so changing it does not
+      recompile).
+    """
+
+    inner: AbstractTransform = inner_field()
+    # Read without a step count (the wrapper keeps none), so not a schedule.
+    max_squared_norm: Float[Array, ""] = hyper(
+        low=0.0, low_open=True, allow_inf=True, schedule=False
+    )
+
+    def init(self, params: Params) -> SkipLargeUpdatesState:
+        return SkipLargeUpdatesState(
+            should_skip=jnp.array(False),
+            norm_squared=jnp.zeros((), jnp.float32),
+            inner=self.inner.init(params),
+        )
+
+    def transform(
+        self, grads: Grads, state: SkipLargeUpdatesState, params: Params, **extra: Any
+    ) -> tuple[Updates, SkipLargeUpdatesState]:
+        squares = [
+            jnp.sum(abs_sq(g.astype(jnp.promote_types(g.dtype, jnp.float32))))
+            for g, p in zip(align_grads(grads, params), jax.tree.leaves(params))
+            if g is not None and is_float_leaf(p)
+        ]
+        norm_sq = (
+            jnp.sum(jnp.stack(squares)).astype(jnp.float32)
+            if squares
+            else jnp.zeros((), jnp.float32)
+        )
+        should_skip = jnp.logical_not(norm_sq < self.max_squared_norm)
+        updates, inner_state = self.run_inner(
+            grads, state.inner, params, extra, when=jnp.logical_not(should_skip)
+        )
+        return updates, SkipLargeUpdatesState(
+            should_skip=should_skip, norm_squared=norm_sq, inner=inner_state
+        )
