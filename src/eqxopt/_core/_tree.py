@@ -27,7 +27,14 @@ def is_float_leaf(x: Any) -> bool:
 def compute_dtype(dtype: Any) -> Any:
     """The dtype the per-leaf maths runs in: at least float32, so bf16/f16 moments and
     hyperparameters such as b2 = 0.999 are never rounded mid-computation."""
-    return jnp.promote_types(dtype, jnp.float32)
+    return join_dtypes(dtype, jnp.float32)
+
+
+def join_dtypes(a: Any, b: Any) -> Any:
+    """`jnp.promote_types` under JAX's standard lattice: a rule between dtypes, which
+    JAX's strict promotion mode would otherwise refuse (bf16 with float32)."""
+    with jax.numpy_dtype_promotion("standard"):
+        return jnp.promote_types(a, b)
 
 
 def abs_sq(x: Array) -> Array:
@@ -88,7 +95,7 @@ def stored_dtype(dtype: Any, param_dtype: Any) -> Any:
     if jnp.issubdtype(param_dtype, jnp.complexfloating) and jnp.issubdtype(
         dtype, jnp.floating
     ):
-        return jnp.promote_types(dtype, jnp.complex64)
+        return join_dtypes(dtype, jnp.complex64)
     return jnp.dtype(dtype)
 
 
@@ -109,6 +116,13 @@ def zero_step() -> Int[Array, ""]:
 def increment(step: Int[Array, ""]) -> Int[Array, ""]:
     """`step + 1`, saturating at the int32 maximum instead of wrapping negative."""
     return jnp.where(step < INT32_MAX, step + 1, step).astype(jnp.int32)
+
+
+def step_power(b: Array, t: Int[Array, ""]) -> Array:
+    """`b**t` for a float `b` and the integer step `t`, with `t` cast to `b`'s dtype
+    first (JAX's strict promotion refuses float ** int; XLA converts an integer
+    exponent to the base's dtype anyway, so the numbers are the same)."""
+    return b ** jnp.asarray(t).astype(jnp.result_type(b))
 
 
 def apply_updates(params: PyTree, updates: PyTree) -> PyTree:
