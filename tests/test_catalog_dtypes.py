@@ -127,12 +127,12 @@ def test_every_case_is_classified():
 
 def complex_tree():
     re, im = nested_tree(0), nested_tree(3)
-    return jax.tree.map(lambda a, b: (a + 1j * b).astype(jnp.complex64), re, im)
+    return jax.tree.map(jax.lax.complex, re, im)
 
 
 def complex_targets():
     re, im = nested_tree(7), nested_tree(8)
-    return jax.tree.map(lambda a, b: (a + 1j * b).astype(jnp.complex64), re, im)
+    return jax.tree.map(jax.lax.complex, re, im)
 
 
 def make_loss(targets):
@@ -239,7 +239,7 @@ def test_complex_leaves_turned_by_a_phase_follow_the_real_run(case):
     the second moment by `w**2` and fails this."""
     real_params, real_targets = nested_tree(0), nested_tree(7)
     turn = lambda tree: jax.tree.map(  # noqa: E731
-        lambda x: (x * PHASE).astype(jnp.complex64), tree
+        lambda x: x.astype(jnp.complex64) * jnp.asarray(PHASE, jnp.complex64), tree
     )
     real_loss = make_loss(real_targets)
     expected = run_ours(case, real_params, real_loss)
