@@ -163,20 +163,23 @@ def run_ours(case, params, loss, steps=STEPS, grad_fn=descent):
 
 
 def run_theirs(name, params, loss, steps=STEPS, grad_fn=descent, table=OPTAX):
-    tx = table[name]()
-    state = tx.init(params)
-    history = []
-    for _ in range(steps):
-        grads = grad_fn(loss, params)
-        if name == "LBFGS":
-            extra = {"value": loss(params), "grad": grads, "value_fn": loss}
-        elif name == "PolyakSGD":
-            extra = {"value": loss(params)}
-        else:
-            extra = {}
-        updates, state = tx.update(grads, state, params, **extra)
-        params = optax.apply_updates(params, updates)
-        history.append(params)
+    # optax promotes real to complex (and float32 to float64) implicitly: JAX's
+    # standard promotion for the reference, whatever the tests' setting.
+    with jax.numpy_dtype_promotion("standard"):
+        tx = table[name]()
+        state = tx.init(params)
+        history = []
+        for _ in range(steps):
+            grads = grad_fn(loss, params)
+            if name == "LBFGS":
+                extra = {"value": loss(params), "grad": grads, "value_fn": loss}
+            elif name == "PolyakSGD":
+                extra = {"value": loss(params)}
+            else:
+                extra = {}
+            updates, state = tx.update(grads, state, params, **extra)
+            params = optax.apply_updates(params, updates)
+            history.append(params)
     return history
 
 
