@@ -1,6 +1,7 @@
 """Tree helpers shared by every optimizer: which leaves are optimised, zeros for
 state, dtype rules, the step counter and the dtype-preserving apply."""
 
+import contextlib
 from typing import Any
 
 import equinox as eqx
@@ -35,6 +36,25 @@ def join_dtypes(a: Any, b: Any) -> Any:
     JAX's strict promotion mode would otherwise refuse (bf16 with float32)."""
     with jax.numpy_dtype_promotion("standard"):
         return jnp.promote_types(a, b)
+
+
+def promotion_for(*trees: PyTree) -> contextlib.AbstractContextManager:
+    """JAX's standard dtype promotion, for a step whose maths relies on it by
+    design (else the caller's setting stands, such as JAX's strict mode):
+
+    - complex leaves: one rule serves real and complex leaves, and mixes real
+      hyperparameters and real statistics (`abs_sq`, norms) with complex moments;
+      the promotion real -> complex is exact;
+    - 64-bit mode: hyperparameters are float64 there, while schedules (learning
+      rates) return float32 by design.
+    """
+    complex_leaf = any(
+        is_float_leaf(x) and jnp.iscomplexobj(x) for x in jax.tree.leaves(trees)
+    )
+    x64 = jax.dtypes.canonicalize_dtype(jnp.float64) == jnp.float64
+    if complex_leaf or x64:
+        return jax.numpy_dtype_promotion("standard")
+    return contextlib.nullcontext()
 
 
 def abs_sq(x: Array) -> Array:
