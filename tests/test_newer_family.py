@@ -1,6 +1,8 @@
 """Muon, Schedule-Free SGD/AdamW and Prodigy against optax.contrib; SOAP against a
 NumPy transcription of the authors' implementation."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -47,13 +49,15 @@ def closed_loop_eqxopt(opt, params, steps=STEPS):
 
 
 def closed_loop_optax(tx, params, steps=STEPS):
-    state = tx.init(params)
-    update = jax.jit(tx.update)
-    history = []
-    for _ in range(steps):
-        updates, state = update(QUADRATIC_GRAD(params), state, params)
-        params = optax.apply_updates(params, updates)
-        history.append(params)
+    # optax promotes implicitly: JAX's standard promotion for the reference.
+    with jax.numpy_dtype_promotion("standard"):
+        state = tx.init(params)
+        update = jax.jit(tx.update)
+        history = []
+        for _ in range(steps):
+            updates, state = update(QUADRATIC_GRAD(params), state, params)
+            params = optax.apply_updates(params, updates)
+            history.append(params)
     return history, state
 
 
@@ -185,16 +189,17 @@ def _lockstep(opt, tx, params=PARAMS):
     state, tx_state = opt.init(params), tx.init(params)
     mine, theirs = params, params
     update = jax.jit(tx.update)
+    # optax promotes implicitly: JAX's standard promotion for the reference.
+    standard = functools.partial(jax.numpy_dtype_promotion, "standard")
     for g in GRADS:
         updates, state = opt.update(g, state, mine)
         mine = eqxopt.apply_updates(mine, updates)
-        tx_updates, tx_state = update(g, tx_state, theirs)
-        theirs = optax.apply_updates(theirs, tx_updates)
+        with standard():
+            tx_updates, tx_state = update(g, tx_state, theirs)
+            theirs = optax.apply_updates(theirs, tx_updates)
+            their_eval = optax.contrib.schedule_free_eval_params(tx_state, theirs)
         assert_trees_close(mine, theirs)
-        assert_trees_close(
-            opt.eval_params(state, mine),
-            optax.contrib.schedule_free_eval_params(tx_state, theirs),
-        )
+        assert_trees_close(opt.eval_params(state, mine), their_eval)
     return state
 
 

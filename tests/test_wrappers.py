@@ -205,10 +205,11 @@ def test_lookahead_matches_optax(alpha):
     state = tx.init(fast)
     update = jax.jit(tx.update)
     expected = []
-    for g in GRADS:
-        updates, state = update(g, state, fast)
-        fast = optax.apply_updates(fast, updates)
-        expected.append(fast.fast)
+    with jax.numpy_dtype_promotion("standard"):  # optax promotes implicitly
+        for g in GRADS:
+            updates, state = update(g, state, fast)
+            fast = optax.apply_updates(fast, updates)
+            expected.append(fast.fast)
     assert_histories_close(run_eqxopt(ours, PARAMS, GRADS), expected)
 
 
@@ -256,7 +257,8 @@ def test_reduce_on_plateau_matches_optax_contrib():
     for g, loss in zip(grads, losses):
         value = jnp.asarray(loss, jnp.float32)
         u, state = ours.update(g, state, PARAMS, value=value)
-        ru, ref_state = ref_update(g, ref_state, PARAMS, value=value)
+        with jax.numpy_dtype_promotion("standard"):  # optax promotes implicitly
+            ru, ref_state = ref_update(g, ref_state, PARAMS, value=value)
         assert_histories_close([u], [ru])
         ours_s, ref_s = state["ReduceOnPlateau"], ref_state[1]
         assert float(ours_s.scale) == float(ref_s.scale)

@@ -23,6 +23,12 @@ def _gradient_transformation(name: str, value: Any) -> Any:
     return value
 
 
+def _optax_promotion():
+    # optax's code promotes implicitly (a Python float to the power of its int32
+    # count): JAX's standard promotion for it, whatever the caller's setting.
+    return jax.numpy_dtype_promotion("standard")
+
+
 class FromOptaxState(eqx.Module):
     """State of `FromOptax`.
 
@@ -61,7 +67,8 @@ class FromOptax(AbstractTransform):
         return isinstance(self.tx, optax_module().GradientTransformationExtraArgs)
 
     def init(self, params: Params) -> FromOptaxState:
-        return FromOptaxState(inner=self.tx.init(_float_only(params)))
+        with _optax_promotion():
+            return FromOptaxState(inner=self.tx.init(_float_only(params)))
 
     def transform(
         self, grads: Grads, state: FromOptaxState, params: Params, **extra: Any
@@ -82,9 +89,10 @@ class FromOptax(AbstractTransform):
                 f"this optax transformation takes no keyword arguments, got "
                 f"{', '.join(map(repr, extra))}"
             )
-        updates, inner = self.tx.update(
-            treedef.unflatten(given), state.inner, _float_only(params), **extra
-        )
+        with _optax_promotion():
+            updates, inner = self.tx.update(
+                treedef.unflatten(given), state.inner, _float_only(params), **extra
+            )
         update_leaves = treedef.flatten_up_to(updates)
         out = [
             None if g is None or u is None else u.astype(compute_dtype(p.dtype))

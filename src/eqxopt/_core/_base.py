@@ -13,7 +13,7 @@ from jaxtyping import PyTree, jaxtyped
 
 from . import _dispatch, _seam
 from ._checks import check_grads, check_state, name_converters
-from ._tree import apply_updates, cast_like
+from ._tree import apply_updates, cast_like, promotion_for
 
 
 class _fast_method:
@@ -260,7 +260,8 @@ def _checked(
     # Our own checks first: they name the leaf; jaxtyping's would not.
     check_grads(grads, params)
     check_state(opt, state, params)
-    return _typechecked(method)(opt, grads, state, params, **extra)
+    with promotion_for(params, grads):
+        return _typechecked(method)(opt, grads, state, params, **extra)
 
 
 # XLA pairs donated input buffers with outputs of the same shape in order, so each

@@ -1,6 +1,7 @@
 """Tree helpers shared by every optimizer: which leaves are optimised, zeros for
 state, dtype rules, the step counter and the dtype-preserving apply."""
 
+import contextlib
 from typing import Any
 
 import equinox as eqx
@@ -28,7 +29,33 @@ def is_float_leaf(x: Any) -> bool:
 def compute_dtype(dtype: Any) -> Any:
     """The dtype the per-leaf maths runs in: at least float32, so bf16/f16 moments and
     hyperparameters such as b2 = 0.999 are never rounded mid-computation."""
-    return jnp.promote_types(dtype, jnp.float32)
+    return join_dtypes(dtype, jnp.float32)
+
+
+def join_dtypes(a: Any, b: Any) -> Any:
+    """`jnp.promote_types` under JAX's standard lattice: a rule between dtypes, which
+    JAX's strict promotion mode would otherwise refuse (bf16 with float32)."""
+    with jax.numpy_dtype_promotion("standard"):
+        return jnp.promote_types(a, b)
+
+
+def promotion_for(*trees: PyTree) -> contextlib.AbstractContextManager:
+    """JAX's standard dtype promotion, for a step whose maths relies on it by
+    design (else the caller's setting stands, such as JAX's strict mode):
+
+    - complex leaves: one rule serves real and complex leaves, and mixes real
+      hyperparameters and real statistics (`abs_sq`, norms) with complex moments;
+      the promotion real -> complex is exact;
+    - 64-bit mode: hyperparameters are float64 there, while schedules (learning
+      rates) return float32 by design.
+    """
+    complex_leaf = any(
+        is_float_leaf(x) and jnp.iscomplexobj(x) for x in jax.tree.leaves(trees)
+    )
+    x64 = jax.dtypes.canonicalize_dtype(jnp.float64) == jnp.float64
+    if complex_leaf or x64:
+        return jax.numpy_dtype_promotion("standard")
+    return contextlib.nullcontext()
 
 
 def abs_sq(x: Array) -> Array:
@@ -109,7 +136,7 @@ def stored_dtype(dtype: Any, param_dtype: Any) -> Any:
     if jnp.issubdtype(param_dtype, jnp.complexfloating) and jnp.issubdtype(
         dtype, jnp.floating
     ):
-        return jnp.promote_types(dtype, jnp.complex64)
+        return join_dtypes(dtype, jnp.complex64)
     return jnp.dtype(dtype)
 
 
@@ -130,6 +157,13 @@ def zero_step() -> Int[Array, ""]:
 def increment(step: Int[Array, ""]) -> Int[Array, ""]:
     """`step + 1`, saturating at the int32 maximum instead of wrapping negative."""
     return jnp.where(step < INT32_MAX, step + 1, step).astype(jnp.int32)
+
+
+def step_power(b: Array, t: Int[Array, ""]) -> Array:
+    """`b**t` for a float `b` and the integer step `t`, with `t` cast to `b`'s dtype
+    first (JAX's strict promotion refuses float ** int; XLA converts an integer
+    exponent to the base's dtype anyway, so the numbers are the same)."""
+    return b ** jnp.asarray(t).astype(jnp.result_type(b))
 
 
 def apply_updates(params: PyTree, updates: PyTree) -> PyTree:

@@ -22,7 +22,13 @@ from ..._core._fields import (
     mask_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer, map_leaves
-from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
+from ..._core._tree import (
+    abs_sq,
+    float_leaves_like,
+    increment,
+    step_power,
+    zero_step,
+)
 from ._adam_like import (
     AbstractAdamLike,
     AbstractAdamW,
@@ -215,8 +221,10 @@ class AbstractNAdam(AbstractLeafwiseOptimizer):
         mu_t = b1 * (1 - 0.5 * 0.96 ** (tf * psi))
         mu_next = b1 * (1 - 0.5 * 0.96 ** ((tf + 1) * psi))
         constant = jnp.isinf(psi)  # optax's convention: mu_t = b1 at every step
-        product = jnp.where(constant, b1**t, state.mu_product * mu_t)
-        product_next = jnp.where(constant, b1 ** increment(t), product * mu_next)
+        product = jnp.where(constant, step_power(b1, t), state.mu_product * mu_t)
+        product_next = jnp.where(
+            constant, step_power(b1, increment(t)), product * mu_next
+        )
         h.coef_g = (1 - mu_t) / (1 - product)
         h.coef_m = mu_next / (1 - product_next)
         updates, (mu, nu) = map_leaves(

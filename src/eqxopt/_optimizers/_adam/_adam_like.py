@@ -23,7 +23,7 @@ from ..._core._fields import (
     mask_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
-from ..._core._tree import abs_sq, increment
+from ..._core._tree import abs_sq, increment, step_power
 
 # --------------------------------------------------------------------------------------
 # Moment maths (on arrays; `h` is the hyperparameters at the step, `_fields.values_at`).
@@ -37,7 +37,7 @@ def ema(m: Array, x: Array, b: Array) -> Array:
 
 def bias_correction(b: Array, t: Int[Array, ""]) -> Array:
     """`1 - b**t`."""
-    return 1 - b**t
+    return 1 - step_power(b, t)
 
 
 def bias_corrections(h: SimpleNamespace, step: Int[Array, ""]) -> SimpleNamespace:

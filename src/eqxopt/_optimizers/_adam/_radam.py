@@ -14,7 +14,7 @@ from ..._core._fields import (
     learning_rate_field,
     mask_field,
 )
-from ..._core._tree import abs_sq, increment
+from ..._core._tree import abs_sq, increment, step_power
 from ._adam_like import (
     AbstractAdamLike,
     b1_field,
@@ -39,9 +39,9 @@ def rho_t(b2: Array, t: Array) -> Array:
     positive; relative error below 1e-5), and the direct formula after that, where
     it is accurate enough."""
     rho_inf = 2.0 / (1.0 - b2) - 1.0
-    direct = rho_inf - 2 * t * b2**t / (1 - b2**t)
     log_b2 = jnp.log(b2)
     tf = t.astype(log_b2.dtype)
+    direct = rho_inf - 2 * tf * step_power(b2, t) / (1 - step_power(b2, t))
     i = jnp.arange(_SERIES_STEPS, dtype=log_b2.dtype)
     terms = jnp.exp(i * log_b2) * -jnp.expm1(jnp.maximum(tf - i, 0.0) * log_b2)
     series = 2 * jnp.sum(jnp.where(i < tf, terms, 0.0)) / -jnp.expm1(tf * log_b2) - 1

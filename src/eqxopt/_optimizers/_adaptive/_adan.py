@@ -13,7 +13,7 @@ from ..._core._fields import (
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._schedule import known_number
-from ..._core._tree import abs_sq
+from ..._core._tree import abs_sq, step_power
 
 
 class AdanState(eqx.Module):
@@ -99,8 +99,9 @@ class Adan(AbstractLeafwiseOptimizer):
         delta = b2 * delta + (1 - b2) * d
         nesterov = g + (1 - b2) * d
         nu = b3 * nu + (1 - b3) * abs_sq(nesterov)
-        r = (mu / (1 - b1**t) + (1 - b2) * (delta / (1 - b2**t))) / (
-            jnp.sqrt(nu / (1 - b3**t) + h.eps_root) + h.eps
+        c1, c2, c3 = (1 - step_power(b, t) for b in (b1, b2, b3))
+        r = (mu / c1 + (1 - b2) * (delta / c2)) / (
+            jnp.sqrt(nu / c3 + h.eps_root) + h.eps
         )
         if decayed:
             r = r + h.weight_decay * p

@@ -19,6 +19,7 @@ from ..._core._tree import (
     float_leaves_like,
     increment,
     is_float_leaf,
+    step_power,
     zero_step,
 )
 
@@ -124,7 +125,7 @@ class Prodigy(AbstractEngineTransform):
         b3 = jnp.sqrt(b2) if h.b3 is None else h.b3
         d = state.d
         sched = h.learning_rate
-        dlr = d * sched * jnp.sqrt(1 - b2**t) / (1 - b1**t)
+        dlr = d * sched * jnp.sqrt(1 - step_power(b2, t)) / (1 - step_power(b1, t))
         s_scale = d if self.safeguard_warmup else dlr
 
         # First pass, per leaf: the moments, the sum s, and this leaf's terms of

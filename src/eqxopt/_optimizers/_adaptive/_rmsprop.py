@@ -8,7 +8,7 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._fields import ScalarOrSchedule, flag_field, hyper, learning_rate_field
 from ..._core._leafwise import AbstractLeafwiseOptimizer
-from ..._core._tree import abs_sq
+from ..._core._tree import abs_sq, step_power
 
 
 class RMSPropState(eqx.Module):
@@ -119,7 +119,7 @@ class RMSProp(AbstractLeafwiseOptimizer):
     def leaf(self, h, t, g, p, nu, *rest):
         rest = list(rest)
         decay, eps = h.decay, h.eps
-        correction = 1 - decay**t if self.bias_correction else None
+        correction = 1 - step_power(decay, t) if self.bias_correction else None
         g = g + h.weight_decay * p
         nu = (1 - decay) * abs_sq(g) + decay * nu
         # The order of operations is optax's, so rounding agrees too.

@@ -16,7 +16,7 @@ from ..._core._fields import (
     mask_field,
 )
 from ..._core._masks import decay_flags
-from ..._core._tree import abs_sq
+from ..._core._tree import abs_sq, step_power
 from ._trust import AbstractTrustRatioOptimizer
 
 
@@ -81,7 +81,8 @@ class LAMB(AbstractTrustRatioOptimizer):
     def leaf(self, h, t, g, p, mu, nu, decayed):
         mu = h.b1 * mu + (1 - h.b1) * g
         nu = h.b2 * nu + (1 - h.b2) * abs_sq(g)
-        mu_hat, nu_hat = mu / (1 - h.b1**t), nu / (1 - h.b2**t)
+        mu_hat = mu / (1 - step_power(h.b1, t))
+        nu_hat = nu / (1 - step_power(h.b2, t))
         r = mu_hat / (jnp.sqrt(nu_hat + h.eps_root) + h.eps)
         if decayed:
             r = r + h.weight_decay * p

@@ -25,6 +25,7 @@ from ..._core._tree import (
     full_like_leaf,
     increment,
     is_float_leaf,
+    join_dtypes,
     zero_step,
 )
 from ._counts import array_count, static_count
@@ -78,7 +79,7 @@ def _scalar_dtype(params: PyTree) -> Any:
     dtype = jnp.dtype(jnp.float32)
     for p in jax.tree.leaves(params):
         if is_float_leaf(p):
-            dtype = jnp.promote_types(dtype, jnp.finfo(compute_dtype(p.dtype)).dtype)
+            dtype = join_dtypes(dtype, jnp.finfo(compute_dtype(p.dtype)).dtype)
     return dtype
 
 

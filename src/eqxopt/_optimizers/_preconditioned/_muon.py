@@ -28,6 +28,7 @@ from ..._core._tree import (
     float_leaves_like,
     increment,
     is_float_leaf,
+    step_power,
     zero_step,
 )
 from ._counts import static_count
@@ -236,11 +237,11 @@ class Muon(AbstractTransform):
             if p.size == 0:  # an empty matrix: nothing to orthogonalise or scale
                 return jnp.zeros_like(g), mu
             if nesterov:
-                mu_hat = beta * mu / (1 - beta ** increment(t)) + (1 - beta) * g / (
-                    1 - beta**t
-                )
+                mu_hat = beta * mu / (1 - step_power(beta, increment(t))) + (
+                    1 - beta
+                ) * g / (1 - step_power(beta, t))
             else:
-                mu_hat = mu / (1 - beta**t)
+                mu_hat = mu / (1 - step_power(beta, t))
             m, n = p.shape[-2:]
             # Jordan's width scaling, or Liu et al.'s RMS matching.
             scale = max(1.0, n / m) ** 0.5 if rms is None else max(m, n) ** 0.5 * rms
@@ -257,10 +258,14 @@ class Muon(AbstractTransform):
             mu = b1 * mu + (1 - b1) * g
             nu = b2 * nu + (1 - b2) * abs_sq(g)
             if nesterov:
-                mu_hat = b1 * mu / (1 - b1 ** increment(t)) + (1 - b1) * g / (1 - b1**t)
+                mu_hat = b1 * mu / (1 - step_power(b1, increment(t))) + (1 - b1) * g / (
+                    1 - step_power(b1, t)
+                )
             else:
-                mu_hat = mu / (1 - b1**t)
-            direction = mu_hat / (jnp.sqrt(nu / (1 - b2**t) + eps_root) + eps)
+                mu_hat = mu / (1 - step_power(b1, t))
+            direction = mu_hat / (
+                jnp.sqrt(nu / (1 - step_power(b2, t)) + eps_root) + eps
+            )
             if decay:
                 direction = direction + adam_wd * p
             return -adam_lr * direction, mu, nu

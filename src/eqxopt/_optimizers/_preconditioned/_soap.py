@@ -23,6 +23,7 @@ from ..._core._tree import (
     float_leaves_like,
     increment,
     is_float_leaf,
+    step_power,
     zero_step,
 )
 from ._counts import array_count, static_count
@@ -183,7 +184,7 @@ class SOAP(AbstractTransform):
         sb = b2 if h.shampoo_beta is None else h.shampoo_beta
         k = state.step
         refresh = (k % self.precondition_frequency) == 0
-        step_size = lr * jnp.sqrt(1 - b2**k) / (1 - b1**k)
+        step_size = lr * jnp.sqrt(1 - step_power(b2, k)) / (1 - step_power(b1, k))
 
         def first(g, p, mu, nu, gg, q):
             # Only the statistics and their eigenbases; no parameter change.

@@ -26,6 +26,7 @@ from ..._core._tree import (
     float_leaves_like,
     increment,
     is_float_leaf,
+    step_power,
     zero_step,
 )
 
@@ -233,5 +234,5 @@ class ScheduleFreeAdamW(AbstractScheduleFree):
 
     def base(self, h, t, g, y, nu):
         nu = h.b2 * nu + (1 - h.b2) * abs_sq(g)
-        u = g / (jnp.sqrt(nu / (1 - h.b2**t)) + h.eps) + h.weight_decay * y
+        u = g / (jnp.sqrt(nu / (1 - step_power(h.b2, t))) + h.eps) + h.weight_decay * y
         return -h.learning_rate * u, nu
