@@ -14,7 +14,12 @@ from catalog import all_cases
 from test_catalog import extra_for
 from test_native import NOT_ELEMENTWISE
 
-ELEMENTWISE = [c for c in all_cases() if c.name not in NOT_ELEMENTWISE]
+# Quantized moments keep XLA's code (a block's scale is a reduction over it).
+ELEMENTWISE = [
+    c
+    for c in all_cases()
+    if c.name not in NOT_ELEMENTWISE and "quantized" not in c.tags
+]
 SPECIAL = [np.nan, np.inf, -np.inf, 1e30, -1e30, 1e-40, -1e-40, -0.0, 0.0]
 ORDINARY = [1.0, -0.5, 3.0, 1e-3, -2e4]
 N = 32

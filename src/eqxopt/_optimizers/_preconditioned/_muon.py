@@ -25,6 +25,7 @@ from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
 from ..._core._tree import (
     abs_sq,
+    align_grads,
     float_leaves_like,
     increment,
     is_float_leaf,
@@ -94,10 +95,13 @@ def _muon_flags(mask: Any, params: Params) -> list[bool]:
     return [flag and is_float_leaf(p) for (_, p), flag in zip(leaves_with_paths, flags)]
 
 
-def _select(tree: PyTree, params: Params, keep: list[bool]) -> PyTree:
+def _select(
+    tree: PyTree, params: Params, keep: list[bool], *, grads: bool = False
+) -> PyTree:
     treedef = jax.tree.structure(params)
-    # Up to params' leaves: a quantized moment (`Blockwise8bit`) is a module there.
-    leaves = treedef.flatten_up_to(tree)
+    # Up to params' leaves: a quantized moment (`Blockwise8bit`) is a module there;
+    # gradients may hold `None` in place of a whole subtree.
+    leaves = align_grads(tree, params) if grads else treedef.flatten_up_to(tree)
     return treedef.unflatten([x if k else None for x, k in zip(leaves, keep)])
 
 
@@ -273,14 +277,14 @@ class Muon(AbstractTransform):
         not_muon = [not f for f in is_muon]
         muon_updates, (muon_mu,) = map_leaves(
             muon_rule,
-            _select(grads, params, is_muon),
+            _select(grads, params, is_muon, grads=True),
             params,
             (_select(state.mu, params, is_muon),),
             flags=decays,
         )
         adam_updates, (adam_mu, nu) = map_leaves(
             adam_rule,
-            _select(grads, params, not_muon),
+            _select(grads, params, not_muon, grads=True),
             params,
             (_select(state.mu, params, not_muon), state.nu),
             elementwise=True,
