@@ -23,6 +23,7 @@ CASES = [
         lambda **kw: eqxopt.SGD(**{"learning_rate": 0.05, "momentum": 0.9, **kw}),
         vary=("momentum", 0.5),
         invalid=(("momentum", 1.0),),
+        tags=frozenset({"smoke"}),
     ),
     CatalogCase(
         "SGD-nesterov",
@@ -44,6 +45,7 @@ CASES = [
         ),
         vary=("weight_decay", 0.1),
         invalid=(*BAD_UNIT, ("weight_decay", -0.01)),
+        tags=frozenset({"smoke"}),
     ),
     CatalogCase(
         "AdamW-schedule",

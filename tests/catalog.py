@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 import eqxopt
 
 
@@ -24,6 +26,8 @@ class CatalogCase:
       building with it must reuse the compiled step.
     - `invalid`: `(argument, value)` pairs, each of which must raise a `ValueError`
       naming the argument.
+    - `tags`: labels such as `"smoke"` (in `make test` for the costly sweeps, see
+      `swept`) or `"quantized"`.
     - `extra`: builds the keyword arguments `update`/`step` need beyond grads
       (such as `value=`), from `(loss_fn, params)`.
     """
@@ -41,3 +45,25 @@ def all_cases() -> list[CatalogCase]:
     for path in sorted(pathlib.Path(__file__).parent.glob("cases_*.py")):
         cases.extend(importlib.import_module(path.stem).CASES)
     return cases
+
+
+def _family_modules() -> list[list[CatalogCase]]:
+    return [
+        importlib.import_module(path.stem).CASES
+        for path in sorted(pathlib.Path(__file__).parent.glob("cases_*.py"))
+    ]
+
+
+def swept(cases: list[CatalogCase]) -> list:
+    """`cases` as `pytest.param`s for the costly whole-catalog sweeps (native against
+    XLA, special values, whole models, complex phases, ...): the first configuration
+    of each family module, and every case tagged `"smoke"`, run in `make test`; the
+    others are marked slow, so `make test` stays short while `make test-slow` (and
+    CI, which runs both) sweeps every case."""
+    fast = {family[0].name for family in _family_modules() if family}
+    fast |= {case.name for case in cases if "smoke" in case.tags}
+    slow = pytest.mark.slow
+    return [
+        pytest.param(case, id=case.name, marks=() if case.name in fast else slow)
+        for case in cases
+    ]

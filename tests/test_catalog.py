@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 import eqxopt
-from catalog import all_cases
+from catalog import all_cases, swept
 from helpers import compiles, nested_tree
 
 CASES = all_cases()
 case_params = pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+# The costlier properties: every case in `make test-slow`, a few in `make test`.
+swept_params = pytest.mark.parametrize("case", swept(CASES))
 
 
 def quadratic_loss(params):
@@ -51,7 +53,7 @@ def test_updates_keep_structure_shape_and_dtype(case):
     assert jax.tree.structure(new_state) == jax.tree.structure(stepped_state)
 
 
-@case_params
+@swept_params
 def test_inputs_are_not_mutated(case):
     opt = case.make()
     params = nested_tree()
@@ -97,7 +99,7 @@ def test_none_gradients_leave_leaf_and_its_state_alone(case):
             np.testing.assert_array_equal(leaf, old[key], err_msg=f"state{key}")
 
 
-@case_params
+@swept_params
 def test_whole_equinox_model_trains_without_filtering(case):
     model = eqx.nn.MLP(3, 2, 16, 2, activation=jax.nn.tanh, key=jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (32, 3))
@@ -117,7 +119,7 @@ def test_whole_equinox_model_trains_without_filtering(case):
     assert loss_fn(model) < start
 
 
-@case_params
+@swept_params
 def test_bfloat16_parameters_keep_their_dtype(case):
     opt = case.make()
     params = nested_tree(dtype=jnp.bfloat16)
@@ -191,7 +193,7 @@ def test_invalid_hyperparameter_raises_naming_it(case, arg, bad):
         case.make(**{arg: bad})
 
 
-@case_params
+@swept_params
 def test_state_buffers_are_its_own(case):
     """No two state leaves share a buffer, nor with params or the optimizer (a
     0-d fill used to return the hyperparameter array itself): otherwise a donated
@@ -239,7 +241,7 @@ def counter_name(path) -> str:
     return str(getattr(last, "name", getattr(last, "key", last)))
 
 
-@case_params
+@swept_params
 def test_step_counter_at_int32_max_stays_finite_and_saturated(case):
     """A saturated step counter (and every other int counter at its limit) gives
     finite updates and parameters, and the step stays at the limit: nothing

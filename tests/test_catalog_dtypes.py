@@ -19,7 +19,7 @@ import optax
 import pytest
 
 import eqxopt
-from catalog import all_cases
+from catalog import all_cases, swept
 from helpers import nested_tree
 
 CASES = all_cases()
@@ -249,7 +249,7 @@ PHASE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", PHASE_CASES, ids=[c.name for c in PHASE_CASES])
+@pytest.mark.parametrize("case", swept(PHASE_CASES))
 def test_complex_leaves_turned_by_a_phase_follow_the_real_run(case):
     """The complex-aware reference for every configuration: `g * g` where `|g|**2`
     is meant (RMSProp, Adagrad, ScheduleFreeAdamW, Muon's Adam branch did) turns

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import eqxopt
-from catalog import all_cases
+from catalog import all_cases, swept
 from eqxopt._core import _base, _dispatch, _seam
 from eqxopt._core._leafwise import map_leaves
 from helpers import assert_trees_close, nested_tree
@@ -71,7 +71,7 @@ def test_kernels_are_available_here():
     assert eqxopt.native_kernels_available()
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", swept(CASES))
 def test_catalog_matches_xla(case):
     def run():
         # Donated steps: the ones the kernels run. One compiled gradient (eager

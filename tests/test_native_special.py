@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
 import eqxopt
-from catalog import all_cases
+from catalog import all_cases, swept
 from test_catalog import extra_for
 from test_native import NOT_ELEMENTWISE
 
@@ -57,7 +57,7 @@ def assert_agree(native, xla):
         np.testing.assert_allclose(got[finite], want[finite], rtol=2e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", ELEMENTWISE, ids=[c.name for c in ELEMENTWISE])
+@pytest.mark.parametrize("case", swept(ELEMENTWISE))
 def test_special_values_agree_with_xla(case):
     opt = case.make()
     params = {"w": jnp.linspace(-1.0, 1.0, N)}
