@@ -6,10 +6,10 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._checks import static_count
 from .._core._fields import ScalarOrSchedule, checked_field, hyper, values_at
 from .._core._tree import (
     abs_sq,
@@ -20,15 +20,6 @@ from .._core._tree import (
     zero_step,
 )
 from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
-
-
-def _static_count(name: str, value: Any) -> int:
-    # A Python int >= 1: it fixes the shape of the state.
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int >= 1, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
 
 
 class MechanicState(eqx.Module):
@@ -99,7 +90,7 @@ class Mechanic(AbstractSingleWrapper):
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
     # Not a schedule: it is the scale the state starts from (at `init`).
     s_init: Float[Array, ""] = hyper(1e-6, low=0.0, low_open=True, schedule=False)
-    num_betas: int = checked_field(_static_count, 6, static=True)
+    num_betas: int = checked_field(static_count, 6, static=True)
 
     def init(self, params: Params) -> MechanicState:
         def copy(p):

@@ -48,9 +48,7 @@ class SkipLargeUpdates(AbstractSingleWrapper):
 
     inner: AbstractTransform = inner_field()
     # Read without a step count (the wrapper keeps none), so not a schedule.
-    max_squared_norm: Float[Array, ""] = hyper(
-        low=0.0, low_open=True, allow_inf=True, schedule=False
-    )
+    max_squared_norm: Float[Array, ""] = hyper(low=0.0, low_open=True, schedule=False)
 
     def init(self, params: Params) -> SkipLargeUpdatesState:
         return SkipLargeUpdatesState(

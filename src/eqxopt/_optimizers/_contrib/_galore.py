@@ -6,11 +6,10 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import reject_complex
+from ..._core._checks import reject_complex, static_count
 from ..._core._fields import (
     DTypeLike,
     MaskLike,
@@ -33,15 +32,6 @@ from ..._core._tree import (
     stored_dtype,
     zero_step,
 )
-
-
-def _rank(name: str, value: Any) -> int:
-    # A Python int >= 1: it fixes the shapes of the state.
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int >= 1, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
 
 
 def _plan(p: Any, rank: int) -> tuple[bool, int, int] | None:
@@ -117,7 +107,7 @@ class GaLore(AbstractTransform):
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
-    rank: int = checked_field(_rank, 128, static=True)
+    rank: int = checked_field(static_count, 128, static=True)
     update_proj_gap: Int[Array, ""] = count_field(200)
     scale: ScalarOrSchedule = hyper(1.0)
     b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True, kw_only=True)

@@ -116,30 +116,14 @@ class DoG(AbstractEngineTransform):
         h = values_at(self, state.step)
         flags = decay_flags(self.mask, params)
         wd = h.weight_decay
-
-        def sums(g, p, p0, decayed):
-            if decayed:
-                g = g + wd.astype(real_dtype(p)) * p
-            moved = jnp.sum(abs_sq(p - p0))
-            return jnp.stack([moved, jnp.sum(abs_sq(g))]).astype(jnp.float32), p0
-
-        total, (params0,) = tree_sums(sums, 2, grads, params, (state.params0,), flags)
+        total, params0 = _sums(grads, params, state.params0, flags, wd)
         max_dist = jnp.maximum(state.max_dist, jnp.sqrt(total[0]))
         sum_sq = state.sum_sq_norm_grads + total[1]
         eta = max_dist / jnp.sqrt(sum_sq + h.eps)
         if self.init_step == "learning_rate":
             eta = jnp.where(state.step == 0, h.init_value, eta)
         scale = h.learning_rate * eta
-
-        def step(g, p, decayed):
-            dtype = real_dtype(p)
-            if decayed:
-                g = g + wd.astype(dtype) * p
-            return (-scale.astype(dtype) * g,)
-
-        updates, _ = map_leaves(
-            step, grads, params, elementwise=True, flags=flags, apply=apply
-        )
+        updates = _step(grads, params, flags, wd, scale, apply)
         return updates, DoGState(
             step=increment(state.step),
             params0=params0,
@@ -223,30 +207,40 @@ class DoWG(AbstractEngineTransform):
         h = values_at(self, state.step)
         flags = decay_flags(self.mask, params)
         wd = h.weight_decay
-
-        def sums(g, p, p0, decayed):
-            if decayed:
-                g = g + wd.astype(real_dtype(p)) * p
-            moved = jnp.sum(abs_sq(p - p0))
-            return jnp.stack([moved, jnp.sum(abs_sq(g))]).astype(jnp.float32), p0
-
-        total, (params0,) = tree_sums(sums, 2, grads, params, (state.params0,), flags)
+        total, params0 = _sums(grads, params, state.params0, flags, wd)
         estim = jnp.maximum(state.estim_sq_dist, total[0])
         weighted = state.weighted_sq_norm_grads + estim * total[1]
         scale = h.learning_rate * estim / (jnp.sqrt(weighted) + h.eps)
-
-        def step(g, p, decayed):
-            dtype = real_dtype(p)
-            if decayed:
-                g = g + wd.astype(dtype) * p
-            return (-scale.astype(dtype) * g,)
-
-        updates, _ = map_leaves(
-            step, grads, params, elementwise=True, flags=flags, apply=apply
-        )
+        updates = _step(grads, params, flags, wd, scale, apply)
         return updates, DoWGState(
             step=increment(state.step),
             params0=params0,
             estim_sq_dist=estim.astype(jnp.float32),
             weighted_sq_norm_grads=weighted.astype(jnp.float32),
         )
+
+
+def _sums(grads, params, params0, flags, wd):
+    # Both whole-tree sums in one pass: |p - p0|^2 and |g|^2 (g with the decay).
+    def sums(g, p, p0, decayed):
+        if decayed:
+            g = g + wd.astype(real_dtype(p)) * p
+        moved = jnp.sum(abs_sq(p - p0))
+        return jnp.stack([moved, jnp.sum(abs_sq(g))]).astype(jnp.float32), p0
+
+    total, (params0,) = tree_sums(sums, 2, grads, params, (params0,), flags)
+    return total, params0
+
+
+def _step(grads, params, flags, wd, scale, apply):
+    # `-scale * (g + wd * p)`, the decay where `flags` says, element-wise.
+    def step(g, p, decayed):
+        dtype = real_dtype(p)
+        if decayed:
+            g = g + wd.astype(dtype) * p
+        return (-scale.astype(dtype) * g,)
+
+    updates, _ = map_leaves(
+        step, grads, params, elementwise=True, flags=flags, apply=apply
+    )
+    return updates

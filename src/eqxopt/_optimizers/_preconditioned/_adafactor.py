@@ -9,7 +9,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import float_dtype_or_none
+from ..._core._checks import float_dtype_or_none, static_count
 from ..._core._fields import (
     MaskLike,
     ScalarOrSchedule,
@@ -32,7 +32,6 @@ from ..._core._tree import (
     is_float_leaf,
     zero_step,
 )
-from ._counts import static_count
 
 _MIN_PARAM_SCALE = 1e-3  # the paper's eps_2; optax.scale_by_param_block_rms's floor
 

@@ -11,6 +11,7 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core import _dispatch
 from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._checks import array_count, static_count
 from ..._core._fields import (
     ScalarOrSchedule,
     checked_field,
@@ -28,7 +29,6 @@ from ..._core._tree import (
     join_dtypes,
     zero_step,
 )
-from ._counts import array_count, static_count
 
 
 class LBFGSState(eqx.Module):

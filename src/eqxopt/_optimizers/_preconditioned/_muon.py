@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import is_concrete
+from ..._core._checks import is_concrete, static_count
 from ..._core._fields import (
     DTypeLike,
     MaskLike,
@@ -32,7 +32,6 @@ from ..._core._tree import (
     step_power,
     zero_step,
 )
-from ._counts import static_count
 
 _DEFAULT_NS_COEFFS = (3.4445, -4.7750, 2.0315)
 

@@ -11,7 +11,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PyTree, UInt32
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import reject_complex
+from ..._core._checks import reject_complex, static_count
 from ..._core._fields import (
     ScalarOrSchedule,
     checked_field,
@@ -29,7 +29,6 @@ from ..._core._tree import (
     zero_step,
 )
 from ._blocks import Layout, from_blocks, layout, to_blocks
-from ._counts import static_count
 
 _WHY = "its preconditioner factors are real triangular matrices"
 

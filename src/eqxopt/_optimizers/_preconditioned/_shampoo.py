@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import reject_complex
+from ..._core._checks import array_count, reject_complex, static_count
 from ..._core._fields import (
     ScalarOrSchedule,
     checked_field,
@@ -27,7 +27,6 @@ from ..._core._tree import (
     zero_step,
 )
 from ._blocks import Layout, from_blocks, layout, to_blocks
-from ._counts import array_count, static_count
 
 # Its factor matrices are real symmetric statistics G G^T, and their inverse roots
 # come from a real eigendecomposition.

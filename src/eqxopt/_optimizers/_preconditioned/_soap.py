@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import reject_complex
+from ..._core._checks import array_count, reject_complex, static_count
 from ..._core._fields import (
     ScalarOrSchedule,
     checked_field,
@@ -26,7 +26,6 @@ from ..._core._tree import (
     step_power,
     zero_step,
 )
-from ._counts import array_count, static_count
 
 # One entry per axis of a parameter: a (d, d) matrix, or None for an axis that is
 # not preconditioned (longer than max_precond_dim, or a 1-D leaf).
