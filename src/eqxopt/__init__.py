@@ -13,6 +13,10 @@ from ._core import (
     map_leaves as map_leaves,
     pack as pack,
     set_split_compilation as set_split_compilation,
+    tree_cast as tree_cast,
+    tree_get as tree_get,
+    tree_norm as tree_norm,
+    tree_set as tree_set,
 )
 from ._interop import (
     FromOptax as FromOptax,
@@ -413,4 +417,8 @@ __all__ = [
     "round_stochastic_bf16",
     "set_native_kernels",
     "set_split_compilation",
+    "tree_cast",
+    "tree_get",
+    "tree_norm",
+    "tree_set",
 ]

@@ -25,3 +25,9 @@ from ._storage import (
 from ._tree import (
     apply_updates as apply_updates,
 )
+from ._tree_utils import (
+    tree_cast as tree_cast,
+    tree_get as tree_get,
+    tree_norm as tree_norm,
+    tree_set as tree_set,
+)
