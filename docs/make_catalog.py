@@ -520,10 +520,45 @@ def render() -> str:
     )
 
 
+README = pathlib.Path(__file__).parent.parent / "README.md"
+README_START = "<!-- catalog table: written by docs/make_catalog.py -->"
+README_END = "<!-- end of the catalog table -->"
+
+
+def _short_tolerance(tolerance: str | None) -> str:
+    # README's row: the tolerance without the reasons (they are on the catalog page).
+    if not tolerance:
+        return DEFAULT_TOL
+    return re.sub(r"\s*\([^)]*\)", "", tolerance).replace("the default", DEFAULT_TOL)
+
+
+def readme_table() -> str:
+    """The table README shows: every optimizer, what it is tested against, and to
+    what tolerance, each linked to its catalog entry."""
+    rows = [
+        "| optimizer | tested against | tolerance |",
+        "| --- | --- | --- |",
+    ]
+    for name, _, _, reference, tolerance in CATALOG:
+        rows.append(
+            f"| [`{name}`](docs/catalog.md#{name.lower()}) | {reference.split(';')[0]}"
+            f" | {_short_tolerance(tolerance)} |"
+        )
+    return "\n".join(rows)
+
+
+def readme_with_table(text: str) -> str:
+    """README's text with the catalog table between its markers rewritten."""
+    start = text.index(README_START) + len(README_START)
+    end = text.index(README_END)
+    return text[:start] + "\n\n" + readme_table() + "\n\n" + text[end:]
+
+
 def main() -> None:
     out = pathlib.Path(__file__).parent / "catalog.md"
     out.write_text(render())
-    print(f"wrote {out} ({len(CATALOG)} optimizers)")
+    README.write_text(readme_with_table(README.read_text()))
+    print(f"wrote {out} ({len(CATALOG)} optimizers) and README's catalog table")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,10 @@ def test_catalog_page_is_current():
     assert (DOCS / "catalog.md").read_text() == make_catalog.render(), (
         "docs/catalog.md is out of date: run `python docs/make_catalog.py`"
     )
+    readme = make_catalog.README.read_text()
+    assert readme == make_catalog.readme_with_table(readme), (
+        "README's catalog table is out of date: run `python docs/make_catalog.py`"
+    )
     names = [entry[0] for entry in make_catalog.CATALOG]
     optimizers = [
         name
