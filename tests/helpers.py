@@ -2,6 +2,10 @@
 of the programs XLA compiles (through `jax.monitoring`, not eqxopt's caches)."""
 
 import contextlib
+import os
+import pathlib
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -199,3 +203,22 @@ def assert_histories_close(actual, expected, rtol=2e-5, atol=2e-6) -> None:
             assert_trees_close(a, e, rtol=rtol, atol=atol)
         except AssertionError as err:
             raise AssertionError(f"step {step}: {err}") from None
+
+
+def run_on_8_devices(script: str) -> str:
+    """Runs `script` in a new Python process with 8 host CPU devices (the count must
+    be set before JAX starts); its standard output, once it has exited cleanly."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(root / "src"), str(root / "tests"), env.get("PYTHONPATH", "")]
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout

@@ -2,13 +2,11 @@
 parameters, and no step gathers them. Runs in a subprocess with 8 host devices
 (`XLA_FLAGS=--xla_force_host_platform_device_count=8` must be set before JAX starts)."""
 
-import os
-import pathlib
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from helpers import run_on_8_devices
 
 SCRIPT = textwrap.dedent(
     """
@@ -91,25 +89,6 @@ SCRIPT = textwrap.dedent(
     print("SHARDING-OK")
     """
 )
-
-
-def run_on_8_devices(script: str) -> str:
-    """Runs `script` in a new Python process with 8 host CPU devices (the count must
-    be set before JAX starts); its standard output, once it has exited cleanly."""
-    root = pathlib.Path(__file__).resolve().parents[1]
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(root / "src"), str(root / "tests"), env.get("PYTHONPATH", "")]
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
 
 
 def test_sharded_params_keep_their_sharding_and_are_never_gathered():

@@ -1,0 +1,24 @@
+"""Public JAX APIs that moved or appeared between the oldest JAX that eqxopt supports
+(`jax>=0.4.38` in pyproject.toml) and the newest it is tested on (0.10.x): one place
+that picks the spelling this JAX has. Only public APIs live here; JAX internals are
+fenced in `eqxopt/_native/_compat.py`."""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+
+def shard_map(
+    fn: Callable, *, mesh: Any, in_specs: Any, out_specs: Any, check: bool = True
+) -> Callable:
+    """`jax.shard_map` (JAX >= 0.6), or `jax.experimental.shard_map.shard_map` before
+    it; `check` is `check_vma` there and `check_rep` here."""
+    new = getattr(jax, "shard_map", None)
+    if new is not None:
+        return new(
+            fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check
+        )
+    from jax.experimental.shard_map import shard_map as old  # pyright: ignore
+
+    return old(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=check)
