@@ -74,7 +74,8 @@ def optax_values(schedule: Callable, jit: bool = True) -> np.ndarray:
     instead of on it (sqrt of a 2.5e-8 rounding error). eqxopt divides by an array
     field and is exact there."""
     fn = jax.vmap(schedule)
-    return np.asarray((jax.jit(fn) if jit else fn)(STEPS))
+    with jax.numpy_dtype_promotion("standard"):  # optax promotes implicitly
+        return np.asarray((jax.jit(fn) if jit else fn)(STEPS))
 
 
 def torch_values(make: Callable, lr: float) -> np.ndarray:
@@ -964,7 +965,9 @@ random_settings = settings(
 
 
 def assert_matches_optax(ours, optax_schedule):
-    assert_close(evaluate(ours, SHORT), np.asarray(jax.vmap(optax_schedule)(SHORT)))
+    with jax.numpy_dtype_promotion("standard"):  # optax promotes implicitly
+        expected = np.asarray(jax.vmap(optax_schedule)(SHORT))
+    assert_close(evaluate(ours, SHORT), expected)
 
 
 def arr(x):
@@ -1317,7 +1320,8 @@ def test_step_counts_beyond_int32_match_the_reference(name, make, reference):
     if getattr(ref, "formula", False):
         expected = ref(steps.astype(np.float64))
     else:  # optax, step by step, as its users call it
-        expected = np.asarray([float(ref(jnp.int32(s))) for s in steps])
+        with jax.numpy_dtype_promotion("standard"):  # optax promotes implicitly
+            expected = np.asarray([float(ref(jnp.int32(s))) for s in steps])
     for values in (evaluate(schedule, INT32_STEPS), jax.jit(schedule)(INT32_STEPS)):
         values = np.asarray(values)
         assert values.dtype == np.float32 and np.all(np.isfinite(values))

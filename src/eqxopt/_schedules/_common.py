@@ -120,7 +120,7 @@ def boundary_steps(
             if bad:
                 order = "strictly increasing" if strictly_increasing else "sorted"
                 raise ValueError(f"{name} must be {order}, got {values}")
-    return jnp.stack(counts)
+    return jnp.stack(joined(*counts))
 
 
 def fraction_of(raw: Any, checked: Array, total: Array, rounding: Any) -> Array:
@@ -137,7 +137,8 @@ def fraction_of(raw: Any, checked: Array, total: Array, rounding: Any) -> Array:
             "a fraction of a step count",
             int(rounding(float(np.asarray(raw, dtype=np.float64)) * int(total))),
         )
-    exact = checked * total
+    fraction, count = joined(checked, total)
+    exact = fraction * count
     rounded = jnp.floor(exact) if rounding is int else jnp.round(exact)
     if jnp.issubdtype(total.dtype, jnp.integer):
         return rounded.astype(jnp.int32)
@@ -151,6 +152,16 @@ def int_steps(count: Array) -> Int[Array, "*n"]:
     if jnp.issubdtype(count.dtype, jnp.integer):
         return count
     return jnp.minimum(count, float(2**31 - 128)).astype(jnp.int32)
+
+
+def joined(*values: Any) -> list[Array]:
+    """`values` (int32 steps and counts, float32 counts beyond int32, float values)
+    cast to the dtype standard promotion joins them in, so that mixed arithmetic
+    means the same under JAX's strict promotion (which refuses it)."""
+    arrays = [jnp.asarray(v) for v in values]
+    with jax.numpy_dtype_promotion("standard"):
+        dtype = jnp.result_type(*arrays)
+    return [a.astype(dtype) for a in arrays]
 
 
 def sum_overflows(*counts: Array) -> bool:

@@ -23,6 +23,7 @@ from ._common import (
     factor_field,
     fraction_of,
     interpolate,
+    joined,
     linear_warmup,
     sum_overflows,
     value_field,
@@ -96,12 +97,12 @@ class LinearOneCycle(AbstractSchedule):
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
         div = f32(self.div_factor)
         bounds = jnp.stack(
-            [
+            joined(
                 jnp.zeros((), jnp.int32),
                 self.start_step,
                 self.final_step,
                 self.transition_steps,
-            ]
+            )
         )
         values = cumulative_values(
             f32(self.peak_value) / div,
@@ -155,7 +156,7 @@ class CosineOneCycle(AbstractSchedule):
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
         div = f32(self.div_factor)
         bounds = jnp.stack(
-            [jnp.zeros((), jnp.int32), self.start_step, self.transition_steps]
+            joined(jnp.zeros((), jnp.int32), self.start_step, self.transition_steps)
         )
         values = cumulative_values(
             f32(self.peak_value) / div,
@@ -226,7 +227,7 @@ class Cyclic(AbstractSchedule):
     @jaxtyped(typechecker=beartype)
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
         s = jnp.maximum(jnp.asarray(step), 0)
-        up, down = self.step_size_up, self.step_size_down
+        s, up, down = joined(s, self.step_size_up, self.step_size_down)
         total = up + down
         r = s % total
         height = jnp.where(
@@ -285,7 +286,9 @@ def _sgdr_columns(cycles: Any) -> list[Array]:
             "decay_steps", decay, ">", "warmup_steps", warmup, counts=True, where=where
         )
         rows.append(row)
-    columns = {key: jnp.stack([row[key] for row in rows]) for key in _SGDR_KEYS}
+    columns = {
+        key: jnp.stack(joined(*[row[key] for row in rows])) for key in _SGDR_KEYS
+    }
     # Cycle i starts after the lengths of those before it: float32 if beyond int32.
     if sum_overflows(columns["decay_steps"][:-1]):
         columns["decay_steps"] = columns["decay_steps"].astype(jnp.float32)
@@ -332,11 +335,11 @@ class SGDR(AbstractSchedule):
 
     @jaxtyped(typechecker=beartype)
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        s = jnp.asarray(step)
         lengths = self.decay_steps
         starts = jnp.concatenate(
             [jnp.zeros((1,), lengths.dtype), jnp.cumsum(lengths[:-1])]
         )
+        s, starts = joined(step, starts)
         cycle = jnp.sum(s[..., None] >= starts[1:], axis=-1)
         t = f32(s - starts[cycle])
         init = f32(self.init_values[cycle])

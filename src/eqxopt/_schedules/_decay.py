@@ -18,6 +18,7 @@ from ._common import (
     exponential,
     f32,
     factor_field,
+    joined,
     optional_value,
     value_field,
 )
@@ -215,7 +216,8 @@ class StepDecay(AbstractSchedule):
     @jaxtyped(typechecker=beartype)
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
         s = jnp.maximum(jnp.asarray(step), 0)
-        k = f32(s // self.step_size)
+        s, size = joined(s, self.step_size)
+        k = f32(s // size)
         return f32(self.init_value) * jnp.power(f32(self.gamma), k)
 
 
@@ -243,6 +245,6 @@ class MultiStepDecay(AbstractSchedule):
 
     @jaxtyped(typechecker=beartype)
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        s = jnp.asarray(step)
-        k = f32(jnp.sum(s[..., None] >= jnp.asarray(self.milestones), axis=-1))
+        s, milestones = joined(step, self.milestones)
+        k = f32(jnp.sum(s[..., None] >= milestones, axis=-1))
         return f32(self.init_value) * jnp.power(f32(self.gamma), k)

@@ -21,6 +21,7 @@ from ._common import (
     f32,
     int_steps,
     interpolate,
+    joined,
     value_field,
 )
 
@@ -82,9 +83,8 @@ class PiecewiseConstant(AbstractSchedule):
         s = jnp.asarray(step)
         value = jnp.broadcast_to(f32(self.init_value), s.shape)
         for i in range(self.boundaries.shape[0]):
-            value = jnp.where(
-                s >= self.boundaries[i], value * f32(self.scales[i]), value
-            )
+            step, boundary = joined(s, self.boundaries[i])
+            value = jnp.where(step >= boundary, value * f32(self.scales[i]), value)
         return value
 
 
@@ -123,7 +123,7 @@ class PiecewiseInterpolate(AbstractSchedule):
 
     @jaxtyped(typechecker=beartype)
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        bounds = jnp.concatenate([jnp.zeros((1,), jnp.int32), self.boundaries])
+        bounds = jnp.concatenate(joined(jnp.zeros((1,), jnp.int32), self.boundaries))
         values = cumulative_values(
             self.init_value, [self.scales[i] for i in range(self.scales.shape[0])]
         )
@@ -183,5 +183,6 @@ class Join(AbstractSchedule):
         out = self.schedules[0](s)
         for i, sched in enumerate(self.schedules[1:]):
             b = jnp.asarray(self.boundaries)[i]
-            out = jnp.where(s < b, out, sched(s - int_steps(b)))
+            step_joined, boundary = joined(s, b)
+            out = jnp.where(step_joined < boundary, out, sched(s - int_steps(b)))
         return out

@@ -18,7 +18,8 @@ from .._core._fields import (
     values_at,
 )
 from .._core._schedule import value_at
-from .._core._tree import compute_dtype, increment, is_float_leaf, zero_step
+from .._core._schedule_free import averaging_weight, eval_params, initial_z, interpolate
+from .._core._tree import compute_dtype, increment, zero_step
 from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
 
 
@@ -103,15 +104,9 @@ class ScheduleFree(AbstractSingleWrapper):
         return getattr(self.inner, "learning_rate", None)
 
     def init(self, params: Params) -> ScheduleFreeWrapperState:
-        def z_of(p):
-            if not is_float_leaf(p):
-                return None
-            dtype = p.dtype if self.z_dtype is None else self.z_dtype
-            return jnp.array(p, dtype=dtype, copy=True)
-
         return ScheduleFreeWrapperState(
             step=zero_step(),
-            z=jax.tree.map(z_of, params),
+            z=initial_z(params, self.z_dtype),
             weight_sum=jnp.zeros((), jnp.float32),
             max_lr=jnp.zeros((), jnp.float32),
             inner=self.inner.init(params),
@@ -127,15 +122,8 @@ class ScheduleFree(AbstractSingleWrapper):
         updates, inner_state = self.run_inner(grads, state.inner, params, extra)
         h = values_at(self, state.step)
         lr = value_at(self._learning_rate(), state.step)
-        b1 = h.b1
-        max_lr = jnp.maximum(state.max_lr, lr)
-        weight = max_lr**h.weight_lr_power
-        weight_sum = state.weight_sum + weight
-        # 0 / 0 (a zero learning rate so far) gives 0: keep x where it is.
-        ck = jnp.where(
-            jnp.isnan(weight) | jnp.isnan(weight_sum),
-            jnp.nan,
-            jnp.nan_to_num(weight / weight_sum, nan=0.0, posinf=jnp.inf),
+        ck, max_lr, weight_sum = averaging_weight(
+            state.max_lr, state.weight_sum, lr, h.weight_lr_power
         )
         param_leaves, treedef = jax.tree.flatten(params)
         z_leaves = treedef.flatten_up_to(state.z)
@@ -146,11 +134,9 @@ class ScheduleFree(AbstractSingleWrapper):
                 new_z.append(z)
                 continue
             dtype = compute_dtype(y.dtype)
-            y_, z_ = y.astype(dtype), z.astype(dtype)
-            x = (y_ - (1 - b1) * z_) / b1
-            z_ = z_ + u.astype(dtype)
-            x = (1 - ck) * x + ck * z_
-            new_updates.append(b1 * x + (1 - b1) * z_ - y_)
+            y_ = y.astype(dtype)
+            new_y, z_ = interpolate(y_, z.astype(dtype), u.astype(dtype), h.b1, ck)
+            new_updates.append(new_y - y_)
             new_z.append(z_.astype(z.dtype))
         return treedef.unflatten(new_updates), ScheduleFreeWrapperState(
             step=increment(state.step),
@@ -164,13 +150,4 @@ class ScheduleFree(AbstractSingleWrapper):
         """The averaged parameters `x = (y - (1 - b1) * z) / b1` at which to evaluate
         the model (as `optax.contrib.schedule_free_eval_params`); non-float leaves
         pass through, each leaf keeps its dtype."""
-        b1 = self.b1
-
-        def x_of(p, z):
-            if z is None or not is_float_leaf(p):
-                return p
-            dtype = compute_dtype(p.dtype)
-            y, z = p.astype(dtype), z.astype(dtype)
-            return ((y - (1 - b1) * z) / b1).astype(p.dtype)
-
-        return jax.tree.map(x_of, params, state.z, is_leaf=lambda x: x is None)
+        return eval_params(params, state.z, self.b1)

@@ -61,6 +61,36 @@ def _step_size(h, adapt, barf, gamma, iprod, norm, lb, bc1):
     return tau, lb, h.learning_rate * h.weight_decay / decay
 
 
+def _initial_scalars(lower_bound: Any) -> dict[str, Array]:
+    """The loss-model scalars both variants start their state with."""
+    return dict(
+        loss_avg=jnp.zeros((), jnp.float32),
+        gamma=jnp.zeros((), jnp.float32),
+        lower_bound=jnp.array(lower_bound, jnp.float32, copy=True),
+    )
+
+
+def _model_step(opt, h, state, value, beta, total, bc1):
+    """The step size `tau` from the loss model, the decay factor, and the new
+    loss-model scalars of the state. `total` holds `<g, p>`, `<mu, mu / D>` and
+    `<mu, p>` summed over the tree; `bc1` is 1 for Momo."""
+    f = _loss(value, type(opt).__name__)
+    loss_avg = beta * state.loss_avg + (1 - beta) * f
+    gamma = beta * state.gamma + (1 - beta) * total[0]
+    tau, lb, shrink = _step_size(
+        h,
+        opt.adapt_lower_bound,
+        loss_avg,
+        gamma,
+        total[2],
+        total[1],
+        state.lower_bound,
+        bc1,
+    )
+    scalars = dict(loss_avg=loss_avg, gamma=gamma, lower_bound=lb)
+    return tau, shrink, {k: v.astype(jnp.float32) for k, v in scalars.items()}
+
+
 class MomoState(eqx.Module):
     """State of `Momo`.
 
@@ -137,9 +167,7 @@ class Momo(AbstractEngineTransform):
         return MomoState(
             step=zero_step(),
             mu=float_leaves_like(params),
-            loss_avg=jnp.zeros((), jnp.float32),
-            gamma=jnp.zeros((), jnp.float32),
-            lower_bound=jnp.array(self.lower_bound, jnp.float32, copy=True),
+            **_initial_scalars(self.lower_bound),
         )
 
     def run(
@@ -151,7 +179,6 @@ class Momo(AbstractEngineTransform):
         apply: bool,
         value: Any = None,
     ) -> tuple[Updates, MomoState]:
-        f = _loss(value, "Momo")
         h = values_at(self, state.step)
         b = jnp.where(state.step == 0, 0.0, h.beta)
 
@@ -161,18 +188,7 @@ class Momo(AbstractEngineTransform):
             return sums, mu
 
         total, (mu,) = tree_sums(moments, 3, grads, params, (state.mu,))
-        loss_avg = b * state.loss_avg + (1 - b) * f
-        gamma = b * state.gamma + (1 - b) * total[0]
-        tau, lb, shrink = _step_size(
-            h,
-            self.adapt_lower_bound,
-            loss_avg,
-            gamma,
-            total[2],
-            total[1],
-            state.lower_bound,
-            1.0,
-        )
+        tau, shrink, scalars = _model_step(self, h, state, value, b, total, 1.0)
 
         def step(g, p, mu):
             return -tau * mu - shrink * p, mu
@@ -180,13 +196,7 @@ class Momo(AbstractEngineTransform):
         updates, _ = map_leaves(
             step, grads, params, (mu,), elementwise=True, apply=apply
         )
-        return updates, MomoState(
-            step=increment(state.step),
-            mu=mu,
-            loss_avg=loss_avg.astype(jnp.float32),
-            gamma=gamma.astype(jnp.float32),
-            lower_bound=lb.astype(jnp.float32),
-        )
+        return updates, MomoState(step=increment(state.step), mu=mu, **scalars)
 
 
 class MomoAdamState(eqx.Module):
@@ -272,9 +282,7 @@ class MomoAdam(AbstractEngineTransform):
             step=zero_step(),
             mu=float_leaves_like(params),
             nu=float_leaves_like(params),
-            loss_avg=jnp.zeros((), jnp.float32),
-            gamma=jnp.zeros((), jnp.float32),
-            lower_bound=jnp.array(self.lower_bound, jnp.float32, copy=True),
+            **_initial_scalars(self.lower_bound),
         )
 
     def run(
@@ -286,7 +294,6 @@ class MomoAdam(AbstractEngineTransform):
         apply: bool,
         value: Any = None,
     ) -> tuple[Updates, MomoAdamState]:
-        f = _loss(value, "MomoAdam")
         h = values_at(self, state.step)
         t = increment(state.step)
         tf = t.astype(jnp.float32)
@@ -301,18 +308,7 @@ class MomoAdam(AbstractEngineTransform):
             return sums, mu, nu
 
         total, (mu, nu) = tree_sums(moments, 3, grads, params, (state.mu, state.nu))
-        loss_avg = b1 * state.loss_avg + (1 - b1) * f
-        gamma = b1 * state.gamma + (1 - b1) * total[0]
-        tau, lb, shrink = _step_size(
-            h,
-            self.adapt_lower_bound,
-            loss_avg,
-            gamma,
-            total[2],
-            total[1],
-            state.lower_bound,
-            bc1,
-        )
+        tau, shrink, scalars = _model_step(self, h, state, value, b1, total, bc1)
 
         def step(g, p, mu, nu):
             precond = eps + jnp.sqrt(jnp.real(nu) / bc2)
@@ -321,11 +317,4 @@ class MomoAdam(AbstractEngineTransform):
         updates, _ = map_leaves(
             step, grads, params, (mu, nu), elementwise=True, apply=apply
         )
-        return updates, MomoAdamState(
-            step=t,
-            mu=mu,
-            nu=nu,
-            loss_avg=loss_avg.astype(jnp.float32),
-            gamma=gamma.astype(jnp.float32),
-            lower_bound=lb.astype(jnp.float32),
-        )
+        return updates, MomoAdamState(step=t, mu=mu, nu=nu, **scalars)

@@ -5,7 +5,6 @@ import abc
 from collections.abc import Callable
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
@@ -20,12 +19,16 @@ from ..._core._fields import (
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._schedule import value_at
+from ..._core._schedule_free import (
+    averaging_weight,
+    eval_params,
+    initial_z,
+    interpolate,
+)
 from ..._core._tree import (
     abs_sq,
-    compute_dtype,
     float_leaves_like,
     increment,
-    is_float_leaf,
     step_power,
     zero_step,
 )
@@ -72,15 +75,9 @@ class AbstractScheduleFree(AbstractEngineTransform):
         """The state's `nu` (`None` for a base step without one)."""
 
     def init(self, params: Params) -> ScheduleFreeState:
-        def z_of(p):
-            if not is_float_leaf(p):
-                return None
-            dtype = p.dtype if self.z_dtype is None else self.z_dtype
-            return jnp.array(p, dtype=dtype, copy=True)
-
         return ScheduleFreeState(
             step=zero_step(),
-            z=jax.tree.map(z_of, params),
+            z=initial_z(params, self.z_dtype),
             nu=self.nu_init(params),
             weight_sum=jnp.zeros((), jnp.float32),
             max_lr=jnp.zeros((), jnp.float32),
@@ -91,23 +88,13 @@ class AbstractScheduleFree(AbstractEngineTransform):
     ) -> tuple[Updates, ScheduleFreeState]:
         h = values_at(self, state.step)
         t = increment(state.step)
-        b1 = h.b1
-        max_lr = jnp.maximum(state.max_lr, h.learning_rate)
-        weight = max_lr**h.weight_lr_power
-        weight_sum = state.weight_sum + weight
-        # 0 / 0 (a zero learning rate so far) gives 0: keep x where it is.
-        ck = jnp.where(
-            jnp.isnan(weight) | jnp.isnan(weight_sum),
-            jnp.nan,
-            jnp.nan_to_num(weight / weight_sum, nan=0.0, posinf=jnp.inf),
+        ck, max_lr, weight_sum = averaging_weight(
+            state.max_lr, state.weight_sum, h.learning_rate, h.weight_lr_power
         )
 
         def rule(g, y, z, *nu):
             u, *nu = self.base(h, t, g, y, *nu)
-            x = (y - (1 - b1) * z) / b1
-            z = z + u
-            x = (1 - ck) * x + ck * z
-            new_y = b1 * x + (1 - b1) * z
+            new_y, z = interpolate(y, z, u, h.b1, ck)
             return (new_y - y, z, *nu)
 
         nu = () if state.nu is None else (state.nu,)
@@ -126,16 +113,7 @@ class AbstractScheduleFree(AbstractEngineTransform):
         """The averaged parameters `x = (y - (1 - b1) * z) / b1` at which to evaluate
         the model (as `optax.contrib.schedule_free_eval_params`); non-float leaves
         pass through, each leaf keeps its dtype."""
-        b1 = value_at(self.b1, state.step)
-
-        def x_of(p, z):
-            if z is None or not is_float_leaf(p):
-                return p
-            dtype = compute_dtype(p.dtype)
-            y, z = p.astype(dtype), z.astype(dtype)
-            return ((y - (1 - b1) * z) / b1).astype(p.dtype)
-
-        return jax.tree.map(x_of, params, state.z, is_leaf=lambda x: x is None)
+        return eval_params(params, state.z, value_at(self.b1, state.step))
 
 
 class ScheduleFreeSGD(AbstractScheduleFree):
