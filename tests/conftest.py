@@ -7,10 +7,12 @@ import pytest
 # backends and make every failure reproducible.
 jax.config.update("jax_platforms", "cpu")
 
-# JAX's strict dtype promotion (equinox's tests run with it): every implicit
-# promotion between dtypes raises. Off by default while library code still promotes
-# implicitly (see issue 14); EQXOPT_TEST_STRICT_PROMOTION=1 turns it on.
-STRICT_PROMOTION = os.environ.get("EQXOPT_TEST_STRICT_PROMOTION", "0") == "1"
+# JAX's strict dtype promotion, as equinox's tests run: every implicit promotion
+# between dtypes raises, so eqxopt never promotes behind a user's back. References
+# that promote implicitly (optax, some NumPy transcriptions) run inside
+# `jax.numpy_dtype_promotion("standard")`. EQXOPT_TEST_STRICT_PROMOTION=0 turns it
+# off (to tell a promotion failure from a numerical one).
+STRICT_PROMOTION = os.environ.get("EQXOPT_TEST_STRICT_PROMOTION", "1") == "1"
 if STRICT_PROMOTION:
     jax.config.update("jax_numpy_dtype_promotion", "strict")
 

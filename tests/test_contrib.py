@@ -20,6 +20,9 @@ from helpers import (
     run_optax,
 )
 
+# optax promotes dtypes implicitly: its reference runs under standard promotion.
+OPTAX_PROMOTION = jax.numpy_dtype_promotion("standard")
+
 STEPS = 30
 PARAMS = nested_tree()
 TARGETS = nested_tree(5)
@@ -55,8 +58,9 @@ def run_optax_on_loss(tx, steps=STEPS, **extra):
     update = jax.jit(functools.partial(tx.update, **extra))
     params, history = PARAMS, Trajectory(PARAMS)
     for _ in range(steps):
-        updates, state = update(grad(params), state, params)
-        params = optax.apply_updates(params, updates)
+        with OPTAX_PROMOTION:
+            updates, state = update(grad(params), state, params)
+            params = optax.apply_updates(params, updates)
         history.append(params)
     return history
 
@@ -116,10 +120,12 @@ def test_schedule_free_matches_optax_and_its_eval_params():
     history, expected = [], Trajectory(PARAMS)
     for g in GRADS:
         params, state = ours.step(g, state, params)
-        updates, ref_state = ref_update(g, ref_state, ref_params)
-        ref_params = optax.apply_updates(ref_params, updates)
+        with OPTAX_PROMOTION:
+            updates, ref_state = ref_update(g, ref_state, ref_params)
+            ref_params = optax.apply_updates(ref_params, updates)
+            ref_eval = optax.contrib.schedule_free_eval_params(ref_state, ref_params)
         history.append(ours.eval_params(state, params))
-        expected.append(optax.contrib.schedule_free_eval_params(ref_state, ref_params))
+        expected.append(ref_eval)
     # The evaluation parameters x at every step (and so y, from which they come).
     assert_histories_close(history, expected)
     for leaf in jax.tree.leaves(history[-1]):
@@ -256,8 +262,9 @@ def test_sophia_with_an_estimate_of_your_own_matches_optax():
         params, state = ours.step(
             grad(params), state, params, hessian=exact_diagonal(params)
         )
-        updates, ref_state = ref_update(grad(ref_params), ref_state, ref_params)
-        ref_params = optax.apply_updates(ref_params, updates)
+        with OPTAX_PROMOTION:
+            updates, ref_state = ref_update(grad(ref_params), ref_state, ref_params)
+            ref_params = optax.apply_updates(ref_params, updates)
         history.append(params)
         expected.append(ref_params)
     assert_histories_close(history, expected)

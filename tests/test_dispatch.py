@@ -271,9 +271,9 @@ class _Probe(eqxopt.AbstractTransform):
         _probe_seen.append([jax.typeof(x) for x in jax.tree.leaves(self)])
         scale = (
             self.a * self.b
-            + (self.n - self.m)
+            + (self.n - self.m).astype(jnp.float32)
             + self.weak
-            + self.half
+            + self.half.astype(jnp.float32)
             + self.vector.sum()
             + self.placed
         )

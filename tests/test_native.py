@@ -122,7 +122,12 @@ def many_ops(g, p, m):
     d = g**3 + (jnp.abs(p) + 1) ** -2 + jnp.expm1(p * 0.1) - jnp.log(jnp.abs(m) + 2)
     e = jnp.where((jnp.isfinite(g) & (p != 0)) | ~(m < 0), 1.0, 2.0)
     f = jax.nn.sigmoid(g) + jnp.floor(p * 3) + jnp.ceil(m * 3) + jnp.square(g)
-    h = g / (p + 2) + jnp.power(jnp.abs(p) + 1, 1.5) + (g >= m) * 0.25 - (p <= m)
+    h = (
+        g / (p + 2)
+        + jnp.power(jnp.abs(p) + 1, 1.5)
+        + (g >= m).astype(g.dtype) * 0.25
+        - (p <= m).astype(g.dtype)
+    )
     return a + b, c + d + e + f + h
 
 

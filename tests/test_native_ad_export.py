@@ -32,7 +32,9 @@ def loss(packed):
 
 
 def tangent(packed, phase=0.0):
-    return jax.tree.map(lambda b: jnp.cos(jnp.arange(b.size) + phase), packed)
+    return jax.tree.map(
+        lambda b: jnp.cos(jnp.arange(b.size, dtype=b.dtype) + phase), packed
+    )
 
 
 MODES = {

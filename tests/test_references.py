@@ -140,7 +140,8 @@ def test_step_equals_update_then_apply(problem):
 def test_warmup_cosine_matches_optax_over_thousands_of_steps():
     steps = jnp.arange(0, 5000, dtype=jnp.int32)
     ours = eqxopt.WarmupCosine(3e-4, 3e-5, 500, 4000)(steps)
-    theirs = optax.warmup_cosine_decay_schedule(0.0, 3e-4, 500, 4000, 3e-5)(steps)
+    with jax.numpy_dtype_promotion("standard"):  # optax promotes implicitly
+        theirs = optax.warmup_cosine_decay_schedule(0.0, 3e-4, 500, 4000, 3e-5)(steps)
     np.testing.assert_allclose(ours, theirs, rtol=2e-6, atol=1e-10)
 
 
