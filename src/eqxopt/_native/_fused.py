@@ -835,7 +835,8 @@ class Kernels:
         stepped = run_many(
             rule.program("step"), inputs, {1: 0, **moments}, after, sharded
         )
-        directions = run_many(rule.program("direction"), inputs, {}, (), sharded)
+        unordered = None if sharded is None else (sharded[0], sharded[1], [])
+        directions = run_many(rule.program("direction"), inputs, {}, (), unordered)
         return [
             Result(update, new_p, list(m))
             for (new_p, *m), (update,) in zip(stepped, directions)
