@@ -26,7 +26,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._core._jax_api import shard_map
-from . import _compat
+from . import _compat, _ffi
 
 
 @functools.cache
@@ -65,10 +65,10 @@ jax.tree_util.register_pytree_node(
 
 def placement(*trees: Any) -> Placement | None:
     """Where the leaves of `trees` (concrete arrays; tracers count as unknown) are
-    sharded: `None` in a process of one device, or where no leaf is sharded over a
-    mesh of several CPU devices, or where leaves are sharded over different meshes
-    (XLA's code then)."""
-    if not several_devices():
+    sharded: `None` in a process of one device, where the native kernels are off,
+    where no leaf is sharded over a mesh of several CPU devices, or where leaves are
+    sharded over different meshes (XLA's code then)."""
+    if not several_devices() or not _ffi.usable():
         return None
     mesh = None
     specs: list[PartitionSpec | None] = []
