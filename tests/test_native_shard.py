@@ -177,6 +177,34 @@ SLOW_SCRIPT = PRELUDE + textwrap.dedent(
     xla = run(opt, where, False)
     assert_trees_close(native, xla, rtol=2e-5, atol=2e-6)
     same_sharding(native[0], params)
+
+    # `update(..., donate=True)` runs them per shard too.
+    opt = eqxopt.Lion(1e-3, weight_decay=0.1)
+    split = lambda k: NamedSharding(mesh, P("fsdp"))
+
+    def run_update(native):
+        eqxopt.set_native_kernels(native)
+        try:
+            params = place(host, split)
+            state = opt.init(params)
+            for g in host_grads:
+                updates, state = opt.update(place(g, split), state, params, donate=True)
+                params = eqxopt.apply_updates(params, updates)
+            return params, state, updates
+        finally:
+            eqxopt.set_native_kernels(True)
+
+    params = place(host, split)
+    state = opt.init(params)
+    grads = place(host_grads[0], split)
+    args = (opt, grads, state, params, {}, _seam.placement(True, grads, params, state))
+    text = _dispatch.lower(_base._update_entry_donated, args, (2,)).compile().as_text()
+    assert "eqxopt_elementwise" in text
+    assert not [op for op in COLLECTIVES if op in text]
+    native = run_update(True)
+    assert_trees_close(native, run_update(False), rtol=2e-5, atol=2e-6)
+    same_sharding(native[0], params)
+    same_sharding(native[2], params)
     print("NATIVE-SHARD-SLOW-OK")
     """
 )
