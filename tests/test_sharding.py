@@ -16,6 +16,7 @@ SCRIPT = textwrap.dedent(
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     import eqxopt
+    from eqxopt._core import _base, _dispatch, _seam
 
     jax.config.update("jax_platforms", "cpu")
     assert len(jax.devices()) == 8, jax.devices()
@@ -84,8 +85,17 @@ SCRIPT = textwrap.dedent(
             text = step.lower(grads, state, params).compile().as_text()
             for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
                 assert op not in text, (type(opt).__name__, op)
-            # Several devices: XLA's own code, never the native custom call.
+            # A step into new buffers: XLA's own code (allocation-bound either way).
             assert "eqxopt_elementwise" not in text
+        # A donated step runs the native kernels on each device's shards, with no
+        # gather either (tests/test_native_shard.py checks the numbers).
+        placed = _seam.placement(True, grads, params, state)
+        lowered = _dispatch.lower(
+            _base._step_entry_donated, (opt, grads, params, state, {}, placed), (2, 3))
+        text = lowered.compile().as_text()
+        for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
+            assert op not in text, (type(opt).__name__, op, "donated")
+        assert ("eqxopt_elementwise" in text) == eqxopt.native_kernels_available()
     print("SHARDING-OK")
     """
 )

@@ -148,7 +148,14 @@ class AbstractTransform(eqx.Module):
         _check_donate(donate)
         new_state, updates = _dispatch.call(
             _update_entry_donated if donate else _update_entry,
-            (self, grads, state, params, _numbers_as_arrays(extra) if extra else extra),
+            (
+                self,
+                grads,
+                state,
+                params,
+                _numbers_as_arrays(extra) if extra else extra,
+                _seam.placement(donate, grads, params, state),
+            ),
             (2,) if donate else (),
             bools=(3, 4),
         )
@@ -176,7 +183,14 @@ class AbstractTransform(eqx.Module):
         _check_donate(donate)
         return _dispatch.call(
             _step_entry_donated if donate else _step_entry,
-            (self, grads, params, state, _numbers_as_arrays(extra) if extra else extra),
+            (
+                self,
+                grads,
+                params,
+                state,
+                _numbers_as_arrays(extra) if extra else extra,
+                _seam.placement(donate, grads, params, state),
+            ),
             (2, 3) if donate else (),
             bools=(2, 4),
         )
@@ -271,35 +285,42 @@ def _checked(
 
 
 # Each entry tells the engine, through the seam, whether its outputs may overwrite
-# the donated inputs.
+# the donated inputs, and (donated entries) where the inputs live: `placement`, a
+# pytree without leaves whose static data keys the compiled step.
 
 
-def _update(opt, grads, state, params, extra, *, donated):
+def _update(opt, grads, state, params, extra, placement, *, donated):
     method = type(opt).transform
     updates, new_state = _seam.traced(
-        lambda: _checked(method, opt, grads, state, params, extra), in_place=donated
+        lambda: _checked(method, opt, grads, state, params, extra),
+        in_place=donated,
+        placement=placement,
+        inputs=(grads, params, state),
     )
     return new_state, cast_like(updates, params)
 
 
-def _step(opt, grads, params, state, extra, *, donated):
+def _step(opt, grads, params, state, extra, placement, *, donated):
     method = type(opt).transform_step
     return _seam.traced(
-        lambda: _checked(method, opt, grads, state, params, extra), in_place=donated
+        lambda: _checked(method, opt, grads, state, params, extra),
+        in_place=donated,
+        placement=placement,
+        inputs=(grads, params, state),
     )
 
 
-def _update_entry(opt, grads, state, params, extra):
-    return _update(opt, grads, state, params, extra, donated=False)
+def _update_entry(opt, grads, state, params, extra, placement=None):
+    return _update(opt, grads, state, params, extra, placement, donated=False)
 
 
-def _update_entry_donated(opt, grads, state, params, extra):
-    return _update(opt, grads, state, params, extra, donated=True)
+def _update_entry_donated(opt, grads, state, params, extra, placement=None):
+    return _update(opt, grads, state, params, extra, placement, donated=True)
 
 
-def _step_entry(opt, grads, params, state, extra):
-    return _step(opt, grads, params, state, extra, donated=False)
+def _step_entry(opt, grads, params, state, extra, placement=None):
+    return _step(opt, grads, params, state, extra, placement, donated=False)
 
 
-def _step_entry_donated(opt, grads, params, state, extra):
-    return _step(opt, grads, params, state, extra, donated=True)
+def _step_entry_donated(opt, grads, params, state, extra, placement=None):
+    return _step(opt, grads, params, state, extra, placement, donated=True)

@@ -12,7 +12,8 @@ Each leaf gets its own element-wise code, on purpose: XLA's CPU backend compiles
 identical per-leaf fusions once and reuses the kernel, whereas gathering leaves into
 flat or stacked buffers needs one slice per leaf to hand the results back, and every
 slice (a different offset) is a kernel of its own to compile (benchmarks/README).
-With `elementwise=True` and float32 leaves on a single CPU device, the rule instead
+With `elementwise=True` and float32 leaves on CPU devices (on one device, or sharded
+alike over a mesh: the loop then runs on each device's shard), the rule instead
 runs as one native C loop per leaf (`_native._fused.Kernels`) in the steps that write
 in place: one pass, multi-threaded for large leaves, fused with the apply inside
 `step` (`map_leaves(..., apply=True)` returns the new parameters); results agree to
@@ -93,7 +94,13 @@ def map_leaves(
     # by their allocation (page faults), which XLA's passes pay no worse.
     entry = _seam.current()
     native = (
-        _fused.Kernels(rule, len(moments), apply, grad_leaves)
+        _fused.Kernels(
+            rule,
+            len(moments),
+            apply,
+            grad_leaves,
+            _fused.locator(entry.placement, entry.inputs),
+        )
         if elementwise and entry is not None and entry.in_place and _ffi.usable()
         else None
     )

@@ -2,14 +2,19 @@
 
 An entry traces its transform inside `traced`, which tells the engine (`map_leaves`)
 whether its outputs may overwrite its inputs (a donated entry): only then may the
-native kernels write in place. Nothing else crosses this seam; in particular the new
-parameters of a `step` come back explicitly, as the result of `transform_step`.
+native kernels write in place. A donated entry also passes where its inputs live
+(`placement`, read from the concrete arrays before tracing, and static data of the
+compiled step), so that the kernels of sharded leaves can run per shard. Nothing
+else crosses this seam; in particular the new parameters of a `step` come back
+explicitly, as the result of `transform_step`.
 """
 
 import contextvars
 import dataclasses
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from .._native import _shard
 
 _T = TypeVar("_T")
 
@@ -19,9 +24,13 @@ class Entry:
     """One trace of an entry point, as the engine sees it.
 
     - `in_place`: the outputs may overwrite the inputs (`donate=True`).
+    - `placement`: where the entry's inputs live (`placement`), or `None`.
+    - `inputs`: the entry's inputs `(grads, params, state)` in this trace.
     """
 
     in_place: bool
+    placement: Any = None
+    inputs: Any = ()
 
 
 _current: contextvars.ContextVar[Entry | None] = contextvars.ContextVar(
@@ -35,10 +44,24 @@ def current() -> Entry | None:
     return _current.get()
 
 
-def traced(transform: Callable[[], _T], *, in_place: bool) -> _T:
+def placement(donated: bool, *inputs: Any) -> Any:
+    """What a donated entry passes to `traced` of where its `inputs` (concrete
+    arrays) live: `None` unless some are sharded over a mesh of several devices; a
+    pytree without leaves, whose static data keys the compiled step."""
+    return _shard.placement(*inputs) if donated else None
+
+
+def traced(
+    transform: Callable[[], _T],
+    *,
+    in_place: bool,
+    placement: Any = None,
+    inputs: Any = (),
+) -> _T:
     """`transform()`, traced for an entry whose outputs may (`in_place`) or may not
-    overwrite its inputs."""
-    token = _current.set(Entry(in_place=in_place))
+    overwrite its inputs; `placement` (from `placement`) says where `inputs` (the
+    entry's grads, params and state, in this trace) live."""
+    token = _current.set(Entry(in_place, placement, inputs))
     try:
         return transform()
     finally:

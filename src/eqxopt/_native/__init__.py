@@ -2,7 +2,8 @@
 XLA custom calls. `_compat` holds every JAX internal it relies on (listed, with the
 JAX versions tested, in README.md here); `_build` compiles and caches the shared
 libraries; `_ffi` defines the custom calls and the switch; `_fused` translates
-rules and runs them for the engine (`map_leaves`).
+rules and runs them for the engine (`map_leaves`); `_shard` finds where a step's
+leaves live and runs the kernels of sharded leaves on each device's shard.
 """
 
 from ._ffi import (

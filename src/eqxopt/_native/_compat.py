@@ -24,6 +24,14 @@ import jax.core
 import jax.extend.core
 from jax.interpreters import ad, batching, mlir
 
+try:  # the lowering contexts of one device / partitioned / manual programs
+    from jax._src.sharding_impls import (  # pyright: ignore
+        ShardingContext as _ShardingContext,
+        SPMDAxisContext as _SPMDAxisContext,
+    )
+except ImportError:  # another JAX: no context is taken for one device's
+    _ShardingContext = _SPMDAxisContext = ()  # pyright: ignore
+
 # The JAX releases the native backend is switched on for: from the first to the
 # last (a minor series: every patch release of it). Tested: 0.10.2 (README.md).
 TESTED = ((0, 10, 0), (0, 10))
@@ -171,6 +179,20 @@ def register_lowering(prim: Any, rule: Callable, platform: str | None = None) ->
         mlir.register_lowering(prim, rule)
     else:
         mlir.register_lowering(prim, rule, platform=platform)
+
+
+def lowering_per_device(ctx: Any) -> bool:
+    """Whether the program the lowering context `ctx` belongs to runs as it is on
+    each device: a program of one device, or the body of a `shard_map` that is
+    manual over every axis of its mesh. A custom call there sees whole local
+    buffers; anywhere else XLA's partitioner would place it, and, knowing nothing
+    of it, gather its operands."""
+    context = ctx.module_context.axis_context
+    if isinstance(context, _ShardingContext):
+        return context.num_devices == 1
+    if isinstance(context, _SPMDAxisContext):
+        return set(context.mesh.axis_names) <= set(context.manual_axes)
+    return False
 
 
 def lowering_for_export(ctx: Any) -> bool:

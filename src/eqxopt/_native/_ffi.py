@@ -4,9 +4,13 @@ custom call cannot go) and the two copies of packed buffers (`split`/`concat`).
 
 The native path is used when it is switched on (`set_native_kernels`, the
 environment variable `EQXOPT_NATIVE`), this JAX is one it was tested with
-(`_compat.TESTED`), the default backend is a single CPU device (with several devices
-a custom call could force sharded arrays to be gathered) and the handler library
-could be built (`_build.handler`).
+(`_compat.TESTED`), the default backend is the CPU and the handler library could be
+built (`_build.handler`). How many devices the process sees does not matter: each
+custom call is lowered as one only where its program runs as it is on each device
+(a program of one device, any device of several, or the body of a `shard_map` over
+every mesh axis: `_compat.lowering_per_device`), and as XLA's own operations
+elsewhere, where XLA's partitioner, knowing nothing of the call, would gather its
+operands. `_shard` wraps the kernels of sharded leaves in such a `shard_map`.
 """
 
 import functools
@@ -29,8 +33,10 @@ def set_native_kernels(enabled: bool) -> None:
 
     With them on, donated steps (`donate=True`) of element-wise optimizer rules on
     float32 leaves run as one compiled C loop per leaf (single pass, in place,
-    multi-threaded for large leaves) when the default JAX backend is a single CPU
-    device. With them off, XLA's own per-leaf code runs.
+    multi-threaded for large leaves) when the default JAX backend is the CPU: on
+    the device that holds the parameters, or on each device's shard of parameters
+    sharded over a mesh (`NamedSharding`), with no gather. With them off, XLA's own
+    per-leaf code runs.
     Results agree to rounding. eqxopt's own compiled steps are dropped, so the next
     `opt.step`/`opt.update` traces again; a step inside your own `jax.jit` keeps the
     code it was compiled with until that function traces again. The environment
@@ -55,17 +61,18 @@ def on_switch(callback: Callable[[], None]) -> None:
 
 def native_kernels_available() -> bool:
     """Whether steps traced now would use the native CPU kernels: they are switched
-    on, this JAX is one they were tested with, the default backend is one CPU device,
-    and the kernels could be built (this builds them on first call: a few seconds,
-    once per machine)."""
+    on, this JAX is one they were tested with, the default backend is the CPU, and
+    the kernels could be built (this builds them on first call: a few seconds, once
+    per machine). Where a step's parameters live decides the rest, step by step:
+    on one device or sharded alike over a mesh of CPU devices, the kernels run
+    there; mixed placements run XLA's code."""
     return usable()
 
 
 def usable() -> bool:
     if not _enabled[0] or not _compat.backend_supported():
         return False
-    devices = jax.devices()
-    if len(devices) != 1 or devices[0].platform != "cpu":
+    if jax.default_backend() != "cpu":
         return False
     return _build.handler() is not None
 
@@ -78,9 +85,11 @@ def usable() -> bool:
 def ffi_or_xla(target: str, xla: Callable[..., Any]) -> Any:
     """A primitive (multiple results) that runs the FFI target `target` of the
     handler on CPU, and `xla(*args, static=static)` (the same results from XLA's own
-    operations) where the custom call cannot go: other platforms, and programs
-    being exported (`jax.export` serializes only custom calls with compatibility
-    guarantees, and these kernels live in this process only).
+    operations) where the custom call cannot go: other platforms, programs that
+    XLA partitions over several devices (outside a `shard_map`:
+    `_compat.lowering_per_device`), and programs being exported (`jax.export`
+    serializes only custom calls with compatibility guarantees, and these kernels
+    live in this process only).
 
     Bound as `prim.bind(*args, static=..., aliases=((input, output), ...),
     attributes=((name, value), ...))`: `static` is hashable and passed to `xla`;
@@ -101,7 +110,7 @@ def ffi_or_xla(target: str, xla: Callable[..., Any]) -> Any:
         return _compat.lower_fun(fallback(static))(ctx, *args)
 
     def lower_cpu(ctx: Any, *args: Any, static: Hashable, aliases, attributes) -> Any:
-        if _compat.lowering_for_export(ctx):
+        if _compat.lowering_for_export(ctx) or not _compat.lowering_per_device(ctx):
             return lower_xla(ctx, *args, static=static)
         rule = jax.ffi.ffi_lowering(target, operand_output_aliases=dict(aliases))
         return rule(ctx, *args, **dict(attributes))
@@ -199,6 +208,13 @@ def _copies() -> tuple[Any, Any]:
     return split, concat
 
 
+def _on_one_device(x: Any) -> bool:
+    """Whether `x` is not sharded (its type names no mesh of several devices): the
+    copies' abstract values carry no sharding, so sharded buffers take XLA's."""
+    mesh = getattr(jax.typeof(x).sharding, "mesh", None)
+    return mesh is None or mesh.empty or mesh.size == 1
+
+
 def split(flat: jax.Array, shapes: Sequence[Sequence[int]]) -> list[jax.Array]:
     """`flat` cut into consecutive pieces of the given shapes: one native copy where
     the backend is in use, XLA's slices elsewhere (slow to compile for thousands of
@@ -206,14 +222,19 @@ def split(flat: jax.Array, shapes: Sequence[Sequence[int]]) -> list[jax.Array]:
     if not shapes:
         return []
     shapes = tuple(tuple(s) for s in shapes)
-    if usable() and len(shapes) > 1 and flat.dtype != jax.dtypes.float0:
+    if (
+        usable()
+        and len(shapes) > 1
+        and flat.dtype != jax.dtypes.float0
+        and _on_one_device(flat)
+    ):
         return _copies()[0](flat, shapes)
     return _split_xla(flat, static=shapes)
 
 
 def concat(parts: list[jax.Array]) -> jax.Array:
     """The 1-D concatenation of `parts` (all of one dtype)."""
-    if usable() and len(parts) > 1:
+    if usable() and len(parts) > 1 and all(map(_on_one_device, parts)):
         arrays = [jnp.asarray(p) for p in parts]
         return _copies()[1](tuple(a.shape for a in arrays), *arrays)
     return _concat_xla(*parts, static=())[0]

@@ -36,7 +36,8 @@ machines with FMA; with one, `nu - mu * mu` stays finite when `mu * mu` overflow
 and `exp`/`log`/`tanh`/`pow` come from the C library.
 
 The native path is used for float32 leaves when `_ffi.usable()` (switched on, a
-tested JAX, a single CPU device). Differentiating through a step
+tested JAX, the CPU), on the device that holds them or, for leaves sharded over a
+mesh, on each device's shard (`_shard`). Differentiating through a step
 (`jax.jvp`/`jax.grad` of `opt.step`) uses XLA's code via a custom JVP, and so do
 programs exported with `jax.export` (the custom call lives in this process only).
 """
@@ -52,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _build, _compat, _ffi
+from . import _build, _compat, _ffi, _shard
 
 # --------------------------------------------------------------------------------------
 # From a rule to C.
@@ -675,10 +676,13 @@ def run_many(
     leaves: Sequence[Sequence[jax.Array]],
     aliases: dict[int, int],
     after: Sequence[jax.Array] = (),
+    sharded: tuple[Any, Sequence[Any], Sequence[Any]] | None = None,
 ) -> list[list]:
     """Runs `program` on one or more leaves in one custom call (one XLA thunk);
     `aliases` maps a leaf's input positions to the outputs that reuse their buffers.
-    `after`: arrays the call is made to depend on (see `order_after`). Returns each
+    `after`: arrays the call is made to depend on (see `order_after`). `sharded`:
+    `(mesh, specs, after_specs)` to run the call on each device's shards over
+    `mesh` (`_shard`), each leaf (and each of `after`) with its spec. Returns each
     leaf's outputs."""
     kernel_id = load(program)
     n_in, n_out = program.n_in, len(program.outputs)
@@ -689,10 +693,26 @@ def run_many(
         for i, o in aliases.items()
     }
     spec = _Spec(program, kernel_id, len(leaves), flat_aliases)
-    vector = program.vector
-    if after:
-        vector = jnp.concatenate([vector, *map(order_after, after)])
-    outs = _call(spec, vector, *(x for leaf in leaves for x in leaf))
+    inputs = [x for leaf in leaves for x in leaf]
+
+    def call(vector: jax.Array, waits: Sequence[jax.Array], *inputs: jax.Array):
+        if waits:
+            vector = jnp.concatenate([vector, *map(order_after, waits)])
+        return _call(spec, vector, *inputs)
+
+    if sharded is None:
+        outs = call(program.vector, after, *inputs)
+    else:
+        mesh, specs, after_specs = sharded
+        in_specs = (
+            _shard.PartitionSpec(),
+            list(after_specs),
+            *(s for s in specs for _ in range(n_in)),
+        )
+        out_specs = [s for s in specs for _ in range(n_out)]
+        outs = _shard.per_shard(call, mesh, in_specs, out_specs)(
+            program.vector, list(after), *inputs
+        )
     return [outs[j * n_out : (j + 1) * n_out] for j in range(len(leaves))]
 
 
@@ -738,10 +758,13 @@ class Kernels:
     n_moments: int
     applying: bool
     grads: Sequence[Any]
+    locator: _shard.Locator = dataclasses.field(default_factory=_shard.Locator)
     rules: dict[tuple, Rule] = dataclasses.field(default_factory=dict, init=False)
     pending: dict[tuple, list[tuple[int, list[Any]]]] = dataclasses.field(
         default_factory=dict, init=False
     )
+    # Per queued leaf, where its kernel runs (`_shard.Locator.where`).
+    placed: dict[int, Any] = dataclasses.field(default_factory=dict, init=False)
     # Per leaf, the gradients its call waits for.
     before: list[list[Any]] = dataclasses.field(default_factory=list, init=False)
 
@@ -756,7 +779,7 @@ class Kernels:
         return all(
             x is not None and x.dtype == _F32_LEAF and x.shape == p.shape
             for x in (g, p, *old)
-        )
+        ) and (self.locator.where(g, p, old) is not None)
 
     def add(self, index: int, g: Any, p: Any, old: Sequence[Any], flag: tuple) -> None:
         """Queues leaf `index`; `Unsupported` (nothing queued) if the rule cannot
@@ -770,11 +793,15 @@ class Kernels:
         for kind in ("step", "direction") if self.applying else ("update",):
             rule.program(kind)
         small = p.size < _GROUP_BELOW
-        self.pending.setdefault((flag, small), []).append((index, [g, p, *old]))
+        where = self.locator.where(g, p, old)
+        mesh = where.mesh if isinstance(where, _shard.Sharded) else None
+        self.placed[index] = where
+        key = (flag, small, mesh)
+        self.pending.setdefault(key, []).append((index, [g, p, *old]))
 
     def finish(self) -> dict[int, Result]:
         results: dict[int, Result] = {}
-        for (flag, small), queued in self.pending.items():
+        for (flag, small, _), queued in self.pending.items():
             size = _GROUP_SIZE if small else 1
             for start in range(0, len(queued), size):
                 chunk = queued[start : start + size]
@@ -791,15 +818,32 @@ class Kernels:
         rule = self.rules[flag]
         inputs = [leaf for _, leaf in chunk]
         after = self.waits(chunk)
+        sharded = None
+        first = self.placed[chunk[0][0]]
+        if isinstance(first, _shard.Sharded):
+            # Per shard: the waits are those whose shards the devices hold.
+            specs = [self.placed[index].spec for index, _ in chunk]
+            known = [(x, self.locator.known(x, first.mesh)) for x in after]
+            after = [x for x, s in known if s is not None]
+            sharded = (first.mesh, specs, [s for _, s in known if s is not None])
         # In place: each output reuses the buffer of the parameter or moment it
         # replaces.
         moments = {2 + k: 1 + k for k in range(self.n_moments)}
         if not self.applying:
-            outs = run_many(rule.program("update"), inputs, moments, after)
+            outs = run_many(rule.program("update"), inputs, moments, after, sharded)
             return [Result(u, None, list(m)) for u, *m in outs]
-        stepped = run_many(rule.program("step"), inputs, {1: 0, **moments}, after)
-        directions = run_many(rule.program("direction"), inputs, {})
+        stepped = run_many(
+            rule.program("step"), inputs, {1: 0, **moments}, after, sharded
+        )
+        unordered = None if sharded is None else (sharded[0], sharded[1], [])
+        directions = run_many(rule.program("direction"), inputs, {}, (), unordered)
         return [
             Result(update, new_p, list(m))
             for (new_p, *m), (update,) in zip(stepped, directions)
         ]
+
+
+def locator(placement: Any, inputs: Any) -> _shard.Locator:
+    """Where the leaves of a trace live, for `Kernels`: `placement` is what the entry
+    passed through the seam (`_shard.placement`), `inputs` its input tracers."""
+    return _shard.Locator.of(placement, inputs)
