@@ -190,8 +190,9 @@ def worker(
 
     def place_state(state):
         # `opt.init` places each moment like its parameter, but makes the 0-d step
-        # counter on this process's default device, where the jitted step cannot
-        # return it: without this the second step compiles again.
+        # counter on this process's default device, and the jitted step returns it
+        # replicated over the mesh: placed so from the start, the second step does
+        # not compile again.
         return jax.tree.map(
             lambda x: (
                 x
@@ -213,7 +214,7 @@ def worker(
             params,
         )
         # The whole parameter is in every process (the same model from the same
-        # key); each device takes its part of it.
+        # seed); each device takes its part of it.
         placed = jax.tree.map(
             lambda p, s: jax.make_array_from_process_local_data(
                 s, np.asarray(p), p.shape
