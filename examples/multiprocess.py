@@ -417,7 +417,9 @@ def launch(args) -> int:
         if moved < 100 * args.atol:
             problems.append(f"{title}: the parameters moved only {moved:.3g}")
     largest = max(
-        float(np.max(np.abs(got[k].astype(np.float64) - want[k]))) for k in want
+        float(np.max(np.abs(got[k].astype(np.float64) - want[k])))
+        for k in set(got) & set(want)
+        if got[k].shape == want[k].shape
     )
     print(
         f"{args.processes} processes x {args.local_devices} CPU devices, "
