@@ -67,8 +67,10 @@ _Tracer: Any = getattr(jax.core, "Tracer", None)
 def array_type() -> type:
     """jaxlib's concrete array class, found on first use: making an array when
     eqxopt is imported would start JAX's backends, after which
-    `jax.distributed.initialize` refuses to run."""
-    return type(jax.numpy.zeros(()))
+    `jax.distributed.initialize` refuses to run. The first use may come while a
+    function is traced, where `jnp.zeros` would give a tracer."""
+    with jax.ensure_compile_time_eval():
+        return type(jax.numpy.zeros(()))
 
 
 def is_tracer(x: Any) -> bool:
