@@ -44,6 +44,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -298,7 +299,7 @@ def start_workers(args, out: str, logs: list, workers: list) -> None:
         command = [sys.executable, os.path.abspath(__file__), "--worker", str(index)]
         command += ["--coordinator", coordinator, "--processes", str(args.processes)]
         command += ["--steps", str(args.steps), "--batch", str(args.batch)]
-        command += ["--out", out]
+        command += ["--out", out, "--timeout", str(args.timeout)]
         workers.append(
             subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         )
@@ -454,6 +455,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
+        # A worker ends itself at the deadline too, should the launcher be gone
+        # (killed) and its peer with it: it would wait in a collective for ever.
+        watchdog = threading.Timer(args.timeout + 10, os._exit, (124,))
+        watchdog.daemon = True
+        watchdog.start()
         worker(
             args.coordinator,
             args.processes,
