@@ -345,3 +345,22 @@ class _use_general_path:
 
     def __exit__(self, *exc):
         _dispatch.use_direct_path(True)
+
+
+def test_first_use_inside_a_jit_learns_the_concrete_array_class():
+    """jaxlib's array class is learnt on first use, not at import (so that
+    `jax.distributed.initialize` can run after `import eqxopt`); that first use may
+    be inside a user's `jax.jit`, where `jnp.zeros` gives a tracer, and a tracer
+    class taken for the concrete one would send traced leaves down the direct path."""
+    from eqxopt._native import _compat
+
+    _compat.array_type.cache_clear()
+    _dispatch._all_arrays.cache_clear()
+    opt = eqxopt.AdamW(1e-2)
+    params = {"w": jnp.ones(3), "b": jnp.zeros(())}
+    traced = jax.jit(lambda p: opt.step(p, opt.init(p), p))(params)
+    assert _compat.array_type() is type(jnp.zeros(()))
+    direct = opt.step(params, opt.init(params), params)
+    filtered = eqx.filter_jit(lambda o, p: o.step(p, o.init(p), p))(opt, params)
+    assert_same(traced, direct)
+    assert_same(filtered, direct)

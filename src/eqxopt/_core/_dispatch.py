@@ -23,6 +23,7 @@ general path calls the function), and the enclosing `jit` compiles it.
 """
 
 import dataclasses
+import functools
 import itertools
 import struct
 import warnings
@@ -36,8 +37,12 @@ import numpy as np
 from .._native import _compat
 
 _DYNAMIC = object()  # marks the position of an array leaf in a cache key
-_ARRAY_TYPE = type(jax.numpy.zeros(()))  # jaxlib's concrete array class
-_ALL_ARRAYS = frozenset({_ARRAY_TYPE})
+
+
+@functools.cache
+def _all_arrays() -> frozenset[type]:
+    # Found on first use, not at import (see `_compat.array_type`).
+    return frozenset({_compat.array_type()})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -191,7 +196,8 @@ class _First:
 def _layout(leaves: list[Any], pack: bool) -> tuple[Any, ...] | None:
     """Per leaf of the first argument, the dtype it is packed with (`None`: passed
     as it is); `None` when some leaf is not a concrete array (no direct path)."""
-    if not set(map(type, leaves)) <= _ALL_ARRAYS:
+    # (`leaves and`: no array made when eqxopt is imported, see `_all_arrays`.)
+    if leaves and not set(map(type, leaves)) <= _all_arrays():
         return None
     if not pack:
         return (None,) * len(leaves)
@@ -413,7 +419,7 @@ def _general_call(
     entry = per_fn.get((first_def, rest_def, donate))
     if entry is None:
         entry = per_fn[(first_def, rest_def, donate)] = _entry(first_def, rest_def)
-    if set(map(type, leaves)) <= _ALL_ARRAYS:
+    if set(map(type, leaves)) <= _all_arrays():
         compiled = entry.all_arrays
         if compiled is None:
             compiled = entry.all_arrays = _Compiled(fn, entry.treedef, None, donate)

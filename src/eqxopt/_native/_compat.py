@@ -69,7 +69,16 @@ def backend_supported() -> bool:
 # --------------------------------------------------------------------------------------
 
 _Tracer: Any = getattr(jax.core, "Tracer", None)
-_ARRAY_TYPE = type(jax.numpy.zeros(()))
+
+
+@functools.cache
+def array_type() -> type:
+    """jaxlib's concrete array class, found on first use: making an array when
+    eqxopt is imported would start JAX's backends, after which
+    `jax.distributed.initialize` refuses to run. The first use may come while a
+    function is traced, where `jnp.zeros` would give a tracer."""
+    with jax.ensure_compile_time_eval():
+        return type(jax.numpy.zeros(()))
 
 
 def is_tracer(x: Any) -> bool:
@@ -77,7 +86,7 @@ def is_tracer(x: Any) -> bool:
     if _Tracer is not None:
         return isinstance(x, _Tracer)
     # Without `jax.core.Tracer`: every JAX array that is not a concrete one.
-    return isinstance(x, jax.Array) and not isinstance(x, _ARRAY_TYPE)
+    return isinstance(x, jax.Array) and not isinstance(x, array_type())
 
 
 # How `jax.jit` words its refusal of an argument leaf that is not an array (a
