@@ -24,7 +24,7 @@ _ARRAY_TYPE = type(jax.numpy.zeros(()))  # jaxlib's concrete array class
 
 def _committed(tree: Any) -> list[tuple[str, Any]]:
     """`(path, leaf)` of every concrete array of `tree` committed to its devices
-    (an uncommitted one goes wherever a step needs it)."""
+    (an uncommitted one goes wherever a step needs it); for error messages."""
     return [
         (path, x)
         for path, x in zip(leaf_paths(tree), jax.tree.leaves(tree))
@@ -36,7 +36,11 @@ def params_placement(params: Any) -> Any:
     """The sharding for state that no parameter shapes: replicated over the mesh of
     the committed parameters, or their one device; `None` where none is committed
     or they are not all on the same devices (then nothing is moved)."""
-    shardings = [x.sharding for _, x in _committed(params)]
+    shardings = [
+        x.sharding
+        for x in jax.tree.leaves(params)
+        if type(x) is _ARRAY_TYPE and x.committed
+    ]
     if not shardings:
         return None
     devices = shardings[0].device_set
