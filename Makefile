@@ -10,7 +10,7 @@ DOCS_STAMP := $(VENV)/.installed-docs
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e ".[test,examples,dev]"
+	$(PY) -m pip install --quiet -e ".[test,examples,dev,checkpoint]"
 	touch $(STAMP)
 
 # The docs extra, on top of the same .venv.

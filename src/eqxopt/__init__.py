@@ -18,6 +18,9 @@ from ._core import (
     tree_norm as tree_norm,
     tree_set as tree_set,
 )
+from ._distributed import (
+    sharded_deserialise_filter_spec as sharded_deserialise_filter_spec,
+)
 from ._interop import (
     FromOptax as FromOptax,
     FromOptaxState as FromOptaxState,
@@ -417,6 +420,7 @@ __all__ = [
     "round_stochastic_bf16",
     "set_native_kernels",
     "set_split_compilation",
+    "sharded_deserialise_filter_spec",
     "tree_cast",
     "tree_get",
     "tree_norm",

@@ -13,6 +13,7 @@ from jaxtyping import PyTree, jaxtyped
 
 from . import _dispatch, _seam
 from ._checks import check_grads, check_state, name_converters
+from ._placement import placing_init, raise_if_misplaced
 from ._tree import apply_updates, cast_like, promotion_for
 
 
@@ -86,6 +87,10 @@ class AbstractTransform(eqx.Module):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         name_converters(cls)  # field converters name their field in errors
+        # State that no parameter shapes goes where the parameters are.
+        init = cls.__dict__.get("init")
+        if init is not None and not getattr(init, "__isabstractmethod__", False):
+            cls.init = placing_init(init)
 
     @abc.abstractmethod
     def init(self, params: Params) -> State:
@@ -146,19 +151,23 @@ class AbstractTransform(eqx.Module):
         dtype (`None` for leaves that are not updated).
         """
         _check_donate(donate)
-        new_state, updates = _dispatch.call(
-            _update_entry_donated if donate else _update_entry,
-            (
-                self,
-                grads,
-                state,
-                params,
-                _numbers_as_arrays(extra) if extra else extra,
-                _seam.placement(donate, grads, params, state),
-            ),
-            (2,) if donate else (),
-            bools=(3, 4),
-        )
+        try:
+            new_state, updates = _dispatch.call(
+                _update_entry_donated if donate else _update_entry,
+                (
+                    self,
+                    grads,
+                    state,
+                    params,
+                    _numbers_as_arrays(extra) if extra else extra,
+                    _seam.placement(donate, grads, params, state),
+                ),
+                (2,) if donate else (),
+                bools=(3, 4),
+            )
+        except ValueError as error:
+            raise_if_misplaced(error, self, grads, state, params)
+            raise
         return updates, new_state
 
     @_fast_method
@@ -181,19 +190,23 @@ class AbstractTransform(eqx.Module):
         non-float leaves are passed through unchanged.
         """
         _check_donate(donate)
-        return _dispatch.call(
-            _step_entry_donated if donate else _step_entry,
-            (
-                self,
-                grads,
-                params,
-                state,
-                _numbers_as_arrays(extra) if extra else extra,
-                _seam.placement(donate, grads, params, state),
-            ),
-            (2, 3) if donate else (),
-            bools=(2, 4),
-        )
+        try:
+            return _dispatch.call(
+                _step_entry_donated if donate else _step_entry,
+                (
+                    self,
+                    grads,
+                    params,
+                    state,
+                    _numbers_as_arrays(extra) if extra else extra,
+                    _seam.placement(donate, grads, params, state),
+                ),
+                (2, 3) if donate else (),
+                bools=(2, 4),
+            )
+        except ValueError as error:
+            raise_if_misplaced(error, self, grads, state, params)
+            raise
 
     # The keyword arguments `transform` takes beyond grads, state and params (such
     # as "value", the loss). Wrappers (`Chain`, ...) pass a keyword on only to the

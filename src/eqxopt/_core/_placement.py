@@ -1,0 +1,140 @@
+"""Where state goes that no parameter shapes, and errors that name a misplaced leaf.
+
+State shaped like a parameter is made like it (`full_like_leaf`), so it is sharded
+like it. The rest (step counters, 0-d statistics, buffers of other shapes) used to be
+made on the default device, uncommitted: a step moved it, but a checkpoint restored
+into the shardings of `opt.init(params)` put it there committed, and the next step
+then failed on arrays on different devices. So every optimizer's `init` ends in
+`place_state`: such leaves go replicated on the parameters' mesh
+(`NamedSharding(mesh, P())`), or onto the one device all parameters are on.
+"""
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from ._tree import leaf_paths
+
+_ARRAY_TYPE = type(jax.numpy.zeros(()))  # jaxlib's concrete array class
+
+
+def _committed(tree: Any) -> list[tuple[str, Any]]:
+    """`(path, leaf)` of every concrete array of `tree` committed to its devices
+    (an uncommitted one goes wherever a step needs it); for error messages."""
+    return [
+        (path, x)
+        for path, x in zip(leaf_paths(tree), jax.tree.leaves(tree))
+        if type(x) is _ARRAY_TYPE and x.committed
+    ]
+
+
+def params_placement(params: Any) -> Any:
+    """The sharding for state that no parameter shapes: replicated over the mesh of
+    the committed parameters, or their one device; `None` where none is committed
+    or they are not all on the same devices (then nothing is moved)."""
+    shardings = [
+        x.sharding
+        for x in jax.tree.leaves(params)
+        if type(x) is _ARRAY_TYPE and x.committed
+    ]
+    if not shardings:
+        return None
+    devices = shardings[0].device_set
+    if any(s.device_set != devices for s in shardings):
+        return None
+    meshes = {s.mesh for s in shardings if isinstance(s, NamedSharding)}
+    if len(meshes) == 1:
+        return NamedSharding(meshes.pop(), PartitionSpec())
+    if len(devices) == 1 and not meshes:
+        return SingleDeviceSharding(next(iter(devices)))
+    return None
+
+
+def place_state(state: Any, params: Any) -> Any:
+    """`state` with every uncommitted concrete array placed by `params_placement`
+    (leaves already placed, such as moments made like their parameter, stay)."""
+    target = params_placement(params)
+    if target is None:
+        return state
+    leaves, treedef = jax.tree.flatten(state)
+    where = [
+        i for i, x in enumerate(leaves) if type(x) is _ARRAY_TYPE and not x.committed
+    ]
+    if where:
+        placed = jax.device_put([leaves[i] for i in where], target)
+        for i, x in zip(where, placed):
+            leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)
+
+
+_inside = threading.local()
+
+
+def placing_init(init: Any) -> Callable:
+    """`init` (a method as found in a class's `__dict__`) followed by `place_state`
+    on the outermost call only: a wrapper's `init` calls those of the transforms it
+    holds, and the whole state is placed once, against the whole parameter tree."""
+
+    @functools.wraps(getattr(init, "method", init))
+    def wrapped(self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = init.__get__(self, type(self))
+        if getattr(_inside, "flag", False):
+            return bound(params, *args, **kwargs)
+        _inside.flag = True
+        try:
+            state = bound(params, *args, **kwargs)
+        finally:
+            _inside.flag = False
+        return place_state(state, params)
+
+    return wrapped
+
+
+def _describe(x: Any) -> str:
+    ids = sorted(d.id for d in x.sharding.device_set)
+    return f"device{'s' if len(ids) > 1 else ''} {ids}"
+
+
+def raise_if_misplaced(
+    error: ValueError, opt: Any, grads: Any, state: Any, params: Any
+) -> None:
+    """Raises a `ValueError` naming the leaf that sits on other devices than the
+    parameters (a state leaf first), from `error` (JAX's, which names an argument of
+    eqxopt's compiled function); returns if every committed leaf agrees or
+    `error` is about something else (a shape our checks reject, ...)."""
+    if "incompatible devices" not in str(error):
+        return
+    named = {
+        "state": _committed(state),
+        "grads": _committed(grads),
+        "params": _committed(params),
+        "the optimizer": _committed(opt),
+    }
+    reference = named["params"] or named["grads"] or named["state"]
+    if not reference:
+        return
+    ref_path, ref = reference[0]
+    ref_name = "params" if named["params"] else "grads" if named["grads"] else "state"
+    devices = ref.sharding.device_set
+    for name, leaves in named.items():
+        for path, x in leaves:
+            if x.sharding.device_set == devices:
+                continue
+            where = f"{name}{path}" if name != "the optimizer" else f"{name}'s {path}"
+            fix = (
+                "the shardings of `opt.init(params)` (restore a checkpoint into "
+                "them), or replicated on the parameters' mesh: "
+                "`jax.device_put(x, NamedSharding(mesh, PartitionSpec()))`"
+                if isinstance(ref.sharding, NamedSharding)
+                else "the parameters' device: `jax.device_put(x, device)`"
+            )
+            raise ValueError(
+                f"{where} ({x.dtype}{list(x.shape)}) is on {_describe(x)} but "
+                f"{ref_name}{ref_path} is on {_describe(ref)} ({ref.sharding}); a "
+                "step needs every committed array on the same devices. Put it "
+                f"where the parameters are: {fix}"
+            ) from error
