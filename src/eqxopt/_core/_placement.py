@@ -17,9 +17,8 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from .._native._compat import array_type
 from ._tree import leaf_paths
-
-_ARRAY_TYPE = type(jax.numpy.zeros(()))  # jaxlib's concrete array class
 
 
 def _committed(tree: Any) -> list[tuple[str, Any]]:
@@ -28,7 +27,7 @@ def _committed(tree: Any) -> list[tuple[str, Any]]:
     return [
         (path, x)
         for path, x in zip(leaf_paths(tree), jax.tree.leaves(tree))
-        if type(x) is _ARRAY_TYPE and x.committed
+        if type(x) is array_type() and x.committed
     ]
 
 
@@ -39,7 +38,7 @@ def params_placement(params: Any) -> Any:
     shardings = [
         x.sharding
         for x in jax.tree.leaves(params)
-        if type(x) is _ARRAY_TYPE and x.committed
+        if type(x) is array_type() and x.committed
     ]
     if not shardings:
         return None
@@ -62,7 +61,7 @@ def place_state(state: Any, params: Any) -> Any:
         return state
     leaves, treedef = jax.tree.flatten(state)
     where = [
-        i for i, x in enumerate(leaves) if type(x) is _ARRAY_TYPE and not x.committed
+        i for i, x in enumerate(leaves) if type(x) is array_type() and not x.committed
     ]
     if where:
         placed = jax.device_put([leaves[i] for i in where], target)

@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-_ARRAY_TYPE = type(jax.numpy.zeros(()))  # jaxlib's concrete array class
+from .._native._compat import array_type
 
 
 def sharded_deserialise_filter_spec(f: Any, x: Any) -> Any:
@@ -35,7 +35,7 @@ def sharded_deserialise_filter_spec(f: Any, x: Any) -> Any:
 
     **Returns:** the restored leaf.
     """
-    placed = type(x) is _ARRAY_TYPE and x.committed
+    placed = type(x) is array_type() and x.committed
     if not placed and not (
         isinstance(x, jax.ShapeDtypeStruct) and x.sharding is not None
     ):
