@@ -5,8 +5,10 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxtyping import Array, Float, Int, PyTree
 
+from ..._core import _jax_api
 from ..._core._base import AbstractTransform, Grads, Params, Updates
 from ..._core._checks import is_concrete, static_count
 from ..._core._fields import (
@@ -65,17 +67,100 @@ def newton_schulz(
     `x <- a x + (b A + c A A) x` with `A = x x^T` (the iteration of Jordan's Muon
     and `optax.contrib.orthogonalize_via_newton_schulz`).
     """
-    if x.ndim > 2:
-        return jax.vmap(lambda y: newton_schulz(y, coeffs, eps))(x)
-    transposed = x.shape[0] > x.shape[1]
+    return _newton_schulz(x, coeffs, eps)
+
+
+def _newton_schulz(
+    x: Array,
+    coeffs: Array,
+    eps: Array | float,
+    *,
+    gram_sharding: Any = None,
+    pinned: tuple[Any, Any] | None = None,
+    axis_name: Any = None,
+) -> Array:
+    """`newton_schulz` on a stack of matrices, one of which may be split over mesh
+    axes along the dimension its Gram matrix `x x^T` sums over: `gram_sharding` is
+    the Gram matrix's sharding on Explicit axes (the product's `out_sharding`);
+    `pinned` the shardings of each iterate and Gram matrix on Auto axes (sharding
+    constraints, else the compiler carries the parameter's sharding back into the
+    loop from its output and gathers at every product); `axis_name` the axes to sum
+    the Gram matrix over inside `shard_map`."""
+
+    def pin(v, which):
+        if pinned is None:
+            return v
+        return jax.lax.with_sharding_constraint(v, pinned[which])
+
+    transposed = x.shape[-2] > x.shape[-1]
     if transposed:
-        x = x.T
-    x = x / (jnp.linalg.norm(x) + eps)
+        x = jnp.swapaxes(x, -1, -2)
+    sq = jnp.sum(abs_sq(x), axis=(-2, -1), keepdims=True)
+    if axis_name is not None:
+        sq = jax.lax.psum(sq, axis_name)
+    x = pin(x / (jnp.sqrt(sq) + eps), 0)
     for i in range(coeffs.shape[0]):
-        a = x @ x.T.conj()
+        a = _jax_api.matmul(x, jnp.swapaxes(x, -1, -2).conj(), gram_sharding)
+        if axis_name is not None:
+            a = jax.lax.psum(a, axis_name)
+        a = pin(a, 1)
         b = coeffs[i, 1] * a + coeffs[i, 2] * a @ a
-        x = coeffs[i, 0] * x + b @ x
-    return x.T if transposed else x
+        x = pin(coeffs[i, 0] * x + b @ x, 0)
+    return jnp.swapaxes(x, -1, -2) if transposed else x
+
+
+def _keeps_split(m: int, n: int, ns_steps: int) -> bool:
+    """Whether a matrix split along its long dimension (the one `x x^T` sums over)
+    is orthogonalised in place, all-reducing each step's Gram matrix, rather than
+    gathered once: per device, ring all-reduces of the `(short, short)` Gram matrix
+    move `2 (k-1)/k short**2` elements each, the gather `(k-1)/k short long`."""
+    short, long = min(m, n), max(m, n)
+    return long > 2 * ns_steps * short
+
+
+def _orthogonalise(x: Array, coeffs: Array, eps: Array | float) -> Array:
+    """`newton_schulz` of a leaf that may be sharded over a mesh, returned with the
+    leaf's sharding and with at most one gather of it.
+
+    A matrix split along its long dimension stays split when that moves fewer bytes
+    than gathering it (`_keeps_split`): each step's small Gram matrix is all-reduced.
+    Otherwise the matrix's two dimensions are gathered once (a dimension of a stack
+    of matrices stays split) and the result sliced back. On Explicit axes the
+    sharding is read from the type; on Auto axes a sharding constraint leaves the
+    compiler the same choice (it never gathers a matrix already whole on each
+    device).
+    """
+    placed = _jax_api.mesh_and_spec(x)
+    if placed is None:
+        return _newton_schulz(x, coeffs, eps)
+    mesh, spec = placed
+    kinds = set(_jax_api.axis_kinds(mesh).values())
+    if "manual" in kinds:  # inside shard_map: a local block (see `axis_name`)
+        return _newton_schulz(x, coeffs, eps)
+    m, n = x.shape[-2:]
+    keep = _keeps_split(m, n, coeffs.shape[0])
+    summed = -1 if m <= n else -2  # the dimension x x^T sums over
+    batch = x.ndim - 2
+    if "explicit" not in kinds:
+        free = P.UNCONSTRAINED
+        inner = [free] * batch + [None, None]
+        if keep:
+            inner[summed] = free
+        if m > n:  # as `_newton_schulz` holds it, transposed
+            inner[-2:] = inner[-1], inner[-2]
+        pinned = (
+            NamedSharding(mesh, P(*inner)),
+            NamedSharding(mesh, P(*[free] * batch, None, None)),
+        )
+        return _newton_schulz(x, coeffs, eps, pinned=pinned)
+    full = tuple(spec) + (None,) * (x.ndim - len(spec))
+    inner = [*full[:batch], None, None]
+    if keep:
+        inner[summed] = full[summed]
+    x = _jax_api.reshard(x, NamedSharding(mesh, P(*inner)))
+    gram = NamedSharding(mesh, P(*full[:batch], None, None))
+    out = _newton_schulz(x, coeffs, eps, gram_sharding=gram)
+    return _jax_api.reshard(out, NamedSharding(mesh, P(*full)))
 
 
 def _muon_flags(mask: Any, params: Params) -> list[bool]:
@@ -248,7 +333,7 @@ class Muon(AbstractTransform):
             m, n = p.shape[-2:]
             # Jordan's width scaling, or Liu et al.'s RMS matching.
             scale = max(1.0, n / m) ** 0.5 if rms is None else max(m, n) ** 0.5 * rms
-            direction = scale * newton_schulz(mu_hat, coeffs, eps)
+            direction = scale * _orthogonalise(mu_hat, coeffs, eps)
             if decay:
                 direction = direction + wd * p
             return -lr * direction, mu

@@ -1,0 +1,158 @@
+"""Muon on meshes: FSDP-sharded matrices on Explicit and Auto mesh axes give the
+single-device numbers, keep their shardings, and are gathered at most once a step
+(a matrix split along its long dimension, not at all). Runs in a subprocess with 8
+host devices (the count must be set before JAX starts)."""
+
+import textwrap
+
+import jax
+import pytest
+
+from helpers import run_on_8_devices
+
+SCRIPT = textwrap.dedent(
+    """
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    import eqxopt
+
+    assert len(jax.devices()) == 8, jax.devices()
+    NS_STEPS = 5
+    # name: (shape, spec on the 1-D "f" mesh, spec on the 2-D ("d", "m") mesh).
+    # With 5 Newton-Schulz steps a matrix stays split when its long side exceeds
+    # 10 times its short one ("long"); the others are gathered once.
+    LEAVES = {
+        "emb": ((64, 16), P("f", None), P("d", "m")),
+        "up": ((32, 64), P("f", None), P("m", "d")),
+        "long": ((16, 256), P(None, "f"), P("m", "d")),
+        "stack": ((8, 16, 24), P("f", None, None), P("d", None, "m")),
+        "bias": ((32,), P("f"), P("d")),
+        "scale": ((), P(), P()),
+    }
+
+    def gathered_elements(shape, spec, mesh):
+        # What gathering this leaf's matrices once moves into each device: its
+        # local size times (the shards of its matrix dimensions, less the dimension
+        # that stays split) minus one; nothing for a matrix whole on each device.
+        if len(shape) < 2:
+            return 0
+        spec = tuple(spec) + (None,) * (len(shape) - len(spec))
+        ways = [int(np.prod([mesh.shape[a] for a in
+                             (s if isinstance(s, tuple) else (s,))])) if s else 1
+                for s in spec]
+        local = int(np.prod(shape)) // int(np.prod(ways))
+        m, n = shape[-2:]
+        keep = max(m, n) > 2 * NS_STEPS * min(m, n)
+        summed = -1 if m <= n else -2
+        grown = [w for i, w in enumerate(ways[-2:], -2) if not (keep and i == summed)]
+        factor = int(np.prod(grown))
+        return local * (factor - 1)
+
+    def collectives(text):
+        # {op: [(result dims, operand dims)]}, from lines such as
+        # "%all-gather = f32[64,16]{1,0} all-gather(%param), ..." and the operand's
+        # own "%param = f32[8,16]{1,0} ...".
+        dims = dict(re.findall(r"(%\\S+) = \\w+\\[([\\d,]*)\\]", text))
+        found = {}
+        for op in ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
+                   "collective-permute"):
+            found[op] = [
+                (out, dims.get(arg, ""))
+                for out, arg in re.findall(
+                    r"= \\w+\\[([\\d,]*)\\]\\S* " + op + r"(?:-start)?\\((%[^,)]+)",
+                    text)
+            ]
+        return found
+
+    rng = np.random.default_rng(0)
+    host = {k: rng.normal(size=s).astype(np.float32) for k, (s, _, _) in LEAVES.items()}
+    grads_host = [
+        {k: rng.normal(size=s).astype(np.float32) for k, (s, _, _) in LEAVES.items()}
+        for _ in range(3)
+    ]
+    muon_mask = {k: len(s) >= 2 for k, (s, _, _) in LEAVES.items()}
+    opt = eqxopt.Muon(0.05, weight_decay=0.1, muon_mask=muon_mask,
+                      ns_steps=NS_STEPS, adam_learning_rate=0.01)
+
+    one = jax.devices()[0]
+    ref_params = jax.device_put(host, one)
+    ref_state = opt.init(ref_params)
+    for g in grads_host:
+        ref_params, ref_state = opt.step(jax.device_put(g, one), ref_state, ref_params)
+
+    MESHES = {meshes}
+    for kind in (AxisType.Explicit, AxisType.Auto):
+        for shape, names, which in MESHES:
+            mesh = jax.make_mesh(shape, names, axis_types=(kind,) * len(names))
+            label = f"{kind.name} {shape}"
+            sh = {k: NamedSharding(mesh, v[which]) for k, v in LEAVES.items()}
+            params = {k: jax.device_put(host[k], sh[k]) for k in host}
+            state = opt.init(params)
+            step = jax.jit(lambda g, s, p: opt.step(g, s, p), donate_argnums=(1, 2))
+            for i, g in enumerate(grads_host):
+                g = {k: jax.device_put(g[k], sh[k]) for k in g}
+                if i == 0:
+                    compiled = step.lower(g, state, params).compile()
+                    text = compiled.as_text()
+                if i == 2 and kind == AxisType.Explicit:  # the eager entry, donated
+                    params, state = opt.step(g, state, params, donate=True)
+                else:
+                    params, state = compiled(g, state, params)
+            for tree, ref, what in ((params, ref_params, "params"),
+                                    (state.mu, ref_state.mu, "mu"),
+                                    (state.nu, ref_state.nu, "nu")):
+                for k, x in tree.items():
+                    if x is None:
+                        continue
+                    assert x.sharding.is_equivalent_to(sh[k], x.ndim), (
+                        label, what, k, x.sharding, sh[k])
+                    np.testing.assert_allclose(
+                        np.asarray(x), np.asarray(ref[k]), rtol=2e-5, atol=2e-6,
+                        err_msg=f"{label} {what} {k}")
+            found = collectives(text)
+            size = lambda dims: int(np.prod([int(d) for d in dims.split(",") if d]))
+            moved = sum(size(out) - size(arg) for out, arg in found["all-gather"])
+            bound = sum(gathered_elements(s, LEAVES[k][which], mesh)
+                        for k, (s, _, _) in LEAVES.items())
+            assert 0 < moved <= bound, (label, moved, bound, found["all-gather"])
+            # At most one gather per mesh axis splitting a matrix, and each step's
+            # Gram matrix of the split "long" leaf all-reduced, never the leaf.
+            axes = sum(len([s for s in LEAVES[k][which][-2:] if s])
+                       for k in ("emb", "up", "long", "stack"))
+            assert len(found["all-gather"]) <= axes, (label, found["all-gather"])
+            for op in ("reduce-scatter", "all-to-all", "collective-permute"):
+                assert not found[op], (label, op, found[op])
+            for dims, _ in found["all-reduce"]:
+                assert dims in ("", "1,1", "16,16"), (label, found["all-reduce"])
+            print(label, {op: len(v) for op, v in found.items()}, moved, bound)
+    print("MUON-MESH-OK")
+    """
+)
+ONE_AXIS = [((8,), ("f",), 1)]
+TWO_AXES = [((4, 2), ("d", "m"), 2)]
+
+
+NO_AXIS_TYPES = pytest.mark.skipif(
+    not hasattr(jax.sharding, "AxisType"),
+    reason="mesh axis types (Explicit/Auto) and sharding in types appeared after "
+    "JAX 0.4.38; there Muon leaves a mesh's matrices to the compiler",
+)
+
+
+@NO_AXIS_TYPES
+def test_muon_fsdp_on_explicit_and_auto_meshes():
+    out = run_on_8_devices(SCRIPT.replace("{meshes}", repr(ONE_AXIS)))
+    assert "MUON-MESH-OK" in out, out
+
+
+@NO_AXIS_TYPES
+@pytest.mark.slow
+def test_muon_on_two_axis_meshes():
+    """Data x model meshes: matrices split along both dimensions."""
+    out = run_on_8_devices(SCRIPT.replace("{meshes}", repr(TWO_AXES)))
+    assert "MUON-MESH-OK" in out, out
