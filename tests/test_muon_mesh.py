@@ -1,7 +1,8 @@
 """Muon on meshes: FSDP-sharded matrices on Explicit and Auto mesh axes give the
 single-device numbers, keep their shardings, and are gathered at most once a step
-(a matrix split along its long dimension, not at all). Runs in a subprocess with 8
-host devices (the count must be set before JAX starts)."""
+(a matrix split along its long dimension, not at all); inside `shard_map` with
+`axis_name`, rows split over the axis give the single-device numbers too. Runs in a
+subprocess with 8 host devices (the count must be set before JAX starts)."""
 
 import textwrap
 
@@ -134,6 +135,42 @@ SCRIPT = textwrap.dedent(
             for dims, _ in found["all-reduce"]:
                 assert size(dims) <= 8 or dims == "16,16", (label, found["all-reduce"])
             print(label, {op: len(v) for op, v in found.items()}, moved, bound)
+    if MESHES == [((8,), ("f",), 1)]:
+        # Inside shard_map with axis_name: each shard holds rows of every matrix
+        # ("tall" stays split: 256 > 10 * 16; the others are gathered once).
+        mesh = jax.make_mesh((8,), ("f",))
+        shapes = {"wide": (64, 16), "tall": (256, 16), "short": (16, 64), "b": (32,)}
+        host = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+        gs = [{k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+              for _ in range(3)]
+        kw = dict(weight_decay=0.1, adam_learning_rate=0.01)
+        plain = eqxopt.Muon(0.05, **kw)
+        ref_params = jax.device_put(host, one)
+        ref_state = plain.init(ref_params)
+        for g in gs:
+            ref_params, ref_state = plain.step(
+                jax.device_put(g, one), ref_state, ref_params)
+        opt = eqxopt.Muon(0.05, axis_name="f", **kw)
+        spec = lambda t: jax.tree.map(lambda x: P() if x.ndim == 0 else P("f"), t)
+        pspec, sspec = spec(host), spec(jax.eval_shape(opt.init, host))
+        put = lambda t: jax.tree.map(
+            lambda x, sp: jax.device_put(x, NamedSharding(mesh, sp)), t, pspec)
+        init = jax.jit(jax.shard_map(
+            opt.init, mesh=mesh, in_specs=(pspec,), out_specs=sspec))
+        step = jax.jit(jax.shard_map(
+            lambda g, s, p: opt.step(g, s, p), mesh=mesh,
+            in_specs=(pspec, sspec, pspec), out_specs=(pspec, sspec)))
+        params = put(host)
+        state = init(params)
+        for g in gs:
+            params, state = step(put(g), state, params)
+        for tree, ref, what in ((params, ref_params, "params"),
+                                (state.mu, ref_state.mu, "mu")):
+            for k in shapes:
+                np.testing.assert_allclose(
+                    np.asarray(tree[k]), np.asarray(ref[k]), rtol=2e-5, atol=2e-6,
+                    err_msg=f"shard_map {what} {k}")
+        print("shard_map axis_name ok")
     print("MUON-MESH-OK")
     """
 )
@@ -160,3 +197,11 @@ def test_muon_on_two_axis_meshes():
     """Data x model meshes: matrices split along both dimensions."""
     out = run_on_8_devices(SCRIPT.replace("{meshes}", repr(TWO_AXES)))
     assert "MUON-MESH-OK" in out, out
+
+
+@pytest.mark.parametrize("bad", [3, (), ("f", 2), ""])
+def test_muon_axis_name_must_name_mesh_axes(bad):
+    import eqxopt
+
+    with pytest.raises(TypeError, match="axis_name must be None, a mesh axis name"):
+        eqxopt.Muon(0.01, axis_name=bad)
