@@ -59,3 +59,10 @@ def matmul(a: Any, b: Any, out_sharding: Any = None) -> Any:
     if out_sharding is None:
         return a @ b
     return jax.numpy.matmul(a, b, out_sharding=out_sharding)  # pyright: ignore[reportCallIssue]
+
+
+def shard_alike(x: Any, like: Any) -> Any:
+    """`x` given the sharding the compiler picks for `like` (Auto axes)."""
+    from jax.experimental.shard_alike import shard_alike as alike
+
+    return alike(x, like)[0]
