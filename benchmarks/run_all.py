@@ -24,6 +24,7 @@ CASES = [
     "bench_state_memory.py",
     "bench_bf16_memory.py",
     "bench_native_shard.py",
+    "bench_fsdp.py",
 ]
 
 

@@ -5,8 +5,10 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxtyping import Array, Float, Int, PyTree
 
+from ..._core import _jax_api
 from ..._core._base import AbstractTransform, Grads, Params, Updates
 from ..._core._checks import is_concrete, static_count
 from ..._core._fields import (
@@ -65,17 +67,143 @@ def newton_schulz(
     `x <- a x + (b A + c A A) x` with `A = x x^T` (the iteration of Jordan's Muon
     and `optax.contrib.orthogonalize_via_newton_schulz`).
     """
-    if x.ndim > 2:
-        return jax.vmap(lambda y: newton_schulz(y, coeffs, eps))(x)
-    transposed = x.shape[0] > x.shape[1]
+    return _newton_schulz(x, coeffs, eps)
+
+
+def _newton_schulz(
+    x: Array,
+    coeffs: Array,
+    eps: Array | float,
+    *,
+    gram_sharding: Any = None,
+    pinned: tuple[Any, Any] | None = None,
+    axis_name: Any = None,
+    transposed: bool | None = None,
+) -> Array:
+    """`newton_schulz` on a stack of matrices, one of which may be split over mesh
+    axes along the dimension its Gram matrix `x x^T` sums over: `gram_sharding` is
+    the Gram matrix's sharding on Explicit axes (the product's `out_sharding`);
+    `pinned` the shardings of each iterate and Gram matrix on Auto axes (sharding
+    constraints, else the compiler carries the parameter's sharding back into the
+    loop from its output and gathers at every product); `axis_name` the axes to sum
+    the Gram matrix over inside `shard_map` (there `transposed` says whether the
+    whole matrix has more rows than columns; the block's shape cannot tell)."""
+
+    def pin(v, which):
+        if pinned is None:
+            return v
+        return jax.lax.with_sharding_constraint(v, pinned[which])
+
+    if transposed is None:
+        transposed = x.shape[-2] > x.shape[-1]
     if transposed:
-        x = x.T
-    x = x / (jnp.linalg.norm(x) + eps)
+        x = jnp.swapaxes(x, -1, -2)
+    sq = jnp.sum(abs_sq(x), axis=(-2, -1), keepdims=True)
+    if axis_name is not None:
+        sq = jax.lax.psum(sq, axis_name)
+    x = pin(x / (jnp.sqrt(sq) + eps), 0)
     for i in range(coeffs.shape[0]):
-        a = x @ x.T.conj()
+        a = _jax_api.matmul(x, jnp.swapaxes(x, -1, -2).conj(), gram_sharding)
+        if axis_name is not None:
+            a = jax.lax.psum(a, axis_name)
+        a = pin(a, 1)
         b = coeffs[i, 1] * a + coeffs[i, 2] * a @ a
-        x = coeffs[i, 0] * x + b @ x
-    return x.T if transposed else x
+        x = pin(coeffs[i, 0] * x + b @ x, 0)
+    return jnp.swapaxes(x, -1, -2) if transposed else x
+
+
+def _keeps_split(m: int, n: int, ns_steps: int) -> bool:
+    """Whether a matrix split along its long dimension (the one `x x^T` sums over)
+    is orthogonalised in place, all-reducing each step's Gram matrix, rather than
+    gathered once: per device, ring all-reduces of the `(short, short)` Gram matrix
+    move `2 (k-1)/k short**2` elements each, the gather `(k-1)/k short long`."""
+    short, long = min(m, n), max(m, n)
+    return long > 2 * ns_steps * short
+
+
+def _axis_size(axis_name: tuple[str, ...]) -> int:
+    """The number of shards over `axis_name` inside `shard_map` (a Python int)."""
+    return int(jax.lax.psum(1, axis_name))
+
+
+def _orthogonalise_rows(
+    x: Array, coeffs: Array, eps: Array | float, axis_name: tuple[str, ...]
+) -> Array:
+    """`newton_schulz` inside `shard_map` of the matrices whose rows (axis -2) are
+    split over `axis_name`, `x` this shard's block: kept split where the rows are the
+    long side and `_keeps_split` says so (the Gram matrix over the rows is summed),
+    else gathered once (tiled along the rows) and this shard's rows taken back."""
+    k = _axis_size(axis_name)
+    rows, n = x.shape[-2], x.shape[-1]
+    m = rows * k
+    if m > n and _keeps_split(m, n, coeffs.shape[0]):
+        return _newton_schulz(x, coeffs, eps, axis_name=axis_name, transposed=True)
+    whole = jax.lax.all_gather(x, axis_name, axis=x.ndim - 2, tiled=True)
+    out = _newton_schulz(whole, coeffs, eps)
+    start = jax.lax.axis_index(axis_name) * rows
+    return jax.lax.dynamic_slice_in_dim(out, start, rows, axis=x.ndim - 2)
+
+
+def _axis_names(name: str, value: Any) -> tuple[str, ...] | None:
+    # A private copy of the `axis_name` check of the transforms that reduce over
+    # parameters (one shared helper in `_core` is planned).
+    if value is None:
+        return None
+    names = (value,) if isinstance(value, str) else value
+    if (
+        not isinstance(names, tuple)
+        or not names
+        or not all(isinstance(n, str) and n for n in names)
+    ):
+        raise TypeError(
+            f"{name} must be None, a mesh axis name or a tuple of them, got {value!r}"
+        )
+    return names
+
+
+def _orthogonalise(x: Array, coeffs: Array, eps: Array | float) -> Array:
+    """`newton_schulz` of a leaf that may be sharded over a mesh, returned with the
+    leaf's sharding and with at most one gather of it.
+
+    A matrix split along its long dimension stays split when that moves fewer bytes
+    than gathering it (`_keeps_split`): each step's small Gram matrix is all-reduced.
+    Otherwise the matrix's two dimensions are gathered once (a dimension of a stack
+    of matrices stays split) and the result sliced back. On Explicit axes the
+    sharding is read from the type; on Auto axes a sharding constraint leaves the
+    compiler the same choice (it never gathers a matrix already whole on each
+    device).
+    """
+    placed = _jax_api.mesh_and_spec(x)
+    if placed is None:
+        return _newton_schulz(x, coeffs, eps)
+    mesh, spec = placed
+    kinds = set(_jax_api.axis_kinds(mesh).values())
+    if "manual" in kinds:  # inside shard_map: a local block (see `axis_name`)
+        return _newton_schulz(x, coeffs, eps)
+    m, n = x.shape[-2:]
+    keep = _keeps_split(m, n, coeffs.shape[0])
+    summed = -1 if m <= n else -2  # the dimension x x^T sums over
+    batch = x.ndim - 2
+    if "explicit" not in kinds:
+        free = P.UNCONSTRAINED
+        inner = [free] * batch + [None, None]
+        if keep:
+            inner[summed] = free
+        if m > n:  # as `_newton_schulz` holds it, transposed
+            inner[-2:] = inner[-1], inner[-2]
+        pinned = (
+            NamedSharding(mesh, P(*inner)),
+            NamedSharding(mesh, P(*[free] * batch, None, None)),
+        )
+        return _newton_schulz(x, coeffs, eps, pinned=pinned)
+    full = tuple(spec) + (None,) * (x.ndim - len(spec))
+    inner = [*full[:batch], None, None]
+    if keep:
+        inner[summed] = full[summed]
+    x = _jax_api.reshard(x, NamedSharding(mesh, P(*inner)))
+    gram = NamedSharding(mesh, P(*full[:batch], None, None))
+    out = _newton_schulz(x, coeffs, eps, gram_sharding=gram)
+    return _jax_api.reshard(out, NamedSharding(mesh, P(*full)))
 
 
 def _muon_flags(mask: Any, params: Params) -> list[bool]:
@@ -175,6 +303,17 @@ class Muon(AbstractTransform):
     - `adam_learning_rate`: AdamW's learning rate; `None` uses `learning_rate`.
     - `mu_dtype`, `nu_dtype`: dtypes to store the moments in (`None`: the
       parameter's).
+    - `axis_name`: inside `shard_map`, the mesh axis name (or tuple of names) whose
+      shards each hold a block of rows (axis -2) of every Muon matrix, as FSDP splits
+      a weight's first dimension; `None` (default) where each device holds whole
+      matrices, or outside `shard_map`. The norms and Gram matrices are then summed
+      over those axes, so the result equals the unsplit run.
+
+    On a mesh (outside `shard_map`; Explicit or Auto axes) a Muon matrix split over
+    devices is gathered at most once a step, or not at all when it is split along
+    its long side and that side is over `2 * ns_steps` times the short one (then
+    each step's small Gram matrix is all-reduced instead, fewer bytes); updates and
+    state keep the parameter's sharding.
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
@@ -203,6 +342,10 @@ class Muon(AbstractTransform):
     )
     mu_dtype: DTypeLike = dtype_field()
     nu_dtype: DTypeLike = dtype_field()
+    # Static: mesh axis names, read while tracing.
+    axis_name: tuple[str, ...] | None = checked_field(
+        _axis_names, None, static=True, kw_only=True
+    )
 
     def __check_init__(self):
         k = self.ns_steps
@@ -234,6 +377,7 @@ class Muon(AbstractTransform):
         lr, beta, eps, wd = h.learning_rate, h.beta, h.eps, h.weight_decay
         coeffs = jnp.broadcast_to(self.ns_coeffs, (self.ns_steps, 3))
         rms = h.consistent_rms
+        axis_name = self.axis_name
 
         def muon_rule(g, p, mu, decay):
             mu = beta * mu + (1 - beta) * g
@@ -246,9 +390,14 @@ class Muon(AbstractTransform):
             else:
                 mu_hat = mu / (1 - step_power(beta, t))
             m, n = p.shape[-2:]
+            if axis_name is None:
+                orthogonal = _orthogonalise(mu_hat, coeffs, eps)
+            else:  # this shard's rows of the matrices
+                m = m * _axis_size(axis_name)
+                orthogonal = _orthogonalise_rows(mu_hat, coeffs, eps, axis_name)
             # Jordan's width scaling, or Liu et al.'s RMS matching.
             scale = max(1.0, n / m) ** 0.5 if rms is None else max(m, n) ** 0.5 * rms
-            direction = scale * newton_schulz(mu_hat, coeffs, eps)
+            direction = scale * orthogonal
             if decay:
                 direction = direction + wd * p
             return -lr * direction, mu

@@ -5,8 +5,10 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxtyping import Array, Float, Int, PyTree
 
+from ..._core import _jax_api
 from ..._core._base import AbstractTransform, Grads, Params, Updates
 from ..._core._checks import array_count, reject_complex, static_count
 from ..._core._fields import (
@@ -117,9 +119,11 @@ class SOAP(AbstractTransform):
     ```
 
     A leaf with no preconditioned axis (a scalar, a 1-D leaf, every axis too long)
-    gets plain Adam. optax has no SOAP (optax issue 1580); this follows the
-    authors' reference PyTorch implementation without its `merge_dims` and
-    `normalize_grads` options.
+    gets plain Adam. On a mesh (Explicit or Auto axes) a split leaf with a
+    preconditioned axis has its gradient, value and moments gathered (once each
+    a step on Explicit axes), and its update and moments keep its sharding. optax has no SOAP (optax issue
+    1580); this follows the authors' reference PyTorch implementation without its
+    `merge_dims` and `normalize_grads` options.
 
     **Arguments:**
 
@@ -239,11 +243,12 @@ class SOAP(AbstractTransform):
                     column.append(value)
                 continue
             dtype = compute_dtype(p.dtype)
+            whole, back = _gather_once(p) if any(self._axes(p)) else _NO_GATHER
             args = (
-                g.astype(dtype),
-                p.astype(dtype),
-                mu.astype(dtype),
-                nu.astype(dtype),
+                whole(g.astype(dtype)),
+                whole(p.astype(dtype)),
+                whole(mu.astype(dtype)),
+                whole(nu.astype(dtype)),
             )
             u, new_mu, new_nu, new_gg, new_q = jax.lax.cond(
                 k == 0,
@@ -253,13 +258,42 @@ class SOAP(AbstractTransform):
                 gg,
                 q,
             )
-            out[0].append(u)
-            out[1].append(new_mu.astype(mu.dtype))
-            out[2].append(new_nu.astype(nu.dtype))
+            out[0].append(back(u))
+            out[1].append(back(new_mu.astype(mu.dtype)))
+            out[2].append(back(new_nu.astype(nu.dtype)))
             out[3].append(new_gg)
             out[4].append(new_q)
         updates, mu, nu, gg, q = (param_def.unflatten(column) for column in out)
         return updates, SOAPState(step=increment(state.step), mu=mu, nu=nu, gg=gg, q=q)
+
+
+_NO_GATHER = (lambda x: x), (lambda x: x)
+
+
+def _gather_once(p: Array) -> tuple[Any, Any]:
+    """For a leaf on a mesh: a function that makes an array shaped like it whole on
+    every device, and one that gives a result back the leaf's sharding. Every axis
+    of a leaf may be rotated, so its gradient, moments and value are gathered once
+    each (on Explicit axes the products over a split axis do not trace, on Auto
+    axes the compiler gathered them again at every rotation); the statistics and
+    eigenbases are small and whole everywhere. Identities off a mesh."""
+    placed = _jax_api.mesh_and_spec(p)
+    if placed is None:
+        return (lambda x: x), (lambda x: x)
+    mesh, spec = placed
+    kinds = set(_jax_api.axis_kinds(mesh).values())
+    if "manual" in kinds:  # inside shard_map: local blocks
+        return (lambda x: x), (lambda x: x)
+    whole = NamedSharding(mesh, P(*[None] * p.ndim))
+    if "explicit" not in kinds:
+        # The compiler knows the leaf's sharding: results are given it back.
+        pin = lambda x: jax.lax.with_sharding_constraint(x, whole)  # noqa: E731
+        return pin, (lambda x: _jax_api.shard_alike(x, p))
+    full = NamedSharding(mesh, P(*tuple(spec)))
+    return (
+        lambda x: _jax_api.reshard(x, whole),
+        lambda x: _jax_api.reshard(x, full),
+    )
 
 
 def _like_inputs(rule: Any, skip: int = 0) -> Any:
