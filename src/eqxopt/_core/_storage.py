@@ -147,7 +147,9 @@ def search_tables(name: str) -> SearchTables:
     one = _f32_bits(1.0)
     for mantissa_bits in range(2, 20):
         shift = 23 - mantissa_bits
-        low = _f32_bits(tiny) >> shift
+        # Strictly below the least threshold: the first bucket, which also takes
+        # every smaller magnitude, then holds it above its start.
+        low = (_f32_bits(tiny) - 1) >> shift
         k = (one >> shift) - low + 2  # buckets per sign; the last: above 1
         # Each bucket's magnitudes as bit patterns [start, end].
         starts = (np.arange(k, dtype=np.int64) + low) << shift

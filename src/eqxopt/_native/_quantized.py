@@ -120,7 +120,9 @@ def search_entries(map_name: str) -> np.ndarray:
     `base + (within >= offset)` and `within` is `y`'s place in its bucket (the low
     `shift` bits of its magnitude above `low << shift`, reversed for negative `y`,
     whose order is the reverse of their magnitudes'); `offset` is the threshold's
-    place, or `2**shift` (never reached) in a bucket without one."""
+    place, or `2**shift` (never reached) in a bucket without one. (Magnitudes
+    under `low << shift` read as the first bucket's start, which lies strictly
+    below the least threshold: `search_tables`.)"""
     tables = _storage.search_tables(map_name)
     k = tables.buckets.shape[0] // 2
     mask = (1 << tables.shift) - 1
