@@ -1,7 +1,9 @@
 """Quantized optimizer state (issue 11): AdamW's state bytes per parameter at
 float32 / bf16 / 8-bit / 4-bit / fp8 moments, from XLA's memory analysis of the
-compiled `init` (its outputs) and of a donated step (its temporaries), and the
-donated step's time on one 16M-float32 leaf, 8-bit vs float32 moments.
+compiled `init` (its outputs) and of a donated step (its temporaries: XLA's code,
+and the native kernels' in-place step), and the donated step's time on one
+16M-float32 leaf at float32 / 8-bit / 4-bit moments (interleaved medians, with the
+ratio to float32), with the native kernels and with XLA's code.
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_state_memory.py [--no-speed]
 """
@@ -40,18 +42,44 @@ def memory(storage) -> dict:
 
     donated = jax.jit(step, donate_argnums=(1, 2)).lower(params, state, params)
     analysis = donated.compile().memory_analysis()
+
+    def in_place(g, s, p):  # `donate=True`: the native kernels where available
+        return opt.step(g, s, p, donate=True)
+
+    native = jax.jit(in_place, donate_argnums=(1, 2)).lower(params, state, params)
+    native_analysis = native.compile().memory_analysis()
     return {
         "state_bytes_per_param": init.memory_analysis().output_size_in_bytes / N,
         "step_temp_bytes_per_param": analysis.temp_size_in_bytes / N,
+        "in_place_step_temp_bytes_per_param": native_analysis.temp_size_in_bytes / N,
     }
 
 
+SPEED = ("float32", "8-bit", "4-bit")
+
+
 def speed() -> dict:
+    """Median seconds per donated step, interleaved: with the native kernels (if
+    available here), then with XLA's code."""
+    times = {}
+    for kernels in (True, False):
+        eqxopt.set_native_kernels(kernels)
+        label = "native" if kernels and eqxopt.native_kernels_available() else "xla"
+        if kernels and label == "xla":
+            continue  # no compiler here: the second round measures XLA's code
+        times[label] = _speed_round()
+    eqxopt.set_native_kernels(True)
+    return times
+
+
+def _speed_round() -> dict:
     steppers = {}
-    for name in ("float32", "8-bit"):
+    for name in SPEED:
         opt = adamw(STORAGES[name])
         params = jnp.zeros(N, jnp.float32) + 0.5
-        grads = jnp.full(N, 1e-3, jnp.float32)
+        # Moments of mixed magnitudes in each block, as in training.
+        key = jax.random.key(0)
+        grads = jax.random.normal(key, (N,), jnp.float32) * 1e-3
         state = opt.init(params)
 
         def fn(carry, opt=opt, grads=grads):
@@ -69,22 +97,38 @@ def main():
             name,
             f"{r['state_bytes_per_param']:.4f}",
             f"{r['step_temp_bytes_per_param']:.4f}",
+            f"{r['in_place_step_temp_bytes_per_param']:.4f}",
         )
         for name, r in results.items()
     ]
     table(
         "AdamW state, one 16M leaf (XLA memory analysis)",
         rows,
-        ("moments", "state bytes / param", "donated step temporaries / param"),
+        (
+            "moments",
+            "state bytes / param",
+            "step temporaries / param (XLA's code)",
+            "`donate=True` step temporaries / param",
+        ),
     )
     payload: dict = {"memory": results, "machine": machine()}
     if "--no-speed" not in sys.argv:
         times = speed()
         payload["step_seconds"] = times
-        print(
-            f"donated step, 16M leaf: float32 {times['float32'] * 1e3:.1f} ms, "
-            f"8-bit {times['8-bit'] * 1e3:.1f} ms "
-            f"({times['8-bit'] / times['float32']:.2f}x)"
+        rows = [
+            (
+                label,
+                *(
+                    f"{t[name] * 1e3:.1f} ms ({t[name] / t['float32']:.2f}x)"
+                    for name in SPEED
+                ),
+            )
+            for label, t in times.items()
+        ]
+        table(
+            "AdamW donated step, one 16M leaf (median; ratio to float32 moments)",
+            rows,
+            ("code", *SPEED),
         )
     save("state_memory", payload)
 

@@ -30,7 +30,7 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Int, PyTree
 
-from .._native import _ffi, _fused
+from .._native import _ffi, _fused, _quantized
 from . import _dispatch, _seam
 from ._base import AbstractTransform, Grads, Params
 from ._fields import values_at
@@ -104,6 +104,13 @@ def map_leaves(
         if elementwise and entry is not None and entry.in_place and _ffi.usable()
         else None
     )
+    # Leaves with 8-bit/4-bit moments: one native pass that dequantizes, steps and
+    # quantizes again (`_native/_quantized.py`).
+    packed = (
+        None
+        if native is None
+        else _quantized.Kernels(rule, len(moments), apply, grad_leaves)
+    )
     for i, (g, p) in enumerate(zip(grad_leaves, param_leaves)):
         old = [m[i] for m in moment_leaves]
         if g is None or not is_float_leaf(p):
@@ -112,6 +119,16 @@ def map_leaves(
                 column.append(value)
             continue
         quantized = any(is_quantized(m) for m in old)  # XLA's code dequantizes
+        if quantized and packed is not None and packed.takes(g, p, old):
+            try:
+                packed.add(i, g, p, old, () if flags is None else (flags[i],))
+            except _fused.Unsupported:
+                pass  # XLA's code for this leaf (leaves already run stay run)
+            else:
+                updates.append(None)  # filled in from `packed.finish()` below
+                for column in new_moments:
+                    column.append(None)
+                continue
         if native is not None and not quantized and native.takes(g, p, old):
             flag = () if flags is None else (flags[i],)
             try:
@@ -133,8 +150,10 @@ def map_leaves(
             column.append(store(value, stored))  # quantized again if it was
     if apply:
         updates = [apply_update(u, p) for u, p in zip(updates, param_leaves)]
-    if native is not None:
-        for i, result in native.finish().items():
+    for kernels in (native, packed):
+        if kernels is None:
+            continue
+        for i, result in kernels.finish().items():
             updates[i] = result.param if apply else result.update
             for column, value in zip(new_moments, result.moments):
                 column[i] = value

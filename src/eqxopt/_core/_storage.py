@@ -15,9 +15,10 @@ stored as the index of the nearest entry of a fixed table, the map.
 """
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float32, Shaped
@@ -77,11 +78,12 @@ def map_resolution(name: str) -> float:
     return float(max(np.max(np.diff(table)) / 2, table[0] - low, 1.0 - table[-1]))
 
 
-def _nearest_code(y: Array, table: np.ndarray) -> Array:
+def _nearest_code_search(y: Array, table: np.ndarray) -> Array:
     """The index of the nearest entry of `table` for every element of `y` (values
     in the table's range), as torchao's `quantize_8bit_with_qmap` finds it: a
     branch-free binary search (`y >= table[mid]`), then up by one when `y` is at
-    least half-way to the next entry."""
+    least half-way to the next entry. `search_tables` gives the same codes with two
+    look-ups (`_nearest_code`); this is its definition, kept for the tests."""
     n = table.shape[0]
     qmap = jnp.asarray(table)
     # uint8 throughout (n <= 256): the search's temporaries stay a byte an element.
@@ -93,6 +95,92 @@ def _nearest_code(y: Array, table: np.ndarray) -> Array:
     up = jnp.minimum(codes, n - 2) + 1
     down_value = qmap[codes]
     return jnp.where(y - down_value >= (qmap[up] - down_value) * 0.5, up, codes)
+
+
+def _f32_bits(x: Any) -> int:
+    return int(np.asarray(x, np.float32).view(np.uint32))
+
+
+class SearchTables(NamedTuple):
+    """torchao's rounding to a map, as look-ups (`search_tables`): the code of `y`
+    is `base + (thresholds[base] <= y)` with `base = buckets[key(y)]` (0 for NaN),
+    where `key` cuts float32 bit patterns into buckets of `2**shift` (sign,
+    exponent, top mantissa bits; magnitudes under `low << shift` share the first
+    bucket of their sign, those above 1 the last) in increasing order of value.
+    Shared by XLA's code (`_nearest_code`) and the native kernel."""
+
+    thresholds: np.ndarray  # float32 (n,): thresholds[c] rounds up to c + 1; NaN last
+    buckets: np.ndarray  # uint8 (2 * k,): the code at each bucket's lowest value
+    shift: int
+    low: int
+
+
+@functools.cache
+def search_tables(name: str) -> SearchTables:
+    """The look-up tables that give `_nearest_code_search`'s codes for the map
+    `name` (torchao's search). The search returns `c + 1` for `y` in
+    `[table[c], table[c + 1])` exactly when `fl(y - table[c]) >=
+    fl(fl(table[c + 1] - table[c]) * 0.5)`, which is monotone in `y`: so the code
+    is the number of thresholds `t_c` (the least float32 for which that holds) at
+    most `y`. Buckets are made fine enough that each holds at most one threshold;
+    then one comparison finishes the count."""
+    table = code_map(name)
+    n = table.shape[0]
+    inf = np.float32(np.inf)
+    thresholds = np.empty(n, np.float32)
+    for c in range(n - 1):
+        lo, hi = table[c], table[c + 1]
+        half = np.float32(np.float32(hi - lo) * np.float32(0.5))
+
+        def rounds_up(y: np.float32, lo=lo, half=half) -> bool:
+            return bool(np.float32(y - lo) >= half)
+
+        y = np.float32(lo + half)
+        while y > lo and rounds_up(np.nextafter(y, -inf)):
+            y = np.nextafter(y, -inf)
+        while not rounds_up(y):
+            y = np.nextafter(y, inf)
+        thresholds[c] = y
+    thresholds[n - 1] = np.nan  # never <= y: the last code does not round up
+    finite = thresholds[:-1]
+    tiny = float(np.min(np.abs(finite[finite != 0])))
+    one = _f32_bits(1.0)
+    for mantissa_bits in range(2, 20):
+        shift = 23 - mantissa_bits
+        # Strictly below the least threshold: the first bucket, which also takes
+        # every smaller magnitude, then holds it above its start.
+        low = (_f32_bits(tiny) - 1) >> shift
+        k = (one >> shift) - low + 2  # buckets per sign; the last: above 1
+        # Each bucket's magnitudes as bit patterns [start, end].
+        starts = (np.arange(k, dtype=np.int64) + low) << shift
+        starts[0] = 0
+        ends = np.append(starts[1:] - 1, _f32_bits(inf))
+        as_f32 = lambda bits: bits.astype(np.uint32).view(np.float32)  # noqa: E731
+        neg_lo, neg_hi = -as_f32(ends)[::-1], -as_f32(starts)[::-1]
+        pos_lo, pos_hi = as_f32(starts), as_f32(ends)
+        lows = np.concatenate([neg_lo, pos_lo])
+        highs = np.concatenate([neg_hi, pos_hi])
+        base = np.searchsorted(finite, lows, side="right")
+        top = np.searchsorted(finite, highs, side="right")
+        if np.all(top - base <= 1):
+            return SearchTables(thresholds, base.astype(np.uint8), shift, low)
+    raise AssertionError(f"no bucket size separates the thresholds of {name}")
+
+
+def _nearest_code(y: Array, table: np.ndarray, name: str) -> Array:
+    """`_nearest_code_search(y, table)` (torchao's codes) by `search_tables`: two
+    look-ups and a comparison instead of a search, for every element of `y`."""
+    del table
+    tables = search_tables(name)
+    k = tables.buckets.shape[0] // 2
+    bits = jax.lax.bitcast_convert_type(y, jnp.uint32)
+    magnitude = (bits & 0x7FFFFFFF) >> tables.shift
+    index = jnp.clip(magnitude.astype(jnp.int32) - tables.low, 0, k - 1)
+    key = jnp.where(bits >> 31 == 1, k - 1 - index, k + index)
+    base = jnp.asarray(tables.buckets)[key]
+    up = jnp.asarray(tables.thresholds)[base.astype(jnp.int32)] <= y
+    codes = base + up.astype(jnp.uint8)
+    return jnp.where(jnp.isnan(y), jnp.uint8(0), codes)
 
 
 def _blocks(x: Array, block_size: int) -> Array:
@@ -169,7 +257,11 @@ def quantize(x: Array, map_name: str, block_size: int) -> QuantizedArray:
         scale = absmax / float(jnp.finfo(jnp.float8_e4m3fn).max)
         codes = (blocks / scale[:, None]).astype(jnp.float8_e4m3fn)
         return QuantizedArray(codes, scale, tuple(x.shape), jnp.float32, map_name)
-    codes = _nearest_code(blocks / absmax[:, None], code_map(map_name))
+    # The reciprocal, as XLA rewrites `blocks / absmax` anyway: one rounding more
+    # than torch's division, spelled out so that the native kernel does the same.
+    codes = _nearest_code(
+        blocks * (1.0 / absmax)[:, None], code_map(map_name), map_name
+    )
     if map_name in _PACKED:  # two 4-bit codes per byte
         codes = (codes[:, 0::2] << 4) | codes[:, 1::2]
     return QuantizedArray(codes, absmax, tuple(x.shape), jnp.float32, map_name)

@@ -1,0 +1,423 @@
+// eqxopt's step kernel for leaves with block-wise quantized moments (8-bit and
+// 4-bit `QuantizedArray`s), called through `jax.ffi`.
+//
+// Compiled as one translation unit after `elementwise.cc` (its registry of rule
+// functions and its thread pool are reused). For each chunk of a leaf (the least
+// common multiple of its moments' block sizes) the handler dequantizes the codes
+// into a buffer the size of the chunk (`map[code] * absmax`), runs the rule's
+// generated function on it (the one `_fused.py` writes for float32 leaves), takes
+// each block's absmax of the new moments and stores them again, with the codes
+// torchao's binary search gives, found by `_storage.search_tables`' two look-ups.
+// Codes and scales are written over the old ones: a leaf's moments never exist as
+// float32 arrays the size of the leaf.
+//
+// Arguments: `scalars`, then `g` and `p` (float32, n elements), then per moment
+// either its float32 values (n) or, quantized, five buffers: `codes` (uint8
+// (blocks, block) or (blocks, block / 2) for 4-bit), `absmax` (float32, blocks), the
+// map (float32, 256 or 16 entries), the buckets (int32, `_quantized.search_entries`)
+// and their `shift` and `low` (int32[2]). Results: the rule's first
+// output (float32, n), then per moment its values, or its codes and absmax.
+
+#include <cmath>
+#include <numeric>
+#include <string>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+struct QuantizedMoment {
+  bool quantized = false;
+  const float* values_in = nullptr;
+  float* values_out = nullptr;
+  const uint8_t* codes_in = nullptr;
+  uint8_t* codes_out = nullptr;
+  const float* absmax_in = nullptr;
+  float* absmax_out = nullptr;
+  const float* map = nullptr;
+  const int32_t* buckets = nullptr;
+  int64_t levels = 0, block = 0, n_blocks = 0, n_buckets = 0;
+  int shift = 0;
+  int32_t low = 0;
+  bool packed = false;
+};
+
+// torchao's code for `y` (`_quantized.search_entries`), from a moment's tables
+// copied into locals (stores through `uint8_t*` may alias anything, so members
+// would be read again for every element).
+struct Search {
+  const int32_t* buckets;
+  int32_t k, shift, start, last, mask;
+
+  explicit Search(const QuantizedMoment& m)
+      : buckets(m.buckets), k(static_cast<int32_t>(m.n_buckets / 2)), shift(m.shift),
+        start(m.low << m.shift),
+        last(static_cast<int32_t>((m.n_buckets / 2) << m.shift) - 1),
+        mask((1 << m.shift) - 1) {}
+
+  inline uint32_t operator()(float y) const {
+    int32_t bits;
+    std::memcpy(&bits, &y, sizeof bits);
+    int32_t rel = (bits & 0x7FFFFFFF) - start;
+    rel = rel < 0 ? 0 : (rel > last ? last : rel);
+    const int32_t index = rel >> shift;
+    const bool negative = bits < 0;
+    const int32_t key = negative ? k - 1 - index : k + index;
+    const int32_t within = negative ? mask - (rel & mask) : rel & mask;
+    const uint32_t entry = static_cast<uint32_t>(buckets[key]);
+    const int32_t offset = static_cast<int32_t>(entry & 0xFFFFFF);
+    const uint32_t code = (entry >> 24) + (within >= offset ? 1u : 0u);
+    return y != y ? 0u : code;
+  }
+};
+
+// XLA's maximum: NaN if either is.
+inline float NanMax(float a, float b) { return (a > b || a != a) ? a : b; }
+
+// `out[i] = code(x[i] * inverse)` for i < n.
+void Codes(const Search& code, const float* x, int64_t n, float inverse,
+           uint8_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = code(x[i] * inverse);
+}
+
+#if defined(__x86_64__)
+// The same, eight at a time (AVX2 gathers from the tables).
+__attribute__((target("avx2"))) void CodesAvx2(const Search& code, const float* x,
+                                               int64_t n, float inverse,
+                                               uint8_t* out) {
+  const __m256 scale = _mm256_set1_ps(inverse);
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+  const __m128i shift = _mm_cvtsi32_si128(code.shift);
+  const __m256i start = _mm256_set1_epi32(code.start);
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i last = _mm256_set1_epi32(code.last);
+  const __m256i mask = _mm256_set1_epi32(code.mask);
+  const __m256i k = _mm256_set1_epi32(code.k);
+  const __m256i k1 = _mm256_set1_epi32(code.k - 1);
+  const __m256i offsets = _mm256_set1_epi32(0xFFFFFF);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i), scale);
+    const __m256i bits = _mm256_castps_si256(y);
+    __m256i rel = _mm256_sub_epi32(_mm256_and_si256(bits, magnitude), start);
+    rel = _mm256_min_epi32(_mm256_max_epi32(rel, zero), last);
+    const __m256i index = _mm256_srl_epi32(rel, shift);
+    const __m256i negative = _mm256_srai_epi32(bits, 31);
+    const __m256i key = _mm256_blendv_epi8(_mm256_add_epi32(k, index),
+                                           _mm256_sub_epi32(k1, index), negative);
+    // mask - w is w ^ mask for w <= mask.
+    const __m256i within = _mm256_xor_si256(_mm256_and_si256(rel, mask),
+                                            _mm256_and_si256(negative, mask));
+    const __m256i entry = _mm256_i32gather_epi32(code.buckets, key, 4);
+    // `below` is -1 where within < offset (no rounding up); NaN: code 0.
+    const __m256i below =
+        _mm256_cmpgt_epi32(_mm256_and_si256(entry, offsets), within);
+    const __m256i up = _mm256_add_epi32(below, _mm256_set1_epi32(1));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(y, y, _CMP_UNORD_Q));
+    const __m256i codes = _mm256_andnot_si256(
+        nan, _mm256_add_epi32(_mm256_srli_epi32(entry, 24), up));
+    const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(codes),
+                                           _mm256_extracti128_si256(codes, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packus_epi16(words, words));
+  }
+  for (; i < n; ++i) out[i] = code(x[i] * inverse);
+}
+
+// `out[i] = map[codes[i]] * scale` for i < n, eight at a time.
+__attribute__((target("avx2"))) void DecodeAvx2(const float* map, const uint8_t* codes,
+                                                int64_t n, float scale, float* out) {
+  const __m256 s = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i));
+    const __m256 values = _mm256_i32gather_ps(map, _mm256_cvtepu8_epi32(bytes), 4);
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(values, s));
+  }
+  for (; i < n; ++i) out[i] = map[codes[i]] * scale;
+}
+
+// The largest of `bits[i] & 0x7FFFFFFF` (|x| as an integer), i < n.
+__attribute__((target("avx2"))) int32_t LargestAvx2(const float* x, int64_t n) {
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256i largest = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+    largest = _mm256_max_epi32(largest, _mm256_and_si256(bits, magnitude));
+  }
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), largest);
+  int32_t result = 0;
+  for (int32_t lane : lanes) result = lane > result ? lane : result;
+  for (; i < n; ++i) {
+    int32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    bits &= 0x7FFFFFFF;
+    result = bits > result ? bits : result;
+  }
+  return result;
+}
+
+const bool kAvx2 = __builtin_cpu_supports("avx2");
+#else
+const bool kAvx2 = false;
+#endif
+
+// The largest |x[i]| as its bits (a NaN's are larger than any number's).
+int32_t Largest(const float* x, int64_t n) {
+#if defined(__x86_64__)
+  if (kAvx2) return LargestAvx2(x, n);
+#endif
+  int32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    bits &= 0x7FFFFFFF;
+    largest = bits > largest ? bits : largest;
+  }
+  return largest;
+}
+
+void Encode(const Search& code, const float* x, int64_t n, float inverse,
+            uint8_t* out) {
+#if defined(__x86_64__)
+  if (kAvx2) return CodesAvx2(code, x, n, inverse, out);
+#endif
+  Codes(code, x, n, inverse, out);
+}
+
+void Decode(const float* map, const uint8_t* codes, int64_t n, float scale,
+            float* out) {
+#if defined(__x86_64__)
+  if (kAvx2) return DecodeAvx2(map, codes, n, scale, out);
+#endif
+  for (int64_t i = 0; i < n; ++i) out[i] = map[codes[i]] * scale;
+}
+
+// The values of moment `m` for the leaf's elements [begin, begin + valid) (begin
+// is a multiple of its block size), into `out`.
+void Load(const QuantizedMoment& m, float* out, int64_t begin, int64_t valid) {
+  const float* map = m.map;
+  const int64_t block = m.block;
+  for (int64_t start = 0; start < valid; start += block) {
+    const float scale = m.absmax_in[(begin + start) / block];
+    const int64_t count = std::min(block, valid - start);
+    float* x = out + start;
+    if (!m.packed) {
+      Decode(map, m.codes_in + begin + start, count, scale, x);
+    } else {
+      const uint8_t* codes = m.codes_in + (begin + start) / 2;
+      for (int64_t i = 0; i + 1 < count; i += 2) {
+        const uint8_t byte = codes[i / 2];
+        x[i] = map[byte >> 4] * scale;
+        x[i + 1] = map[byte & 0xF] * scale;
+      }
+      if (count % 2) x[count - 1] = map[codes[(count - 1) / 2] >> 4] * scale;
+    }
+  }
+}
+
+// Stores the new values of moment `m` for the leaf's elements [begin, begin +
+// valid) (the chunk's `values`; the rest of the chunk's last block is the zero
+// padding of the leaf's last block).
+void Store(const QuantizedMoment& m, const float* values, int64_t begin,
+           int64_t valid, int64_t chunk, uint8_t* scratch) {
+  const Search code(m);
+  const int64_t block = m.block;
+  for (int64_t start = 0; start < chunk; start += block) {
+    const int64_t b = (begin + start) / block;
+    if (b >= m.n_blocks) break;
+    const int64_t real = std::min<int64_t>(block, valid - start);
+    const float* x = values + start;
+    // The largest |x| (a NaN if there is one), as XLA's maximum.
+    const int32_t largest = Largest(x, real);
+    float amax;
+    std::memcpy(&amax, &largest, sizeof amax);
+    amax = NanMax(amax, 1e-12f);
+    m.absmax_out[b] = amax;
+    const float inverse = 1.0f / amax;
+    uint8_t* codes = m.packed ? scratch : m.codes_out + b * block;
+    Encode(code, x, real, inverse, codes);
+    const uint8_t pad = code(0.0f * inverse);
+    for (int64_t i = real; i < block; ++i) codes[i] = pad;
+    if (m.packed) {
+      uint8_t* out = m.codes_out + b * (block / 2);
+      for (int64_t i = 0; i < block; i += 2) {
+        out[i / 2] = static_cast<uint8_t>((codes[i] << 4) | codes[i + 1]);
+      }
+    }
+  }
+}
+
+ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
+                     ffi::RemainingRets rets, int64_t kernel, int64_t n_moments) {
+  KernelFn fn = lookup(kernel);
+  if (fn == nullptr) {
+    return ffi::Error::Internal(
+        "eqxopt: quantized-state kernel not loaded in this process (the step was "
+        "compiled elsewhere); call eqxopt.set_native_kernels(False) or retrace");
+  }
+  auto bad = [](const char* what) {
+    return ffi::Error::InvalidArgument(std::string("eqxopt: quantized step: ") + what);
+  };
+  if (n_moments < 0 || n_moments > 8 || args.size() < 2 ||
+      static_cast<int64_t>(rets.size()) < 1 + n_moments) {
+    return bad("argument counts do not match");
+  }
+  auto arg = [&](size_t i) { return args.get<ffi::AnyBuffer>(i); };
+  auto ret = [&](size_t i) { return rets.get<ffi::AnyBuffer>(i); };
+  auto g = arg(0), p = arg(1);
+  auto out0 = ret(0);
+  if (!g.has_value() || !p.has_value() || !out0.has_value() ||
+      g->element_type() != ffi::F32 || p->element_type() != ffi::F32 ||
+      (*out0)->element_type() != ffi::F32) {
+    return bad("g, p and the first result must be float32");
+  }
+  const int64_t n = static_cast<int64_t>(g->element_count());
+  if (static_cast<int64_t>(p->element_count()) != n ||
+      static_cast<int64_t>((*out0)->element_count()) != n) {
+    return bad("g, p and the first result differ in size");
+  }
+  std::vector<QuantizedMoment> moments(n_moments);
+  size_t a = 2, r = 1;
+  int64_t chunk = 1, n_quantized = 0;
+  for (int64_t k = 0; k < n_moments; ++k) {
+    QuantizedMoment& m = moments[k];
+    auto first = arg(a);
+    if (!first.has_value()) return bad("missing moment");
+    if (first->element_type() == ffi::F32) {
+      auto out = ret(r);
+      if (!out.has_value() || (*out)->element_type() != ffi::F32 ||
+          static_cast<int64_t>(first->element_count()) != n ||
+          static_cast<int64_t>((*out)->element_count()) != n) {
+        return bad("a float32 moment must match the leaf");
+      }
+      m.values_in = static_cast<const float*>(first->untyped_data());
+      m.values_out = static_cast<float*>((*out)->untyped_data());
+      a += 1;
+      r += 1;
+      continue;
+    }
+    auto absmax = arg(a + 1), map = arg(a + 2), buckets = arg(a + 3),
+         geometry = arg(a + 4);
+    auto codes_out = ret(r), absmax_out = ret(r + 1);
+    if (!absmax.has_value() || !map.has_value() || !buckets.has_value() || !geometry.has_value() || !codes_out.has_value() ||
+        !absmax_out.has_value() || geometry->element_type() != ffi::S32 ||
+        geometry->element_count() != 2 ||
+        first->element_type() != ffi::U8 || absmax->element_type() != ffi::F32 ||
+        map->element_type() != ffi::F32 ||
+        buckets->element_type() != ffi::S32 ||
+        (*codes_out)->element_type() != ffi::U8 ||
+        (*absmax_out)->element_type() != ffi::F32 || first->dimensions().size() != 2) {
+      return bad("a quantized moment's buffers have the wrong types");
+    }
+    m.quantized = true;
+    m.levels = static_cast<int64_t>(map->element_count());
+    m.packed = m.levels == 16;
+    m.n_blocks = first->dimensions()[0];
+    m.block = first->dimensions()[1] * (m.packed ? 2 : 1);
+    m.n_buckets = static_cast<int64_t>(buckets->element_count());
+    const int32_t* shift_low = static_cast<const int32_t*>(geometry->untyped_data());
+    m.shift = shift_low[0];
+    m.low = shift_low[1];
+    if ((m.levels != 256 && m.levels != 16) ||
+        m.block <= 0 || m.n_blocks != (n + m.block - 1) / m.block ||
+        static_cast<int64_t>(absmax->element_count()) != m.n_blocks ||
+        (*codes_out)->element_count() != first->element_count() ||
+        static_cast<int64_t>((*absmax_out)->element_count()) != m.n_blocks ||
+        m.n_buckets < 2 || m.n_buckets % 2 != 0 || m.shift < 0 || m.shift > 23 ||
+        m.low < 0 || (int64_t{m.low} << m.shift) >= (int64_t{1} << 31) ||
+        ((m.n_buckets / 2) << m.shift) >= (int64_t{1} << 31)) {
+      return bad("a quantized moment's buffers have the wrong sizes");
+    }
+    m.codes_in = static_cast<const uint8_t*>(first->untyped_data());
+    m.absmax_in = static_cast<const float*>(absmax->untyped_data());
+    m.map = static_cast<const float*>(map->untyped_data());
+    m.buckets = static_cast<const int32_t*>(buckets->untyped_data());
+    m.codes_out = static_cast<uint8_t*>((*codes_out)->untyped_data());
+    m.absmax_out = static_cast<float*>((*absmax_out)->untyped_data());
+    chunk = std::lcm(chunk, m.block);
+    if (chunk > (1 << 20)) return bad("the moments' block sizes are too far apart");
+    ++n_quantized;
+    a += 5;
+    r += 2;
+  }
+  if (a != args.size() || r != rets.size()) return bad("argument counts do not match");
+
+  const float* s = scalars.typed_data();
+  const float* g_data = static_cast<const float*>(g->untyped_data());
+  const float* p_data = static_cast<const float*>(p->untyped_data());
+  float* out_data = static_cast<float*>((*out0)->untyped_data());
+  const int64_t n_chunks = (n + chunk - 1) / chunk;
+
+  // Chunks [first, last) on one thread, with its own buffers.
+  auto run = [&](int64_t first, int64_t last) {
+    std::vector<float> buffer(2 * n_quantized * chunk);
+    std::vector<uint8_t> scratch(chunk);
+    std::vector<const float*> in(2 + n_moments);
+    std::vector<float*> out(1 + n_moments);
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t begin = c * chunk, valid = std::min(chunk, n - begin);
+      in[0] = g_data + begin;
+      in[1] = p_data + begin;
+      out[0] = out_data + begin;
+      int64_t q = 0;
+      for (int64_t k = 0; k < n_moments; ++k) {
+        const QuantizedMoment& m = moments[k];
+        if (!m.quantized) {
+          in[2 + k] = m.values_in + begin;
+          out[1 + k] = m.values_out + begin;
+          continue;
+        }
+        float* old = buffer.data() + (2 * q) * chunk;
+        Load(m, old, begin, valid);
+        in[2 + k] = old;
+        out[1 + k] = old + chunk;
+        ++q;
+      }
+      fn(in.data(), out.data(), s, valid);
+      for (int64_t k = 0; k < n_moments; ++k) {
+        if (moments[k].quantized) {
+          Store(moments[k], out[1 + k], begin, valid, chunk, scratch.data());
+        }
+      }
+    }
+  };
+
+  int64_t n_tasks = 1;
+  if (n >= kParallelThreshold) {
+    n_tasks = std::max<int64_t>(
+        1, std::min<int64_t>({pool().size(), n / kPerThread, n_chunks}));
+  }
+  if (n_tasks == 1) {
+    run(0, n_chunks);
+    return ffi::Error::Success();
+  }
+  const int64_t per = (n_chunks + n_tasks - 1) / n_tasks;
+#ifdef EQXOPT_HAS_MXCSR
+  const unsigned int mxcsr = _mm_getcsr();
+#endif
+  pool().Run(n_tasks, [&](int64_t task) {
+#ifdef EQXOPT_HAS_MXCSR
+    const unsigned int saved = _mm_getcsr();
+    _mm_setcsr(mxcsr);
+#endif
+    run(std::min(n_chunks, task * per), std::min(n_chunks, (task + 1) * per));
+#ifdef EQXOPT_HAS_MXCSR
+    _mm_setcsr(saved);
+#endif
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+// Attributes are declared in name order, as XLA passes them.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptQuantized, Quantized,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("kernel")
+                                  .Attr<int64_t>("n_moments"));

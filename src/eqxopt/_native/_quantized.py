@@ -1,0 +1,299 @@
+"""Native steps of leaves whose moments are block-wise quantized (8-bit and 4-bit
+`QuantizedArray`s): the dequantize, the rule and the quantize in one pass.
+
+XLA's code for such a leaf dequantizes every moment into a float32 array the size
+of the leaf, runs the rule, and quantizes the new moments (a block's absmax is a
+reduction, then a search per element), so a step with 8-bit state moved more bytes
+and did more work than one with float32 state. Here one custom call per leaf
+(`_kernels/quantized.cc`) walks the leaf in chunks of a few blocks: it dequantizes
+the chunk's codes into a small buffer, runs the rule's C function (the one
+`_fused.py` writes for float32 leaves), and stores each block's absmax and codes
+over the old ones. The codes are torchao's (`_storage.search_tables` gives the
+binary search's result by two look-ups), and every float operation is XLA's
+(`_storage.quantize` multiplies by the absmax's reciprocal as XLA's own rewrite of
+the division does), so the state is bit for bit what XLA's code makes.
+
+Used where the float32 kernels are (`_ffi.usable()`, steps that write in place),
+on float32 leaves whose moments are float32 or 8-bit/4-bit quantized (fp8 moments,
+and anything else, keep XLA's code). Programs being exported and other platforms
+get the same computation as XLA operations (`_ffi.ffi_or_xla`); derivatives go
+through those too.
+"""
+
+import ctypes
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._core import _storage
+from . import _build, _ffi, _fused
+
+_SOURCE = Path(__file__).parent / "_kernels" / "quantized.cc"
+_TARGET = "eqxopt_quantized"
+# The maps the kernel reads (fp8 codes are floats: XLA's code).
+_MAPS = ("dynamic8_signed", "dynamic8_unsigned", "dynamic4_signed", "linear4_unsigned")
+_F32 = jnp.dtype(jnp.float32)
+
+
+_failed: list[BaseException] = []
+
+
+def _library() -> ctypes.CDLL:
+    """The handler for quantized leaves, built once (a failure is kept)."""
+    if _failed:
+        raise _failed[0]
+    try:
+        return _build_library()
+    except Exception as error:
+        _failed.append(error)
+        raise
+
+
+@functools.cache
+def _build_library() -> ctypes.CDLL:
+    """`quantized.cc` compiled after `elementwise.cc` (whose registry and thread
+    pool it uses)."""
+    if _build.handler() is None:  # the element-wise handler: built, or no compiler
+        raise _build.NativeBuildError("the FFI handler is not available")
+    # No -ffast-math: floats round as XLA's do.
+    flags = ["-O3", "-std=c++17", "-w", "-pthread", f"-I{jax.ffi.include_dir()}"]
+    source = _build._SOURCE.read_text() + "\n" + _SOURCE.read_text()
+    lib = _build._load("eqxopt_quantized", source, flags, "EqxoptQuantized")
+    lib.eqxopt_register_kernel.argtypes = [ctypes.c_int64, ctypes.c_void_p]
+    lib.eqxopt_register_kernel.restype = None
+    lib.eqxopt_set_num_threads.argtypes = [ctypes.c_int64]
+    lib.eqxopt_set_num_threads.restype = None
+    lib.eqxopt_set_num_threads(_build.env_threads())
+    capsule = jax.ffi.pycapsule(lib.EqxoptQuantized)
+    jax.ffi.register_ffi_target(_TARGET, capsule, platform="cpu")
+    return lib
+
+
+_registered: set[int] = set()
+
+
+def _load(program: _fused.Program) -> int:
+    """`program`'s kernel, built and registered with this handler too;
+    `Unsupported` if either fails."""
+    kernel_id = _fused.load(program)
+    if kernel_id not in _registered:
+        try:
+            lib = _library()
+        except Exception as error:  # no compiler, a full disk: XLA's code
+            _build.warn_once(error)
+            raise _fused.Unsupported(f"not built: {error}") from error
+        kernel = _build._kernels[kernel_id]
+        address = ctypes.cast(kernel.eqxopt_kernel, ctypes.c_void_p).value
+        lib.eqxopt_register_kernel(kernel_id, address)
+        _registered.add(kernel_id)
+    return kernel_id
+
+
+class _Layout(NamedTuple):
+    """A moment of the leaf: `None` for float32, else its map, block and shape."""
+
+    map_name: str
+    block_size: int
+    shape: tuple[int, ...]
+
+
+@dataclasses.dataclass(eq=False)
+class _Spec:
+    """Static data of one call (hashed by identity)."""
+
+    program: _fused.Program
+    layouts: tuple[_Layout | None, ...]
+    kernel_id: int
+    aliases: tuple[tuple[int, int], ...]
+
+
+@functools.cache
+def search_entries(map_name: str) -> np.ndarray:
+    """`_storage.search_tables(map_name)` as one int32 per bucket, for one look-up
+    per element: `base << 24 | offset`, where the code of `y` in the bucket is
+    `base + (within >= offset)` and `within` is `y`'s place in its bucket (the low
+    `shift` bits of its magnitude above `low << shift`, reversed for negative `y`,
+    whose order is the reverse of their magnitudes'); `offset` is the threshold's
+    place, or `2**shift` (never reached) in a bucket without one. (Magnitudes
+    under `low << shift` read as the first bucket's start, which lies strictly
+    below the least threshold: `search_tables`.)"""
+    tables = _storage.search_tables(map_name)
+    k = tables.buckets.shape[0] // 2
+    mask = (1 << tables.shift) - 1
+    entries = np.empty(2 * k, np.int64)
+    for key in range(2 * k):
+        base = int(tables.buckets[key])
+        negative = key < k
+        index = k - 1 - key if negative else key - k
+        offset = mask + 1
+        threshold = tables.thresholds[base]
+        # The bucket holds its code's threshold if the code rounds up inside it.
+        if not np.isnan(threshold) and (threshold < 0) == negative and threshold != 0:
+            rel = int(np.abs(threshold).view(np.uint32)) - (tables.low << tables.shift)
+            if max(rel, 0) >> tables.shift == index:
+                within = max(rel, 0) & mask
+                offset = mask - within if negative else within
+        entries[key] = base << 24 | offset
+    assert tables.shift <= 23 and np.all(entries < 2**32)
+    return entries.astype(np.uint32).view(np.int32)  # read as uint32
+
+
+def _constants(map_name: str) -> list[jax.Array]:
+    tables = _storage.search_tables(map_name)
+    return [
+        jnp.asarray(_storage.code_map(map_name)),
+        jnp.asarray(search_entries(map_name)),
+        jnp.asarray([tables.shift, tables.low], jnp.int32),
+    ]
+
+
+def _xla(scalars: jax.Array, g: jax.Array, p: jax.Array, *args: Any, static: _Spec):
+    """The call as XLA operations: what the engine's own code computes."""
+    moments, position = [], 0
+    for layout in static.layouts:
+        if layout is None:
+            moments.append(args[position])
+            position += 1
+        else:
+            codes, absmax = args[position : position + 2]
+            stored = _storage.QuantizedArray(
+                codes, absmax, layout.shape, jnp.float32, layout.map_name
+            )
+            moments.append(stored.dequantize())
+            position += 5
+    outs = _fused.reference(static.program, scalars, g, p, *moments)
+    results = [outs[0]]
+    for layout, value in zip(static.layouts, outs[1:]):
+        if layout is None:
+            results.append(value)
+        else:
+            stored = _storage.quantize(value, layout.map_name, layout.block_size)
+            results.extend([stored.codes, stored.absmax])
+    return results
+
+
+@functools.cache
+def _primitive() -> Any:
+    return _ffi.ffi_or_xla(_TARGET, _xla)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _call(spec: _Spec, *args: jax.Array) -> list:
+    return _primitive().bind(
+        *args,
+        static=spec,
+        aliases=spec.aliases,
+        attributes=(
+            ("kernel", np.int64(spec.kernel_id)),
+            ("n_moments", np.int64(len(spec.layouts))),
+        ),
+    )
+
+
+@_call.defjvp
+def _call_jvp(spec: _Spec, primals: tuple, tangents: tuple) -> tuple:
+    return jax.jvp(functools.partial(_xla, static=spec), primals, tangents)
+
+
+def supported(stored: Any) -> bool:
+    """Whether the kernel takes a moment stored like this."""
+    return isinstance(stored, _storage.QuantizedArray) and (
+        stored.map_name in _MAPS and jnp.dtype(stored.dtype) == _F32
+    )
+
+
+@dataclasses.dataclass
+class Kernels:
+    """As `_fused.Kernels`, for leaves with at least one quantized moment: runs
+    `rule(g, p, *moments[, flag])` on each leaf `add`ed as one in-place call;
+    `finish()` gives each leaf's `_fused.Result` (the update with `applying`
+    unset, else the new parameter), its quantized moments as `QuantizedArray`s."""
+
+    rule: Callable[..., Any]
+    n_moments: int
+    applying: bool
+    grads: Sequence[Any]
+    rules: dict[tuple, _fused.Rule] = dataclasses.field(
+        default_factory=dict, init=False
+    )
+    results: dict[int, _fused.Result] = dataclasses.field(
+        default_factory=dict, init=False
+    )
+    before: list[list[Any]] = dataclasses.field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        previous: list[Any] = []
+        for g in self.grads:
+            self.before.append(previous)
+            if g is not None:
+                previous = [*previous, g][-_fused._WAIT_FOR :]
+
+    def takes(self, g: Any, p: Any, old: Sequence[Any]) -> bool:
+        if g is None or g.dtype != _F32 or p.dtype != _F32 or g.shape != p.shape:
+            return False
+
+        def fits(m: Any) -> bool:
+            if _storage.is_quantized(m):
+                return supported(m) and m.shape == tuple(p.shape)
+            return m is not None and m.dtype == _F32 and m.shape == p.shape
+
+        return any(map(supported, old)) and all(map(fits, old))
+
+    def add(self, index: int, g: Any, p: Any, old: Sequence[Any], flag: tuple) -> None:
+        """Runs leaf `index` now; `Unsupported` (nothing run) if the rule cannot."""
+        if flag not in self.rules:
+            self.rules[flag] = _fused.Rule(self.rule, 2 + self.n_moments, flag)
+        rule = self.rules[flag]
+        rule.check(tuple(p.shape))
+        program = rule.program("step" if self.applying else "update")
+        kernel_id = _load(program)
+        layouts: list[_Layout | None] = []
+        args: list[Any] = [g, p]
+        aliases = {2: 0} if self.applying else {}
+        outputs = 1
+        for m in old:
+            if _storage.is_quantized(m):
+                layouts.append(_Layout(m.map_name, m.block_size, m.shape))
+                # Argument 0 is the scalar vector.
+                aliases[len(args) + 1] = outputs
+                aliases[len(args) + 2] = outputs + 1
+                args += [m.codes, m.absmax, *_constants(m.map_name)]
+                outputs += 2
+            else:
+                layouts.append(None)
+                aliases[len(args) + 1] = outputs
+                args.append(m)
+                outputs += 1
+        vector = program.vector
+        if self.before[index]:
+            vector = jnp.concatenate(
+                [vector, *map(_fused.order_after, self.before[index])]
+            )
+        spec = _Spec(program, tuple(layouts), kernel_id, tuple(aliases.items()))
+        outs = _call(spec, vector, *args)
+        first, position, moments = outs[0], 1, []
+        for layout in layouts:
+            if layout is None:
+                moments.append(outs[position])
+                position += 1
+            else:
+                codes, absmax = outs[position : position + 2]
+                moments.append(
+                    _storage.QuantizedArray(
+                        codes, absmax, layout.shape, jnp.float32, layout.map_name
+                    )
+                )
+                position += 2
+        if self.applying:
+            self.results[index] = _fused.Result(first, first, moments)
+        else:
+            self.results[index] = _fused.Result(first, None, moments)
+
+    def finish(self) -> dict[int, _fused.Result]:
+        return self.results

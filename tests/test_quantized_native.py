@@ -1,0 +1,216 @@
+"""Quantized moments in the native backend (`_native/_quantized.py`): torchao's codes
+by look-up tables (`_storage.search_tables`) against the binary search, the native
+pass's codes, scales and updates against XLA's code, and the donated step's
+temporaries."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqxopt
+from eqxopt._core import _leafwise, _seam, _storage
+from eqxopt._native import _quantized
+from helpers import assert_moved
+
+MAPS = ["dynamic8_signed", "dynamic8_unsigned", "dynamic4_signed", "linear4_unsigned"]
+
+
+@pytest.mark.parametrize("name", MAPS)
+def test_lookup_codes_are_the_binary_searchs(name):
+    # Every threshold and map entry and their float32 neighbours, special values,
+    # values of every magnitude, and a stride through all float32 bit patterns.
+    table = _storage.code_map(name)
+    tables = _storage.search_tables(name)
+    edges = np.concatenate([tables.thresholds[:-1], table])
+    rng = np.random.default_rng(0)
+    parts = [
+        edges,
+        np.nextafter(edges, np.float32(-2)),
+        np.nextafter(edges, np.float32(2)),
+        [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 2.0, -2.0],
+        rng.uniform(-1.1, 1.1, 20000),
+        rng.standard_normal(20000) * np.exp(rng.uniform(-40, 0, 20000)),
+        np.arange(0, 2**32, 65537, dtype=np.uint64).astype(np.uint32).view(np.float32),
+    ]
+    y = np.concatenate([np.asarray(x, np.float32) for x in parts[:-1]] + parts[-1:])
+    search = jax.jit(lambda y: _storage._nearest_code_search(y, table))(y)
+    lookup = jax.jit(lambda y: _storage._nearest_code(y, table, name))(y)
+    np.testing.assert_array_equal(np.asarray(lookup), np.asarray(search))
+    # The native kernel's one-look-up form holds one threshold per bucket.
+    entries = _quantized.search_entries(name).view(np.uint32)
+    assert np.all(entries >> 24 < table.size)
+
+
+def _exact_rule(g, p, m, v):
+    # No choice of FMA (XLA contracts a multiply whose one user is an add; a
+    # dequantized moment is itself a product `map[code] * absmax`, so `m` is
+    # scaled first) and no division (XLA:CPU's is not always correctly rounded):
+    # every float operation rounds the same way in both.
+    m = 0.5 * m - g
+    v = jnp.maximum(v, jnp.abs(g))
+    return m - v, m, v
+
+
+def _run_leaves(moments, grads, params, in_place):
+    # The engine on a custom element-wise rule, as a donated step traces it
+    # (`in_place`: the native kernels may run) or not (XLA's code).
+    def run(grads, params, moments):
+        return _seam.traced(
+            lambda: _leafwise.map_leaves(
+                _exact_rule, grads, params, moments, elementwise=True
+            ),
+            in_place=in_place,
+        )
+
+    fn = jax.jit(run, donate_argnums=(2,) if in_place else ())
+    return fn(grads, params, moments)
+
+
+def _copy(tree):
+    return jax.tree.map(jnp.copy, tree)
+
+
+@pytest.mark.needs_compiler
+def test_native_codes_scales_and_updates_equal_xlas():
+    rng = np.random.default_rng(1)
+    # Padded last blocks (5000, 700), mixed maps and block sizes in one leaf, a
+    # float32 moment beside a quantized one, a NaN.
+    params = {
+        "a": jnp.zeros(5000),
+        "b": jnp.zeros((7, 100)),
+        "c": jnp.zeros(3000),
+    }
+    q8, q4 = eqxopt.Blockwise8bit(64, 1), eqxopt.Blockwise4bit(32, 1)
+    m_tree = {
+        "a": q8.init_leaf(params["a"], 0.0, False),
+        "b": q4.init_leaf(params["b"], 0.0, False),
+        "c": jnp.zeros(3000),
+    }
+    v_tree = {
+        "a": q4.init_leaf(params["a"], 0.0, True),
+        "b": q8.init_leaf(params["b"], 0.0, True),
+        "c": q8.init_leaf(params["c"], 0.0, True),
+    }
+    state = {"native": (m_tree, v_tree), "xla": (m_tree, v_tree)}
+    for step in range(4):
+        grads = jax.tree.map(
+            lambda p: jnp.asarray(
+                rng.standard_normal(p.shape) * np.exp(rng.uniform(-6, 0, p.shape)),
+                jnp.float32,
+            ),
+            params,
+        )
+        if step == 2:
+            grads["c"] = grads["c"].at[5].set(jnp.nan)
+        native_updates, native = _run_leaves(
+            _copy(state["native"]), grads, params, True
+        )
+        xla_updates, xla = _run_leaves(_copy(state["xla"]), grads, params, False)
+        for a, b in zip(
+            jax.tree.leaves((native_updates, native)),
+            jax.tree.leaves((xla_updates, xla)),
+        ):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        state = {"native": native, "xla": xla}
+    # The moments moved: codes of every kind, not all zero.
+    codes = np.asarray(state["native"][0]["a"].codes)
+    assert len(np.unique(codes)) > 100
+    assert np.isnan(np.asarray(state["native"][1]["c"].absmax)).sum() == 1
+
+
+def _steps(opt, params, grads, native):
+    eqxopt.set_native_kernels(native)
+    try:
+        p, s = _copy(params), opt.init(params)
+        for g in grads:
+            p, s = opt.step(g, s, p, donate=True)
+        return p, s
+    finally:
+        eqxopt.set_native_kernels(True)
+
+
+@pytest.mark.needs_compiler
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: eqxopt.AdamW(
+            1e-2, mu_dtype=eqxopt.Blockwise8bit(), nu_dtype=eqxopt.Blockwise8bit()
+        ),
+        lambda: eqxopt.AdamW(
+            1e-2, mu_dtype=eqxopt.Blockwise4bit(), nu_dtype=eqxopt.Blockwise4bit()
+        ),
+        lambda: eqxopt.Lion(1e-3, mu_dtype=eqxopt.Blockwise8bit()),
+    ],
+    ids=["adamw8", "adamw4", "lion8"],
+)
+def test_engine_optimizers_native_match_xla(make):
+    rng = np.random.default_rng(2)
+    params = {"w": jnp.asarray(rng.standard_normal((40, 128)), jnp.float32)}
+    grads = [
+        {
+            "w": jnp.asarray(
+                (0.3 + rng.standard_normal((40, 128)))
+                * np.exp(rng.uniform(-4, 0, (40, 128))),
+                jnp.float32,
+            )
+        }
+        for _ in range(6)
+    ]
+    opt = make()
+    native_p, native_s = _steps(opt, params, grads, True)
+    xla_p, xla_s = _steps(opt, params, grads, False)
+    assert_moved(params["w"], xla_p["w"], 1e-5, 1e-5, factor=100)
+    # The quantizer is exact (above); the rule's float operations agree to
+    # rounding (XLA contracts `b1 * m + (1 - b1) * g` into an FMA on either
+    # product depending on the fusion), so a code can land one step of the map
+    # away: then its element's update differs by a fraction of lr.
+    diff = np.abs(np.asarray(native_p["w"]) - np.asarray(xla_p["w"]))
+    assert diff.max() <= 0.3 * 1e-2 and np.mean(diff > 1e-6) <= 0.01
+    for a, b in zip(jax.tree.leaves(native_s), jax.tree.leaves(xla_s)):
+        if a.dtype == jnp.uint8:
+            assert np.mean(np.asarray(a) == np.asarray(b)) >= 0.99
+        else:
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-2)
+
+
+@pytest.mark.needs_compiler
+@pytest.mark.parametrize("storage", [eqxopt.Blockwise8bit(), eqxopt.Blockwise4bit()])
+def test_donated_step_has_no_float32_moment_temporaries(storage):
+    n = 1 << 20
+    params = jnp.zeros(n)
+    opt = eqxopt.AdamW(1e-3, mu_dtype=storage, nu_dtype=storage)
+    state = opt.init(params)
+
+    def step(p, s, g):
+        return opt.step(g, s, p, donate=True)
+
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, params)
+    compiled = compiled.compile()
+    assert "eqxopt_quantized" in compiled.as_text()
+    # The codes and scales are written in place: a few scalars of temporaries.
+    assert compiled.memory_analysis().temp_size_in_bytes < 4096
+
+
+@pytest.mark.needs_compiler
+def test_exported_and_differentiated_steps_take_xlas_code():
+    params = jnp.linspace(-1.0, 1.0, 512)
+    q = eqxopt.Blockwise8bit(64, 1)
+    opt = eqxopt.AdamW(1e-2, mu_dtype=q, nu_dtype=q)
+    state = opt.init(params)
+    grads = jnp.cos(params)
+
+    def step(p, s, g):
+        return opt.step(g, s, p, donate=True)
+
+    expected = jax.jit(step)(_copy(params), opt.init(params), grads)
+    exported = jax.export.export(jax.jit(step))(params, state, grads)
+    assert "custom_call @eqxopt" not in exported.mlir_module()
+    got = exported.call(_copy(params), opt.init(params), grads)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    # A derivative through the step (here of the new parameters in the gradient).
+    loss = functools.partial(lambda g: jnp.sum(step(_copy(params), state, g)[0]))
+    assert np.all(np.isfinite(np.asarray(jax.grad(loss)(grads))))
