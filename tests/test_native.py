@@ -252,6 +252,21 @@ def test_a_donated_step_of_a_shape_reading_rule_gives_xla_numbers():
     assert_trees_close(with_native(True, run), expected, rtol=1e-6, atol=0)
 
 
+def test_a_leaf_the_loop_refuses_leaves_the_earlier_ones_native():
+    """A 0-d leaf (where reading the size changes nothing) goes to the loop, then a
+    larger leaf of the same shape-reading rule is refused: the loop still delivers
+    the 0-d leaf's result, and the larger leaf gets XLA's numbers."""
+    params = {"a": jnp.asarray(2.0), "w": jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)}
+    grads = jax.tree.map(lambda x: 0.5 * x + 1.0, params)
+    opt = _SizeScaled()
+
+    def run():
+        return opt.step(grads, opt.init(params), fresh(params), donate=True)[0]
+
+    expected = jax.tree.map(lambda p, g: p - g / g.size, params, grads)
+    assert_trees_close(with_native(True, run), expected, rtol=1e-6, atol=0)
+
+
 def test_large_leaf_split_across_threads_matches_xla():
     n = (1 << 19) + 13  # several threads, and a ragged last range
     params = {"w": jnp.linspace(-1.0, 1.0, n), "b": jnp.ones(5)}

@@ -111,6 +111,7 @@ def map_leaves(
         if native is None
         else _quantized.Kernels(rule, len(moments), apply, grad_leaves)
     )
+    native_open = True
     for i, (g, p) in enumerate(zip(grad_leaves, param_leaves)):
         old = [m[i] for m in moment_leaves]
         if g is None or not is_float_leaf(p):
@@ -129,12 +130,19 @@ def map_leaves(
                 for column in new_moments:
                     column.append(None)
                 continue
-        if native is not None and not quantized and native.takes(g, p, old):
+        if (
+            native_open
+            and native is not None
+            and not quantized
+            and native.takes(g, p, old)
+        ):
             flag = () if flags is None else (flags[i],)
             try:
                 native.add(i, g, p, old, flag)
             except _fused.Unsupported:
-                native = None  # XLA's code for this rule, on every other leaf
+                # XLA's code for this rule on this and every later leaf; the leaves
+                # already queued still get their results from `native.finish()`.
+                native_open = False
             else:
                 updates.append(None)  # filled in by `native.finish()` below
                 for column in new_moments:
