@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_lowbit.py"
 
@@ -31,21 +32,21 @@ def test_corpus_is_the_stdlib_split_by_file():
     np.testing.assert_array_equal(text.valid, again.valid)
 
 
+# About 12 s of CPU (compiling two train steps and the plot): `make test-slow`.
+@pytest.mark.slow
 def test_runs_end_to_end(tmp_path, capsys):
-    # Quantized moments, stochastic rounding on bf16 parameters and the float32
-    # reference, two seeds, a few steps: the JSON, the PNG and the summary table.
-    args = ["--quick", "--steps", "4", "--seeds", "0", "1", "--out", str(tmp_path)]
-    result = lowbit.main([*args, "--configs", "f32", "8bit", "bf16-sr"])
+    # Quantized moments and stochastic rounding on bf16 parameters, two seeds (the
+    # second reuses the compiled steps), a few steps: the JSON, the PNG, the table.
+    args = ["--quick", "--steps", "3", "--seeds", "0", "1", "--out", str(tmp_path)]
+    result = lowbit.main([*args, "--configs", "8bit", "bf16-sr"])
     assert (tmp_path / "lowbit_lm.png").stat().st_size > 0
     saved = json.loads((tmp_path / "lowbit_lm.json").read_text())
-    assert set(saved["runs"]) == {"f32", "8bit", "bf16-sr"}
+    assert set(saved["runs"]) == {"8bit", "bf16-sr"}
     assert saved["quantized_fraction"]["8bit"] > 0.5  # the big matrices really are
-    summary = result["summary"]
-    for name, row in summary.items():
+    for name, row in result["summary"].items():
         assert row["seeds"] == 2, name
         assert np.isfinite(row["mean"]) and row["min"] <= row["mean"] <= row["max"]
-        # Four steps from a uniform guess (log 256 = 5.5 nats per byte).
+        # Three steps from a uniform guess (log 256 = 5.5 nats per byte).
         assert row["mean"] < 5.5, name
-    assert summary["f32"]["ratio_to_f32"] == 1.0
     printed = capsys.readouterr().out
     assert "bf16-sr" in printed and "wrote" in printed
