@@ -1,0 +1,52 @@
+"""examples/train_lowbit.py (low-bit state and bf16 parameters on a byte-level
+language model), run end to end with a tiny model for a few steps."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_lowbit.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("train_lowbit", _SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+lowbit = _load()
+
+
+def test_corpus_is_the_stdlib_split_by_file():
+    text = lowbit.load_text(max_bytes=10_000)
+    assert text.train.dtype == np.uint8 and text.train.size == 10_000
+    assert text.valid_files >= 1 and text.train_files >= 9 * text.valid_files
+    again = lowbit.load_text(max_bytes=10_000)
+    np.testing.assert_array_equal(text.valid, again.valid)
+
+
+# About 12 s of CPU (compiling two train steps and the plot): `make test-slow`.
+@pytest.mark.slow
+def test_runs_end_to_end(tmp_path, capsys):
+    # Quantized moments and stochastic rounding on bf16 parameters, two seeds (the
+    # second reuses the compiled steps), a few steps: the JSON, the PNG, the table.
+    args = ["--quick", "--steps", "3", "--seeds", "0", "1", "--out", str(tmp_path)]
+    result = lowbit.main([*args, "--configs", "8bit", "bf16-sr"])
+    assert (tmp_path / "lowbit_lm.png").stat().st_size > 0
+    saved = json.loads((tmp_path / "lowbit_lm.json").read_text())
+    assert set(saved["runs"]) == {"8bit", "bf16-sr"}
+    assert saved["quantized_fraction"]["8bit"] > 0.5  # the big matrices really are
+    for name, row in result["summary"].items():
+        assert row["seeds"] == 2, name
+        assert np.isfinite(row["mean"]) and row["min"] <= row["mean"] <= row["max"]
+        # Three steps from a uniform guess (log 256 = 5.5 nats per byte).
+        assert row["mean"] < 5.5, name
+    printed = capsys.readouterr().out
+    assert "bf16-sr" in printed and "wrote" in printed
