@@ -18,7 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 INCLUDED = {"index.md": "README.md", "performance.md": "benchmarks/README.md"}
 PAGE_OF = {source: page for page, source in INCLUDED.items()}
 # files outside docs/ that included pages show (copied under their repository path)
-ASSETS = ["benchmarks/results.png"]
+ASSETS = ["benchmarks/results.png", "examples/results/lowbit_lm.png"]
 _LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 
 
