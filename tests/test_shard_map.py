@@ -134,6 +134,9 @@ SCRIPT = textwrap.dedent(
         "AdaptiveGradClip": lambda: agree(
             "AdaptiveGradClip",
             lambda a: eqxopt.Chain(eqxopt.AdaptiveGradClip(0.05, axis_name=a), sgd())),
+        "Adafactor": lambda: agree(
+            "Adafactor",
+            lambda a: eqxopt.Adafactor(0.05, min_dim_size_to_factor=4, axis_name=a)),
         "tuple-axes": check_two_axes,
     }
     """
@@ -294,6 +297,7 @@ def test_every_axis_name_transform_agrees_and_every_case_traces_inside_shard_map
         "ScaleByTrustRatio",
         "ClipByBlockRMS",
         "AdaptiveGradClip",
+        "Adafactor",
         "tuple-axes",
     )
     out = run_on_8_devices(_script(checks, "all"))
