@@ -52,14 +52,14 @@ SCRIPT = textwrap.dedent(
              for _ in range(STEPS)]
 
 
-    def run(opt, sharded, probe=lambda s: (), grads=grads, steps=STEPS):
+    def run(opt, sharded, probe=lambda s: (), grads=grads, steps=STEPS, extra={}):
         # `steps` updates from `params`; the new params and `probe(state)`. Sharded:
         # inside shard_map, every output stacked per device (so that a value that
         # differs between devices comes back as it is, whatever its type).
         def train(params, grads):
             state = opt.init(params)
             for g in grads[:steps]:
-                u, state = opt.update(g, state, params)
+                u, state = opt.update(g, state, params, **extra)
                 params = eqxopt.apply_updates(params, u)
             return params, probe(state)
 
@@ -90,14 +90,15 @@ SCRIPT = textwrap.dedent(
         return worst
 
 
-    def agree(name, make, probe=lambda s: (), grads=grads, differs=True):
-        single = run(make(None), False, probe, grads)
+    def agree(name, make, probe=lambda s: (), grads=grads, differs=True, extra={}):
+        single = run(make(None), False, probe, grads, extra=extra)
         assert_moved((params, jax.tree.map(jnp.zeros_like, single[1])), single,
                      RTOL, ATOL)
-        with_axis = difference(run(make(A), True, probe, grads), single)
+        with_axis = difference(run(make(A), True, probe, grads, extra=extra), single)
         assert with_axis <= 1, (name, "with axis_name", with_axis)
         if differs:
-            without = difference(run(make(None), True, probe, grads), single)
+            without = difference(run(make(None), True, probe, grads, extra=extra),
+                                 single)
             assert without > 100, (name, "without axis_name", without)
         print("agrees", name, f"{with_axis:.3g}")
 
@@ -138,6 +139,24 @@ SCRIPT = textwrap.dedent(
             "Adafactor",
             lambda a: eqxopt.Adafactor(0.05, min_dim_size_to_factor=4, axis_name=a)),
         "tuple-axes": check_two_axes,
+        "DoG": lambda: agree("DoG", lambda a: eqxopt.DoG(init_value=0.1, axis_name=a)),
+        "DoWG": lambda: agree(
+            "DoWG", lambda a: eqxopt.DoWG(init_estim_sq_dist=1.0, axis_name=a)),
+        "DAdaptAdamW": lambda: agree(
+            "DAdaptAdamW", lambda a: eqxopt.DAdaptAdamW(d0=0.1, axis_name=a),
+            probe=lambda s: (s.d, 1e6 * s.numerator)),  # the numerator is ~1e-6
+        "DAdaptSGD": lambda: agree(
+            "DAdaptSGD", lambda a: eqxopt.DAdaptSGD(d0=0.1, axis_name=a),
+            probe=lambda s: (s.d, s.gsq_weighted)),
+        # The loss value is the user's (a global one, the same on every device).
+        "Momo": lambda: agree("Momo", lambda a: eqxopt.Momo(0.1, axis_name=a),
+                              extra={"value": jnp.asarray(50.0)}),
+        "MomoAdam": lambda: agree(
+            "MomoAdam", lambda a: eqxopt.MomoAdam(0.1, axis_name=a),
+            extra={"value": jnp.asarray(50.0)}),
+        "Mechanic": lambda: agree(
+            "Mechanic",
+            lambda a: eqxopt.Mechanic(eqxopt.SGD(1.0), s_init=0.1, axis_name=a)),
     }
     """
 )
@@ -299,6 +318,13 @@ def test_every_axis_name_transform_agrees_and_every_case_traces_inside_shard_map
         "AdaptiveGradClip",
         "Adafactor",
         "tuple-axes",
+        "DoG",
+        "DoWG",
+        "DAdaptAdamW",
+        "DAdaptSGD",
+        "Momo",
+        "MomoAdam",
+        "Mechanic",
     )
     out = run_on_8_devices(_script(checks, "all"))
     assert "SHARD-MAP-OK" in out, out

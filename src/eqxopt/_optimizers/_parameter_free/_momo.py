@@ -11,12 +11,14 @@ from jaxtyping import Array, Float, Int, PyTree
 from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
     ScalarOrSchedule,
+    axis_name_field,
     flag_field,
     hyper,
     learning_rate_field,
     values_at,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._shards import AxisName
 from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
 from ._sums import re_dot, tree_sums
 
@@ -121,7 +123,13 @@ class Momo(AbstractEngineTransform):
       non-negative), a number: the state starts at it.
     - `weight_decay`: decoupled decay coefficient, `>= 0`.
     - `adapt_lower_bound`: update the lower bound from the losses seen.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      whole-tree sums its step size comes from cover the whole model (each leaf
+      summed over the named axes it is split over), as the unsharded run. `None`
+      (default): this device's blocks only.
     """
+
+    axis_name: AxisName = axis_name_field()
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
     beta: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
@@ -160,7 +168,15 @@ class Momo(AbstractEngineTransform):
             sums = jnp.stack([re_dot(g, p), jnp.sum(abs_sq(mu)), re_dot(mu, p)])
             return sums, mu
 
-        total, (mu,) = tree_sums(moments, 3, grads, params, (state.mu,))
+        total, (mu,) = tree_sums(
+            moments,
+            3,
+            grads,
+            params,
+            (state.mu,),
+            axis_name=self.axis_name,
+            owner=type(self).__name__,
+        )
         loss_avg = b * state.loss_avg + (1 - b) * f
         gamma = b * state.gamma + (1 - b) * total[0]
         tau, lb, shrink = _step_size(
@@ -251,7 +267,13 @@ class MomoAdam(AbstractEngineTransform):
       non-negative), a number: the state starts at it.
     - `weight_decay`: decoupled decay coefficient, `>= 0`.
     - `adapt_lower_bound`: update the lower bound from the losses seen.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      whole-tree sums its step size comes from cover the whole model (each leaf
+      summed over the named axes it is split over), as the unsharded run. `None`
+      (default): this device's blocks only.
     """
+
+    axis_name: AxisName = axis_name_field()
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1e-2)
     b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
@@ -300,7 +322,15 @@ class MomoAdam(AbstractEngineTransform):
             sums = jnp.stack([re_dot(g, p), re_dot(mu, mu / precond), re_dot(mu, p)])
             return sums, mu, nu
 
-        total, (mu, nu) = tree_sums(moments, 3, grads, params, (state.mu, state.nu))
+        total, (mu, nu) = tree_sums(
+            moments,
+            3,
+            grads,
+            params,
+            (state.mu, state.nu),
+            axis_name=self.axis_name,
+            owner=type(self).__name__,
+        )
         loss_avg = b1 * state.loss_avg + (1 - b1) * f
         gamma = b1 * state.gamma + (1 - b1) * total[0]
         tau, lb, shrink = _step_size(
