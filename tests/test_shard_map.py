@@ -139,6 +139,7 @@ SCRIPT = textwrap.dedent(
             "Adafactor",
             lambda a: eqxopt.Adafactor(0.05, min_dim_size_to_factor=4, axis_name=a)),
         "tuple-axes": check_two_axes,
+        "tree_norm": check_tree_norm,
         "DoG": lambda: agree("DoG", lambda a: eqxopt.DoG(init_value=0.1, axis_name=a)),
         "DoWG": lambda: agree(
             "DoWG", lambda a: eqxopt.DoWG(init_estim_sq_dist=1.0, axis_name=a)),
@@ -178,6 +179,24 @@ HELPERS = textwrap.dedent(
         single = run(eqxopt.SkipNonFinite(sgd(), 5), False, grads=bad)
         without = run(eqxopt.SkipNonFinite(sgd(), 5), True, grads=bad)
         assert difference(without, single) > 100
+
+
+    def check_tree_norm():
+        # The functions: eqxopt.tree_norm (1, 2, inf) and eqxopt.global_norm.
+        def norms(g, axis_name):
+            return jnp.stack([eqxopt.tree_norm(g, o, axis_name=axis_name)
+                              for o in (1, 2, "inf")]
+                             + [eqxopt.global_norm(g, axis_name=axis_name)])
+
+        single = norms(grads[0], None)
+        for axis_name, close in ((A, True), (None, False)):
+            sharded = jax.jit(shard_map(
+                lambda g: norms(g, axis_name)[None], mesh=mesh, in_specs=(specs,),
+                out_specs=P(A)))(grads[0])
+            ok = np.allclose(sharded, np.broadcast_to(single, sharded.shape),
+                             rtol=RTOL, atol=ATOL)
+            assert ok == close, (axis_name, sharded, single)
+        print("agrees tree_norm")
 
 
     def check_two_axes():
@@ -318,6 +337,7 @@ def test_every_axis_name_transform_agrees_and_every_case_traces_inside_shard_map
         "AdaptiveGradClip",
         "Adafactor",
         "tuple-axes",
+        "tree_norm",
         "DoG",
         "DoWG",
         "DAdaptAdamW",

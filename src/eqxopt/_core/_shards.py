@@ -123,6 +123,15 @@ def shard_size(x: Array, axis_name: AxisName, owner: str) -> int:
     return size
 
 
+def shard_max(x: Array, axis_name: AxisName, owner: str) -> Array:
+    """`x`, a maximum taken over this device's block, maximised over the axes of
+    `axis_name` it varies over; `x` itself for `axis_name=None`."""
+    if axis_name is None:
+        return x
+    axes = _axes_to_reduce(x, axis_name, owner)
+    return jax.lax.pmax(x, axes) if axes else x
+
+
 def split_axes(x: Array, axis_name: AxisName, owner: str) -> tuple:
     """The axes of `axis_name` that `x` is split over (varies over); `()` for
     `axis_name=None` or a replicated leaf."""
