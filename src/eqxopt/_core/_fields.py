@@ -34,6 +34,7 @@ from ._checks import (
 )
 from ._masks import Mask, freeze_mask
 from ._schedule import AbstractSchedule, as_schedule, value_at
+from ._shards import checked_axis_name
 from ._storage import AbstractStateStorage
 
 # What users may pass for a float hyperparameter, and what a field then holds (a
@@ -213,6 +214,14 @@ def checked_field(
     return eqx.field(
         default=default, converter=converter, static=static, kw_only=kw_only
     )
+
+
+def axis_name_field() -> Any:
+    """`axis_name`: `None` (default: reduce over this device's values only, as
+    outside `shard_map`), or a mesh axis name or tuple of them, over which reductions
+    over parameters are completed inside `jax.shard_map` (`_shards.shard_sum`).
+    Static and keyword-only."""
+    return checked_field(checked_axis_name, None, static=True, kw_only=True)
 
 
 def values_at(module: eqx.Module, step: Int[Array, ""]) -> types.SimpleNamespace:

@@ -66,3 +66,36 @@ def shard_alike(x: Any, like: Any) -> Any:
     from jax.experimental.shard_alike import shard_alike as alike
 
     return alike(x, like)[0]
+
+
+def varying_axes(x: Any) -> frozenset | None:
+    """The manual mesh axes (of the enclosing `shard_map`) that the value of `x` (an
+    array, tracer or `jax.ShapeDtypeStruct`) varies over: `jax.typeof(x).vma` (JAX
+    0.6 to 0.9), `.manual_axis_type.varying` (JAX >= 0.10); `None` on a JAX without
+    varying-axes types (before 0.6), where nothing is known. Outside `shard_map`, or
+    inside one with `check_vma=False`, the set is empty."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        aval = x
+    else:
+        typeof = getattr(jax, "typeof", None)
+        if typeof is None:
+            return None
+        aval = typeof(x)
+    vma = getattr(aval, "vma", None)
+    if vma is None:
+        mat = getattr(aval, "manual_axis_type", None)
+        vma = getattr(mat, "varying", None)
+    return None if vma is None else frozenset(vma)
+
+
+def pvary(x: Any, axes: tuple) -> Any:
+    """`x` typed as varying over the manual mesh axes `axes` too (its value is
+    unchanged): `jax.lax.pcast(x, axes, to="varying")` (JAX >= 0.8),
+    `jax.lax.pvary` before it, and `x` itself on a JAX without varying-axes types."""
+    if not axes:
+        return x
+    pcast = getattr(jax.lax, "pcast", None)
+    if pcast is not None:
+        return pcast(x, axes, to="varying")
+    old = getattr(jax.lax, "pvary", None)
+    return x if old is None else old(x, axes)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
+from ._shards import checked_axis_name, shard_max, shard_total
 from ._tree import abs_sq, is_float_leaf
 
 _MISSING = object()
@@ -124,7 +125,12 @@ def _replace(tree: Any, name: str, value: Any) -> Any:
     return tree
 
 
-def tree_norm(tree: PyTree, ord: int | float | str = 2, squared: bool = False) -> Array:
+def tree_norm(
+    tree: PyTree,
+    ord: int | float | str = 2,
+    squared: bool = False,
+    axis_name: Any = None,
+) -> Array:
     """The norm of all float leaves of `tree` taken together, as one vector
     (`None` and non-float leaves are skipped); complex leaves by their magnitudes.
 
@@ -134,6 +140,10 @@ def tree_norm(tree: PyTree, ord: int | float | str = 2, squared: bool = False) -
     - `ord`: `2` (Euclidean), `1` (sum of magnitudes) or `"inf"`/`jnp.inf`
       (largest magnitude).
     - `squared`: return the square of the norm (only with `ord=2`).
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      norm of the whole tree, each leaf's sum (or maximum) taken over the named
+      axes it is split over and counted once where it is replicated. `None`
+      (default): this device's values only.
 
     **Returns:** a float32 scalar (float64 for float64 leaves under x64).
     """
@@ -142,18 +152,27 @@ def tree_norm(tree: PyTree, ord: int | float | str = 2, squared: bool = False) -
         raise ValueError(f"ord must be 1, 2 or 'inf', got {ord!r}")
     if squared and ord != 2:
         raise ValueError(f"squared=True needs ord=2, got ord={ord!r}")
+    axis_name = checked_axis_name("axis_name", axis_name)
     leaves = [x for x in jax.tree.leaves(tree) if is_float_leaf(x)]
     if not leaves:
         return jnp.zeros((), jnp.float32)
     wide = any(jnp.finfo(x.dtype).bits == 64 for x in leaves)
     dtype = jnp.float64 if wide else jnp.float32
     if inf:
-        parts = [jnp.max(jnp.abs(x), initial=0.0).astype(dtype) for x in leaves]
+        parts = [
+            shard_max(
+                jnp.max(jnp.abs(x), initial=0.0).astype(dtype), axis_name, "tree_norm"
+            )
+            for x in leaves
+        ]
         return jnp.max(jnp.stack(parts))
     if ord == 1:
-        return sum(jnp.sum(jnp.abs(x)).astype(dtype) for x in leaves)  # pyright: ignore
-    total = sum(jnp.sum(abs_sq(x)).astype(dtype) for x in leaves)
-    return total if squared else jnp.sqrt(total)  # pyright: ignore
+        sums = [jnp.sum(jnp.abs(x)) for x in leaves]
+        return shard_total(sums, axis_name, "tree_norm", dtype)
+    total = shard_total(
+        [jnp.sum(abs_sq(x)) for x in leaves], axis_name, "tree_norm", dtype
+    )
+    return total if squared else jnp.sqrt(total)
 
 
 def tree_cast(tree: PyTree, dtype: Any) -> PyTree:

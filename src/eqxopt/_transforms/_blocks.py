@@ -20,6 +20,7 @@ from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._fields import (
     DTypeLike,
     ScalarOrSchedule,
+    axis_name_field,
     checked_field,
     dtype_field,
     flag_field,
@@ -27,6 +28,7 @@ from .._core._fields import (
     learning_rate_field,
 )
 from .._core._leafwise import AbstractLeafwiseOptimizer, map_leaves
+from .._core._shards import AxisName, leaf_norm
 from .._core._tree import abs_sq, increment
 from ._state import EmptyState, StepState
 
@@ -226,19 +228,24 @@ class ScaleByTrustRatio(AbstractBlock):
     - `min_norm`: the least value of either norm, `>= 0`.
     - `trust_coefficient`: multiplies the ratio, `>= 0`.
     - `eps`: added to the update's norm, `>= 0`.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      norms are those of whole leaves, summed over the named axes a leaf is split
+      over, as the unsharded run. `None` (default): this device's block of each
+      leaf.
     """
 
     min_norm: ScalarOrSchedule = hyper(0.0, low=0.0)
     trust_coefficient: ScalarOrSchedule = hyper(1.0, low=0.0)
     eps: ScalarOrSchedule = hyper(0.0, low=0.0)
+    axis_name: AxisName = axis_name_field()
 
     state_type = StepState
     moments = ()
     elementwise = False  # the norms reduce over the leaf
 
     def leaf(self, h, t, g, p):
-        pn = jnp.maximum(jnp.sqrt(jnp.sum(abs_sq(p))), h.min_norm)
-        un = jnp.maximum(jnp.sqrt(jnp.sum(abs_sq(g))), h.min_norm)
+        pn = jnp.maximum(leaf_norm(p, self.axis_name, "ScaleByTrustRatio"), h.min_norm)
+        un = jnp.maximum(leaf_norm(g, self.axis_name, "ScaleByTrustRatio"), h.min_norm)
         ratio = h.trust_coefficient * pn / (un + h.eps)
         ratio = jnp.where((pn == 0) | (un == 0), jnp.ones_like(ratio), ratio)
         return (g * ratio.astype(g.dtype),)

@@ -9,8 +9,23 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._checks import reject_complex
-from .._core._fields import ScalarOrSchedule, checked_field, hyper, values_at
+from .._core._fields import (
+    ScalarOrSchedule,
+    axis_name_field,
+    checked_field,
+    hyper,
+    values_at,
+)
 from .._core._leafwise import map_leaves
+from .._core._shards import (
+    AxisName,
+    checked_axis_name,
+    global_shape,
+    shard_mean,
+    shard_sum_dims,
+    shard_total,
+    split_axes,
+)
 from .._core._tree import (
     abs_sq,
     align_grads,
@@ -26,7 +41,7 @@ from ._state import StepState
 _NO_ORDER = "complex numbers have no order to clip by"
 
 
-def global_norm(tree: PyTree) -> Float[Array, ""]:
+def global_norm(tree: PyTree, axis_name: Any = None) -> Float[Array, ""]:
     """The L2 norm of all float array leaves of `tree` together:
     `sqrt(sum_leaves sum(|x|**2))`, computed in at least float32.
 
@@ -36,13 +51,23 @@ def global_norm(tree: PyTree) -> Float[Array, ""]:
     **Arguments:**
 
     - `tree`: any pytree.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name (or tuple of them): the
+      norm of the whole tree, each leaf's square summed over the named axes it is
+      split over (varies over) and counted once where it is replicated. `None`
+      (default): this device's values only.
     """
+    return _global_norm(tree, checked_axis_name("axis_name", axis_name), "global_norm")
+
+
+def _global_norm(tree: PyTree, axis_name: AxisName, owner: str) -> Array:
     leaves = [x for x in jax.tree.leaves(tree, is_leaf=is_none) if is_float_leaf(x)]
     if not leaves:
         return jnp.zeros((), jnp.float32)
-    total = sum(
-        jnp.sum(abs_sq(x.astype(compute_dtype(x.dtype)))).astype(jnp.float32)
-        for x in leaves
+    total = shard_total(
+        [jnp.sum(abs_sq(x.astype(compute_dtype(x.dtype)))) for x in leaves],
+        axis_name,
+        owner,
+        jnp.float32,
     )
     # sqrt has an infinite slope at 0: take it of 1 there, so that the gradient of
     # the norm of all-zero leaves is 0 rather than NaN.
@@ -50,10 +75,12 @@ def global_norm(tree: PyTree) -> Float[Array, ""]:
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, total, 1.0)), 0.0)
 
 
-def _grads_norm(grads: Grads, params: Params) -> Array:
+def _grads_norm(grads: Grads, params: Params, axis_name: AxisName) -> Array:
     aligned = align_grads(grads, params)
-    return global_norm(
-        [g for g, p in zip(aligned, jax.tree.leaves(params)) if is_float_leaf(p)]
+    return _global_norm(
+        [g for g, p in zip(aligned, jax.tree.leaves(params)) if is_float_leaf(p)],
+        axis_name,
+        "ClipByGlobalNorm",
     )
 
 
@@ -118,9 +145,14 @@ class ClipByGlobalNorm(AbstractTransform):
 
     - `max_norm`: the largest global norm let through, `> 0` (or a schedule, read
       at the step).
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      norm of the whole model, each leaf summed over the named axes it is split
+      over (and counted once where replicated), so every device clips alike, as
+      the unsharded run. `None` (default): this device's gradients only.
     """
 
     max_norm: ScalarOrSchedule = hyper(low=0.0, low_open=True)
+    axis_name: AxisName = axis_name_field()
 
     def init(self, params: Params) -> GlobalNormState:
         return GlobalNormState(step=zero_step(), norm=jnp.zeros((), jnp.float32))
@@ -128,7 +160,7 @@ class ClipByGlobalNorm(AbstractTransform):
     def transform(
         self, grads: Grads, state: GlobalNormState, params: Params
     ) -> tuple[Updates, GlobalNormState]:
-        norm = _grads_norm(grads, params)
+        norm = _grads_norm(grads, params, self.axis_name)
         max_norm = values_at(self, state.step).max_norm.astype(jnp.float32)
         keep = norm < max_norm
         # The divisor is never 0, so neither branch (nor its gradient) makes NaN.
@@ -151,9 +183,13 @@ class ClipByBlockRMS(AbstractTransform):
 
     - `threshold`: the largest RMS let through, `> 0` (or a schedule, read at the
       step).
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      RMS of each whole leaf, summed over the named axes it is split over. `None`
+      (default): this device's block of the leaf only.
     """
 
     threshold: ScalarOrSchedule = hyper(low=0.0, low_open=True)
+    axis_name: AxisName = axis_name_field()
 
     def init(self, params: Params) -> StepState:
         return StepState(step=zero_step())
@@ -162,9 +198,11 @@ class ClipByBlockRMS(AbstractTransform):
         self, grads: Grads, state: StepState, params: Params
     ) -> tuple[Updates, StepState]:
         threshold = values_at(self, state.step).threshold
+        axis_name = self.axis_name
 
         def rule(g, p):
-            denom = jnp.maximum(1.0, jnp.sqrt(jnp.mean(abs_sq(g))) / threshold)
+            rms = jnp.sqrt(shard_mean(abs_sq(g), axis_name, "ClipByBlockRMS"))
+            denom = jnp.maximum(1.0, rms / threshold)
             return (g / denom,)
 
         updates, _ = map_leaves(rule, grads, params, elementwise=False)
@@ -184,11 +222,10 @@ def _unit_axes(ndim: int, axis: tuple[int, ...] | None) -> tuple[int, ...] | Non
     raise ValueError(ndim)
 
 
-def _unitwise_norm(x: Array, axes: tuple[int, ...] | None, squeezed: bool) -> Array:
-    if squeezed:
-        sq = jnp.sum(abs_sq(x), keepdims=True)
-    else:
-        sq = jnp.sum(abs_sq(x), axis=axes, keepdims=True)
+def _unitwise_norm(
+    x: Array, axes: tuple[int, ...] | None, squeezed: bool, split: tuple
+) -> Array:
+    sq = shard_sum_dims(abs_sq(x), None if squeezed else axes, split, keepdims=True)
     return jnp.broadcast_to(jnp.sqrt(sq), x.shape)
 
 
@@ -229,11 +266,17 @@ class AdaptiveGradClip(AbstractTransform):
     Both may be schedules, read at the step.
     - `axis`: an int or tuple of ints, the axes to take norms over for every leaf;
       `None` for the defaults above (which cover up to 5 dimensions).
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: unit
+      norms over whole leaves. A leaf that varies over a named axis is taken to be
+      split along its leading dimension (FSDP's convention): a unit that spans it
+      is summed over the axis, shapes are those of the whole leaf. `None`
+      (default): this device's block only.
     """
 
     clipping: ScalarOrSchedule = hyper(low=0.0, low_open=True)
     eps: ScalarOrSchedule = hyper(1e-3, low=0.0)
     axis: tuple[int, ...] | None = checked_field(_axes, None, static=True)
+    axis_name: AxisName = axis_name_field()
 
     def init(self, params: Params) -> StepState:
         return StepState(step=zero_step())
@@ -252,11 +295,16 @@ class AdaptiveGradClip(AbstractTransform):
         h = values_at(self, state.step)
         clipping, eps, axis = h.clipping, h.eps, self.axis
 
+        axis_name = self.axis_name
+
         def rule(g, p):
-            squeezed = axis is None and jnp.squeeze(p).ndim <= 1
+            split = split_axes(p, axis_name, "AdaptiveGradClip")
+            # The unit is chosen from the whole leaf's shape, not the block's.
+            whole = global_shape(p, split)
+            squeezed = axis is None and sum(d != 1 for d in whole) <= 1
             axes = None if squeezed else _unit_axes(p.ndim, axis)
-            g_norm = _unitwise_norm(g, axes, squeezed)
-            p_norm = _unitwise_norm(p, axes, squeezed)
+            g_norm = _unitwise_norm(g, axes, squeezed, split)
+            p_norm = _unitwise_norm(p, axes, squeezed, split)
             max_norm = clipping * jnp.maximum(p_norm, eps)
             clipped = g * (max_norm / jnp.maximum(g_norm, 1e-6))
             return (jnp.where(g_norm < max_norm, g, clipped),)

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._fields import count_field
+from .._core._fields import axis_name_field, count_field
 from .._core._leafwise import map_leaves
+from .._core._shards import AxisName, shard_total
 from .._core._tree import align_grads, increment, is_float_leaf, scalar_for_leaf
 from .._wrappers._wrapper import AbstractSingleWrapper, inner_field
 
@@ -48,10 +49,15 @@ class SkipNonFinite(AbstractSingleWrapper):
     - `inner`: the optimizer (or chain) to protect.
     - `max_consecutive_errors`: how many bad steps in a row to skip, an int `>= 0`
       (an array field: changing it does not recompile).
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      decision covers the whole model (a NaN in any device's block of a split leaf
+      skips the step on every device), as the unsharded run. `None` (default):
+      each device decides from its own blocks.
     """
 
     inner: AbstractTransform = inner_field()
     max_consecutive_errors: Int[Array, ""] = count_field(10, at_least_one=False)
+    axis_name: AxisName = axis_name_field()
 
     def init(self, params: Params) -> SkipNonFiniteState:
         return SkipNonFiniteState(
@@ -64,7 +70,7 @@ class SkipNonFinite(AbstractSingleWrapper):
     def transform(
         self, grads: Grads, state: SkipNonFiniteState, params: Params, **extra: Any
     ) -> tuple[Updates, SkipNonFiniteState]:
-        finite = all_finite(grads, params)
+        finite = all_finite(grads, params, self.axis_name)
         count = jnp.where(finite, 0, increment(state.notfinite_count)).astype(jnp.int32)
         accept = jnp.logical_or(finite, count > self.max_consecutive_errors)
         updates, inner_state = self.run_inner(
@@ -93,14 +99,17 @@ def apply_if_finite(
     return SkipNonFinite(inner, max_consecutive_errors)
 
 
-def all_finite(grads: Grads, params: Params) -> Bool[Array, ""]:
-    """Whether every element of every gradient (of a float parameter) is finite."""
-    checks = [
-        jnp.all(jnp.isfinite(g))
+def all_finite(
+    grads: Grads, params: Params, axis_name: AxisName = None
+) -> Bool[Array, ""]:
+    """Whether every element of every gradient (of a float parameter) is finite;
+    with `axis_name`, over every device's block of the split leaves."""
+    bad = [
+        jnp.sum(jnp.logical_not(jnp.isfinite(g)), dtype=jnp.int32)
         for g, p in zip(align_grads(grads, params), jax.tree.leaves(params))
         if g is not None and is_float_leaf(p)
     ]
-    return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
+    return shard_total(bad, axis_name, "SkipNonFinite", jnp.int32) == 0
 
 
 class ZeroNansState(eqx.Module):

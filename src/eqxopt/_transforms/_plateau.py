@@ -3,10 +3,10 @@
 from typing import Any
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from .._core import _shards
 from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._checks import is_concrete
 from .._core._fields import count_field, hyper
@@ -162,7 +162,7 @@ class ReduceOnPlateau(AbstractTransform):
             count=count,
             avg_value=avg.astype(jnp.float32),
         )
-        new = jax.lax.cond(
+        new = _shards.cond(
             count >= self.accumulation_size,
             lambda s: self._evaluate(s),
             lambda s: s,

@@ -10,7 +10,14 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._checks import static_count
-from .._core._fields import ScalarOrSchedule, checked_field, hyper, values_at
+from .._core._fields import (
+    ScalarOrSchedule,
+    axis_name_field,
+    checked_field,
+    hyper,
+    values_at,
+)
+from .._core._shards import AxisName, shard_total
 from .._core._tree import (
     abs_sq,
     align_grads,
@@ -83,6 +90,10 @@ class Mechanic(AbstractSingleWrapper):
     - `eps`: the small constant of the formulas, `> 0`.
     - `s_init`: the initial scale, `> 0` (a number: it sets the state at `init`).
     - `num_betas`: the number of decays `beta` run side by side, an int `>= 1`.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      norms and inner product over the tree cover the whole model (each leaf
+      summed over the named axes it is split over), as the unsharded run. `None`
+      (default): this device's blocks only.
     """
 
     inner: AbstractTransform = inner_field()
@@ -91,6 +102,7 @@ class Mechanic(AbstractSingleWrapper):
     # Not a schedule: it is the scale the state starts from (at `init`).
     s_init: Float[Array, ""] = hyper(1e-6, low=0.0, low_open=True, schedule=False)
     num_betas: int = checked_field(static_count, 6, static=True)
+    axis_name: AxisName = axis_name_field()
 
     def init(self, params: Params) -> MechanicState:
         def copy(p):
@@ -134,7 +146,7 @@ class Mechanic(AbstractSingleWrapper):
             active.append((g.astype(dtype), u.astype(dtype), p_, x0_))
 
         def total(values):
-            return sum(values, jnp.zeros((), jnp.float32)).astype(jnp.float32)
+            return shard_total(values, self.axis_name, "Mechanic", jnp.float32)
 
         s_sum = jnp.sum(state.s)
         grad_norm = jnp.sqrt(total([jnp.sum(abs_sq(a[0])) for a in active if a]))

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._fields import values_at
+from .._core._fields import axis_name_field, values_at
+from .._core._shards import AxisName, shard_total
 from .._core._tree import abs_sq, align_grads, is_float_leaf, zero_step
 from ._chain import Chain, ChainState
 from ._partition import Partition, PartitionState
@@ -74,15 +75,14 @@ class MonitorState(eqx.Module):
     inner: Any
 
 
-def _global_norm(leaves: list[Any]) -> Array:
+def _global_norm(leaves: list[Any], axis_name: AxisName) -> Array:
     squares = [
         jnp.sum(abs_sq(x.astype(jnp.promote_types(x.dtype, jnp.float32))))
         for x in leaves
         if x is not None
     ]
-    if not squares:
-        return jnp.zeros((), jnp.float32)
-    return jnp.sqrt(jnp.sum(jnp.stack(squares))).astype(jnp.float32)
+    total = shard_total(squares, axis_name, "Monitor", jnp.float32)
+    return jnp.sqrt(total).astype(jnp.float32)
 
 
 class Monitor(AbstractSingleWrapper):
@@ -93,9 +93,13 @@ class Monitor(AbstractSingleWrapper):
     **Arguments:**
 
     - `inner`: the optimizer (or chain) to watch.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      norms of the whole model (each leaf summed over the named axes it is split
+      over), the same on every device. `None` (default): this device's blocks.
     """
 
     inner: AbstractTransform = inner_field()
+    axis_name: AxisName = axis_name_field()
 
     def init(self, params: Params) -> MonitorState:
         # Two buffers: a donated step may write each in place.
@@ -111,10 +115,12 @@ class Monitor(AbstractSingleWrapper):
         updates, inner_state = self.run_inner(grads, state.inner, params, extra)
         floats = [is_float_leaf(p) for p in jax.tree.leaves(params)]
         grad_norm = _global_norm(
-            [g for g, f in zip(align_grads(grads, params), floats) if f]
+            [g for g, f in zip(align_grads(grads, params), floats) if f],
+            self.axis_name,
         )
         update_norm = _global_norm(
-            [u for u, f in zip(leaves_of(updates, params), floats) if f]
+            [u for u, f in zip(leaves_of(updates, params), floats) if f],
+            self.axis_name,
         )
         return updates, MonitorState(
             grad_norm=grad_norm, update_norm=update_norm, inner=inner_state

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._fields import ScalarOrSchedule, hyper, values_at
+from .._core._fields import ScalarOrSchedule, axis_name_field, hyper, values_at
+from .._core._shards import AxisName, shard_total
 from .._core._tree import (
     abs_sq,
     align_grads,
@@ -78,10 +79,14 @@ class SAM(AbstractSingleWrapper):
     - `inner`: the optimizer that takes the step (the paper's base optimizer).
     - `rho`: the radius of the perturbation, `>= 0` (`0` is `inner` on
       `grad_fn(p)`).
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      gradient norm of the whole model (each leaf summed over the named axes it is
+      split over), as the unsharded run. `None` (default): this device's blocks.
     """
 
     inner: AbstractTransform = inner_field()
     rho: ScalarOrSchedule = hyper(0.05, low=0.0)
+    axis_name: AxisName = axis_name_field()
 
     keywords = frozenset({"grad_fn", "fn_args"})
 
@@ -124,7 +129,7 @@ class SAM(AbstractSingleWrapper):
             for g, p in zip(grad_leaves, param_leaves)
             if g is not None and is_float_leaf(p)
         ]
-        norm = jnp.sqrt(sum(squares, jnp.zeros((), jnp.float32)))
+        norm = jnp.sqrt(shard_total(squares, self.axis_name, "SAM", jnp.float32))
         # A zero gradient has no ascent direction: no perturbation (optax: NaN).
         scale = jnp.where(norm > 0, rho / jnp.where(norm > 0, norm, 1.0), 0.0)
 

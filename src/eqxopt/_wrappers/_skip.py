@@ -8,7 +8,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._fields import hyper
+from .._core._fields import axis_name_field, hyper
+from .._core._shards import AxisName, shard_total
 from .._core._tree import abs_sq, align_grads, is_float_leaf
 from ._wrapper import AbstractSingleWrapper, inner_field
 
@@ -44,9 +45,14 @@ class SkipLargeUpdates(AbstractSingleWrapper):
     - `max_squared_norm`: the bound on the squared global gradient norm, `> 0`
       (a number or scalar array; an array field, so changing it does not
       recompile).
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      norm of the whole model's gradients (each leaf summed over the named axes it
+      is split over), so every device skips alike. `None` (default): this device's
+      gradients only.
     """
 
     inner: AbstractTransform = inner_field()
+    axis_name: AxisName = axis_name_field()
     # Read without a step count (the wrapper keeps none), so not a schedule.
     max_squared_norm: Float[Array, ""] = hyper(low=0.0, low_open=True, schedule=False)
 
@@ -65,11 +71,7 @@ class SkipLargeUpdates(AbstractSingleWrapper):
             for g, p in zip(align_grads(grads, params), jax.tree.leaves(params))
             if g is not None and is_float_leaf(p)
         ]
-        norm_sq = (
-            jnp.sum(jnp.stack(squares)).astype(jnp.float32)
-            if squares
-            else jnp.zeros((), jnp.float32)
-        )
+        norm_sq = shard_total(squares, self.axis_name, "SkipLargeUpdates", jnp.float32)
         should_skip = jnp.logical_not(norm_sq < self.max_squared_norm)
         updates, inner_state = self.run_inner(
             grads, state.inner, params, extra, when=jnp.logical_not(should_skip)

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PyTree
 
+from .._core import _shards
 from .._core._base import AbstractTransform, Grads, Params, State, Updates
 from .._core._fields import checked_field
 
@@ -105,7 +106,10 @@ class AbstractSingleWrapper(AbstractWrapper):
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), updates_shape)
             return zeros, inner_state
 
-        return jax.lax.cond(when, run, hold)
+        # Inside shard_map the zeros and the held state are typed invariant where
+        # the run branch's results vary over the mesh axes: `_shards.cond` types
+        # both branches alike.
+        return _shards.cond(when, run, hold)
 
 
 # ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
+from ..._core import _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
 from ..._core._checks import reject_complex, static_count
 from ..._core._fields import (
@@ -180,7 +181,7 @@ class GaLore(AbstractTransform):
                     u, _, vh = jnp.linalg.svd(g_, full_matrices=False)
                     return u[:, :r] if left else vh[:r, :].T
 
-                proj_ = jax.lax.cond(refresh, fresh, lambda proj=proj: proj)
+                proj_ = _shards.cond(refresh, fresh, lambda proj=proj: proj)
                 low = proj_.T @ g_ if left else g_ @ proj_
             else:
                 proj_, low = None, g_

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PyTree, UInt32
 
+from ..._core import _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
 from ..._core._checks import reject_complex
 from ..._core._fields import (
@@ -215,7 +216,7 @@ class Sophia(AbstractTransform):
                 )
                 return d, k
 
-            diag, key = jax.lax.cond(estimate, fresh, lambda: (zeros(), state.key))
+            diag, key = _shards.cond(estimate, fresh, lambda: (zeros(), state.key))
         # The estimate passes through the engine as a moment (its output dropped).
         diag = jax.tree.map(
             lambda d, p: None if p is None or not is_float_leaf(p) else d,

@@ -4,7 +4,13 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
+from ..._core._fields import (
+    ScalarOrSchedule,
+    axis_name_field,
+    hyper,
+    learning_rate_field,
+)
+from ..._core._shards import AxisName
 from ._trust import AbstractTrustRatioOptimizer
 
 
@@ -38,10 +44,16 @@ class Fromage(AbstractTrustRatioOptimizer):
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
     - `min_norm`: lower bound of both norms in the ratio, `>= 0` (keeps the ratio
       finite for zero parameters or gradients).
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      norms in the trust ratio are those of whole leaves, summed over the named
+      axes a leaf is split over, as the unsharded run. `None` (default): this
+      device's block of each leaf.
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
     min_norm: ScalarOrSchedule = hyper(1e-6, low=0.0)
+
+    axis_name: AxisName = axis_name_field()
 
     state_type = FromageState
     moments = ()

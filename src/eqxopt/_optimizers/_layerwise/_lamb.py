@@ -10,12 +10,14 @@ from ..._core._base import Params
 from ..._core._fields import (
     MaskLike,
     ScalarOrSchedule,
+    axis_name_field,
     flag_field,
     hyper,
     learning_rate_field,
     mask_field,
 )
 from ..._core._masks import decay_flags
+from ..._core._shards import AxisName
 from ..._core._tree import abs_sq, step_power
 from ._trust import AbstractTrustRatioOptimizer
 
@@ -63,6 +65,10 @@ class LAMB(AbstractTrustRatioOptimizer):
     - `mask`: which leaves get weight decay: `None` (all), a tree of bools (or a
       prefix of params), or a function of params returning one. An Equinox module is
       read as a tree of bools, never called.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      norms in the trust ratio are those of whole leaves, summed over the named
+      axes a leaf is split over, as the unsharded run. `None` (default): this
+      device's block of each leaf.
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
@@ -74,6 +80,8 @@ class LAMB(AbstractTrustRatioOptimizer):
     weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
     eps_root: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
     mask: MaskLike = mask_field()
+
+    axis_name: AxisName = axis_name_field()
 
     state_type = LAMBState
     moments = ("mu", "nu")
@@ -134,6 +142,10 @@ class LARS(AbstractTrustRatioOptimizer):
       `weight_decay_mask` (the others take plain momentum SGD steps).
     - `momentum`: in `[0, 1)`.
     - `nesterov`: use Nesterov momentum.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      norms in the trust ratio are those of whole leaves, summed over the named
+      axes a leaf is split over, as the unsharded run. `None` (default): this
+      device's block of each leaf.
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
@@ -144,6 +156,8 @@ class LARS(AbstractTrustRatioOptimizer):
     trust_ratio_mask: MaskLike = mask_field(True, kw_only=False)
     momentum: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
     nesterov: bool = flag_field(False, kw_only=False)
+
+    axis_name: AxisName = axis_name_field()
 
     state_type = LARSState
     moments = ("velocity",)

@@ -6,8 +6,14 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import Params
-from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
+from ..._core._fields import (
+    ScalarOrSchedule,
+    axis_name_field,
+    hyper,
+    learning_rate_field,
+)
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._shards import AxisName, shard_sum
 from ..._core._tree import (
     abs_sq,
     float_leaves_like,
@@ -62,6 +68,10 @@ class NovoGrad(AbstractLeafwiseOptimizer):
     - `eps`: added to the root of the second moment, `> 0`.
     - `weight_decay`: coefficient of `p` added to the normalised gradient, `>= 0`.
     - `eps_root`: added inside the root, `>= 0`.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      norms are those of whole leaves, summed over the named axes a leaf is split
+      over, as the unsharded run. `None` (default): this device's block of each
+      leaf.
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
@@ -70,6 +80,7 @@ class NovoGrad(AbstractLeafwiseOptimizer):
     eps: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True)
     weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
     eps_root: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
+    axis_name: AxisName = axis_name_field()
 
     state_type = NovoGradState
     moments = ("mu", "nu")
@@ -88,7 +99,7 @@ class NovoGrad(AbstractLeafwiseOptimizer):
 
     def leaf(self, h, t, g, p, mu, nu):
         first = t == 1  # the optimizer's first update
-        sq_norm = jnp.sum(abs_sq(g))
+        sq_norm = shard_sum(jnp.sum(abs_sq(g)), self.axis_name, "NovoGrad")
         nu = jnp.where(first, sq_norm, h.b2 * nu + (1 - h.b2) * sq_norm)
         r = g / (jnp.sqrt(nu + h.eps_root) + h.eps) + h.weight_decay * p
         mu = jnp.where(first, r, h.b1 * mu + r)

@@ -4,15 +4,12 @@ step by it: LAMB, LARS and Fromage."""
 import types
 from typing import Any
 
+import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array
 
 from ..._core._leafwise import AbstractLeafwiseOptimizer
-from ..._core._tree import abs_sq
-
-
-def _norm(x: Array) -> Array:
-    return jnp.sqrt(jnp.sum(abs_sq(x)))
+from ..._core._shards import AxisName, leaf_norm
 
 
 def trust_ratio(
@@ -22,13 +19,16 @@ def trust_ratio(
     min_norm: Any = 0.0,
     trust_coefficient: Any = 1.0,
     eps: Any = 0.0,
+    axis_name: AxisName = None,
+    owner: str = "trust_ratio",
 ) -> Array:
     """`trust_coefficient * max(|p|, min_norm) / (max(|u|, min_norm) + eps)` for one
-    leaf (Frobenius norms), and `1` where either clipped norm is zero, so that a zero
-    parameter or a zero update is not frozen forever (as `optax.scale_by_trust_ratio`).
+    leaf (Frobenius norms of the whole leaf: with `axis_name`, over every device's
+    block), and `1` where either clipped norm is zero, so that a zero parameter or
+    a zero update is not frozen forever (as `optax.scale_by_trust_ratio`).
     """
-    param_norm = jnp.maximum(_norm(param), min_norm)
-    update_norm = jnp.maximum(_norm(update), min_norm)
+    param_norm = jnp.maximum(leaf_norm(param, axis_name, owner), min_norm)
+    update_norm = jnp.maximum(leaf_norm(update, axis_name, owner), min_norm)
     zero = (param_norm == 0.0) | (update_norm == 0.0)
     safe_denominator = jnp.where(zero, 1.0, update_norm + eps)
     return jnp.where(zero, 1.0, trust_coefficient * param_norm / safe_denominator)
@@ -42,9 +42,12 @@ class AbstractTrustRatioOptimizer(AbstractLeafwiseOptimizer):
     A subclass writes its `leaf` rule with `self.scaled(h, r, p)` for the scaled
     direction, and says which of its hyperparameters shape the ratio by overriding
     `ratio_options` (by default none: `min_norm=0`, `trust_coefficient=1`, `eps=0`).
+    Each declares `axis_name = axis_name_field()`: the norms of whole leaves inside
+    `jax.shard_map` (`_core._shards`).
     """
 
     elementwise = False
+    axis_name: eqx.AbstractVar[AxisName]
 
     def ratio_options(self, h: types.SimpleNamespace) -> dict[str, Any]:
         """Keyword arguments of `trust_ratio` from the hyperparameters at this step."""
@@ -53,4 +56,11 @@ class AbstractTrustRatioOptimizer(AbstractLeafwiseOptimizer):
 
     def scaled(self, h: types.SimpleNamespace, r: Array, p: Array) -> Array:
         """`r` times the trust ratio of the leaf `p`."""
-        return trust_ratio(r, p, **self.ratio_options(h)) * r
+        ratio = trust_ratio(
+            r,
+            p,
+            **self.ratio_options(h),
+            axis_name=self.axis_name,
+            owner=type(self).__name__,
+        )
+        return ratio * r

@@ -8,11 +8,13 @@ from jaxtyping import Array, Float, Int, PyTree
 from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
     ScalarOrSchedule,
+    axis_name_field,
     hyper,
     learning_rate_field,
     values_at,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._shards import AxisName
 from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
 from ._sums import copy_params, re_dot, tree_sums
 
@@ -77,7 +79,13 @@ class DAdaptAdamW(AbstractEngineTransform):
     - `d0`: the initial (under-)estimate of the learning rate, `> 0` (a number:
       the state starts at it).
     - `weight_decay`: decoupled decay coefficient (times `dlr`), `>= 0`.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      whole-tree sums its step size comes from cover the whole model (each leaf
+      summed over the named axes it is split over), as the unsharded run. `None`
+      (default): this device's blocks only.
     """
+
+    axis_name: AxisName = axis_name_field()
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
     b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
@@ -119,7 +127,13 @@ class DAdaptAdamW(AbstractEngineTransform):
             return jnp.stack([slope, jnp.sum(jnp.abs(s))]), mu, nu, s
 
         total, (mu, nu, grad_sum) = tree_sums(
-            moments, 2, grads, params, (state.mu, state.nu, state.grad_sum)
+            moments,
+            2,
+            grads,
+            params,
+            (state.mu, state.nu, state.grad_sum),
+            axis_name=self.axis_name,
+            owner=type(self).__name__,
         )
         numerator = r * state.numerator + (1 - r) * dlr * total[0]
         l1 = total[1]
@@ -205,7 +219,13 @@ class DAdaptSGD(AbstractEngineTransform):
       state starts at it).
     - `growth_rate`: the largest factor by which `d` may grow in one step,
       `>= 1`; `None` (the default, the authors' `inf`) leaves it unrestricted.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      whole-tree sums its step size comes from cover the whole model (each leaf
+      summed over the named axes it is split over), as the unsharded run. `None`
+      (default): this device's blocks only.
     """
+
+    axis_name: AxisName = axis_name_field()
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
     momentum: ScalarOrSchedule = hyper(0.0, low=0.0, high=1.0, high_open=True)
@@ -234,7 +254,14 @@ class DAdaptSGD(AbstractEngineTransform):
             g = g + wd * p
             return (jnp.sum(abs_sq(g))[None],)
 
-        g_sq = tree_sums(grad_norm, 1, grads, params)[0][0]
+        g_sq = tree_sums(
+            grad_norm,
+            1,
+            grads,
+            params,
+            axis_name=self.axis_name,
+            owner=type(self).__name__,
+        )[0][0]
         g0_norm = jnp.where(state.g0_norm > 0, state.g0_norm, jnp.sqrt(g_sq))
         d = state.d
         dlr = jnp.where(
@@ -245,7 +272,15 @@ class DAdaptSGD(AbstractEngineTransform):
             s = s + dlr * (g + wd * p)
             return jnp.sum(abs_sq(s))[None], s
 
-        sk_sq, (grad_sum,) = tree_sums(accumulate, 1, grads, params, (state.grad_sum,))
+        sk_sq, (grad_sum,) = tree_sums(
+            accumulate,
+            1,
+            grads,
+            params,
+            (state.grad_sum,),
+            axis_name=self.axis_name,
+            owner=type(self).__name__,
+        )
         sk_sq = sk_sq[0]
         gsq_weighted = state.gsq_weighted + dlr * dlr * g_sq
         sk_norm = jnp.sqrt(sk_sq)

@@ -9,6 +9,7 @@ from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
     MaskLike,
     ScalarOrSchedule,
+    axis_name_field,
     choice_field,
     hyper,
     learning_rate_field,
@@ -17,16 +18,18 @@ from ..._core._fields import (
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._masks import decay_flags
+from ..._core._shards import AxisName, shard_total
 from ..._core._tree import abs_sq, increment, is_float_leaf, zero_step
 from ._sums import copy_params, real_dtype, tree_sums
 
 
-def _norm(params: PyTree) -> Float[Array, ""]:
-    total = jnp.zeros((), jnp.float32)
-    for p in jax.tree.leaves(params):
-        if is_float_leaf(p):
-            total = total + jnp.sum(abs_sq(p)).astype(jnp.float32)
-    return jnp.sqrt(total)
+def _norm(params: PyTree, axis_name: AxisName) -> Float[Array, ""]:
+    squares = [
+        jnp.sum(abs_sq(p)).astype(jnp.float32)
+        for p in jax.tree.leaves(params)
+        if is_float_leaf(p)
+    ]
+    return jnp.sqrt(shard_total(squares, axis_name, "DoG", jnp.float32))
 
 
 class DoGState(eqx.Module):
@@ -83,6 +86,10 @@ class DoG(AbstractEngineTransform):
     - `weight_decay`: coefficient of `p` added to the gradient, `>= 0`.
     - `mask`: which leaves get weight decay: `None` (all), a tree of bools (or a
       prefix of params' structure), or a function of params returning one.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      whole-tree sums its step size comes from cover the whole model (each leaf
+      summed over the named axes it is split over), as the unsharded run. `None`
+      (default): this device's blocks only.
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
@@ -94,13 +101,16 @@ class DoG(AbstractEngineTransform):
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0)
     weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
     mask: MaskLike = mask_field()
+    axis_name: AxisName = axis_name_field()
 
     def init(self, params: Params) -> DoGState:
         decay_flags(self.mask, params)  # a bad mask fails here
         if self.init_step == "distance":
             r_eps = jnp.asarray(self.init_value, jnp.float32)
         elif self.init_step == "heuristic":
-            r_eps = jnp.asarray(self.init_value, jnp.float32) * (1 + _norm(params))
+            r_eps = jnp.asarray(self.init_value, jnp.float32) * (
+                1 + _norm(params, self.axis_name)
+            )
         else:
             r_eps = jnp.zeros((), jnp.float32)
         return DoGState(
@@ -116,7 +126,9 @@ class DoG(AbstractEngineTransform):
         h = values_at(self, state.step)
         flags = decay_flags(self.mask, params)
         wd = h.weight_decay
-        total, params0 = _sums(grads, params, state.params0, flags, wd)
+        total, params0 = _sums(
+            grads, params, state.params0, flags, wd, self.axis_name, type(self).__name__
+        )
         max_dist = jnp.maximum(state.max_dist, jnp.sqrt(total[0]))
         sum_sq = state.sum_sq_norm_grads + total[1]
         eta = max_dist / jnp.sqrt(sum_sq + h.eps)
@@ -179,6 +191,10 @@ class DoWG(AbstractEngineTransform):
     - `weight_decay`: coefficient of `p` added to the gradient, `>= 0`.
     - `mask`: which leaves get weight decay: `None` (all), a tree of bools (or a
       prefix of params' structure), or a function of params returning one.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      whole-tree sums its step size comes from cover the whole model (each leaf
+      summed over the named axes it is split over), as the unsharded run. `None`
+      (default): this device's blocks only.
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
@@ -190,6 +206,7 @@ class DoWG(AbstractEngineTransform):
     eps: ScalarOrSchedule = hyper(1e-4, low=0.0, low_open=True, schedule=False)
     weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
     mask: MaskLike = mask_field()
+    axis_name: AxisName = axis_name_field()
 
     def init(self, params: Params) -> DoWGState:
         decay_flags(self.mask, params)  # a bad mask fails here
@@ -207,7 +224,9 @@ class DoWG(AbstractEngineTransform):
         h = values_at(self, state.step)
         flags = decay_flags(self.mask, params)
         wd = h.weight_decay
-        total, params0 = _sums(grads, params, state.params0, flags, wd)
+        total, params0 = _sums(
+            grads, params, state.params0, flags, wd, self.axis_name, type(self).__name__
+        )
         estim = jnp.maximum(state.estim_sq_dist, total[0])
         weighted = state.weighted_sq_norm_grads + estim * total[1]
         scale = h.learning_rate * estim / (jnp.sqrt(weighted) + h.eps)
@@ -220,7 +239,7 @@ class DoWG(AbstractEngineTransform):
         )
 
 
-def _sums(grads, params, params0, flags, wd):
+def _sums(grads, params, params0, flags, wd, axis_name, owner):
     # Both whole-tree sums in one pass: |p - p0|^2 and |g|^2 (g with the decay).
     def sums(g, p, p0, decayed):
         if decayed:
@@ -228,7 +247,9 @@ def _sums(grads, params, params0, flags, wd):
         moved = jnp.sum(abs_sq(p - p0))
         return jnp.stack([moved, jnp.sum(abs_sq(g))]).astype(jnp.float32), p0
 
-    total, (params0,) = tree_sums(sums, 2, grads, params, (params0,), flags)
+    total, (params0,) = tree_sums(
+        sums, 2, grads, params, (params0,), flags, axis_name=axis_name, owner=owner
+    )
     return total, params0
 
 

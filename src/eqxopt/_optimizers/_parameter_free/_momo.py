@@ -11,12 +11,14 @@ from jaxtyping import Array, Float, Int, PyTree
 from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
     ScalarOrSchedule,
+    axis_name_field,
     flag_field,
     hyper,
     learning_rate_field,
     values_at,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._shards import AxisName
 from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
 from ._sums import re_dot, tree_sums
 
@@ -151,7 +153,13 @@ class Momo(AbstractEngineTransform):
       non-negative), a number: the state starts at it.
     - `weight_decay`: decoupled decay coefficient, `>= 0`.
     - `adapt_lower_bound`: update the lower bound from the losses seen.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      whole-tree sums its step size comes from cover the whole model (each leaf
+      summed over the named axes it is split over), as the unsharded run. `None`
+      (default): this device's blocks only.
     """
+
+    axis_name: AxisName = axis_name_field()
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
     beta: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
@@ -187,7 +195,15 @@ class Momo(AbstractEngineTransform):
             sums = jnp.stack([re_dot(g, p), jnp.sum(abs_sq(mu)), re_dot(mu, p)])
             return sums, mu
 
-        total, (mu,) = tree_sums(moments, 3, grads, params, (state.mu,))
+        total, (mu,) = tree_sums(
+            moments,
+            3,
+            grads,
+            params,
+            (state.mu,),
+            axis_name=self.axis_name,
+            owner=type(self).__name__,
+        )
         tau, shrink, scalars = _model_step(self, h, state, value, b, total, 1.0)
 
         def step(g, p, mu):
@@ -261,7 +277,13 @@ class MomoAdam(AbstractEngineTransform):
       non-negative), a number: the state starts at it.
     - `weight_decay`: decoupled decay coefficient, `>= 0`.
     - `adapt_lower_bound`: update the lower bound from the losses seen.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      whole-tree sums its step size comes from cover the whole model (each leaf
+      summed over the named axes it is split over), as the unsharded run. `None`
+      (default): this device's blocks only.
     """
+
+    axis_name: AxisName = axis_name_field()
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1e-2)
     b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
@@ -307,7 +329,15 @@ class MomoAdam(AbstractEngineTransform):
             sums = jnp.stack([re_dot(g, p), re_dot(mu, mu / precond), re_dot(mu, p)])
             return sums, mu, nu
 
-        total, (mu, nu) = tree_sums(moments, 3, grads, params, (state.mu, state.nu))
+        total, (mu, nu) = tree_sums(
+            moments,
+            3,
+            grads,
+            params,
+            (state.mu, state.nu),
+            axis_name=self.axis_name,
+            owner=type(self).__name__,
+        )
         tau, shrink, scalars = _model_step(self, h, state, value, b1, total, bc1)
 
         def step(g, p, mu, nu):

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
 from ..._core._leafwise import map_leaves
+from ..._core._shards import AxisName, shard_total
 from ..._core._tree import is_float_leaf
 
 
@@ -18,14 +19,19 @@ def tree_sums(
     params: PyTree,
     moments: Sequence[PyTree] = (),
     flags: Sequence[Any] | None = None,
+    *,
+    axis_name: AxisName = None,
+    owner: str = "",
 ) -> tuple[Float[Array, " size"], tuple[PyTree, ...]]:
     """Runs `rule(g, p, *moments[, flag]) -> (sums, *new_moments)` on every leaf
     that has a gradient (through the engine, so dtypes and `None` gradients are
-    handled once) and adds up the `size` float32 sums each leaf returns."""
+    handled once) and adds up the `size` float32 sums each leaf returns (with
+    `axis_name`, over every device's block: `_shards.shard_total`)."""
     per_leaf, new = map_leaves(rule, grads, params, moments, flags=flags)
-    total = jnp.zeros(size, jnp.float32)
-    for s in jax.tree.leaves(per_leaf):
-        total = total + s.astype(jnp.float32)
+    partials = [s.astype(jnp.float32) for s in jax.tree.leaves(per_leaf)]
+    total = jnp.zeros(size, jnp.float32) + shard_total(
+        partials, axis_name, owner, jnp.float32
+    )
     return total, new
 
 

@@ -13,6 +13,7 @@ from ..._core._checks import float_dtype_or_none, static_count
 from ..._core._fields import (
     MaskLike,
     ScalarOrSchedule,
+    axis_name_field,
     checked_field,
     count_field,
     flag_field,
@@ -23,6 +24,13 @@ from ..._core._fields import (
 )
 from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
+from ..._core._shards import (
+    AxisName,
+    global_shape,
+    shard_mean,
+    shard_sum_dims,
+    split_axes,
+)
 from ..._core._tree import (
     abs_sq,
     align_grads,
@@ -121,6 +129,13 @@ class Adafactor(AbstractTransform):
     - `factored`: `False` keeps a full second moment for every leaf.
     - `weight_decay_mask`: which leaves get weight decay: `None` (all), a tree of
       bools (or a prefix of params), or a function of params returning one.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      statistics of whole leaves, as the unsharded run. A leaf that varies over a
+      named axis is taken to be split along its leading dimension (FSDP's
+      convention): the axes to factor are chosen from the whole leaf's shape, a
+      row or column statistic that spans the split is summed over the axis, and
+      the update clipping and parameter scale use whole-leaf RMS. `None`
+      (default): this device's block of each leaf.
     """
 
     learning_rate: ScalarOrSchedule | None = learning_rate_field(None, optional=True)
@@ -140,6 +155,7 @@ class Adafactor(AbstractTransform):
     eps: ScalarOrSchedule = hyper(1e-30, low=0.0, low_open=True)
     factored: bool = flag_field(True, kw_only=False)
     weight_decay_mask: MaskLike = mask_field(kw_only=False)
+    axis_name: AxisName = axis_name_field()
 
     def factored_axes(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
         """`(b, a)`: the second-largest and largest axis of a leaf of this shape, if
@@ -151,11 +167,18 @@ class Adafactor(AbstractTransform):
             return None
         return int(order[-2]), int(order[-1])
 
+    def _split(self, p: Array) -> tuple:
+        return split_axes(p, self.axis_name, "Adafactor")
+
+    def _leaf_axes(self, p: Array) -> tuple[int, int] | None:
+        # The whole leaf's shape decides, not the block's inside shard_map.
+        return self.factored_axes(global_shape(p, self._split(p)))
+
     def init(self, params: Params) -> AdafactorState:
         def stats(p):
             if not is_float_leaf(p):
                 return None, None, None
-            axes = self.factored_axes(p.shape)
+            axes = self._leaf_axes(p)
             if axes is None:
                 return None, None, full_like_leaf(p)
             b, a = axes
@@ -194,9 +217,7 @@ class Adafactor(AbstractTransform):
         beta = 1.0 - t ** (-h.decay_rate)
 
         leaves, treedef = jax.tree.flatten(params)
-        axes = [
-            self.factored_axes(p.shape) if is_float_leaf(p) else None for p in leaves
-        ]
+        axes = [self._leaf_axes(p) if is_float_leaf(p) else None for p in leaves]
         aligned = align_grads(grads, params)
         factored_grads = treedef.unflatten(
             [g if a is not None else None for g, a in zip(aligned, axes)]
@@ -207,11 +228,19 @@ class Adafactor(AbstractTransform):
 
         def factored_rule(g, p, row, col, leaf_axes):
             b, a = leaf_axes
+            split = self._split(p)
+            whole = global_shape(p, split)
             sq = abs_sq(g) + eps
-            row = beta * row + (1.0 - beta) * jnp.mean(sq, axis=a)
-            col = beta * col + (1.0 - beta) * jnp.mean(sq, axis=b)
+            row_mean = shard_sum_dims(sq, a, split) / whole[a]
+            col_mean = shard_sum_dims(sq, b, split) / whole[b]
+            row = beta * row + (1.0 - beta) * row_mean
+            col = beta * col + (1.0 - beta) * col_mean
             row_b = b - 1 if b > a else b  # axis b of the row statistics
-            row_factor = (row / jnp.mean(row, axis=row_b, keepdims=True)) ** -0.5
+            # The row statistics keep the leaf's split leading dimension unless
+            # that is the one they averaged over.
+            row_split = split if a != 0 else ()
+            row_total = shard_sum_dims(row, row_b, row_split, keepdims=True)
+            row_factor = (row / (row_total / whole[b])) ** -0.5
             col_factor = col**-0.5
             u = g * jnp.expand_dims(row_factor, a) * jnp.expand_dims(col_factor, b)
             return u, row, col
@@ -244,10 +273,10 @@ class Adafactor(AbstractTransform):
         def finish_rule(u, p, *rest):
             *m, decay = rest
             if threshold is not None:
-                u = u / jnp.maximum(1.0, _rms(u) / threshold)
+                u = u / jnp.maximum(1.0, self._rms(u) / threshold)
             u = lr * u
             if self.multiply_by_parameter_scale:
-                u = u * jnp.maximum(_rms(p), _MIN_PARAM_SCALE)
+                u = u * jnp.maximum(self._rms(p), _MIN_PARAM_SCALE)
             if momentum is not None:
                 u = momentum * m[0] + (1.0 - momentum) * u
                 m = [u]
@@ -272,6 +301,6 @@ class Adafactor(AbstractTransform):
             momentum=new_moments[0] if new_moments else None,
         )
 
-
-def _rms(x: Array) -> Array:
-    return jnp.sqrt(jnp.mean(abs_sq(x)))
+    def _rms(self, x: Array) -> Array:
+        """The root-mean-square of the whole leaf whose block here is `x`."""
+        return jnp.sqrt(shard_mean(abs_sq(x), self.axis_name, "Adafactor"))

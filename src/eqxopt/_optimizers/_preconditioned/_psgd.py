@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PyTree, UInt32
 
+from ..._core import _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
 from ..._core._checks import reject_complex, static_count
 from ..._core._fields import (
@@ -356,12 +357,12 @@ class PSGDKron(AbstractTransform):
             precond_lr = h.precond_lr.astype(dtype)
 
             def fit(qs, fit_to=fit_to, probe=probe, blocks=blocks, lr=precond_lr):
-                qs = jax.lax.cond(balance, jax.vmap(_balance), lambda qs: qs, qs)
+                qs = _shards.cond(balance, jax.vmap(_balance), lambda qs: qs, qs)
                 return jax.vmap(_update_factors, in_axes=(0, 0, 0, None))(
                     qs, blocks(fit_to), blocks(probe), lr
                 )
 
-            qs = jax.lax.cond(update, fit, lambda qs: qs, qs)
+            qs = _shards.cond(update, fit, lambda qs: qs, qs)
             qs = tuple(q.astype(dtype) for q in qs)
             pre_blocks = jax.vmap(
                 lambda x, qs: _apply(_apply(x, qs), qs, transpose=True)

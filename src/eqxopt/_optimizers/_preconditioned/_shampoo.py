@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
+from ..._core import _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
 from ..._core._checks import array_count, reject_complex, static_count
 from ..._core._fields import (
@@ -243,7 +244,7 @@ class Shampoo(AbstractTransform):
                     for f in factors
                 )
 
-            roots = jax.lax.cond(
+            roots = _shards.cond(
                 refresh, compute, lambda factors, roots: roots, factors, roots
             )
             s = jax.vmap(_precondition)(to_blocks(filtered, lay), roots)

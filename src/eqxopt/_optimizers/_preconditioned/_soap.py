@@ -121,8 +121,8 @@ class SOAP(AbstractTransform):
     A leaf with no preconditioned axis (a scalar, a 1-D leaf, every axis too long)
     gets plain Adam. On a mesh (Explicit or Auto axes) a split leaf with a
     preconditioned axis has its gradient, value and moments gathered (once each
-    a step on Explicit axes), and its update and moments keep its sharding. optax has no SOAP (optax issue
-    1580); this follows the authors' reference PyTorch implementation without its
+    a step on Explicit axes), and its update and moments keep its sharding. optax
+    has no SOAP (optax issue 1580); this follows the authors' reference PyTorch implementation without its
     `merge_dims` and `normalize_grads` options.
 
     **Arguments:**

@@ -1,0 +1,217 @@
+"""Reductions over parameters inside `jax.shard_map`: the `axis_name` option.
+
+Inside `shard_map` each device holds its own block of a split leaf, so a sum over a
+leaf (a norm, a mean, a count of NaNs) taken there is a partial one. A transform whose
+maths reduces over parameters takes `axis_name` (a mesh axis name or a tuple of
+them), and passes every such partial reduction through `shard_sum`/`shard_total`:
+
+- a value that varies over a named axis (its JAX type says so: `jax.typeof(x).vma`)
+  holds a different block on each device along that axis, so its partial sums are
+  added over that axis (`jax.lax.psum`);
+- a value that does not vary over a named axis is the same on every device along it
+  (a replicated leaf), so it is counted once, not once per device.
+
+A reduction over some dimensions of a leaf only (a unit norm, a factored statistic)
+needs to know which dimension is split, which JAX's types inside `shard_map` do not
+say: a leaf that varies over named axes is taken to be split along its leading
+dimension (FSDP's convention, `PartitionSpec(axes)`), so a sum over dimensions that
+include dimension 0 is summed over those axes and any other is local
+(`shard_sum_dims`).
+
+So with FSDP, where some leaves are split over the axis and the others replicated
+across it, the result equals the unsharded run's (up to the order of the float32
+additions), and is the same on every device. On a JAX without varying-axes types
+(before 0.6), or inside `shard_map(..., check_vma=False)` where every value is typed
+invariant, nothing tells the two kinds apart: every value is then taken to be split
+over every named axis (summed over all of them), so pass replicated leaves' gradients
+only where that is what you mean (or use `check_vma=True`, JAX's default).
+
+`cond` is the `lax.cond` for values that may vary: its branches' outputs are typed
+alike (the held zeros and states of wrappers vary where the run branch's do).
+"""
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array
+
+from . import _jax_api
+
+AxisName = tuple[Hashable, ...] | None
+
+
+def checked_axis_name(name: str, value: Any) -> AxisName:
+    """`None`, or the mesh axis names as a tuple (a single name becomes a 1-tuple);
+    else a `TypeError` naming the argument."""
+    if value is None:
+        return None
+    names = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise TypeError(
+            f"{name} must be None, a mesh axis name (str) or a tuple of them, got "
+            f"{value!r}"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"{name} names a mesh axis twice: {value!r}")
+    return names
+
+
+def _axes_to_reduce(x: Array, axis_name: tuple, owner: str) -> tuple:
+    """The axes of `axis_name` that `x` varies over (all of them when this trace
+    does not type what varies); a `ValueError` for an axis not bound here."""
+    tracked = True
+    for name in axis_name:
+        try:
+            index = jax.lax.axis_index(name)
+        except NameError as e:
+            raise ValueError(
+                f"{owner}: axis_name {name!r} is not a mesh axis bound here; call "
+                "it inside jax.shard_map over a mesh with that axis (or leave "
+                "axis_name=None outside shard_map)"
+            ) from e
+        # axis_index varies over its axis exactly when this trace types what varies.
+        seen = _jax_api.varying_axes(index)
+        tracked = tracked and seen is not None and name in seen
+    if not tracked:
+        return axis_name
+    varying = _jax_api.varying_axes(x) or frozenset()
+    return tuple(n for n in axis_name if n in varying)
+
+
+def shard_sum(x: Array, axis_name: AxisName, owner: str) -> Array:
+    """`x`, a sum taken over this device's block, summed over the axes of
+    `axis_name` it varies over (see the module docstring); `x` itself for
+    `axis_name=None`. `owner` names the transform in error messages."""
+    if axis_name is None:
+        return x
+    axes = _axes_to_reduce(x, axis_name, owner)
+    return jax.lax.psum(x, axes) if axes else x
+
+
+def shard_total(
+    partials: Sequence[Array], axis_name: AxisName, owner: str, dtype: Any
+) -> Array:
+    """The sum of `partials` (per-leaf sums, each over this device's block), each
+    summed over the axes of `axis_name` it varies over: one `psum` per distinct set
+    of axes, of the local sum of the partials that share it. `0` (of `dtype`) for
+    none."""
+    total = jnp.zeros((), dtype)
+    if axis_name is None:
+        for x in partials:
+            total = total + x.astype(dtype)
+        return total
+    groups: dict[tuple, Array] = {}
+    for x in partials:
+        axes = _axes_to_reduce(x, axis_name, owner)
+        groups[axes] = groups.get(axes, jnp.zeros((), dtype)) + x.astype(dtype)
+    for axes, part in groups.items():
+        total = total + (jax.lax.psum(part, axes) if axes else part)
+    return total
+
+
+def shard_size(x: Array, axis_name: AxisName, owner: str) -> int:
+    """The number of elements of the whole leaf whose block on this device is `x`:
+    `x.size` times the sizes of the axes of `axis_name` it varies over (a Python
+    int, for means over a split leaf)."""
+    if axis_name is None:
+        return x.size
+    size = x.size
+    for name in _axes_to_reduce(x, axis_name, owner):
+        size *= jax.lax.psum(1, name)
+    return size
+
+
+def shard_max(x: Array, axis_name: AxisName, owner: str) -> Array:
+    """`x`, a maximum taken over this device's block, maximised over the axes of
+    `axis_name` it varies over; `x` itself for `axis_name=None`."""
+    if axis_name is None:
+        return x
+    axes = _axes_to_reduce(x, axis_name, owner)
+    return jax.lax.pmax(x, axes) if axes else x
+
+
+def split_axes(x: Array, axis_name: AxisName, owner: str) -> tuple:
+    """The axes of `axis_name` that `x` is split over (varies over); `()` for
+    `axis_name=None` or a replicated leaf."""
+    if axis_name is None:
+        return ()
+    return _axes_to_reduce(x, axis_name, owner)
+
+
+def global_shape(x: Array, axes: tuple) -> tuple[int, ...]:
+    """The shape of the whole leaf whose block here is `x`, split over `axes`
+    (from `split_axes`) along its leading dimension."""
+    if not axes or not x.ndim:
+        return tuple(x.shape)
+    n = 1
+    for name in axes:
+        n *= jax.lax.psum(1, name)
+    return (x.shape[0] * n, *x.shape[1:])
+
+
+def shard_sum_dims(
+    x: Array, dims: int | tuple[int, ...] | None, axes: tuple, keepdims: bool = False
+) -> Array:
+    """`jnp.sum(x, dims)` over the whole leaf whose block here is `x`, split over
+    `axes` (from `split_axes`) along its leading dimension: summed over `axes` when
+    the dimensions summed (`None`: all) include the leading one."""
+    total = jnp.sum(x, axis=dims, keepdims=keepdims)
+    if not axes or not x.ndim:
+        return total
+    if dims is None:
+        leading = True
+    else:
+        listed = (dims,) if isinstance(dims, int) else dims
+        leading = any(d % x.ndim == 0 for d in listed)
+    return jax.lax.psum(total, axes) if leading else total
+
+
+def leaf_norm(x: Array, axis_name: AxisName, owner: str) -> Array:
+    """The Euclidean (Frobenius) norm of the whole leaf whose block here is `x`."""
+    return jnp.sqrt(shard_sum(jnp.sum(_abs_sq(x)), axis_name, owner))
+
+
+def _abs_sq(x: Array) -> Array:
+    return jnp.real(x * jnp.conj(x)) if jnp.iscomplexobj(x) else x * x
+
+
+def shard_mean(x: Array, axis_name: AxisName, owner: str) -> Array:
+    """The mean of all elements of the leaf whose block on this device is `x`."""
+    return shard_sum(jnp.sum(x), axis_name, owner) / shard_size(x, axis_name, owner)
+
+
+def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:
+    """`jax.lax.cond(pred, true_fn, false_fn, *operands)` for branches whose outputs
+    agree in shape and dtype but may differ in the manual mesh axes they vary over
+    (inside `shard_map`: zeros or a held state in one branch, results computed from
+    split gradients in the other). Each output is typed as varying over the union
+    of the two branches' axes; elsewhere this is plain `lax.cond`."""
+    try:
+        yes = jax.eval_shape(true_fn, *operands)
+        no = jax.eval_shape(false_fn, *operands)
+        target = jax.tree.map(
+            lambda a, b: (
+                (_jax_api.varying_axes(a) or frozenset())
+                | (_jax_api.varying_axes(b) or frozenset())
+            ),
+            yes,
+            no,
+        )
+    except (TypeError, ValueError):  # mismatched branches: lax.cond says how
+        return jax.lax.cond(pred, true_fn, false_fn, *operands)
+    if not any(jax.tree.leaves(target)):
+        return jax.lax.cond(pred, true_fn, false_fn, *operands)
+
+    def cast(x: Any, axes: frozenset) -> Any:
+        have = _jax_api.varying_axes(x) or frozenset()
+        return _jax_api.pvary(x, tuple(sorted(axes - have, key=str)))
+
+    def typed(fn: Callable) -> Callable:
+        def run(*args: Any) -> Any:
+            return jax.tree.map(cast, fn(*args), target)
+
+        return run
+
+    return jax.lax.cond(pred, typed(true_fn), typed(false_fn), *operands)
