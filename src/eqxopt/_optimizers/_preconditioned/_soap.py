@@ -122,8 +122,8 @@ class SOAP(AbstractTransform):
     gets plain Adam. On a mesh (Explicit or Auto axes) a split leaf with a
     preconditioned axis has its gradient, value and moments gathered (once each
     a step on Explicit axes), and its update and moments keep its sharding. optax
-    has no SOAP (optax issue 1580); this follows the authors' reference PyTorch implementation without its
-    `merge_dims` and `normalize_grads` options.
+    has no SOAP (optax issue 1580); this follows the authors' reference PyTorch
+    implementation without its `merge_dims` and `normalize_grads` options.
 
     **Arguments:**
 
