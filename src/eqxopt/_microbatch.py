@@ -8,6 +8,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ._core._tree import compute_dtype
+
 
 def microbatch(
     fn: Callable[..., Any],
@@ -85,7 +87,7 @@ def microbatch(
 
         def wide(dtype: Any) -> Any:
             if jnp.issubdtype(dtype, jnp.inexact):
-                return jnp.promote_types(dtype, jnp.float32)
+                return compute_dtype(dtype)
             return dtype
 
         def body(total: Any, slices: dict) -> tuple[Any, None]:

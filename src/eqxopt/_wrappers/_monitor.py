@@ -11,7 +11,13 @@ from jaxtyping import Array, Float
 from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._fields import axis_name_field, values_at
 from .._core._shards import AxisName, shard_total
-from .._core._tree import abs_sq, align_grads, is_float_leaf, zero_step
+from .._core._tree import (
+    abs_sq,
+    align_grads,
+    compute_dtype,
+    is_float_leaf,
+    zero_step,
+)
 from ._chain import Chain, ChainState
 from ._partition import Partition, PartitionState
 from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
@@ -77,7 +83,7 @@ class MonitorState(eqx.Module):
 
 def _global_norm(leaves: list[Any], axis_name: AxisName) -> Array:
     squares = [
-        jnp.sum(abs_sq(x.astype(jnp.promote_types(x.dtype, jnp.float32))))
+        jnp.sum(abs_sq(x.astype(compute_dtype(x.dtype))))
         for x in leaves
         if x is not None
     ]

@@ -10,7 +10,7 @@ from jaxtyping import Array, Bool, Float
 from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._fields import axis_name_field, hyper
 from .._core._shards import AxisName, shard_total
-from .._core._tree import abs_sq, align_grads, is_float_leaf
+from .._core._tree import abs_sq, align_grads, compute_dtype, is_float_leaf
 from ._wrapper import AbstractSingleWrapper, inner_field
 
 
@@ -67,7 +67,7 @@ class SkipLargeUpdates(AbstractSingleWrapper):
         self, grads: Grads, state: SkipLargeUpdatesState, params: Params, **extra: Any
     ) -> tuple[Updates, SkipLargeUpdatesState]:
         squares = [
-            jnp.sum(abs_sq(g.astype(jnp.promote_types(g.dtype, jnp.float32))))
+            jnp.sum(abs_sq(g.astype(compute_dtype(g.dtype))))
             for g, p in zip(align_grads(grads, params), jax.tree.leaves(params))
             if g is not None and is_float_leaf(p)
         ]
