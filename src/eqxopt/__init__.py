@@ -18,6 +18,10 @@ from ._core import (
     tree_norm as tree_norm,
     tree_set as tree_set,
 )
+from ._distributed import (
+    shard_state as shard_state,
+    state_shardings as state_shardings,
+)
 from ._interop import (
     FromOptax as FromOptax,
     FromOptaxState as FromOptaxState,
@@ -417,6 +421,8 @@ __all__ = [
     "round_stochastic_bf16",
     "set_native_kernels",
     "set_split_compilation",
+    "shard_state",
+    "state_shardings",
     "tree_cast",
     "tree_get",
     "tree_norm",

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import PyTree, jaxtyped
 
-from . import _dispatch, _seam
+from . import _dispatch, _placement, _seam
 from ._checks import check_grads, check_state, name_converters
 from ._tree import apply_updates, cast_like, promotion_for
 
@@ -146,8 +146,9 @@ class AbstractTransform(eqx.Module):
         dtype (`None` for leaves that are not updated).
         """
         _check_donate(donate)
+        entry = _update_entry_donated if donate else _update_entry
         new_state, updates = _dispatch.call(
-            _update_entry_donated if donate else _update_entry,
+            _placement.entry_for(entry, _placement.signature(params, state)),
             (self, grads, state, params, _numbers_as_arrays(extra) if extra else extra),
             (2,) if donate else (),
             bools=(3, 4),
@@ -174,8 +175,9 @@ class AbstractTransform(eqx.Module):
         non-float leaves are passed through unchanged.
         """
         _check_donate(donate)
+        entry = _step_entry_donated if donate else _step_entry
         return _dispatch.call(
-            _step_entry_donated if donate else _step_entry,
+            _placement.entry_for(entry, _placement.signature(params, state)),
             (self, grads, params, state, _numbers_as_arrays(extra) if extra else extra),
             (2, 3) if donate else (),
             bools=(2, 4),
@@ -271,35 +273,46 @@ def _checked(
 
 
 # Each entry tells the engine, through the seam, whether its outputs may overwrite
-# the donated inputs.
+# the donated inputs, and places its outputs like the inputs they replace
+# (`_placement`: `placement` holds the concrete inputs' shardings where they span
+# several devices), so that a state sharded unlike its parameters (ZeRO-1) leaves
+# every parameter's sharding alone and donated buffers are reused.
 
 
-def _update(opt, grads, state, params, extra, *, donated):
+def _update(opt, grads, state, params, extra, *, donated, placement):
     method = type(opt).transform
     updates, new_state = _seam.traced(
         lambda: _checked(method, opt, grads, state, params, extra), in_place=donated
     )
-    return new_state, cast_like(updates, params)
+    on_params, on_state = placement or (None, None)
+    new_state = _placement.keep(new_state, state, on_state)
+    updates = _placement.keep(cast_like(updates, params), params, on_params)
+    return new_state, updates
 
 
-def _step(opt, grads, params, state, extra, *, donated):
+def _step(opt, grads, params, state, extra, *, donated, placement):
     method = type(opt).transform_step
-    return _seam.traced(
+    new_params, new_state = _seam.traced(
         lambda: _checked(method, opt, grads, state, params, extra), in_place=donated
+    )
+    on_params, on_state = placement or (None, None)
+    return (
+        _placement.keep(new_params, params, on_params),
+        _placement.keep(new_state, state, on_state),
     )
 
 
-def _update_entry(opt, grads, state, params, extra):
-    return _update(opt, grads, state, params, extra, donated=False)
+def _update_entry(opt, grads, state, params, extra, placement=None):
+    return _update(opt, grads, state, params, extra, donated=False, placement=placement)
 
 
-def _update_entry_donated(opt, grads, state, params, extra):
-    return _update(opt, grads, state, params, extra, donated=True)
+def _update_entry_donated(opt, grads, state, params, extra, placement=None):
+    return _update(opt, grads, state, params, extra, donated=True, placement=placement)
 
 
-def _step_entry(opt, grads, params, state, extra):
-    return _step(opt, grads, params, state, extra, donated=False)
+def _step_entry(opt, grads, params, state, extra, placement=None):
+    return _step(opt, grads, params, state, extra, donated=False, placement=placement)
 
 
-def _step_entry_donated(opt, grads, params, state, extra):
-    return _step(opt, grads, params, state, extra, donated=True)
+def _step_entry_donated(opt, grads, params, state, extra, placement=None):
+    return _step(opt, grads, params, state, extra, donated=True, placement=placement)

@@ -22,3 +22,21 @@ def shard_map(
     from jax.experimental.shard_map import shard_map as old  # pyright: ignore
 
     return old(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=check)
+
+
+def explicit_sharding(x: Any) -> Any:
+    """The sharding in `x`'s type when its mesh has an Explicit axis (JAX's sharding
+    in types, `jax.typeof(x).sharding`), else `None` (Auto meshes, and JAX before
+    explicit sharding, whose types carry no sharding)."""
+    typeof = getattr(jax, "typeof", None)
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    if typeof is None or explicit is None:
+        return None
+    sharding = getattr(typeof(x), "sharding", None)
+    axis_types = getattr(getattr(sharding, "mesh", None), "axis_types", ())
+    return sharding if explicit in tuple(axis_types) else None
+
+
+def reshard(x: Any, sharding: Any) -> Any:
+    """`jax.sharding.reshard` (only reached where `explicit_sharding` found one)."""
+    return jax.sharding.reshard(x, sharding)  # pyright: ignore
