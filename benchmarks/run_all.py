@@ -23,6 +23,7 @@ CASES = [
     "bench_memory.py",
     "bench_state_memory.py",
     "bench_bf16_memory.py",
+    "bench_zero1.py",
 ]
 
 
