@@ -25,6 +25,7 @@ CASES = [
     "bench_bf16_memory.py",
     "bench_native_shard.py",
     "bench_fsdp.py",
+    "bench_zero1.py",
 ]
 
 

@@ -19,7 +19,9 @@ from ._core import (
     tree_set as tree_set,
 )
 from ._distributed import (
+    shard_state as shard_state,
     sharded_deserialise_filter_spec as sharded_deserialise_filter_spec,
+    state_shardings as state_shardings,
 )
 from ._interop import (
     FromOptax as FromOptax,
@@ -421,6 +423,8 @@ __all__ = [
     "set_native_kernels",
     "set_split_compilation",
     "sharded_deserialise_filter_spec",
+    "shard_state",
+    "state_shardings",
     "tree_cast",
     "tree_get",
     "tree_norm",

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import PyTree, jaxtyped
 
-from . import _dispatch, _seam
+from . import _dispatch, _placement, _seam
 from ._checks import check_grads, check_state, name_converters
 from ._placement import placing_init, raise_if_misplaced
 from ._tree import apply_updates, cast_like, promotion_for
@@ -151,9 +151,10 @@ class AbstractTransform(eqx.Module):
         dtype (`None` for leaves that are not updated).
         """
         _check_donate(donate)
+        entry = _update_entry_donated if donate else _update_entry
         try:
             new_state, updates = _dispatch.call(
-                _update_entry_donated if donate else _update_entry,
+                _placement.entry_for(entry, _placement.signature(params, state)),
                 (
                     self,
                     grads,
@@ -190,9 +191,10 @@ class AbstractTransform(eqx.Module):
         non-float leaves are passed through unchanged.
         """
         _check_donate(donate)
+        entry = _step_entry_donated if donate else _step_entry
         try:
             return _dispatch.call(
-                _step_entry_donated if donate else _step_entry,
+                _placement.entry_for(entry, _placement.signature(params, state)),
                 (
                     self,
                     grads,
@@ -298,42 +300,66 @@ def _checked(
 
 
 # Each entry tells the engine, through the seam, whether its outputs may overwrite
-# the donated inputs, and (donated entries) where the inputs live: `placement`, a
-# pytree without leaves whose static data keys the compiled step.
+# the donated inputs and (donated entries) where the inputs live: `native`, a pytree
+# without leaves whose static data keys the compiled step (the native kernels run per
+# shard). It places its outputs like the inputs they replace (`_placement.keep`;
+# `placement` holds the concrete inputs' shardings where they span several devices),
+# so that a state sharded unlike its parameters (ZeRO-1) leaves every parameter's
+# sharding alone and donated buffers are reused.
 
 
-def _update(opt, grads, state, params, extra, placement, *, donated):
+def _update(opt, grads, state, params, extra, native, *, donated, placement):
     method = type(opt).transform
     updates, new_state = _seam.traced(
         lambda: _checked(method, opt, grads, state, params, extra),
         in_place=donated,
-        placement=placement,
+        placement=native,
         inputs=(grads, params, state),
     )
-    return new_state, cast_like(updates, params)
+    on_params, on_state = placement or (None, None)
+    new_state = _placement.keep(new_state, state, on_state)
+    updates = _placement.keep(cast_like(updates, params), params, on_params)
+    return new_state, updates
 
 
-def _step(opt, grads, params, state, extra, placement, *, donated):
+def _step(opt, grads, params, state, extra, native, *, donated, placement):
     method = type(opt).transform_step
-    return _seam.traced(
+    new_params, new_state = _seam.traced(
         lambda: _checked(method, opt, grads, state, params, extra),
         in_place=donated,
-        placement=placement,
+        placement=native,
         inputs=(grads, params, state),
+    )
+    on_params, on_state = placement or (None, None)
+    return (
+        _placement.keep(new_params, params, on_params),
+        _placement.keep(new_state, state, on_state),
     )
 
 
-def _update_entry(opt, grads, state, params, extra, placement=None):
-    return _update(opt, grads, state, params, extra, placement, donated=False)
+def _update_entry(opt, grads, state, params, extra, native=None, *, placement=None):
+    return _update(
+        opt, grads, state, params, extra, native, donated=False, placement=placement
+    )
 
 
-def _update_entry_donated(opt, grads, state, params, extra, placement=None):
-    return _update(opt, grads, state, params, extra, placement, donated=True)
+def _update_entry_donated(
+    opt, grads, state, params, extra, native=None, *, placement=None
+):
+    return _update(
+        opt, grads, state, params, extra, native, donated=True, placement=placement
+    )
 
 
-def _step_entry(opt, grads, params, state, extra, placement=None):
-    return _step(opt, grads, params, state, extra, placement, donated=False)
+def _step_entry(opt, grads, params, state, extra, native=None, *, placement=None):
+    return _step(
+        opt, grads, params, state, extra, native, donated=False, placement=placement
+    )
 
 
-def _step_entry_donated(opt, grads, params, state, extra, placement=None):
-    return _step(opt, grads, params, state, extra, placement, donated=True)
+def _step_entry_donated(
+    opt, grads, params, state, extra, native=None, *, placement=None
+):
+    return _step(
+        opt, grads, params, state, extra, native, donated=True, placement=placement
+    )

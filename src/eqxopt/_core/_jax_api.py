@@ -99,3 +99,16 @@ def pvary(x: Any, axes: tuple) -> Any:
         return pcast(x, axes, to="varying")
     old = getattr(jax.lax, "pvary", None)
     return x if old is None else old(x, axes)
+
+
+def explicit_sharding(x: Any) -> Any:
+    """The sharding in `x`'s type when its mesh has an Explicit axis (JAX's sharding
+    in types, `jax.typeof(x).sharding`), else `None` (Auto meshes, and JAX before
+    explicit sharding, whose types carry no sharding)."""
+    typeof = getattr(jax, "typeof", None)
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    if typeof is None or explicit is None:
+        return None
+    sharding = getattr(typeof(x), "sharding", None)
+    axis_types = getattr(getattr(sharding, "mesh", None), "axis_types", ())
+    return sharding if explicit in tuple(axis_types) else None
