@@ -5,8 +5,8 @@ leaves are split along a dimension that 8 divides over an "fsdp" mesh axis, eqxo
 the collectives the optimizer adds (the gradients come in sharded like the
 parameters, so every collective in the compiled step is the optimizer's; the target
 for element-wise optimizers is none). Then the same counts, and the bytes they move,
-for LAMB, Adafactor and Muon against optax's equivalents, and for eqxopt's Muon on an Explicit
-mesh (where `optax.contrib.muon` does not trace).
+for LAMB, Adafactor and Muon against optax's equivalents, and for eqxopt's Muon on an
+Explicit mesh (where `optax.contrib.muon` does not trace).
 
     cd benchmarks && PYTHONPATH=../src ../.venv/bin/python bench_fsdp.py [--no-speed]
 """
