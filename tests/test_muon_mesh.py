@@ -195,8 +195,10 @@ SCRIPT = textwrap.dedent(
             compiled = step.lower(put(gs[0]), state, params).compile()
             found = collectives(compiled.as_text())
             assert len(found["all-gather"]) <= most, (kind, found["all-gather"])
+            # Stepped through `soap.step`, which places every output like its
+            # input (inside a user's jit on Auto axes that needs out_shardings).
             for g in gs:
-                params, state = compiled(put(g), state, params)
+                params, state = soap.step(put(g), state, params)
             for tree, ref, what in ((params, ref_params, "params"),
                                     (state.mu, ref_state.mu, "mu"),
                                     (state.nu, ref_state.nu, "nu")):
