@@ -103,18 +103,36 @@ def freeze_mask(mask: Any, name: str = "mask") -> Any:
     called, and its leaves are checked to be bools (`None` counts as `False`)."""
     if mask is None:
         return None
-    if callable(mask) and not isinstance(mask, eqx.Module):
-        try:
-            hash(mask)
-        except TypeError:
-            raise TypeError(f"{name} must be hashable when it is a function") from None
+    if is_kept_function(name, mask):
         return mask
-    with_paths, treedef = jax.tree_util.tree_flatten_with_path(mask, is_leaf=is_none)
-    leaves = tuple(
-        None if value is None else _as_bool(name, jax.tree_util.keystr(path), value)
+    treedef, leaves = checked_leaves(name, mask, _as_bool)
+    return _TreeMask(treedef, tuple(leaves))
+
+
+def is_kept_function(name: str, value: Any) -> bool:
+    """Whether a per-leaf option (a mask, multipliers) is a function of params to
+    keep as it is and call at each step: callable and not an Equinox module (whose
+    leaves are the tree itself). A function must be hashable (a static field)."""
+    if not callable(value) or isinstance(value, eqx.Module):
+        return False
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"{name} must be hashable when it is a function") from None
+    return True
+
+
+def checked_leaves(
+    name: str, tree: Any, check: Callable[[str, str, Any], Any]
+) -> tuple[Any, list[Any]]:
+    """`tree`'s treedef (`None` counting as a leaf) and its leaves, each but `None`
+    passed through `check(name, path, leaf)` (which raises naming `name + path`)."""
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_none)
+    leaves = [
+        None if value is None else check(name, jax.tree_util.keystr(path), value)
         for path, value in with_paths
-    )
-    return _TreeMask(treedef, leaves)
+    ]
+    return treedef, leaves
 
 
 def decay_flags(mask: Any, params: PyTree, name: str = "mask") -> list[bool]:

@@ -739,6 +739,34 @@ class Result(NamedTuple):
     moments: list[jax.Array]
 
 
+def waits(grads: Sequence[Any]) -> list[list[Any]]:
+    """Per leaf, the gradients its call waits for (`order_after`): the last
+    `_WAIT_FOR` gradients before it that are not `None`."""
+    before: list[list[Any]] = []
+    previous: list[Any] = []
+    for g in grads:
+        before.append(previous)
+        if g is not None:
+            previous = [*previous, g][-_WAIT_FOR:]
+    return before
+
+
+def checked_rule(
+    rules: dict[tuple, Rule],
+    fn: Callable[..., Any],
+    n_moments: int,
+    flag: tuple,
+    p: Any,
+) -> Rule:
+    """The `Rule` of `fn` for `flag` (made once, kept in `rules`), checked for
+    leaves shaped like `p` (`Unsupported` if it cannot run on them)."""
+    if flag not in rules:
+        rules[flag] = Rule(fn, 2 + n_moments, flag)
+    rule = rules[flag]
+    rule.check(tuple(p.shape))
+    return rule
+
+
 @dataclasses.dataclass
 class Kernels:
     """Runs `rule(g, p, *moments[, flag]) -> (update, *moments)` as native kernels
@@ -766,14 +794,10 @@ class Kernels:
     # Per queued leaf, where its kernel runs (`_shard.Locator.where`).
     placed: dict[int, Any] = dataclasses.field(default_factory=dict, init=False)
     # Per leaf, the gradients its call waits for.
-    before: list[list[Any]] = dataclasses.field(default_factory=list, init=False)
+    before: list[list[Any]] = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        previous: list[Any] = []
-        for g in self.grads:
-            self.before.append(previous)
-            if g is not None:
-                previous = [*previous, g][-_WAIT_FOR:]
+        self.before = waits(self.grads)
 
     def takes(self, g: Any, p: Any, old: Sequence[Any]) -> bool:
         return all(
@@ -784,10 +808,7 @@ class Kernels:
     def add(self, index: int, g: Any, p: Any, old: Sequence[Any], flag: tuple) -> None:
         """Queues leaf `index`; `Unsupported` (nothing queued) if the rule cannot
         run here on it. `flag`: the rule's extra arguments (`()` or one value)."""
-        if flag not in self.rules:
-            self.rules[flag] = Rule(self.rule, 2 + self.n_moments, flag)
-        rule = self.rules[flag]
-        rule.check(tuple(p.shape))
+        rule = checked_rule(self.rules, self.rule, self.n_moments, flag, p)
         # Translated and built now, so that an untranslatable rule (or a kernel that
         # cannot be built) falls back before any leaf is queued.
         for kind in ("step", "direction") if self.applying else ("update",):

@@ -225,14 +225,10 @@ class Kernels:
     results: dict[int, _fused.Result] = dataclasses.field(
         default_factory=dict, init=False
     )
-    before: list[list[Any]] = dataclasses.field(default_factory=list, init=False)
+    before: list[list[Any]] = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        previous: list[Any] = []
-        for g in self.grads:
-            self.before.append(previous)
-            if g is not None:
-                previous = [*previous, g][-_fused._WAIT_FOR :]
+        self.before = _fused.waits(self.grads)
 
     def takes(self, g: Any, p: Any, old: Sequence[Any]) -> bool:
         if g is None or g.dtype != _F32 or p.dtype != _F32 or g.shape != p.shape:
@@ -247,10 +243,7 @@ class Kernels:
 
     def add(self, index: int, g: Any, p: Any, old: Sequence[Any], flag: tuple) -> None:
         """Runs leaf `index` now; `Unsupported` (nothing run) if the rule cannot."""
-        if flag not in self.rules:
-            self.rules[flag] = _fused.Rule(self.rule, 2 + self.n_moments, flag)
-        rule = self.rules[flag]
-        rule.check(tuple(p.shape))
+        rule = _fused.checked_rule(self.rules, self.rule, self.n_moments, flag, p)
         program = rule.program("step" if self.applying else "update")
         kernel_id = _load(program)
         layouts: list[_Layout | None] = []

@@ -4,6 +4,7 @@ and SGDR's warm restarts."""
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import equinox as eqx
 import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, Float32, Int, jaxtyped
@@ -43,7 +44,52 @@ def _phase_ends(total: Array, **fractions: Any) -> list[Array]:
     return [fraction_of(fractions[n], checked[n], total, int) for n in checked]
 
 
-class LinearOneCycle(AbstractSchedule):
+class AbstractOneCycle(AbstractSchedule):
+    """A one-cycle policy: from `peak_value / div_factor` through phases ending at
+    int32 fractions of `transition_steps`, each phase's value a multiple of the
+    last."""
+
+    transition_steps: eqx.AbstractVar[Int[Array, ""]]
+    peak_value: eqx.AbstractVar[Value]
+    div_factor: eqx.AbstractVar[Value]
+    final_div_factor: eqx.AbstractVar[Value]
+
+    def _set_cycle(
+        self,
+        transition_steps: Count,
+        peak_value: Value,
+        div_factor: Value,
+        final_div_factor: Value,
+        **fractions: Value,
+    ) -> list[Array]:
+        """Sets the fields both policies share (from a custom `__init__`); returns
+        the phase ends `int(pct * T)` of `fractions`."""
+        self.transition_steps = positive_count("transition_steps", transition_steps)
+        self.peak_value = peak_value
+        ends = _phase_ends(self.transition_steps, **fractions)
+        self.div_factor, self.final_div_factor = div_factor, final_div_factor
+        return ends
+
+    def _cycle_at(
+        self,
+        step: Int[ArrayLike, "*k"],
+        ends: Sequence[Array],
+        factors: Sequence[Any],
+        *,
+        cosine: bool,
+    ) -> Float32[Array, "*k"]:
+        """The value at `step`: phases from 0 through `ends` to `T`, starting at
+        `peak_value / div_factor`, each the last times its factor."""
+        bounds = jnp.stack(
+            joined(jnp.zeros((), jnp.int32), *ends, self.transition_steps)
+        )
+        values = cumulative_values(
+            f32(self.peak_value) / f32(self.div_factor), list(factors)
+        )
+        return interpolate(f32(step), bounds, values, cosine=cosine)
+
+
+class LinearOneCycle(AbstractOneCycle):
     """The linear one-cycle policy (Smith & Topin, 2017).
 
     From `peak_value / div_factor` up to `peak_value` at `int(pct_start * T)`, back
@@ -86,32 +132,24 @@ class LinearOneCycle(AbstractSchedule):
         div_factor: Value = 25.0,
         final_div_factor: Value = 1e4,
     ):
-        self.transition_steps = positive_count("transition_steps", transition_steps)
-        self.peak_value = peak_value
-        self.start_step, self.final_step = _phase_ends(
-            self.transition_steps, pct_start=pct_start, pct_final=pct_final
+        self.start_step, self.final_step = self._set_cycle(
+            transition_steps,
+            peak_value,
+            div_factor,
+            final_div_factor,
+            pct_start=pct_start,
+            pct_final=pct_final,
         )
-        self.div_factor, self.final_div_factor = div_factor, final_div_factor
 
     @jaxtyped(typechecker=beartype)
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
         div = f32(self.div_factor)
-        bounds = jnp.stack(
-            joined(
-                jnp.zeros((), jnp.int32),
-                self.start_step,
-                self.final_step,
-                self.transition_steps,
-            )
-        )
-        values = cumulative_values(
-            f32(self.peak_value) / div,
-            [div, 1.0 / div, 1.0 / f32(self.final_div_factor)],
-        )
-        return interpolate(f32(step), bounds, values, cosine=False)
+        factors = [div, 1.0 / div, 1.0 / f32(self.final_div_factor)]
+        ends = (self.start_step, self.final_step)
+        return self._cycle_at(step, ends, factors, cosine=False)
 
 
-class CosineOneCycle(AbstractSchedule):
+class CosineOneCycle(AbstractOneCycle):
     """The cosine one-cycle policy (Smith & Topin, 2017).
 
     From `peak_value / div_factor` up to `peak_value` at `int(pct_start * T)` and
@@ -147,22 +185,19 @@ class CosineOneCycle(AbstractSchedule):
         div_factor: Value = 25.0,
         final_div_factor: Value = 1e4,
     ):
-        self.transition_steps = positive_count("transition_steps", transition_steps)
-        self.peak_value = peak_value
-        (self.start_step,) = _phase_ends(self.transition_steps, pct_start=pct_start)
-        self.div_factor, self.final_div_factor = div_factor, final_div_factor
+        (self.start_step,) = self._set_cycle(
+            transition_steps,
+            peak_value,
+            div_factor,
+            final_div_factor,
+            pct_start=pct_start,
+        )
 
     @jaxtyped(typechecker=beartype)
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
         div = f32(self.div_factor)
-        bounds = jnp.stack(
-            joined(jnp.zeros((), jnp.int32), self.start_step, self.transition_steps)
-        )
-        values = cumulative_values(
-            f32(self.peak_value) / div,
-            [div, 1.0 / (div * f32(self.final_div_factor))],
-        )
-        return interpolate(f32(step), bounds, values, cosine=True)
+        factors = [div, 1.0 / (div * f32(self.final_div_factor))]
+        return self._cycle_at(step, (self.start_step,), factors, cosine=True)
 
 
 def _cycle_lengths(up: Any, down: Any) -> tuple[Array, Array]:

@@ -1,5 +1,7 @@
 """Gradient clipping: by value, by global norm, by block RMS, adaptive (unit-wise)."""
 
+import abc
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -84,7 +86,35 @@ def _grads_norm(grads: Grads, params: Params, axis_name: AxisName) -> Array:
     )
 
 
-class ClipByValue(AbstractTransform):
+class AbstractLeafClip(AbstractTransform):
+    """A clipping transform that keeps only its step count (its hyperparameters may
+    be schedules) and clips each leaf by itself: a subclass declares `elementwise`
+    (whether its rule reads only elements) and `leaf_rule`, and may add checks of
+    the inputs in `check`."""
+
+    elementwise: eqx.AbstractClassVar[bool]
+
+    @abc.abstractmethod
+    def leaf_rule(self, h: Any) -> Callable[[Any, Any], tuple[Any]]:
+        """`rule(g, p) -> (u,)` for one leaf, from the hyperparameters `h` at the
+        step."""
+
+    def check(self, grads: Grads, params: Params) -> None:
+        """Raises on inputs the rule cannot take (before any state changes)."""
+
+    def init(self, params: Params) -> StepState:
+        return StepState(step=zero_step())
+
+    def transform(
+        self, grads: Grads, state: StepState, params: Params
+    ) -> tuple[Updates, StepState]:
+        self.check(grads, params)
+        rule = self.leaf_rule(values_at(self, state.step))
+        updates, _ = map_leaves(rule, grads, params, elementwise=self.elementwise)
+        return updates, StepState(step=increment(state.step))
+
+
+class ClipByValue(AbstractLeafClip):
     """Clips every gradient element to `[-max_delta, max_delta]`:
     `u = clip(g, -max_delta, max_delta)`. The same as `optax.clip` and
     `torch.nn.utils.clip_grad_value_`.
@@ -96,20 +126,18 @@ class ClipByValue(AbstractTransform):
 
     max_delta: ScalarOrSchedule = hyper(low=0.0)
 
-    def init(self, params: Params) -> StepState:
-        return StepState(step=zero_step())
+    elementwise = True
 
-    def transform(
-        self, grads: Grads, state: StepState, params: Params
-    ) -> tuple[Updates, StepState]:
+    def check(self, grads: Grads, params: Params) -> None:
         reject_complex(grads, "grads", "ClipByValue", _NO_ORDER)
-        bound = values_at(self, state.step).max_delta
+
+    def leaf_rule(self, h: Any) -> Callable[[Any, Any], tuple[Any]]:
+        bound = h.max_delta
 
         def rule(g, p):
             return (jnp.clip(g, -bound, bound),)
 
-        updates, _ = map_leaves(rule, grads, params, elementwise=True)
-        return updates, StepState(step=increment(state.step))
+        return rule
 
 
 class GlobalNormState(eqx.Module):
@@ -174,7 +202,7 @@ class ClipByGlobalNorm(AbstractTransform):
         return updates, GlobalNormState(step=increment(state.step), norm=norm)
 
 
-class ClipByBlockRMS(AbstractTransform):
+class ClipByBlockRMS(AbstractLeafClip):
     """Clips each leaf ("block") so its root-mean-square is at most `threshold`:
     `u = g / max(1, sqrt(mean(g**2)) / threshold)`. The same as
     `optax.clip_by_block_rms`.
@@ -191,13 +219,10 @@ class ClipByBlockRMS(AbstractTransform):
     threshold: ScalarOrSchedule = hyper(low=0.0, low_open=True)
     axis_name: AxisName = axis_name_field()
 
-    def init(self, params: Params) -> StepState:
-        return StepState(step=zero_step())
+    elementwise = False
 
-    def transform(
-        self, grads: Grads, state: StepState, params: Params
-    ) -> tuple[Updates, StepState]:
-        threshold = values_at(self, state.step).threshold
+    def leaf_rule(self, h: Any) -> Callable[[Any, Any], tuple[Any]]:
+        threshold = h.threshold
         axis_name = self.axis_name
 
         def rule(g, p):
@@ -205,8 +230,7 @@ class ClipByBlockRMS(AbstractTransform):
             denom = jnp.maximum(1.0, rms / threshold)
             return (g / denom,)
 
-        updates, _ = map_leaves(rule, grads, params, elementwise=False)
-        return updates, StepState(step=increment(state.step))
+        return rule
 
 
 def _unit_axes(ndim: int, axis: tuple[int, ...] | None) -> tuple[int, ...] | None:
@@ -242,7 +266,7 @@ def _axes(name: str, value: Any) -> tuple[int, ...] | None:
     return value
 
 
-class AdaptiveGradClip(AbstractTransform):
+class AdaptiveGradClip(AbstractLeafClip):
     """Adaptive gradient clipping (Brock et al., 2021, NFNets), unit-wise:
 
     ```
@@ -278,12 +302,9 @@ class AdaptiveGradClip(AbstractTransform):
     axis: tuple[int, ...] | None = checked_field(_axes, None, static=True)
     axis_name: AxisName = axis_name_field()
 
-    def init(self, params: Params) -> StepState:
-        return StepState(step=zero_step())
+    elementwise = False
 
-    def transform(
-        self, grads: Grads, state: StepState, params: Params
-    ) -> tuple[Updates, StepState]:
+    def check(self, grads: Grads, params: Params) -> None:
         if self.axis is None:
             for path, p in zip(leaf_paths(params), jax.tree.leaves(params)):
                 if is_float_leaf(p) and p.ndim > 5:
@@ -292,7 +313,8 @@ class AdaptiveGradClip(AbstractTransform):
                         f"shape {p.shape}; pass axis= to say which axes to take "
                         "norms over"
                     )
-        h = values_at(self, state.step)
+
+    def leaf_rule(self, h: Any) -> Callable[[Any, Any], tuple[Any]]:
         clipping, eps, axis = h.clipping, h.eps, self.axis
 
         axis_name = self.axis_name
@@ -309,5 +331,4 @@ class AdaptiveGradClip(AbstractTransform):
             clipped = g * (max_norm / jnp.maximum(g_norm, 1e-6))
             return (jnp.where(g_norm < max_norm, g, clipped),)
 
-        updates, _ = map_leaves(rule, grads, params, elementwise=False)
-        return updates, StepState(step=increment(state.step))
+        return rule

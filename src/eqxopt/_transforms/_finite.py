@@ -12,7 +12,7 @@ from .._core._fields import axis_name_field, count_field
 from .._core._leafwise import map_leaves
 from .._core._shards import AxisName, shard_total
 from .._core._tree import align_grads, increment, is_float_leaf, scalar_for_leaf
-from .._wrappers._wrapper import AbstractSingleWrapper, inner_field
+from .._wrappers._wrapper import AbstractGate, inner_field
 
 
 class SkipNonFiniteState(eqx.Module):
@@ -33,7 +33,7 @@ class SkipNonFiniteState(eqx.Module):
     inner: Any
 
 
-class SkipNonFinite(AbstractSingleWrapper):
+class SkipNonFinite(AbstractGate):
     """Skips steps whose gradients hold a NaN or an infinity, as
     `optax.apply_if_finite`.
 
@@ -59,30 +59,27 @@ class SkipNonFinite(AbstractSingleWrapper):
     max_consecutive_errors: Int[Array, ""] = count_field(10, at_least_one=False)
     axis_name: AxisName = axis_name_field()
 
-    def init(self, params: Params) -> SkipNonFiniteState:
-        return SkipNonFiniteState(
+    state_type = SkipNonFiniteState
+
+    def start(self) -> dict[str, Any]:
+        return dict(
             notfinite_count=jnp.zeros((), jnp.int32),
             last_finite=jnp.array(True),
             total_notfinite=jnp.zeros((), jnp.int32),
-            inner=self.inner.init(params),
         )
 
-    def transform(
-        self, grads: Grads, state: SkipNonFiniteState, params: Params, **extra: Any
-    ) -> tuple[Updates, SkipNonFiniteState]:
+    def gate(
+        self, grads: Grads, state: SkipNonFiniteState, params: Params
+    ) -> tuple[Any, dict[str, Any]]:
         finite = all_finite(grads, params, self.axis_name)
         count = jnp.where(finite, 0, increment(state.notfinite_count)).astype(jnp.int32)
         accept = jnp.logical_or(finite, count > self.max_consecutive_errors)
-        updates, inner_state = self.run_inner(
-            grads, state.inner, params, extra, when=accept
-        )
-        return updates, SkipNonFiniteState(
+        return accept, dict(
             notfinite_count=count,
             last_finite=finite,
             total_notfinite=jnp.where(
                 finite, state.total_notfinite, increment(state.total_notfinite)
             ),
-            inner=inner_state,
         )
 
 

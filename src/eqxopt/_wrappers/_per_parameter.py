@@ -13,6 +13,7 @@ from jaxtyping import Array, Float, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, State, Updates
 from .._core._fields import checked_field
+from .._core._masks import checked_leaves, is_kept_function
 from .._core._structure import is_none, structure_mismatch
 from .._core._tree import align_grads
 from .._native._compat import is_tracer
@@ -40,19 +41,10 @@ def _multiplier(name: str, path: str, value: Any) -> Any:
 def _multipliers(name: str, value: Any) -> Any:
     # A function of the params is kept (a static leaf: reuse one function); a tree
     # of numbers becomes float32 scalar arrays, so new values reuse the compiled step.
-    if callable(value) and not isinstance(value, eqx.Module):
-        try:
-            hash(value)
-        except TypeError:
-            raise TypeError(f"{name} must be hashable when it is a function") from None
+    if is_kept_function(name, value):
         return value
-    with_paths, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=is_none)
-    return treedef.unflatten(
-        [
-            None if v is None else _multiplier(name, jax.tree_util.keystr(p), v)
-            for p, v in with_paths
-        ]
-    )
+    treedef, leaves = checked_leaves(name, value, _multiplier)
+    return treedef.unflatten(leaves)
 
 
 _ONE = np.float32(1.0)

@@ -7,11 +7,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._base import AbstractTransform, Grads, Params
 from .._core._fields import axis_name_field, hyper
 from .._core._shards import AxisName, shard_total
 from .._core._tree import abs_sq, align_grads, compute_dtype, is_float_leaf
-from ._wrapper import AbstractSingleWrapper, inner_field
+from ._wrapper import AbstractGate, inner_field
 
 
 class SkipLargeUpdatesState(eqx.Module):
@@ -30,7 +30,7 @@ class SkipLargeUpdatesState(eqx.Module):
     inner: Any
 
 
-class SkipLargeUpdates(AbstractSingleWrapper):
+class SkipLargeUpdates(AbstractGate):
     """Skips steps whose gradients have a squared global norm of `max_squared_norm`
     or more (or a NaN): the update is zero and the inner state does not change.
     The inner optimizer only runs on accepted steps (a `lax.cond`).
@@ -56,16 +56,16 @@ class SkipLargeUpdates(AbstractSingleWrapper):
     # Read without a step count (the wrapper keeps none), so not a schedule.
     max_squared_norm: Float[Array, ""] = hyper(low=0.0, low_open=True, schedule=False)
 
-    def init(self, params: Params) -> SkipLargeUpdatesState:
-        return SkipLargeUpdatesState(
-            should_skip=jnp.array(False),
-            norm_squared=jnp.zeros((), jnp.float32),
-            inner=self.inner.init(params),
+    state_type = SkipLargeUpdatesState
+
+    def start(self) -> dict[str, Any]:
+        return dict(
+            should_skip=jnp.array(False), norm_squared=jnp.zeros((), jnp.float32)
         )
 
-    def transform(
-        self, grads: Grads, state: SkipLargeUpdatesState, params: Params, **extra: Any
-    ) -> tuple[Updates, SkipLargeUpdatesState]:
+    def gate(
+        self, grads: Grads, state: SkipLargeUpdatesState, params: Params
+    ) -> tuple[Any, dict[str, Any]]:
         squares = [
             jnp.sum(abs_sq(g.astype(compute_dtype(g.dtype))))
             for g, p in zip(align_grads(grads, params), jax.tree.leaves(params))
@@ -73,9 +73,6 @@ class SkipLargeUpdates(AbstractSingleWrapper):
         ]
         norm_sq = shard_total(squares, self.axis_name, "SkipLargeUpdates", jnp.float32)
         should_skip = jnp.logical_not(norm_sq < self.max_squared_norm)
-        updates, inner_state = self.run_inner(
-            grads, state.inner, params, extra, when=jnp.logical_not(should_skip)
-        )
-        return updates, SkipLargeUpdatesState(
-            should_skip=should_skip, norm_squared=norm_sq, inner=inner_state
+        return jnp.logical_not(should_skip), dict(
+            should_skip=should_skip, norm_squared=norm_sq
         )

@@ -112,6 +112,39 @@ class AbstractSingleWrapper(AbstractWrapper):
         return _shards.cond(when, run, hold)
 
 
+class AbstractGate(AbstractSingleWrapper):
+    """A wrapper that runs `inner` only on the steps it accepts (`run_inner`'s
+    `when`), keeping beside `inner`'s state a few scalars of its own. A subclass
+    declares `state_type` (its fields: the scalars, then `inner`), `start` (the
+    scalars at `init`) and `gate` (whether a step is accepted, and the new
+    scalars)."""
+
+    state_type: eqx.AbstractClassVar[type[Any]]
+
+    @abc.abstractmethod
+    def start(self) -> dict[str, Any]:
+        """The state's own scalars at `init`, by field name."""
+
+    @abc.abstractmethod
+    def gate(
+        self, grads: Grads, state: Any, params: Params
+    ) -> tuple[Any, dict[str, Any]]:
+        """`(accept, scalars)`: whether `inner` runs at this step (a bool scalar)
+        and the state's new scalars, by field name."""
+
+    def init(self, params: Params) -> Any:
+        return self.state_type(**self.start(), inner=self.inner.init(params))
+
+    def transform(
+        self, grads: Grads, state: Any, params: Params, **extra: Any
+    ) -> tuple[Updates, Any]:
+        accept, scalars = self.gate(grads, state, params)
+        updates, inner_state = self.run_inner(
+            grads, state.inner, params, extra, when=accept
+        )
+        return updates, self.state_type(**scalars, inner=inner_state)
+
+
 # ---------------------------------------------------------------------------------
 # Selecting leaves: a tree with `None` in place of the leaves not selected, so an
 # inner transform keeps no state for them and sees no gradient there.

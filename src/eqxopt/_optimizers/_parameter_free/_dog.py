@@ -1,9 +1,12 @@
 """DoG and DoWG: SGD with a step size from the distance travelled from the start."""
 
+import abc
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PyTree
+from jaxtyping import Array, ArrayLike, Float, Int, PyTree
 
 from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
@@ -32,6 +35,59 @@ def _norm(params: PyTree, axis_name: AxisName) -> Float[Array, ""]:
     return jnp.sqrt(shard_total(squares, axis_name, "DoG", jnp.float32))
 
 
+class AbstractDistanceOverGradients(AbstractEngineTransform):
+    """DoG and DoWG: SGD (with coupled decay where `mask`) at a step size from two
+    float32 scalars of the state, a distance estimate and a sum of squared gradient
+    norms, advanced each step from the whole-tree sums `|p - p0|**2` and `|g|**2`.
+
+    A subclass declares `state_type` (fields `step`, `params0`, the distance, the
+    sum, in that order), `start` (the distance estimate at `init`) and `advance`
+    (the step size and the two new scalars).
+    """
+
+    weight_decay: eqx.AbstractVar[ScalarOrSchedule]
+    mask: eqx.AbstractVar[MaskLike]
+    axis_name: eqx.AbstractVar[AxisName]
+    state_type: eqx.AbstractClassVar[type[Any]]
+
+    @abc.abstractmethod
+    def start(self, params: Params) -> ArrayLike:
+        """The distance estimate the state starts at."""
+
+    @abc.abstractmethod
+    def advance(self, h: Any, state: Any, total: Array) -> tuple[Array, Array, Array]:
+        """`(scale, distance, sum)`: the step size and the state's new scalars,
+        from the hyperparameters `h` at the step and `total = [|p - p0|**2,
+        |g|**2]`."""
+
+    def init(self, params: Params) -> Any:
+        decay_flags(self.mask, params)  # a bad mask fails here
+        return self.state_type(
+            zero_step(),
+            copy_params(params),
+            jnp.array(self.start(params), jnp.float32, copy=True),
+            jnp.zeros((), jnp.float32),
+        )
+
+    def run(
+        self, grads: Grads, state: Any, params: Params, *, apply: bool
+    ) -> tuple[Updates, Any]:
+        h = values_at(self, state.step)
+        flags = decay_flags(self.mask, params)
+        wd = h.weight_decay
+        total, params0 = _sums(
+            grads, params, state.params0, flags, wd, self.axis_name, type(self).__name__
+        )
+        scale, distance, sums = self.advance(h, state, total)
+        updates = _step(grads, params, flags, wd, scale, apply)
+        return updates, self.state_type(
+            increment(state.step),
+            params0,
+            distance.astype(jnp.float32),
+            sums.astype(jnp.float32),
+        )
+
+
 class DoGState(eqx.Module):
     """State of `DoG`.
 
@@ -51,7 +107,7 @@ class DoGState(eqx.Module):
     sum_sq_norm_grads: Float[Array, ""]
 
 
-class DoG(AbstractEngineTransform):
+class DoG(AbstractDistanceOverGradients):
     """DoG, "Distance over Gradients" (Ivgi et al., 2023): SGD whose step size is
     the largest distance travelled from the start over the root of the summed
     squared gradient norms.
@@ -103,45 +159,26 @@ class DoG(AbstractEngineTransform):
     mask: MaskLike = mask_field()
     axis_name: AxisName = axis_name_field()
 
-    def init(self, params: Params) -> DoGState:
-        decay_flags(self.mask, params)  # a bad mask fails here
+    state_type = DoGState
+
+    def start(self, params: Params) -> Array:
         if self.init_step == "distance":
-            r_eps = jnp.asarray(self.init_value, jnp.float32)
-        elif self.init_step == "heuristic":
-            r_eps = jnp.asarray(self.init_value, jnp.float32) * (
+            return jnp.asarray(self.init_value, jnp.float32)
+        if self.init_step == "heuristic":
+            return jnp.asarray(self.init_value, jnp.float32) * (
                 1 + _norm(params, self.axis_name)
             )
-        else:
-            r_eps = jnp.zeros((), jnp.float32)
-        return DoGState(
-            step=zero_step(),
-            params0=copy_params(params),
-            max_dist=jnp.array(r_eps, jnp.float32, copy=True),
-            sum_sq_norm_grads=jnp.zeros((), jnp.float32),
-        )
+        return jnp.zeros((), jnp.float32)
 
-    def run(
-        self, grads: Grads, state: DoGState, params: Params, *, apply: bool
-    ) -> tuple[Updates, DoGState]:
-        h = values_at(self, state.step)
-        flags = decay_flags(self.mask, params)
-        wd = h.weight_decay
-        total, params0 = _sums(
-            grads, params, state.params0, flags, wd, self.axis_name, type(self).__name__
-        )
+    def advance(
+        self, h: Any, state: DoGState, total: Array
+    ) -> tuple[Array, Array, Array]:
         max_dist = jnp.maximum(state.max_dist, jnp.sqrt(total[0]))
         sum_sq = state.sum_sq_norm_grads + total[1]
         eta = max_dist / jnp.sqrt(sum_sq + h.eps)
         if self.init_step == "learning_rate":
             eta = jnp.where(state.step == 0, h.init_value, eta)
-        scale = h.learning_rate * eta
-        updates = _step(grads, params, flags, wd, scale, apply)
-        return updates, DoGState(
-            step=increment(state.step),
-            params0=params0,
-            max_dist=max_dist.astype(jnp.float32),
-            sum_sq_norm_grads=sum_sq.astype(jnp.float32),
-        )
+        return h.learning_rate * eta, max_dist, sum_sq
 
 
 class DoWGState(eqx.Module):
@@ -164,7 +201,7 @@ class DoWGState(eqx.Module):
     weighted_sq_norm_grads: Float[Array, ""]
 
 
-class DoWG(AbstractEngineTransform):
+class DoWG(AbstractDistanceOverGradients):
     """DoWG, "Distance over Weighted Gradients" (Khaled et al., 2023): DoG with the
     squared gradient norms weighted by the squared distance estimate.
 
@@ -208,35 +245,17 @@ class DoWG(AbstractEngineTransform):
     mask: MaskLike = mask_field()
     axis_name: AxisName = axis_name_field()
 
-    def init(self, params: Params) -> DoWGState:
-        decay_flags(self.mask, params)  # a bad mask fails here
-        start = self.eps if self.init_estim_sq_dist is None else self.init_estim_sq_dist
-        return DoWGState(
-            step=zero_step(),
-            params0=copy_params(params),
-            estim_sq_dist=jnp.array(start, jnp.float32, copy=True),
-            weighted_sq_norm_grads=jnp.zeros((), jnp.float32),
-        )
+    state_type = DoWGState
 
-    def run(
-        self, grads: Grads, state: DoWGState, params: Params, *, apply: bool
-    ) -> tuple[Updates, DoWGState]:
-        h = values_at(self, state.step)
-        flags = decay_flags(self.mask, params)
-        wd = h.weight_decay
-        total, params0 = _sums(
-            grads, params, state.params0, flags, wd, self.axis_name, type(self).__name__
-        )
+    def start(self, params: Params) -> Any:  # a number or scalar array
+        return self.eps if self.init_estim_sq_dist is None else self.init_estim_sq_dist
+
+    def advance(
+        self, h: Any, state: DoWGState, total: Array
+    ) -> tuple[Array, Array, Array]:
         estim = jnp.maximum(state.estim_sq_dist, total[0])
         weighted = state.weighted_sq_norm_grads + estim * total[1]
-        scale = h.learning_rate * estim / (jnp.sqrt(weighted) + h.eps)
-        updates = _step(grads, params, flags, wd, scale, apply)
-        return updates, DoWGState(
-            step=increment(state.step),
-            params0=params0,
-            estim_sq_dist=estim.astype(jnp.float32),
-            weighted_sq_norm_grads=weighted.astype(jnp.float32),
-        )
+        return h.learning_rate * estim / (jnp.sqrt(weighted) + h.eps), estim, weighted
 
 
 def _sums(grads, params, params0, flags, wd, axis_name, owner):
