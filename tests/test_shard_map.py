@@ -167,6 +167,12 @@ SCRIPT = textwrap.dedent(
         "Mechanic": lambda: agree(
             "Mechanic",
             lambda a: eqxopt.Mechanic(eqxopt.SGD(1.0), s_init=0.1, axis_name=a)),
+        "Prodigy": lambda: agree(
+            "Prodigy", lambda a: eqxopt.Prodigy(d0=1e-3, axis_name=a),
+            probe=lambda s: (1e3 * s.d, 1e6 * s.numerator)),
+        "PolyakSGD": lambda: agree(
+            "PolyakSGD", lambda a: eqxopt.PolyakSGD(axis_name=a),
+            extra={"value": jnp.asarray(50.0)}),
     }
     """
 )
@@ -356,6 +362,8 @@ def test_every_axis_name_transform_agrees_and_every_case_traces_inside_shard_map
         "Momo",
         "MomoAdam",
         "Mechanic",
+        "Prodigy",
+        "PolyakSGD",
     )
     out = run_on_8_devices(_script(checks, "all"))
     assert "SHARD-MAP-OK" in out, out
