@@ -29,7 +29,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Float32, Shaped
+
+from .._native._compat import is_tracer
 
 # The 4-bit maps: two codes per byte.
 _PACKED = ("dynamic4_signed", "linear4_unsigned")
@@ -341,10 +344,7 @@ def _placed_like(q: QuantizedArray, p: Any) -> QuantizedArray:
     lies, with no gather. The block layout is the unsharded one (so codes stay
     those of torchao). Elsewhere (traced, replicated, split along another
     dimension, or shards that would cut a block) `q` is left as it is."""
-    from jax.core import Tracer
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    if not isinstance(p, jax.Array) or isinstance(p, Tracer):
+    if not isinstance(p, jax.Array) or is_tracer(p):
         return q
     sharding = getattr(p, "sharding", None)
     if not isinstance(sharding, NamedSharding) or not p.ndim:
