@@ -149,6 +149,7 @@ SCRIPT = textwrap.dedent(
             lambda a: eqxopt.Adafactor(0.05, min_dim_size_to_factor=4, axis_name=a)),
         "tuple-axes": check_two_axes,
         "tree_norm": check_tree_norm,
+        "LBFGS": check_lbfgs,
         "DoG": lambda: agree("DoG", lambda a: eqxopt.DoG(init_value=0.1, axis_name=a)),
         "DoWG": lambda: agree(
             "DoWG", lambda a: eqxopt.DoWG(init_estim_sq_dist=1.0, axis_name=a)),
@@ -167,6 +168,12 @@ SCRIPT = textwrap.dedent(
         "Mechanic": lambda: agree(
             "Mechanic",
             lambda a: eqxopt.Mechanic(eqxopt.SGD(1.0), s_init=0.1, axis_name=a)),
+        "Prodigy": lambda: agree(
+            "Prodigy", lambda a: eqxopt.Prodigy(d0=1e-3, axis_name=a),
+            probe=lambda s: (1e3 * s.d, 1e6 * s.numerator)),
+        "PolyakSGD": lambda: agree(
+            "PolyakSGD", lambda a: eqxopt.PolyakSGD(axis_name=a),
+            extra={"value": jnp.asarray(50.0)}),
     }
     """
 )
@@ -206,6 +213,61 @@ HELPERS = textwrap.dedent(
                              rtol=RTOL, atol=ATOL)
             assert ok == close, (axis_name, sharded, single)
         print("agrees tree_norm")
+
+
+    def check_lbfgs():
+        # L-BFGS with its linesearch on a whole-model loss (summed over the mesh
+        # inside shard_map, as axis_name asks of value_fn): the same steps.
+        flags = jax.tree.map(split, shapes, is_leaf=is_shape)
+
+        def loss(p, sharded):
+            def term(x, f):
+                part = jnp.sum(x**2 + 0.1 * x**4 - x)
+                return jax.lax.psum(part, A) if sharded and f else part
+
+            return sum(jax.tree.leaves(jax.tree.map(term, p, flags)))
+
+        def trainer(opt, sharded):
+            def value_fn(p):
+                return loss(p, sharded)
+
+            def train(params):
+                state = opt.init(params)
+                for _ in range(STEPS):
+                    v, g = jax.value_and_grad(value_fn)(params)
+                    kw = {"value": v, "value_fn": value_fn} if opt.linesearch else {}
+                    u, state = opt.update(g, state, params, **kw)
+                    params = eqxopt.apply_updates(params, u)
+                return params, (state.value, state.learning_rate)
+
+            return train
+
+        def sharded(opt):
+            def stacked(params):
+                return jax.tree.map(lambda x: jnp.asarray(x)[None],
+                                    trainer(opt, True)(params))
+
+            out_p, out_probe = jax.jit(shard_map(
+                stacked, mesh=mesh, in_specs=(specs,), out_specs=P(A)))(params)
+            whole = jax.tree.map(
+                lambda x, s: x.reshape(s) if split(s) else x, out_p, shapes,
+                is_leaf=lambda x: is_shape(x) or isinstance(x, jax.Array))
+            return whole, out_probe
+
+        # Without axis_name the devices' linesearches would take different
+        # numbers of steps around the loss's psum (and hang), so the difference
+        # without it is shown without linesearch.
+        for search in (True, False):
+            make = lambda a: eqxopt.LBFGS(
+                0.5, memory_size=3, linesearch=search, axis_name=a)
+            single = jax.jit(trainer(make(None), False))(params)
+            assert_moved((params, (0.0, 0.0)), single, RTOL, ATOL)
+            with_axis = difference(sharded(make(A)), single)
+            assert with_axis <= 1, ("LBFGS with axis_name", search, with_axis)
+            if not search:
+                without = difference(sharded(make(None)), single)
+                assert without > 100, ("LBFGS without axis_name", without)
+            print("agrees LBFGS", search, f"{with_axis:.3g}")
 
 
     def check_two_axes():
@@ -313,11 +375,8 @@ WRAPPERS = (
 
 
 # Catalog cases that do not yet trace inside shard_map with sharded gradients:
-# SOAP (its mesh support is its own piece of work), L-BFGS (its line search's
-# scan carries change type; its inner products over the tree take no axis_name
-# yet), Sophia-H (JAX 0.10.2 fails inside its Hutchinson estimate: "Primitive
-# mul requires varying manual axes to match").
-NOT_YET = ("SOAP", "LBFGS", "Sophia-H")
+# SOAP (its mesh support is its own piece of work).
+NOT_YET = ("SOAP",)
 
 
 def _script(checks: tuple[str, ...], wrappers: object) -> str:
@@ -356,6 +415,9 @@ def test_every_axis_name_transform_agrees_and_every_case_traces_inside_shard_map
         "Momo",
         "MomoAdam",
         "Mechanic",
+        "Prodigy",
+        "PolyakSGD",
+        "LBFGS",
     )
     out = run_on_8_devices(_script(checks, "all"))
     assert "SHARD-MAP-OK" in out, out

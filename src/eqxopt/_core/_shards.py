@@ -182,6 +182,65 @@ def shard_mean(x: Array, axis_name: AxisName, owner: str) -> Array:
     return shard_sum(jnp.sum(x), axis_name, owner) / shard_size(x, axis_name, owner)
 
 
+def like_varying(x: Any, like: Any) -> Any:
+    """`x` typed as varying over the manual mesh axes `like` varies over too (its
+    value unchanged): for a value computed from invariant inputs (a random
+    tangent, a zero) that meets `like` where JAX needs the types to match."""
+    have = _jax_api.varying_axes(x) or frozenset()
+    want = _jax_api.varying_axes(like) or frozenset()
+    return _jax_api.pvary(x, tuple(sorted(want - have, key=str)))
+
+
+def match_carry(body: Callable, init: Any) -> Any:
+    """`init`, each leaf typed as varying over the manual mesh axes that `body`'s
+    output leaf varies over too, so that a loop (`lax.while_loop`, `lax.scan`)
+    whose body mixes its carry with split values keeps the carry's type from
+    step to step (its value unchanged). `body` maps a carry to a carry of the
+    same structure; a few passes reach the fixed point (one per axis at most)."""
+    for _ in range(8):
+        try:
+            out = jax.eval_shape(body, init)
+        except (TypeError, ValueError):  # the loop itself says what is wrong
+            return init
+        extra = jax.tree.map(
+            lambda x, o: (
+                (_jax_api.varying_axes(o) or frozenset())
+                - (_jax_api.varying_axes(x) or frozenset())
+            ),
+            init,
+            out,
+        )
+        if not any(jax.tree.leaves(extra, is_leaf=_is_axes)):
+            break
+        init = jax.tree.map(
+            lambda x, axes: _jax_api.pvary(x, tuple(sorted(axes, key=str))),
+            init,
+            extra,
+            is_leaf=_is_axes,
+        )
+    return init
+
+
+def _is_axes(x: Any) -> bool:
+    return isinstance(x, frozenset)
+
+
+def while_loop(cond_fun: Callable, body_fun: Callable, init: Any) -> Any:
+    """`jax.lax.while_loop` whose carry may come to vary over manual mesh axes
+    inside `shard_map` (`match_carry`)."""
+    return jax.lax.while_loop(cond_fun, body_fun, match_carry(body_fun, init))
+
+
+def scan(f: Callable, init: Any, xs: Any, reverse: bool = False) -> Any:
+    """`jax.lax.scan` whose carry may come to vary over manual mesh axes inside
+    `shard_map` (`match_carry`)."""
+
+    def body(carry: Any) -> Any:
+        return f(carry, jax.tree.map(lambda x: x[0], xs))[0]
+
+    return jax.lax.scan(f, match_carry(body, init), xs, reverse=reverse)
+
+
 def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:
     """`jax.lax.cond(pred, true_fn, false_fn, *operands)` for branches whose outputs
     agree in shape and dtype but may differ in the manual mesh axes they vary over

@@ -12,6 +12,14 @@ The maps and block sizes are those of torchao 0.18 (`torchao.optim.AdamW8bit`,
 and Li et al. 2023 (arXiv 2309.01507): a leaf is flattened and cut into blocks; each
 block is divided by its absmax (so its values lie in [-1, 1]) and each value is
 stored as the index of the nearest entry of a fixed table, the map.
+
+On a mesh: for a parameter split along its leading dimension (FSDP) into shards
+whose element count divides by the block size, no block straddles two shards, and
+`init` splits `codes`/`absmax` over the same mesh axes along their block dimension
+(`_placed_like`), so a step reads and writes each shard's blocks where the shard
+lies, with no gather. The layout is the unsharded one (codes equal torchao's); a
+parameter whose shards would cut a block keeps its state replicated (its step
+gathers): choose `block_size` dividing the shard size.
 """
 
 import functools
@@ -21,7 +29,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Float32, Shaped
+
+from .._native._compat import is_tracer
 
 # The 4-bit maps: two codes per byte.
 _PACKED = ("dynamic4_signed", "linear4_unsigned")
@@ -318,9 +329,41 @@ class AbstractStateStorage(eqx.Module):
         selects the unsigned map (twice the resolution on [0, 1])."""
         name = self.unsigned_map if nonnegative else self.signed_map
         if isinstance(fill, (int, float)) and fill == 0:
-            return _zeros(tuple(p.shape), name, self.block_size)
+            return _placed_like(_zeros(tuple(p.shape), name, self.block_size), p)
         full = jnp.full(p.shape, fill, jnp.float32)
-        return quantize(full, name, self.block_size)
+        return _placed_like(quantize(full, name, self.block_size), p)
+
+
+def _placed_like(q: QuantizedArray, p: Any) -> QuantizedArray:
+    """`q` with its blocks placed like the parameter `p`'s elements: for a concrete
+    `p` split over mesh axes along its leading dimension only (FSDP), each device's
+    shard is a contiguous run of the flattened leaf, so when the shard's element
+    count divides by the block size its blocks are whole blocks of `q` (none
+    straddles two shards), and `codes`/`absmax` are split over the same axes along
+    their block dimension: a step then reads and writes them where the parameter
+    lies, with no gather. The block layout is the unsharded one (so codes stay
+    those of torchao). Elsewhere (traced, replicated, split along another
+    dimension, or shards that would cut a block) `q` is left as it is."""
+    if not isinstance(p, jax.Array) or is_tracer(p):
+        return q
+    sharding = getattr(p, "sharding", None)
+    if not isinstance(sharding, NamedSharding) or not p.ndim:
+        return q
+    spec = tuple(sharding.spec)
+    if not spec or spec[0] is None or any(d is not None for d in spec[1:]):
+        return q
+    axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+    shards = int(np.prod([sharding.mesh.shape[a] for a in axes]))
+    if p.shape[0] % shards or (p.size // shards) % q.block_size:
+        return q
+    rows = NamedSharding(sharding.mesh, PartitionSpec(spec[0]))
+    return QuantizedArray(
+        codes=jax.device_put(q.codes, rows),
+        absmax=jax.device_put(q.absmax, rows),
+        shape=q.shape,
+        dtype=q.dtype,
+        map_name=q.map_name,
+    )
 
 
 class Blockwise8bit(AbstractStateStorage):

@@ -8,12 +8,14 @@ from jaxtyping import Array, Float, Int, PyTree
 from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
     ScalarOrSchedule,
+    axis_name_field,
     flag_field,
     hyper,
     learning_rate_field,
     values_at,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._shards import AxisName, shard_total
 from ..._core._tree import (
     abs_sq,
     float_leaves_like,
@@ -85,6 +87,10 @@ class Prodigy(AbstractEngineTransform):
     - `weight_decay`: decoupled decay coefficient, `>= 0`.
     - `safeguard_warmup`: leave the learning rate out of the sum `s`, to avoid
       overestimating `d` during warmup.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      whole-tree sums `d` comes from cover the whole model (each leaf summed over
+      the named axes it is split over), as the unsharded run. `None` (default):
+      this device's blocks only.
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
@@ -101,6 +107,7 @@ class Prodigy(AbstractEngineTransform):
     d_coef: ScalarOrSchedule = hyper(1.0, low=0.0, low_open=True)
     weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
     safeguard_warmup: bool = flag_field(False)
+    axis_name: AxisName = axis_name_field()
 
     def init(self, params: Params) -> ProdigyState:
         def copy(p):
@@ -146,7 +153,10 @@ class Prodigy(AbstractEngineTransform):
             params,
             (state.mu, state.nu, state.grad_sum, state.params0),
         )
-        total = sum(jax.tree.leaves(sums), jnp.zeros(2, jnp.float32))
+        partials = [x.astype(jnp.float32) for x in jax.tree.leaves(sums)]
+        total = jnp.zeros(2, jnp.float32) + shard_total(
+            partials, self.axis_name, "Prodigy", jnp.float32
+        )
         numerator = b3 * state.numerator + (d / d0) * dlr * total[0]
         denominator = total[1]
         estimate = h.d_coef * numerator / jnp.where(denominator > 0, denominator, 1)

@@ -151,9 +151,13 @@ class Sophia(AbstractTransform):
         key, subkey = jax.random.split(jax.random.wrap_key_data(key))
         leaves, treedef = jax.tree.flatten(params)
         keys = jax.random.split(subkey, len(leaves))
+        # Inside shard_map a tangent must vary over the mesh axes its primal
+        # varies over (the signs, drawn from the shared key, vary over none).
         signs = treedef.unflatten(
             [
-                jax.random.rademacher(k, p.shape, jnp.float32).astype(p.dtype)
+                _shards.like_varying(
+                    jax.random.rademacher(k, p.shape, jnp.float32).astype(p.dtype), p
+                )
                 if is_float_leaf(p)
                 else None
                 for k, p in zip(keys, leaves)

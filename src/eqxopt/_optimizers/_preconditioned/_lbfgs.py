@@ -9,17 +9,19 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core import _dispatch
+from ..._core import _dispatch, _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
 from ..._core._checks import array_count, static_count
 from ..._core._fields import (
     ScalarOrSchedule,
+    axis_name_field,
     checked_field,
     flag_field,
     hyper,
     learning_rate_field,
     values_at,
 )
+from ..._core._shards import AxisName
 from ..._core._tree import (
     align_grads,
     compute_dtype,
@@ -66,11 +68,16 @@ class LBFGSState(eqx.Module):
 
 
 # Operations on lists of leaves (the float leaves that have a gradient).
-def _vdot(a: list[Array], b: list[Array]) -> Array:
+def _vdot(a: list[Array], b: list[Array], axis_name: AxisName = None) -> Array:
     # Starting from float32 (not the default float, float64 under jax_enable_x64)
     # keeps the result in the leaves' precision.
-    total = sum((jnp.vdot(x, y) for x, y in zip(a, b)), jnp.zeros((), jnp.float32))
-    return jnp.real(total)
+    if axis_name is None:
+        total = sum((jnp.vdot(x, y) for x, y in zip(a, b)), jnp.zeros((), jnp.float32))
+        return jnp.real(total)
+    # Inside shard_map: each leaf's inner product over its blocks on every device.
+    partials = [jnp.vdot(x, y) for x, y in zip(a, b)]
+    dtype = jnp.result_type(jnp.float32, *partials) if partials else jnp.float32
+    return jnp.real(_shards.shard_total(partials, axis_name, "LBFGS", dtype))
 
 
 def _scalar_dtype(params: PyTree) -> Any:
@@ -126,6 +133,7 @@ def _zoom_linesearch(
     direction: list[Array],
     value0: Array,
     grad0: list[Array],
+    axis_name: AxisName = None,
 ) -> dict[str, Any]:
     """A step size along `direction` with sufficient decrease and small curvature
     (strong Wolfe conditions), as `optax.scale_by_zoom_linesearch` finds it; `h`
@@ -146,10 +154,10 @@ def _zoom_linesearch(
 
     def on_line(stepsize):
         value, grad = value_and_grad(_add_scale(params, stepsize, direction))
-        slope = scalar(_vdot([jnp.conj(g) for g in grad], direction))
+        slope = scalar(_vdot([jnp.conj(g) for g in grad], direction, axis_name))
         return scalar(value), grad, slope
 
-    slope0 = scalar(_vdot(direction, grad0))
+    slope0 = scalar(_vdot(direction, grad0, axis_name))
 
     def decrease_error(stepsize, value, slope):
         error = value - value0 - slope_rtol * stepsize * slope0
@@ -297,8 +305,9 @@ def _zoom_linesearch(
         return {**s, "stepsize": stepsize, "value": value, "grad": grad}
 
     def body(s):
-        s = jax.lax.cond(s["interval_found"], zoom, search_interval, s)
-        return jax.lax.cond(s["failed"], try_safe_step, lambda s: s, s)
+        # Inside shard_map the carry may vary over mesh axes (_shards' loops).
+        s = _shards.cond(s["interval_found"], zoom, search_interval, s)
+        return _shards.cond(s["failed"], try_safe_step, lambda s: s, s)
 
     zero = jnp.zeros((), value0.dtype)
     inf = jnp.full((), jnp.inf, value0.dtype)
@@ -326,7 +335,7 @@ def _zoom_linesearch(
         "safe_value": value0,
         "safe_grad": grad0,
     }
-    return jax.lax.while_loop(lambda s: ~(s["done"] | s["failed"]), body, init)
+    return _shards.while_loop(lambda s: ~(s["done"] | s["failed"]), body, init)
 
 
 def _two_loop(
@@ -336,6 +345,7 @@ def _two_loop(
     weights: Array,
     scale: Array,
     memory_idx: Array,
+    axis_name: AxisName = None,
 ) -> list[Array]:
     """`H g` by the L-BFGS two-loop recursion (Nocedal & Wright, Algorithm 7.4),
     newest pair first."""
@@ -343,18 +353,18 @@ def _two_loop(
     indices = (memory_idx + jnp.arange(m)) % m
 
     def right(vec, i):
-        alpha = weights[i] * _vdot([x[i] for x in diff_params], vec)
+        alpha = weights[i] * _vdot([x[i] for x in diff_params], vec, axis_name)
         return _add_scale(vec, -alpha, [x[i] for x in diff_grads]), alpha
 
-    vec, alphas = jax.lax.scan(right, g, indices, reverse=True)
+    vec, alphas = _shards.scan(right, g, indices, reverse=True)
     vec = [scale * v for v in vec]
 
     def left(vec, i_alpha):
         i, alpha = i_alpha
-        beta = weights[i] * _vdot([x[i] for x in diff_grads], vec)
+        beta = weights[i] * _vdot([x[i] for x in diff_grads], vec, axis_name)
         return _add_scale(vec, alpha - beta, [x[i] for x in diff_params]), beta
 
-    vec, _ = jax.lax.scan(left, vec, (indices, alphas))
+    vec, _ = _shards.scan(left, vec, (indices, alphas))
     return vec
 
 
@@ -433,6 +443,12 @@ class LBFGS(AbstractTransform):
       criterion, `>= 0`; `None` uses Armijo's criterion only (static choice).
     - `stepsize_precision`: when the search interval is shorter than this and a
       step with sufficient decrease is known, take it, `>= 0`.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      inner products over the tree (the two-loop recursion, the slopes of the
+      linesearch) cover the whole model (each leaf summed over the named axes it
+      is split over), as the unsharded run. `None` (default): this device's
+      blocks only. `value_fn` is the caller's: with `axis_name` it must return
+      the whole model's loss (summed over the mesh), the same on every device.
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
@@ -456,6 +472,7 @@ class LBFGS(AbstractTransform):
         1e-6, low=0.0, optional=True, kw_only=True
     )
     stepsize_precision: ScalarOrSchedule = hyper(1e-5, low=0.0, kw_only=True)
+    axis_name: AxisName = axis_name_field()
 
     def init(self, params: Params) -> LBFGSState:
         def zeros(shape=()):
@@ -534,7 +551,8 @@ class LBFGS(AbstractTransform):
         first = count == 0
         dp = [jnp.where(first, 0.0, x - y) for x, y in zip(p, pick(state.prev_params))]
         dg = [jnp.where(first, 0.0, x - y) for x, y in zip(g, pick(state.prev_grads))]
-        curvature = _vdot(dg, dp)
+        axis_name = self.axis_name
+        curvature = _vdot(dg, dp, axis_name)
         weight = jnp.where(first | (curvature == 0.0), 0.0, 1.0 / curvature)
         diff_params = [
             x.at[prev_idx].set(y) for x, y in zip(pick(state.diff_params), dp)
@@ -543,13 +561,15 @@ class LBFGS(AbstractTransform):
         weights = state.weights.at[prev_idx].set(weight.astype(real))
 
         if self.scale_init_precond:
-            norm_dg = _vdot(dg, dg)
+            norm_dg = _vdot(dg, dg, axis_name)
             scale = jnp.where(norm_dg > 0.0, curvature / norm_dg, 1.0)
-            capped = jnp.minimum(1.0, 1.0 / jnp.sqrt(_vdot(g, g)))
+            capped = jnp.minimum(1.0, 1.0 / jnp.sqrt(_vdot(g, g, axis_name)))
             scale = jnp.where(first, capped, scale)
         else:
             scale = jnp.ones((), real)
-        hg = _two_loop(g, diff_params, diff_grads, weights, scale, memory_idx)
+        hg = _two_loop(
+            g, diff_params, diff_grads, weights, scale, memory_idx, axis_name
+        )
         h = values_at(self, count)
         lr = h.learning_rate.astype(real)
         direction = [-lr * x for x in hg]
@@ -574,7 +594,14 @@ class LBFGS(AbstractTransform):
             else:
                 value0 = jnp.asarray(value).astype(real)
             found = _zoom_linesearch(
-                h, self.max_linesearch_steps, value_and_grad, p, direction, value0, g
+                h,
+                self.max_linesearch_steps,
+                value_and_grad,
+                p,
+                direction,
+                value0,
+                g,
+                axis_name,
             )
             stepsize = found["stepsize"]
             new_value = found["value"].astype(real)

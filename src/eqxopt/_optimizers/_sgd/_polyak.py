@@ -11,12 +11,14 @@ from jaxtyping import Array, Int
 from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
     ScalarOrSchedule,
+    axis_name_field,
     choice_field,
     hyper,
     learning_rate_field,
     values_at,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._shards import AxisName, shard_total
 from ..._core._tree import (
     abs_sq,
     align_grads,
@@ -84,6 +86,10 @@ class PolyakSGD(AbstractEngineTransform):
     - `eps`: added to `|g|**2`, `>= 0`.
     - `variant`: `"sps"` or `"sps+"` (clip a negative gap to zero; Garrigos et
       al., 2023).
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them:
+      `|g|**2` covers the whole model (each leaf summed over the named axes it is
+      split over), as the unsharded run. `None` (default): this device's blocks
+      only. (`value` is the caller's: pass the global loss.)
     """
 
     max_learning_rate: ScalarOrSchedule = hyper(1.0, low=0.0, low_open=True)
@@ -91,6 +97,7 @@ class PolyakSGD(AbstractEngineTransform):
     f_min: ScalarOrSchedule = hyper(0.0)
     eps: ScalarOrSchedule = hyper(0.0, low=0.0)
     variant: str = choice_field("sps", ("sps", "sps+"), kw_only=False)
+    axis_name: AxisName = axis_name_field()
 
     def init(self, params: Params) -> PolyakSGDState:
         return PolyakSGDState(step=zero_step())
@@ -119,11 +126,12 @@ class PolyakSGD(AbstractEngineTransform):
             raise TypeError(
                 f"value must be a float scalar, got dtype {jnp.result_type(value)}"
             )
-        sq_norm = jnp.zeros((), jnp.float32)
-        for g, p in zip(align_grads(grads, params), jax.tree.leaves(params)):
-            if g is not None and is_float_leaf(p):
-                g = g.astype(compute_dtype(p.dtype))
-                sq_norm = sq_norm + jnp.sum(abs_sq(g))
+        squares = [
+            jnp.sum(abs_sq(g.astype(compute_dtype(p.dtype)))).astype(jnp.float32)
+            for g, p in zip(align_grads(grads, params), jax.tree.leaves(params))
+            if g is not None and is_float_leaf(p)
+        ]
+        sq_norm = shard_total(squares, self.axis_name, "PolyakSGD", jnp.float32)
         h = values_at(self, state.step)
         gap = jnp.asarray(value, jnp.float32) - h.f_min
         if self.variant == "sps+":
