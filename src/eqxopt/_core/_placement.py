@@ -38,6 +38,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from .._native import _compat
 from .._native._compat import array_type
+from .._native._shard import several_devices
 from . import _jax_api
 from ._tree import leaf_paths
 
@@ -161,13 +162,6 @@ def raise_if_misplaced(
 
 
 _SINGLE = jax.sharding.SingleDeviceSharding
-_several_devices: list[bool] = []
-
-
-def _multi_device() -> bool:
-    if not _several_devices:
-        _several_devices.append(jax.device_count() > 1)
-    return _several_devices[0]
 
 
 def _spread(x: Any) -> Any:
@@ -187,7 +181,7 @@ def signature(*trees: Any) -> tuple[tuple[Any, ...], ...] | None:
     """Per tree, per leaf (`jax.tree.leaves`), the sharding of that leaf where it
     spans several devices, else `None`; `None` when no leaf does (a one-device
     process: nothing is read)."""
-    if not _multi_device():
+    if not several_devices():
         return None
     out = tuple(tuple(map(_spread, jax.tree.leaves(tree))) for tree in trees)
     if not any(s is not None for group in out for s in group):
