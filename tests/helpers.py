@@ -2,6 +2,7 @@
 of the programs XLA compiles (through `jax.monitoring`, not eqxopt's caches)."""
 
 import contextlib
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -222,3 +223,19 @@ def run_on_8_devices(script: str) -> str:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_script(relative_path: str) -> Any:
+    """Imports a script of this checkout (an example, a docs generator) as a module,
+    registered in `sys.modules` as `script_<file name>` (dataclasses look their
+    module up by name)."""
+    path = ROOT / relative_path
+    spec = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

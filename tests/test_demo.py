@@ -1,27 +1,14 @@
 """The `make demo` script (examples/train_digits.py), run for a few steps."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import jax
 import numpy as np
 import pytest
 
-_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
+from helpers import load_script
+
 _STEPS = 60
 
-
-def _load_demo():
-    spec = importlib.util.spec_from_file_location("train_digits", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-demo = _load_demo()
+demo = load_script("examples/train_digits.py")
 
 
 @pytest.fixture(scope="module")

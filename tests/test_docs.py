@@ -3,7 +3,6 @@ blocks of a page in order, in one namespace), the API reference has an entry for
 public name, and every public name documents its arguments."""
 
 import contextlib
-import importlib.util
 import inspect
 import pathlib
 import re
@@ -12,6 +11,7 @@ import jax
 import pytest
 
 import eqxopt
+from helpers import load_script
 
 DOCS = pathlib.Path(__file__).parent.parent / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
@@ -114,12 +114,7 @@ def test_torch_migration_names_every_torch_optimizer_and_scheduler():
 
 def test_catalog_page_is_current():
     """docs/catalog.md is what docs/make_catalog.py writes from today's docstrings."""
-    spec = importlib.util.spec_from_file_location(
-        "make_catalog", DOCS / "make_catalog.py"
-    )
-    assert spec is not None and spec.loader is not None
-    make_catalog = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_catalog)
+    make_catalog = load_script("docs/make_catalog.py")
     assert (DOCS / "catalog.md").read_text() == make_catalog.render(), (
         "docs/catalog.md is out of date: run `python docs/make_catalog.py`"
     )

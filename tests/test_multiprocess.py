@@ -11,26 +11,17 @@ rounding (the gradient is summed over the batch in another order) after moving
 well beyond that. Every worker runs under a deadline, so a hang fails the test.
 """
 
-import importlib.util
 import os
 import pathlib
 import socket
 
+from helpers import load_script
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location(
-        "multiprocess_example", ROOT / "examples" / "multiprocess.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_two_processes_train_like_one(monkeypatch, capsys):
-    example = load_example()
+    example = load_script("examples/multiprocess.py")
     # The workers import this checkout's eqxopt.
     path = os.environ.get("PYTHONPATH", "")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "src"), path]))

@@ -22,6 +22,7 @@ import eqxopt
 from helpers import (
     assert_histories_close,
     grad_stream,
+    load_script,
     nested_tree,
     run_eqxopt,
     run_optax,
@@ -925,14 +926,7 @@ def test_plot_schedules_errors(tmp_path, kwargs, error, match):
 
 
 def test_gallery_script_builds_every_schedule():
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).parents[1] / "docs" / "make_gallery.py"
-    spec = importlib.util.spec_from_file_location("make_gallery", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("docs/make_gallery.py")
     schedules = module.gallery()
     public = {
         name

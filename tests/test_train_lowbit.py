@@ -1,27 +1,14 @@
 """examples/train_lowbit.py (low-bit state and bf16 parameters on a byte-level
 language model), run end to end with a tiny model for a few steps."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_lowbit.py"
+from helpers import load_script
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("train_lowbit", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-lowbit = _load()
+lowbit = load_script("examples/train_lowbit.py")
 
 
 def test_corpus_is_the_stdlib_split_by_file():
