@@ -21,10 +21,11 @@ in every set-up (bf16 parameters are upcast inside the loss), so what is compare
 the optimizer's storage, not bf16 arithmetic.
 
     python examples/train_lowbit.py [--steps 1000] [--seeds 0 1 2] [--peak-lr 2e-3]
-        [--configs f32 8bit ...] [--out examples/out] [--quick]
+        [--configs f32 8bit ...] [--out examples/out] [--quick] [--update-sizes]
 
 Writes `lowbit_lm.json` (settings, curves, final losses) and `lowbit_lm.png` (the
-validation curves) into `--out`. The pieces (`load_text`, `TransformerLM`,
+validation curves) into `--out`. `--update-sizes` instead measures how large each
+configuration's update is against f32's on the same batches (`update_sizes.json`). The pieces (`load_text`, `TransformerLM`,
 `CONFIGS`, `train_one`, `summarise`, `plot`) are importable;
 `tests/test_train_lowbit.py` runs a tiny version end to end.
 """
@@ -345,6 +346,41 @@ def train_one(
     }
 
 
+def update_sizes(
+    names: list[str], seed: int, text: Text, settings: Settings
+) -> dict[str, np.ndarray]:
+    """Per configuration (float32 parameters only), the root mean square of AdamW's
+    update at every step over the leaves quantized moments cover (the same batches
+    and initialisation for each): how large a step each storage takes."""
+    s = settings
+    model0 = TransformerLM(s.dim, s.depth, s.heads, s.context, key=jax.random.key(seed))
+    covered = eqxopt.Blockwise8bit().quantizes
+    starts = np.random.default_rng(seed).integers(
+        0, text.train.size - s.context - 1, (s.steps, s.batch)
+    )
+    schedule = eqxopt.WarmupCosine(s.peak_lr, s.min_lr, s.warmup, s.steps)
+    sizes = {}
+    for name in names:
+        opt = CONFIGS[name].make_opt(schedule, s.weight_decay, seed)
+
+        @eqx.filter_jit
+        def step(model, state, batch, opt=opt):
+            grads = eqx.filter_grad(_loss)(model, batch)
+            updates, state = opt.update(grads, state, model)
+            leaves = [u for u in jax.tree.leaves(updates) if covered(u)]
+            squares = sum(jnp.sum(jnp.square(u)) for u in leaves)
+            rms = jnp.sqrt(squares / sum(u.size for u in leaves))
+            return eqx.apply_updates(model, updates), state, rms
+
+        model, state, rms = model0, opt.init(model0), []
+        for i in range(s.steps):
+            batch = jnp.asarray(windows(text.train, starts[i], s.context))
+            model, state, size = step(model, state, batch)
+            rms.append(float(size))
+        sizes[name] = np.asarray(rms)
+    return sizes
+
+
 def summarise(runs: dict[str, dict[str, dict]]) -> dict[str, dict[str, float]]:
     """Per configuration: mean, min, max and standard deviation of the final
     validation loss over its seeds, and the mean's ratio to `f32`'s and to
@@ -446,6 +482,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         action="store_true",
         help="a tiny model and corpus (for the test): seconds, not minutes",
     )
+    parser.add_argument(
+        "--update-sizes",
+        action="store_true",
+        help="instead of the comparison: the RMS of each configuration's update per "
+        "step against f32's (first seed), medians over tenths of the run",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         settings = Settings(
@@ -484,6 +526,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "runs": {},
     }
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.update_sizes:
+        names = ["f32", *(n for n in args.configs if n != "f32")]
+        sizes = update_sizes(names, args.seeds[0], text, settings)
+        tenth = max(1, s.steps // 10)
+        print(f"{'steps':>11} " + " ".join(f"{n + ' / f32':>12}" for n in names[1:]))
+        ratios = {}
+        for n in names[1:]:
+            r = sizes[n] / np.maximum(sizes["f32"], np.finfo(np.float32).tiny)
+            ratios[n] = [
+                float(np.median(r[a : a + tenth])) for a in range(0, s.steps, tenth)
+            ]
+        for k, a in enumerate(range(0, s.steps, tenth)):
+            row = " ".join(f"{ratios[n][k]:12.4f}" for n in names[1:])
+            print(f"{a + 1:>5}-{min(a + tenth, s.steps):<5} {row}")
+        result["update_rms"] = {n: v.tolist() for n, v in sizes.items()}
+        result["update_rms_ratio_by_tenth"] = ratios
+        path = args.out / "update_sizes.json"
+        path.write_text(json.dumps(result, indent=1))
+        print(f"wrote {path}")
+        return result
     json_path, png_path = args.out / "lowbit_lm.json", args.out / "lowbit_lm.png"
     # Seed by seed, so that partial results compare every configuration.
     for seed in args.seeds:

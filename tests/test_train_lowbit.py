@@ -37,3 +37,19 @@ def test_runs_end_to_end(tmp_path, capsys):
         assert row["mean"] < 5.5, name
     printed = capsys.readouterr().out
     assert "bf16-sr" in printed and "wrote" in printed
+
+
+@pytest.mark.slow
+def test_update_sizes_compare_each_storage_with_f32(tmp_path, capsys):
+    args = ["--quick", "--steps", "4", "--seeds", "0", "--out", str(tmp_path)]
+    result = lowbit.main([*args, "--configs", "8bit", "--update-sizes"])
+    sizes = result["update_rms"]
+    assert set(sizes) == {"f32", "8bit"} and len(sizes["f32"]) == 4
+    # Warmup starts at a learning rate of 0: no step; then both move.
+    assert sizes["f32"][0] == 0.0 and min(sizes["f32"][1:]) > 0.0
+    # The first steps of 8-bit moments are far larger (the tiny second moment of the
+    # first gradients reads as 0 in many places): only finite, positive ratios here.
+    ratios = result["update_rms_ratio_by_tenth"]["8bit"]
+    assert len(ratios) == 4 and all(0.0 < r < 100.0 for r in ratios[1:])
+    assert (tmp_path / "update_sizes.json").exists()
+    assert "8bit / f32" in capsys.readouterr().out
