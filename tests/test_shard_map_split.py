@@ -1,5 +1,6 @@
 """Inside `jax.shard_map`, Adafactor and AdaptiveGradClip reduce over some dimensions
-of a leaf only, so they must know which dimension is split: `param_specs` declares it
+of a leaf only, and SOAP gathers split leaves whole, so they must know which
+dimension is split: `param_specs` declares it
 (the leaves' `PartitionSpec`s), and a leaf split along dimension 1 then agrees with
 the unsharded run. Without it (the default) a leaf is taken to be split along
 dimension 0, which for this leaf gives different numbers (shown, so the agreement
@@ -81,6 +82,7 @@ SCRIPT = textwrap.dedent(
             0.05, min_dim_size_to_factor=4, **kw),
         "AdaptiveGradClip": lambda **kw: eqxopt.Chain(
             eqxopt.AdaptiveGradClip(0.05, **kw), eqxopt.SGD(0.1)),
+        "SOAP": lambda **kw: eqxopt.SOAP(0.05, precondition_frequency=2, **kw),
     }
     for name, make in makers.items():
         single = jax.jit(train(make()))(params, grads)
@@ -123,9 +125,11 @@ def test_a_leaf_split_along_dim_1_agrees_with_its_declared_spec():
     assert "SPLIT-OK" in out, out
 
 
-@pytest.mark.parametrize("make", [eqxopt.Adafactor, eqxopt.AdaptiveGradClip])
+@pytest.mark.parametrize(
+    "make", [eqxopt.Adafactor, eqxopt.AdaptiveGradClip, eqxopt.SOAP]
+)
 def test_param_specs_are_validated(make):
-    args = () if make is eqxopt.Adafactor else (0.1,)
+    args = (0.1,) if make is eqxopt.AdaptiveGradClip else ()
     with pytest.raises(
         TypeError, match=r"param_specs\['w'\] must be a jax.sharding.PartitionSpec"
     ):

@@ -304,6 +304,39 @@ def drop_dim(layout: Layout, dim: int) -> Layout:
     return layout[:dim] + layout[dim + 1 :]
 
 
+def _block_starts(x: Array, layout: Layout) -> list[Any]:
+    """Where this device's block starts in the whole leaf, per dimension (the
+    axes of a dimension counted major to minor, as a `PartitionSpec` lists them)."""
+    starts: list[Any] = []
+    for size, axes in zip(x.shape, layout):
+        index: Any = 0
+        for name in axes:
+            index = index * jax.lax.psum(1, name) + jax.lax.axis_index(name)
+        starts.append(index * size)
+    return starts
+
+
+def gather_whole(x: Array, layout: Layout) -> Array:
+    """The whole leaf whose block here is `x`, split as `layout` says, the same on
+    every device along its axes (and typed so: each device writes its block into
+    zeros at its place and the results are `psum`med, which adds only zeros to each
+    element, so it is exact). `x` itself for a leaf that is not split."""
+    axes = tuple(dict.fromkeys(n for dim in layout for n in dim))
+    if not axes:
+        return x
+    whole = jnp.zeros(global_shape(x, layout), x.dtype)
+    whole = jax.lax.dynamic_update_slice(whole, x, _block_starts(x, layout))
+    return jax.lax.psum(whole, axes)
+
+
+def local_block(whole: Array, like: Array, layout: Layout) -> Array:
+    """This device's block (shaped like `like`, split as `layout` says) of a
+    leaf-shaped `whole`; `whole` itself for a leaf that is not split."""
+    if not any(layout):
+        return whole
+    return jax.lax.dynamic_slice(whole, _block_starts(like, layout), like.shape)
+
+
 def leaf_norm(x: Array, axis_name: AxisName, owner: str) -> Array:
     """The Euclidean (Frobenius) norm of the whole leaf whose block here is `x`."""
     return jnp.sqrt(shard_sum(jnp.sum(_abs_sq(x)), axis_name, owner))
