@@ -21,7 +21,8 @@ along its leading dimension (FSDP's convention, `PartitionSpec(axes)`). `leaf_la
 gives, per dimension, the named axes it is split over (and raises naming the leaf
 where a declared spec disagrees with what the leaf's type says varies), and a sum
 over some dimensions is summed over the axes of those dimensions only
-(`shard_sum_dims`).
+(`shard_sum_dims`). A transform that needs a split leaf whole (SOAP's rotations)
+takes it with `gather_whole` and gives back this device's block with `local_block`.
 
 So with FSDP, where some leaves are split over the axis and the others replicated
 across it, the result equals the unsharded run's (up to the order of the float32
