@@ -121,16 +121,18 @@ def make_train_step(opt: eqxopt.AbstractTransform, static: Any):
     return train_step
 
 
-def train(opt, params, static, batches, place_batch, place_state=None):
+def train(opt, params, static, batches, place_batch, check_state=None):
     """`opt` for one step per batch; the final parameters, state and losses."""
     state = opt.init(params)
-    if place_state is not None:
-        state = place_state(state)
+    if check_state is not None:
+        check_state(state)
     train_step = make_train_step(opt, static)
     losses = []
     for x, y in zip(*batches):
         params, state, loss = train_step(params, state, *place_batch(x, y))
         losses.append(loss)
+    # The state came from `init` placed as the step returns it: one compilation.
+    assert train_step._cache_size() == 1, train_step._cache_size()
     return params, state, losses
 
 
@@ -187,23 +189,12 @@ def worker(
         multihost_utils.process_allgather(x0, tiled=True), x_all[0]
     )
 
-    replicated = NamedSharding(mesh, P())
-
-    def place_state(state):
-        # `opt.init` places each moment like its parameter, but makes the 0-d step
-        # counter on this process's default device, and the jitted step returns it
-        # replicated over the mesh: placed so from the start, the second step does
-        # not compile again.
-        return jax.tree.map(
-            lambda x: (
-                x
-                if x.sharding.device_set == replicated.device_set
-                else jax.make_array_from_process_local_data(
-                    replicated, np.asarray(x), x.shape
-                )
-            ),
-            state,
-        )
+    def check_state(state):
+        # `opt.init` places every state leaf on the parameters' mesh, which spans
+        # both processes: each moment like its parameter, the 0-d step counter
+        # replicated. Nothing is left on this process's default device.
+        for x in jax.tree.leaves(state):
+            assert x.sharding.device_set == set(mesh.devices.flat), x.sharding
 
     params, static = eqx.partition(make_model(), eqx.is_array)
     results = {}
@@ -224,7 +215,7 @@ def worker(
             shardings,
         )
         final, state, losses = train(
-            opt, placed, static, (x_all, y_all), place_batch, place_state
+            opt, placed, static, (x_all, y_all), place_batch, check_state
         )
         check_placement(final, state, shardings, title)
         gathered = multihost_utils.process_allgather((final, state), tiled=True)

@@ -174,6 +174,10 @@ SCRIPT = textwrap.dedent(
         "PolyakSGD": lambda: agree(
             "PolyakSGD", lambda a: eqxopt.PolyakSGD(axis_name=a),
             extra={"value": jnp.asarray(50.0)}),
+        # Without axis_name: each device's own SOAP on its blocks.
+        "SOAP": lambda: agree(
+            "SOAP",
+            lambda a: eqxopt.SOAP(0.05, precondition_frequency=2, axis_name=a)),
     }
     """
 )
@@ -315,7 +319,7 @@ RUN = textwrap.dedent(
     for name in CHECKS:
         CHECKS_[name]()
 
-    # Every wrapper (and any catalog case named) traces and steps inside
+    # Every wrapper (and any catalog case named, or every one) traces and steps inside
     # shard_map with sharded gradients.
     from catalog import all_cases
 
@@ -328,8 +332,6 @@ RUN = textwrap.dedent(
     failures = []
     for case in all_cases():
         if WRAPPERS != "all" and case.name not in WRAPPERS:
-            continue
-        if WRAPPERS == "all" and case.name in NOT_YET:
             continue
         opt = case.make()
 
@@ -374,13 +376,8 @@ WRAPPERS = (
 )
 
 
-# Catalog cases that do not yet trace inside shard_map with sharded gradients:
-# SOAP (its mesh support is its own piece of work).
-NOT_YET = ("SOAP",)
-
-
 def _script(checks: tuple[str, ...], wrappers: object) -> str:
-    names = f"CHECKS = {checks!r}\nWRAPPERS = {wrappers!r}\nNOT_YET = {NOT_YET!r}\n"
+    names = f"CHECKS = {checks!r}\nWRAPPERS = {wrappers!r}\n"
     return HELPERS + SCRIPT + names + RUN
 
 
@@ -418,6 +415,7 @@ def test_every_axis_name_transform_agrees_and_every_case_traces_inside_shard_map
         "Prodigy",
         "PolyakSGD",
         "LBFGS",
+        "SOAP",
     )
     out = run_on_8_devices(_script(checks, "all"))
     assert "SHARD-MAP-OK" in out, out

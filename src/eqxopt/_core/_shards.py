@@ -13,10 +13,16 @@ them), and passes every such partial reduction through `shard_sum`/`shard_total`
 
 A reduction over some dimensions of a leaf only (a unit norm, a factored statistic)
 needs to know which dimension is split, which JAX's types inside `shard_map` do not
-say: a leaf that varies over named axes is taken to be split along its leading
-dimension (FSDP's convention, `PartitionSpec(axes)`), so a sum over dimensions that
-include dimension 0 is summed over those axes and any other is local
-(`shard_sum_dims`).
+say (a block of shape `(4, 16)` split 8 ways may be a `(32, 16)` leaf or a `(4, 128)`
+one). Such a transform also takes `param_specs`: the `PartitionSpec` of each
+parameter leaf (what was passed to `shard_map`'s `in_specs`), or a pytree prefix of
+params of them. Without it, a leaf that varies over named axes is taken to be split
+along its leading dimension (FSDP's convention, `PartitionSpec(axes)`). `leaf_layout`
+gives, per dimension, the named axes it is split over (and raises naming the leaf
+where a declared spec disagrees with what the leaf's type says varies), and a sum
+over some dimensions is summed over the axes of those dimensions only
+(`shard_sum_dims`). A transform that needs a split leaf whole (SOAP's rotations)
+takes it with `gather_whole` and gives back this device's block with `local_block`.
 
 So with FSDP, where some leaves are split over the axis and the others replicated
 across it, the result equals the unsharded run's (up to the order of the float32
@@ -35,11 +41,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array
+from jax.sharding import PartitionSpec
+from jaxtyping import Array, PyTree
 
 from . import _jax_api
+from ._structure import is_none, structure_mismatch
 
 AxisName = tuple[Hashable, ...] | None
+# Per dimension of a leaf, the axes of `axis_name` it is split over.
+Layout = tuple[tuple[Hashable, ...], ...]
 
 
 def checked_axis_name(name: str, value: Any) -> AxisName:
@@ -58,9 +68,9 @@ def checked_axis_name(name: str, value: Any) -> AxisName:
     return names
 
 
-def _axes_to_reduce(x: Array, axis_name: tuple, owner: str) -> tuple:
-    """The axes of `axis_name` that `x` varies over (all of them when this trace
-    does not type what varies); a `ValueError` for an axis not bound here."""
+def _tracked(axis_name: tuple, owner: str) -> bool:
+    """Whether this trace types which of `axis_name`'s axes a value varies over; a
+    `ValueError` for an axis not bound here."""
     tracked = True
     for name in axis_name:
         try:
@@ -74,7 +84,13 @@ def _axes_to_reduce(x: Array, axis_name: tuple, owner: str) -> tuple:
         # axis_index varies over its axis exactly when this trace types what varies.
         seen = _jax_api.varying_axes(index)
         tracked = tracked and seen is not None and name in seen
-    if not tracked:
+    return tracked
+
+
+def _axes_to_reduce(x: Array, axis_name: tuple, owner: str) -> tuple:
+    """The axes of `axis_name` that `x` varies over (all of them when this trace
+    does not type what varies); a `ValueError` for an axis not bound here."""
+    if not _tracked(axis_name, owner):
         return axis_name
     varying = _jax_api.varying_axes(x) or frozenset()
     return tuple(n for n in axis_name if n in varying)
@@ -132,40 +148,194 @@ def shard_max(x: Array, axis_name: AxisName, owner: str) -> Array:
     return jax.lax.pmax(x, axes) if axes else x
 
 
-def split_axes(x: Array, axis_name: AxisName, owner: str) -> tuple:
-    """The axes of `axis_name` that `x` is split over (varies over); `()` for
-    `axis_name=None` or a replicated leaf."""
+class FrozenSpecs:
+    """A `param_specs` tree, frozen so it can sit in a static field: equal (and
+    hashing equal) to any tree with the same structure and specs."""
+
+    __slots__ = ("leaves", "treedef")
+
+    def __init__(self, treedef: Any, leaves: tuple[PartitionSpec, ...]):
+        self.treedef = treedef
+        self.leaves = leaves
+
+    def tree(self) -> PyTree:
+        return jax.tree.unflatten(self.treedef, self.leaves)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, FrozenSpecs)
+            and self.treedef == other.treedef
+            and self.leaves == other.leaves
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.treedef, self.leaves))
+
+    def __repr__(self) -> str:
+        return f"param_specs({self.tree()!r})"
+
+
+def checked_param_specs(name: str, value: Any) -> FrozenSpecs | None:
+    """`None`, or a `PartitionSpec` or pytree of them (`None` in the tree: not
+    split), frozen; else a `TypeError` naming the argument and the entry."""
+    if value is None:
+        return None
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=is_none)
+    leaves = []
+    for path, spec in with_paths:
+        spec = PartitionSpec() if spec is None else spec
+        if not isinstance(spec, PartitionSpec):
+            raise TypeError(
+                f"{name}{jax.tree_util.keystr(path)} must be a "
+                f"jax.sharding.PartitionSpec (or None), got {spec!r}"
+            )
+        leaves.append(spec)
+    return FrozenSpecs(treedef, tuple(leaves))
+
+
+def resolve_specs(
+    specs: FrozenSpecs | None, params: PyTree, name: str = "param_specs"
+) -> list[PartitionSpec | None]:
+    """One spec per leaf of `params` (in `jax.tree.leaves` order), each entry of
+    `specs` covering its whole subtree; `None` everywhere for `specs=None`."""
+    n_leaves = len(jax.tree.leaves(params))
+    if specs is None:
+        return [None] * n_leaves
+    try:
+        subtrees = specs.treedef.flatten_up_to(params)
+    except (ValueError, TypeError):
+        raise structure_mismatch(specs.tree(), name, params, "params") from None
+    out: list[PartitionSpec | None] = []
+    for spec, sub in zip(specs.leaves, subtrees):
+        out.extend([spec] * len(jax.tree.leaves(sub)))
+    return out
+
+
+def _named(entry: Any, axis_name: tuple) -> tuple:
+    """The axes of `axis_name` in one entry of a `PartitionSpec`."""
+    names = entry if isinstance(entry, tuple) else (entry,)
+    return tuple(n for n in names if isinstance(n, str) and n in axis_name)
+
+
+def leaf_layout(
+    x: Array,
+    axis_name: AxisName,
+    owner: str,
+    spec: PartitionSpec | None = None,
+    where: str = "",
+) -> Layout:
+    """Per dimension of the leaf whose block here is `x`, the axes of `axis_name` it
+    is split over: as `spec` declares (its `PartitionSpec` in `shard_map`), or, for
+    `spec=None`, every axis it varies over along dimension 0. A `ValueError` naming
+    the leaf (`params{where}`) when the spec has more entries than `x` dimensions,
+    or names other axes of `axis_name` than `x`'s type says it varies over."""
+    ndim = jnp.ndim(x)
     if axis_name is None:
-        return ()
-    return _axes_to_reduce(x, axis_name, owner)
+        return ((),) * ndim
+    varying = _axes_to_reduce(x, axis_name, owner)
+    if spec is None:
+        if not varying or not ndim:
+            return ((),) * ndim
+        return (varying,) + ((),) * (ndim - 1)
+    if len(spec) > ndim:
+        raise ValueError(
+            f"{owner}: param_specs{where} is {spec}, with more entries than "
+            f"params{where} has dimensions ({ndim})"
+        )
+    layout = tuple(_named(e, axis_name) for e in spec) + ((),) * (ndim - len(spec))
+    declared = {n for axes in layout for n in axes}
+    if _tracked(axis_name, owner) and declared != set(varying):
+        raise ValueError(
+            f"{owner}: param_specs{where} is {spec}, which splits params{where} "
+            f"over {sorted(declared, key=str)} of axis_name, but inside shard_map "
+            f"it varies over {sorted(varying, key=str)}; give the PartitionSpec "
+            "passed to shard_map's in_specs for it"
+        )
+    return layout
 
 
-def global_shape(x: Array, axes: tuple) -> tuple[int, ...]:
-    """The shape of the whole leaf whose block here is `x`, split over `axes`
-    (from `split_axes`) along its leading dimension."""
-    if not axes or not x.ndim:
-        return tuple(x.shape)
-    n = 1
-    for name in axes:
-        n *= jax.lax.psum(1, name)
-    return (x.shape[0] * n, *x.shape[1:])
+def leaf_layouts(
+    params: PyTree, axis_name: AxisName, owner: str, specs: FrozenSpecs | None
+) -> list[Layout | None]:
+    """`leaf_layout` of every leaf of `params` (`None` for non-array leaves), from
+    the `param_specs` option `specs`."""
+    leaves_with_paths = jax.tree.leaves_with_path(params)
+    per_leaf = resolve_specs(specs, params)
+    return [
+        leaf_layout(x, axis_name, owner, spec, jax.tree_util.keystr(path))
+        if hasattr(x, "ndim")
+        else None
+        for (path, x), spec in zip(leaves_with_paths, per_leaf)
+    ]
+
+
+def global_shape(x: Array, layout: Layout) -> tuple[int, ...]:
+    """The shape of the whole leaf whose block here is `x`, split as `layout`
+    says (from `leaf_layout`)."""
+    shape = []
+    for size, axes in zip(x.shape, layout):
+        for name in axes:
+            size *= jax.lax.psum(1, name)
+        shape.append(size)
+    return tuple(shape)
 
 
 def shard_sum_dims(
-    x: Array, dims: int | tuple[int, ...] | None, axes: tuple, keepdims: bool = False
+    x: Array, dims: int | tuple[int, ...] | None, layout: Layout, keepdims: bool = False
 ) -> Array:
-    """`jnp.sum(x, dims)` over the whole leaf whose block here is `x`, split over
-    `axes` (from `split_axes`) along its leading dimension: summed over `axes` when
-    the dimensions summed (`None`: all) include the leading one."""
+    """`jnp.sum(x, dims)` over the whole leaf whose block here is `x`, split as
+    `layout` says (from `leaf_layout`): summed over the axes of the dimensions
+    summed (`None`: all)."""
     total = jnp.sum(x, axis=dims, keepdims=keepdims)
-    if not axes or not x.ndim:
+    if not x.ndim:
         return total
     if dims is None:
-        leading = True
+        listed: tuple[int, ...] = tuple(range(x.ndim))
     else:
-        listed = (dims,) if isinstance(dims, int) else dims
-        leading = any(d % x.ndim == 0 for d in listed)
-    return jax.lax.psum(total, axes) if leading else total
+        listed = (dims,) if isinstance(dims, int) else tuple(dims)
+    axes: list[Hashable] = []
+    for d in listed:
+        axes.extend(n for n in layout[d % x.ndim] if n not in axes)
+    return jax.lax.psum(total, tuple(axes)) if axes else total
+
+
+def drop_dim(layout: Layout, dim: int) -> Layout:
+    """The layout of a statistic that summed `dim` away."""
+    dim %= len(layout)
+    return layout[:dim] + layout[dim + 1 :]
+
+
+def _block_starts(x: Array, layout: Layout) -> list[Any]:
+    """Where this device's block starts in the whole leaf, per dimension (the
+    axes of a dimension counted major to minor, as a `PartitionSpec` lists them)."""
+    starts: list[Any] = []
+    for size, axes in zip(x.shape, layout):
+        index: Any = 0
+        for name in axes:
+            index = index * jax.lax.psum(1, name) + jax.lax.axis_index(name)
+        starts.append(index * size)
+    return starts
+
+
+def gather_whole(x: Array, layout: Layout) -> Array:
+    """The whole leaf whose block here is `x`, split as `layout` says, the same on
+    every device along its axes (and typed so: each device writes its block into
+    zeros at its place and the results are `psum`med, which adds only zeros to each
+    element, so it is exact). `x` itself for a leaf that is not split."""
+    axes = tuple(dict.fromkeys(n for dim in layout for n in dim))
+    if not axes:
+        return x
+    whole = jnp.zeros(global_shape(x, layout), x.dtype)
+    whole = jax.lax.dynamic_update_slice(whole, x, _block_starts(x, layout))
+    return jax.lax.psum(whole, axes)
+
+
+def local_block(whole: Array, like: Array, layout: Layout) -> Array:
+    """This device's block (shaped like `like`, split as `layout` says) of a
+    leaf-shaped `whole`; `whole` itself for a leaf that is not split."""
+    if not any(layout):
+        return whole
+    return jax.lax.dynamic_slice(whole, _block_starts(like, layout), like.shape)
 
 
 def leaf_norm(x: Array, axis_name: AxisName, owner: str) -> Array:

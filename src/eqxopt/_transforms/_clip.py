@@ -21,12 +21,15 @@ from .._core._fields import (
 from .._core._leafwise import map_leaves
 from .._core._shards import (
     AxisName,
+    FrozenSpecs,
+    Layout,
     checked_axis_name,
+    checked_param_specs,
     global_shape,
+    leaf_layouts,
     shard_mean,
     shard_sum_dims,
     shard_total,
-    split_axes,
 )
 from .._core._tree import (
     abs_sq,
@@ -95,12 +98,17 @@ class AbstractLeafClip(AbstractTransform):
     elementwise: eqx.AbstractClassVar[bool]
 
     @abc.abstractmethod
-    def leaf_rule(self, h: Any) -> Callable[[Any, Any], tuple[Any]]:
-        """`rule(g, p) -> (u,)` for one leaf, from the hyperparameters `h` at the
-        step."""
+    def leaf_rule(self, h: Any) -> Callable[..., tuple[Any]]:
+        """`rule(g, p) -> (u,)` for one leaf (`rule(g, p, flag)` with
+        `leaf_flags`), from the hyperparameters `h` at the step."""
 
     def check(self, grads: Grads, params: Params) -> None:
         """Raises on inputs the rule cannot take (before any state changes)."""
+
+    def leaf_flags(self, params: Params) -> list[Any] | None:
+        """Per leaf of `params`, a hashable value passed to the rule as its last
+        argument; `None` (default): the rule takes `(g, p)` only."""
+        return None
 
     def init(self, params: Params) -> StepState:
         return StepState(step=zero_step())
@@ -110,7 +118,13 @@ class AbstractLeafClip(AbstractTransform):
     ) -> tuple[Updates, StepState]:
         self.check(grads, params)
         rule = self.leaf_rule(values_at(self, state.step))
-        updates, _ = map_leaves(rule, grads, params, elementwise=self.elementwise)
+        updates, _ = map_leaves(
+            rule,
+            grads,
+            params,
+            elementwise=self.elementwise,
+            flags=self.leaf_flags(params),
+        )
         return updates, StepState(step=increment(state.step))
 
 
@@ -247,9 +261,9 @@ def _unit_axes(ndim: int, axis: tuple[int, ...] | None) -> tuple[int, ...] | Non
 
 
 def _unitwise_norm(
-    x: Array, axes: tuple[int, ...] | None, squeezed: bool, split: tuple
+    x: Array, axes: tuple[int, ...] | None, squeezed: bool, layout: Layout
 ) -> Array:
-    sq = shard_sum_dims(abs_sq(x), None if squeezed else axes, split, keepdims=True)
+    sq = shard_sum_dims(abs_sq(x), None if squeezed else axes, layout, keepdims=True)
     return jnp.broadcast_to(jnp.sqrt(sq), x.shape)
 
 
@@ -291,18 +305,33 @@ class AdaptiveGradClip(AbstractLeafClip):
     - `axis`: an int or tuple of ints, the axes to take norms over for every leaf;
       `None` for the defaults above (which cover up to 5 dimensions).
     - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: unit
-      norms over whole leaves. A leaf that varies over a named axis is taken to be
-      split along its leading dimension (FSDP's convention): a unit that spans it
-      is summed over the axis, shapes are those of the whole leaf. `None`
-      (default): this device's block only.
+      norms over whole leaves: a unit that spans a split dimension is summed over
+      its axes, shapes are those of the whole leaf. `None` (default): this
+      device's block only.
+    - `param_specs`: with `axis_name`, which dimension of each leaf is split over
+      which axes: the `jax.sharding.PartitionSpec` of each parameter leaf inside
+      `shard_map` (what its `in_specs` say), or a pytree prefix of params of them.
+      `None` (default): a leaf that varies over a named axis is taken to be split
+      along its leading dimension (FSDP's convention); a leaf split along another
+      dimension then needs its spec here, since inside `shard_map` nothing else
+      says which dimension is split. A spec that disagrees with the axes a leaf
+      varies over is an error naming the leaf.
     """
 
     clipping: ScalarOrSchedule = hyper(low=0.0, low_open=True)
     eps: ScalarOrSchedule = hyper(1e-3, low=0.0)
     axis: tuple[int, ...] | None = checked_field(_axes, None, static=True)
     axis_name: AxisName = axis_name_field()
+    param_specs: FrozenSpecs | None = checked_field(
+        checked_param_specs, None, static=True, kw_only=True
+    )
 
     elementwise = False
+
+    def leaf_flags(self, params: Params) -> list[Any] | None:
+        return leaf_layouts(
+            params, self.axis_name, "AdaptiveGradClip", self.param_specs
+        )
 
     def check(self, grads: Grads, params: Params) -> None:
         if self.axis is None:
@@ -314,19 +343,16 @@ class AdaptiveGradClip(AbstractLeafClip):
                         "norms over"
                     )
 
-    def leaf_rule(self, h: Any) -> Callable[[Any, Any], tuple[Any]]:
+    def leaf_rule(self, h: Any) -> Callable[..., tuple[Any]]:
         clipping, eps, axis = h.clipping, h.eps, self.axis
 
-        axis_name = self.axis_name
-
-        def rule(g, p):
-            split = split_axes(p, axis_name, "AdaptiveGradClip")
+        def rule(g, p, layout):
             # The unit is chosen from the whole leaf's shape, not the block's.
-            whole = global_shape(p, split)
+            whole = global_shape(p, layout)
             squeezed = axis is None and sum(d != 1 for d in whole) <= 1
             axes = None if squeezed else _unit_axes(p.ndim, axis)
-            g_norm = _unitwise_norm(g, axes, squeezed, split)
-            p_norm = _unitwise_norm(p, axes, squeezed, split)
+            g_norm = _unitwise_norm(g, axes, squeezed, layout)
+            p_norm = _unitwise_norm(p, axes, squeezed, layout)
             max_norm = clipping * jnp.maximum(p_norm, eps)
             clipped = g * (max_norm / jnp.maximum(g_norm, 1e-6))
             return (jnp.where(g_norm < max_norm, g, clipped),)

@@ -26,10 +26,14 @@ from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
 from ..._core._shards import (
     AxisName,
+    FrozenSpecs,
+    Layout,
+    checked_param_specs,
+    drop_dim,
     global_shape,
+    leaf_layouts,
     shard_mean,
     shard_sum_dims,
-    split_axes,
 )
 from ..._core._tree import (
     abs_sq,
@@ -130,12 +134,19 @@ class Adafactor(AbstractTransform):
     - `weight_decay_mask`: which leaves get weight decay: `None` (all), a tree of
       bools (or a prefix of params), or a function of params returning one.
     - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
-      statistics of whole leaves, as the unsharded run. A leaf that varies over a
-      named axis is taken to be split along its leading dimension (FSDP's
-      convention): the axes to factor are chosen from the whole leaf's shape, a
-      row or column statistic that spans the split is summed over the axis, and
-      the update clipping and parameter scale use whole-leaf RMS. `None`
-      (default): this device's block of each leaf.
+      statistics of whole leaves, as the unsharded run: the axes to factor are
+      chosen from the whole leaf's shape, a row or column statistic that spans a
+      split dimension is summed over its axes, and the update clipping and
+      parameter scale use whole-leaf RMS. `None` (default): this device's block
+      of each leaf.
+    - `param_specs`: with `axis_name`, which dimension of each leaf is split over
+      which axes: the `jax.sharding.PartitionSpec` of each parameter leaf inside
+      `shard_map` (what its `in_specs` say), or a pytree prefix of params of them.
+      `None` (default): a leaf that varies over a named axis is taken to be split
+      along its leading dimension (FSDP's convention); a leaf split along another
+      dimension then needs its spec here, since inside `shard_map` nothing else
+      says which dimension is split. A spec that disagrees with the axes a leaf
+      varies over is an error naming the leaf.
     """
 
     learning_rate: ScalarOrSchedule | None = learning_rate_field(None, optional=True)
@@ -156,6 +167,9 @@ class Adafactor(AbstractTransform):
     factored: bool = flag_field(True, kw_only=False)
     weight_decay_mask: MaskLike = mask_field(kw_only=False)
     axis_name: AxisName = axis_name_field()
+    param_specs: FrozenSpecs | None = checked_field(
+        checked_param_specs, None, static=True, kw_only=True
+    )
 
     def factored_axes(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
         """`(b, a)`: the second-largest and largest axis of a leaf of this shape, if
@@ -167,18 +181,20 @@ class Adafactor(AbstractTransform):
             return None
         return int(order[-2]), int(order[-1])
 
-    def _split(self, p: Array) -> tuple:
-        return split_axes(p, self.axis_name, "Adafactor")
+    def _layouts(self, params: Params) -> list[Layout | None]:
+        return leaf_layouts(params, self.axis_name, "Adafactor", self.param_specs)
 
-    def _leaf_axes(self, p: Array) -> tuple[int, int] | None:
+    def _leaf_axes(self, p: Array, layout: Layout | None) -> tuple[int, int] | None:
         # The whole leaf's shape decides, not the block's inside shard_map.
-        return self.factored_axes(global_shape(p, self._split(p)))
+        if not is_float_leaf(p) or layout is None:
+            return None
+        return self.factored_axes(global_shape(p, layout))
 
     def init(self, params: Params) -> AdafactorState:
-        def stats(p):
+        def stats(p, layout):
             if not is_float_leaf(p):
                 return None, None, None
-            axes = self._leaf_axes(p)
+            axes = self._leaf_axes(p, layout)
             if axes is None:
                 return None, None, full_like_leaf(p)
             b, a = axes
@@ -188,7 +204,8 @@ class Adafactor(AbstractTransform):
 
         decay_flags(self.weight_decay_mask, params, "weight_decay_mask")  # checked
         leaves, treedef = jax.tree.flatten(params)
-        rows, cols, full = zip(*map(stats, leaves)) if leaves else ((), (), ())
+        layouts = self._layouts(params)
+        rows, cols, full = zip(*map(stats, leaves, layouts)) if leaves else ((), (), ())
         momentum = None
         if self.momentum is not None:
             # dtype_momentum=None: the default float dtype, as it always was.
@@ -217,7 +234,8 @@ class Adafactor(AbstractTransform):
         beta = 1.0 - t ** (-h.decay_rate)
 
         leaves, treedef = jax.tree.flatten(params)
-        axes = [self._leaf_axes(p) if is_float_leaf(p) else None for p in leaves]
+        layouts = self._layouts(params)
+        axes = [self._leaf_axes(p, lay) for p, lay in zip(leaves, layouts)]
         aligned = align_grads(grads, params)
         factored_grads = treedef.unflatten(
             [g if a is not None else None for g, a in zip(aligned, axes)]
@@ -226,20 +244,17 @@ class Adafactor(AbstractTransform):
             [g if a is None else None for g, a in zip(aligned, axes)]
         )
 
-        def factored_rule(g, p, row, col, leaf_axes):
-            b, a = leaf_axes
-            split = self._split(p)
-            whole = global_shape(p, split)
+        def factored_rule(g, p, row, col, flag):
+            (b, a), layout = flag
+            whole = global_shape(p, layout)
             sq = abs_sq(g) + eps
-            row_mean = shard_sum_dims(sq, a, split) / whole[a]
-            col_mean = shard_sum_dims(sq, b, split) / whole[b]
+            row_mean = shard_sum_dims(sq, a, layout) / whole[a]
+            col_mean = shard_sum_dims(sq, b, layout) / whole[b]
             row = beta * row + (1.0 - beta) * row_mean
             col = beta * col + (1.0 - beta) * col_mean
             row_b = b - 1 if b > a else b  # axis b of the row statistics
-            # The row statistics keep the leaf's split leading dimension unless
-            # that is the one they averaged over.
-            row_split = split if a != 0 else ()
-            row_total = shard_sum_dims(row, row_b, row_split, keepdims=True)
+            # The row statistics keep the leaf's splits but along axis a.
+            row_total = shard_sum_dims(row, row_b, drop_dim(layout, a), keepdims=True)
             row_factor = (row / (row_total / whole[b])) ** -0.5
             col_factor = col**-0.5
             u = g * jnp.expand_dims(row_factor, a) * jnp.expand_dims(col_factor, b)
@@ -255,7 +270,7 @@ class Adafactor(AbstractTransform):
             params,
             (state.v_row, state.v_col),
             elementwise=False,
-            flags=axes,
+            flags=[(a, lay) for a, lay in zip(axes, layouts)],
         )
         full_u, (v,) = map_leaves(
             full_rule, full_grads, params, (state.v,), elementwise=False

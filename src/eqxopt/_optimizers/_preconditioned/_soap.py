@@ -8,16 +8,27 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core import _jax_api
+from ..._core import _jax_api, _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
 from ..._core._checks import array_count, reject_complex, static_count
 from ..._core._fields import (
     ScalarOrSchedule,
+    axis_name_field,
     checked_field,
     flag_field,
     hyper,
     learning_rate_field,
     values_at,
+)
+from ..._core._shards import (
+    AxisName,
+    FrozenSpecs,
+    Layout,
+    checked_param_specs,
+    gather_whole,
+    global_shape,
+    leaf_layouts,
+    local_block,
 )
 from ..._core._tree import (
     align_grads,
@@ -125,6 +136,15 @@ class SOAP(AbstractTransform):
     has no SOAP (optax issue 1580); this follows the authors' reference PyTorch
     implementation without its `merge_dims` and `normalize_grads` options.
 
+    Inside `jax.shard_map`, without `axis_name` each device runs SOAP on its own
+    block of each leaf (its own statistics and eigenbases, of the block's shape):
+    a different optimizer from the unsharded one. With `axis_name`, a split leaf
+    with a preconditioned axis is gathered whole on every device (one all-reduce
+    each of its gradient, value and moments a step), stepped as the unsharded
+    run, and each device keeps its block of the update and moments; the
+    statistics and eigenbases are those of the whole leaf, the same on every
+    device.
+
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
@@ -137,6 +157,15 @@ class SOAP(AbstractTransform):
       (an int `>= 1`; an array field, so changing it does not recompile).
     - `max_precond_dim`: axes longer than this are not rotated (static int).
     - `precondition_1d`: also rotate 1-D leaves (static bool).
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: step
+      whole leaves, as the unsharded run (above). `None` (default): each device's
+      blocks.
+    - `param_specs`: with `axis_name`, the `jax.sharding.PartitionSpec` of each
+      parameter leaf inside `shard_map` (what its `in_specs` say), or a pytree
+      prefix of params of them, to say which dimension is split. `None`
+      (default): a leaf that varies over a named axis is taken to be split along
+      its leading dimension (FSDP's convention). A spec that disagrees with the
+      axes a leaf varies over is an error naming the leaf.
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field(3e-3)
@@ -151,25 +180,34 @@ class SOAP(AbstractTransform):
     # Static: they decide the shapes of the state.
     max_precond_dim: int = checked_field(static_count, 10000, static=True, kw_only=True)
     precondition_1d: bool = flag_field(False)
+    axis_name: AxisName = axis_name_field()
+    param_specs: FrozenSpecs | None = checked_field(
+        checked_param_specs, None, static=True, kw_only=True
+    )
 
-    def _axes(self, p: Array) -> list[bool]:
+    def _axes(self, shape: tuple[int, ...]) -> list[bool]:
         return _axis_sizes_preconditioned(
-            p.shape, self.max_precond_dim, self.precondition_1d
+            shape, self.max_precond_dim, self.precondition_1d
         )
+
+    def _layouts(self, params: Params) -> list[Layout | None]:
+        return leaf_layouts(params, self.axis_name, "SOAP", self.param_specs)
 
     def init(self, params: Params) -> SOAPState:
         reject_complex(params, "params", "SOAP", _WHY)
 
-        def matrices(p):
+        def matrices(p, layout):
             if not is_float_leaf(p):
                 return None
             dtype = compute_dtype(p.dtype)
+            shape = global_shape(p, layout)  # the whole leaf's, in shard_map
             return tuple(
                 jnp.zeros((d, d), dtype) if on else None
-                for d, on in zip(p.shape, self._axes(p))
+                for d, on in zip(shape, self._axes(shape))
             )
 
-        gg = jax.tree.map(matrices, params)
+        leaves, treedef = jax.tree.flatten(params)
+        gg = treedef.unflatten(list(map(matrices, leaves, self._layouts(params))))
         return SOAPState(
             step=zero_step(),
             mu=float_leaves_like(params),
@@ -222,7 +260,7 @@ class SOAP(AbstractTransform):
                     new_q.append(jnp.linalg.qr(m @ o)[0])
                 return nu, tuple(new_q)
 
-            nu, q = jax.lax.cond(
+            nu, q = _shards.cond(
                 refresh, _like_inputs(rebase), lambda nu, q: (nu, q), nu, q
             )
             mu = _project(mu_plain, q)
@@ -234,23 +272,35 @@ class SOAP(AbstractTransform):
         nu_leaves = param_def.flatten_up_to(state.nu)
         gg_leaves = param_def.flatten_up_to(state.gg)
         q_leaves = param_def.flatten_up_to(state.q)
+        layouts = self._layouts(params)
         out: list[list[Any]] = [[], [], [], [], []]
-        for g, p, mu, nu, gg, q in zip(
-            grad_leaves, param_leaves, mu_leaves, nu_leaves, gg_leaves, q_leaves
+        for g, p, mu, nu, gg, q, layout in zip(
+            grad_leaves,
+            param_leaves,
+            mu_leaves,
+            nu_leaves,
+            gg_leaves,
+            q_leaves,
+            layouts,
         ):
             if g is None or not is_float_leaf(p):
                 for column, value in zip(out, (None, mu, nu, gg, q)):
                     column.append(value)
                 continue
             dtype = compute_dtype(p.dtype)
-            whole, back = _gather_once(p) if any(self._axes(p)) else _NO_GATHER
+            if not any(self._axes(global_shape(p, layout))):
+                whole, back = _NO_GATHER
+            elif any(layout):
+                whole, back = _in_shard_map(p, layout)
+            else:
+                whole, back = _gather_once(p)
             args = (
                 whole(g.astype(dtype)),
                 whole(p.astype(dtype)),
                 whole(mu.astype(dtype)),
                 whole(nu.astype(dtype)),
             )
-            u, new_mu, new_nu, new_gg, new_q = jax.lax.cond(
+            u, new_mu, new_nu, new_gg, new_q = _shards.cond(
                 k == 0,
                 _like_inputs(first, skip=1),
                 _like_inputs(later, skip=1),
@@ -268,6 +318,16 @@ class SOAP(AbstractTransform):
 
 
 _NO_GATHER = (lambda x: x), (lambda x: x)
+
+
+def _in_shard_map(p: Array, layout: Layout) -> tuple[Any, Any]:
+    """Inside `shard_map` with `axis_name`: a function that makes a block shaped
+    like `p` (split as `layout` says) whole on every device, and one that gives
+    back this device's block of a whole result."""
+    return (
+        lambda x: gather_whole(x, layout),
+        lambda x: local_block(x, p, layout),
+    )
 
 
 def _gather_once(p: Array) -> tuple[Any, Any]:
