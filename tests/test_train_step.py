@@ -268,7 +268,7 @@ def test_make_train_step_donates_model_and_state_and_keeps_static_values():
     def scaled_loss(model, x, y, scale):
         return scale * mlp_loss(model, x, y)
 
-    model, opt = mlp(), eqxopt.SGD(1e-2)
+    model, opt = mlp(), eqxopt.SGD(1e-2, momentum=0.9)
     step = eqxopt.make_train_step(scaled_loss, opt)
     x, y = batch()
     results = {}
@@ -276,6 +276,10 @@ def test_make_train_step_donates_model_and_state_and_keeps_static_values():
         given, state = fresh(model), opt.init(model)
         results[scale] = step(given, state, x, y, scale)
         assert given.layers[0].weight.is_deleted()
+        # The step count and a velocity per weight and bias.
+        assert len(jax.tree.leaves(state)) == 1 + len(
+            jax.tree.leaves(eqx.filter(model, eqx.is_array))
+        )
         assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state))
         assert not x.is_deleted()
         assert results[scale][0].activation is model.activation
