@@ -256,9 +256,46 @@ def test_make_train_step_donated_step_copies_no_weight():
     opt = eqxopt.AdamW(1e-3)
     model, (x, y) = small_model(), batch()
     step = eqxopt.make_train_step(loss_fn, opt)
-    text = step.lower(model, opt.init(model), x, y).compile().compiled.as_text()
+    state = opt.init(model)
+    compiled = step.lower(model, state, x, y).compile()
+    text = compiled.as_text()
     assert "eqxopt_elementwise" in text
     assert copies_of_inputs(text) == []
+    # Every model and state buffer is written over (aliased); the only new outputs
+    # are the loss and the output tuple's table of pointers (8 bytes an output).
+    memory = compiled.memory_analysis()
+    donated = jax.tree.leaves(eqx.filter((model, state), eqx.is_array))
+    assert memory.alias_size_in_bytes == sum(leaf.nbytes for leaf in donated)
+    new_bytes = memory.output_size_in_bytes - memory.alias_size_in_bytes
+    assert new_bytes <= 4 + 8 * (len(donated) + 1)
+
+
+def test_make_train_step_donates_model_and_state_and_keeps_static_values():
+    # The step's own dispatch (not `eqx.filter_jit`) keeps filter_jit's rules: model
+    # and state arrays are donated, the batch's are not, and a non-array argument is
+    # static (a new value compiles again and is used).
+    def scaled_loss(model, x, y, scale):
+        return scale * mlp_loss(model, x, y)
+
+    model, opt = mlp(), eqxopt.SGD(1e-2, momentum=0.9)
+    step = eqxopt.make_train_step(scaled_loss, opt)
+    x, y = batch()
+    results = {}
+    for scale in (1.0, 2.0):
+        given, state = fresh(model), opt.init(model)
+        results[scale] = step(given, state, x, y, scale)
+        assert given.layers[0].weight.is_deleted()
+        # The step count and a velocity per weight and bias.
+        assert len(jax.tree.leaves(state)) == 1 + len(
+            jax.tree.leaves(eqx.filter(model, eqx.is_array))
+        )
+        assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state))
+        assert not x.is_deleted()
+        assert results[scale][0].activation is model.activation
+    for scale, got in results.items():
+        grads = eqx.filter_grad(scaled_loss)(model, x, y, scale)
+        close(got[:2], opt.step(grads, opt.init(model), model))
+        close(got[2], scaled_loss(model, x, y, scale))
 
 
 def test_make_train_step_rejects_bad_arguments():

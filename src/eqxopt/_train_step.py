@@ -1,10 +1,13 @@
 """`make_train_step`: a whole compiled train step (loss, gradients, optimizer step)
 written the fast way: model and state donated, `step(..., donate=True)` inside."""
 
+import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
+import jax
+import numpy as np
 
 from ._core._base import AbstractTransform
 from ._core._checks import check_bool
@@ -50,7 +53,9 @@ class TrainStep(eqx.Module):
         **Returns:** `(model, state, loss)`, or `(model, state, loss, aux)` with
         `has_aux=True`.
         """
-        return _compiled(self._front(opt, batch), model, state)
+        key, front, model, state = _split(self._front(opt, batch), model, state)
+        out = _compiled(key, front, model, state)
+        return _join(_OUTPUTS[key], out)
 
     def lower(
         self,
@@ -59,13 +64,13 @@ class TrainStep(eqx.Module):
         *batch: Any,
         opt: AbstractTransform | None = None,
     ) -> Any:
-        """The program `__call__` runs, lowered (`eqx.filter_jit`'s `lower`):
-        `.compile()` it to read XLA's memory analysis or optimized HLO.
+        """The program `__call__` runs, lowered (`jax.jit`'s `lower`): `.compile()`
+        it to read XLA's memory analysis (`.memory_analysis()`) or optimized HLO
+        (`.as_text()`).
 
         **Arguments:** as `__call__`.
         """
-        lower = _compiled.lower  # pyright: ignore[reportFunctionMemberAccess]
-        return lower(self._front(opt, batch), model, state)
+        return _compiled.lower(*_split(self._front(opt, batch), model, state))
 
     def _front(self, opt: AbstractTransform | None, batch: tuple) -> tuple:
         # The compiled program's first, undonated argument.
@@ -118,17 +123,71 @@ def make_train_step(
     return TrainStep(loss_fn, opt, check_bool("has_aux", has_aux))
 
 
+# The dispatch, written out rather than `eqx.filter_jit`: a call flattens its
+# arguments once and splits arrays (traced) from other leaves (static, part of the
+# key); `eqx.filter_jit` also partitions, combines and re-flattens every tree, which
+# for a model of many small leaves costs more host time than the compiled step.
+_ARRAY = object()  # marks where an array leaf was, in a key
+
+# What `eqx.is_array` takes for an array (checked inline: it runs for every leaf of
+# every call).
+_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+
+
+class _Key(NamedTuple):
+    """What selects a compiled program, besides the arrays' shapes and dtypes: the
+    tree structures of (optimizer, loss_fn, has_aux, batch), model and state, and
+    their leaves that are not arrays."""
+
+    treedefs: tuple
+    static: tuple
+
+
+def _split(front: tuple, model: Any, state: Any) -> tuple:
+    treedefs, static, arrays = [], [], []
+    for tree in (front, model, state):
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        treedefs.append(treedef)
+        static.append(_statics(leaves))
+        arrays.append([x for x in leaves if isinstance(x, _ARRAY_TYPES)])
+    return (_Key(tuple(treedefs), tuple(static)), *arrays)
+
+
+def _statics(leaves: list) -> tuple:
+    return tuple(_ARRAY if isinstance(x, _ARRAY_TYPES) else x for x in leaves)
+
+
+def _merge(treedef: Any, static: tuple, arrays: Any) -> Any:
+    arrays = iter(arrays)
+    return jax.tree_util.tree_unflatten(
+        treedef, [next(arrays) if x is _ARRAY else x for x in static]
+    )
+
+
+def _join(outputs: tuple, arrays: list) -> tuple:
+    treedef, static = outputs
+    return tuple(_merge(treedef, static, arrays))
+
+
+# Per key, the outputs' structure and their leaves that are not arrays (recorded
+# when the program is traced).
+_OUTPUTS: dict[_Key, tuple] = {}
+
+
 def _loss_of(loss_fn: Callable[..., Any], model: Any) -> Callable[..., Any]:
     if isinstance(model, Packed):
         return lambda packed, *batch: loss_fn(packed.unpack(), *batch)
     return loss_fn
 
 
-# One compiled program per (loss_fn, has_aux, structure and shapes of everything);
-# the first argument (optimizer and batch) is not donated, model and state are.
-@eqx.filter_jit(donate="all-except-first")
-def _compiled(front: tuple, model: Any, state: Any) -> tuple[Any, ...]:
-    opt, loss_fn, has_aux, batch = front
+# One compiled program per key and shapes; the model's and the state's arrays are
+# donated, the optimizer's and the batch's are not.
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=(2, 3))
+def _compiled(key: _Key, front: list, model: list, state: list) -> list:
+    (front_def, model_def, state_def), (front_static, model_static, state_static) = key
+    opt, loss_fn, has_aux, batch = _merge(front_def, front_static, front)
+    model = _merge(model_def, model_static, model)
+    state = _merge(state_def, state_static, state)
     value_and_grad = eqx.filter_value_and_grad(
         _loss_of(loss_fn, model), has_aux=has_aux
     )
@@ -136,5 +195,9 @@ def _compiled(front: tuple, model: Any, state: Any) -> tuple[Any, ...]:
     model, state = opt.step(grads, state, model, donate=True)
     if has_aux:
         loss, aux = value
-        return model, state, loss, aux
-    return model, state, value
+        outputs = (model, state, loss, aux)
+    else:
+        outputs = (model, state, value)
+    leaves, treedef = jax.tree_util.tree_flatten(outputs)
+    _OUTPUTS[key] = (treedef, _statics(leaves))
+    return [x for x in leaves if isinstance(x, _ARRAY_TYPES)]
