@@ -239,18 +239,18 @@ def _call(
     new_state)`), through its compiled entry."""
     _check_donate(donate)
     first, second = (params, state) if step else (state, params)
+    # Where the inputs live, read once for both readers below.
+    inputs = _placement.read(grads, params, state, donated=donate)
     try:
         return _dispatch.call(
-            _placement.entry_for(
-                _ENTRIES[step, donate], _placement.signature(params, state)
-            ),
+            _placement.entry_for(_ENTRIES[step, donate], _placement.signature(inputs)),
             (
                 opt,
                 grads,
                 first,
                 second,
                 _numbers_as_arrays(extra) if extra else extra,
-                _seam.placement(donate, grads, params, state),
+                _seam.placement(inputs),
             ),
             # The donated buffers: state (`update`), params and state (`step`).
             ((2, 3) if step else (2,)) if donate else (),
