@@ -275,9 +275,9 @@ def keep(outs: Any, ins: Any, shardings: tuple[Any, ...] | None) -> Any:
         if x.shape != y.shape:
             placed.append(y)
             continue
-        typed = _jax_api.explicit_sharding(x)
-        if typed is not None:
-            y = _jax_api.reshard(y, typed)
+        typed = _jax_api.mesh_and_spec(x)
+        if typed is not None and "explicit" in _jax_api.axis_kinds(typed[0]).values():
+            y = _jax_api.reshard(y, NamedSharding(*typed))
         elif sharding is not None:
             y = jax.lax.with_sharding_constraint(y, sharding)
         placed.append(y)
