@@ -64,6 +64,33 @@ class AbstractWrapper(AbstractTransform):
             )
 
 
+class AbstractComposite(AbstractWrapper):
+    """A wrapper whose update rule and step are one method, `run_inners`, told which
+    method of its inner transforms makes the result: `"transform"` (updates) or
+    `"transform_step"` (new parameters; an inner transform run by the per-leaf
+    engine forms them in the pass that makes its updates). The keyword arguments
+    are checked first."""
+
+    @abc.abstractmethod
+    def run_inners(
+        self, method: str, grads: Grads, state: Any, params: Params, extra: dict
+    ) -> tuple[Any, Any]:
+        """`(updates, new_state)` for `"transform"`, `(new_params, new_state)` for
+        `"transform_step"`."""
+
+    def transform(
+        self, grads: Grads, state: Any, params: Params, **extra: Any
+    ) -> tuple[Updates, Any]:
+        self.check_keywords(extra)
+        return self.run_inners("transform", grads, state, params, extra)
+
+    def transform_step(
+        self, grads: Grads, state: Any, params: Params, **extra: Any
+    ) -> tuple[Params, Any]:
+        self.check_keywords(extra)
+        return self.run_inners("transform_step", grads, state, params, extra)
+
+
 def keywords_for(transform: AbstractTransform, extra: dict[str, Any]) -> dict:
     """The part of `extra` that `transform` takes."""
     return {k: v for k, v in extra.items() if transform.takes_keyword(k)}
