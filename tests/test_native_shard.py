@@ -20,7 +20,7 @@ PRELUDE = textwrap.dedent(
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     import eqxopt
-    from eqxopt._core import _base, _dispatch, _seam
+    from eqxopt._core import _base, _dispatch, _placement, _seam
     from helpers import assert_moved, assert_trees_close
 
     warnings.simplefilter("error")  # a donation XLA could not use warns
@@ -43,7 +43,8 @@ PRELUDE = textwrap.dedent(
         return {k: jax.device_put(v, where(k)) for k, v in tree.items()}
 
     def compiled_step(opt, grads, state, params):
-        placed = _seam.placement(True, grads, params, state)
+        inputs = _placement.read(grads, params, state, donated=True)
+        placed = _seam.placement(inputs)
         args = (opt, grads, params, state, {}, placed)
         lowered = _dispatch.lower(_base._step_entry_donated, args, (2, 3))
         return lowered.compile().as_text()
@@ -197,7 +198,8 @@ SLOW_SCRIPT = PRELUDE + textwrap.dedent(
     params = place(host, split)
     state = opt.init(params)
     grads = place(host_grads[0], split)
-    args = (opt, grads, state, params, {}, _seam.placement(True, grads, params, state))
+    inputs = _placement.read(grads, params, state, donated=True)
+    args = (opt, grads, state, params, {}, _seam.placement(inputs))
     text = _dispatch.lower(_base._update_entry_donated, args, (2,)).compile().as_text()
     assert "eqxopt_elementwise" in text
     assert not [op for op in COLLECTIVES if op in text]

@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent(
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     import eqxopt
-    from eqxopt._core import _base, _dispatch, _seam
+    from eqxopt._core import _base, _dispatch, _placement, _seam
 
     jax.config.update("jax_platforms", "cpu")
     assert len(jax.devices()) == 8, jax.devices()
@@ -89,7 +89,8 @@ SCRIPT = textwrap.dedent(
             assert "eqxopt_elementwise" not in text
         # A donated step runs the native kernels on each device's shards, with no
         # gather either (tests/test_native_shard.py checks the numbers).
-        placed = _seam.placement(True, grads, params, state)
+        inputs = _placement.read(grads, params, state, donated=True)
+        placed = _seam.placement(inputs)
         lowered = _dispatch.lower(
             _base._step_entry_donated, (opt, grads, params, state, {}, placed), (2, 3))
         text = lowered.compile().as_text()

@@ -150,25 +150,7 @@ class AbstractTransform(eqx.Module):
         **Returns:** `(updates, new_state)`; each update has its parameter's shape and
         dtype (`None` for leaves that are not updated).
         """
-        _check_donate(donate)
-        entry = _update_entry_donated if donate else _update_entry
-        try:
-            new_state, updates = _dispatch.call(
-                _placement.entry_for(entry, _placement.signature(params, state)),
-                (
-                    self,
-                    grads,
-                    state,
-                    params,
-                    _numbers_as_arrays(extra) if extra else extra,
-                    _seam.placement(donate, grads, params, state),
-                ),
-                (2,) if donate else (),
-                bools=(3, 4),
-            )
-        except ValueError as error:
-            raise_if_misplaced(error, self, grads, state, params)
-            raise
+        new_state, updates = _call(self, False, grads, state, params, donate, extra)
         return updates, new_state
 
     @_fast_method
@@ -190,25 +172,7 @@ class AbstractTransform(eqx.Module):
         **Returns:** `(new_params, new_state)`; every parameter keeps its dtype and
         non-float leaves are passed through unchanged.
         """
-        _check_donate(donate)
-        entry = _step_entry_donated if donate else _step_entry
-        try:
-            return _dispatch.call(
-                _placement.entry_for(entry, _placement.signature(params, state)),
-                (
-                    self,
-                    grads,
-                    params,
-                    state,
-                    _numbers_as_arrays(extra) if extra else extra,
-                    _seam.placement(donate, grads, params, state),
-                ),
-                (2, 3) if donate else (),
-                bools=(2, 4),
-            )
-        except ValueError as error:
-            raise_if_misplaced(error, self, grads, state, params)
-            raise
+        return _call(self, True, grads, state, params, donate, extra)
 
     # The keyword arguments `transform` takes beyond grads, state and params (such
     # as "value", the loss). Wrappers (`Chain`, ...) pass a keyword on only to the
@@ -262,6 +226,42 @@ def _check_donate(donate: Any) -> None:
         raise TypeError(f"donate must be a bool, got {donate!r}")
 
 
+def _call(
+    opt: AbstractTransform,
+    step: bool,
+    grads: Grads,
+    state: State,
+    params: Params,
+    donate: bool,
+    extra: dict[str, Any],
+) -> Any:
+    """`update` (`step=False`: `(new_state, updates)`) or `step` (`(new_params,
+    new_state)`), through its compiled entry."""
+    _check_donate(donate)
+    first, second = (params, state) if step else (state, params)
+    # Where the inputs live, read once for both readers below.
+    inputs = _placement.read(grads, params, state, donated=donate)
+    try:
+        return _dispatch.call(
+            _placement.entry_for(_ENTRIES[step, donate], _placement.signature(inputs)),
+            (
+                opt,
+                grads,
+                first,
+                second,
+                _numbers_as_arrays(extra) if extra else extra,
+                _seam.placement(inputs),
+            ),
+            # The donated buffers: state (`update`), params and state (`step`).
+            ((2, 3) if step else (2,)) if donate else (),
+            # Where Python bools may be: params and the keyword arguments.
+            bools=(2, 4) if step else (3, 4),
+        )
+    except ValueError as error:
+        raise_if_misplaced(error, opt, grads, state, params)
+        raise
+
+
 def _numbers_as_arrays(extra: dict[str, Any]) -> dict[str, Any]:
     # A Python number would be a static cache key (a recompile per new loss value);
     # as a (strongly typed) array it is traced. Bools stay static: they are switches.
@@ -308,9 +308,14 @@ def _checked(
 # sharding alone and donated buffers are reused.
 
 
-def _update(opt, grads, state, params, extra, native, *, donated, placement):
-    method = type(opt).transform
-    updates, new_state = _seam.traced(
+def _entry(
+    opt, grads, first, second, extra, native=None, *, step, donated, placement=None
+):
+    # `first, second` are the donated inputs' order: `state, params` for `update`,
+    # `params, state` for `step`; the outputs come in the same order.
+    params, state = (first, second) if step else (second, first)
+    method = type(opt).transform_step if step else type(opt).transform
+    new, new_state = _seam.traced(
         lambda: _checked(method, opt, grads, state, params, extra),
         in_place=donated,
         placement=native,
@@ -318,48 +323,21 @@ def _update(opt, grads, state, params, extra, native, *, donated, placement):
     )
     on_params, on_state = placement or (None, None)
     new_state = _placement.keep(new_state, state, on_state)
-    updates = _placement.keep(cast_like(updates, params), params, on_params)
-    return new_state, updates
+    if step:
+        return _placement.keep(new, params, on_params), new_state
+    return new_state, _placement.keep(cast_like(new, params), params, on_params)
 
 
-def _step(opt, grads, params, state, extra, native, *, donated, placement):
-    method = type(opt).transform_step
-    new_params, new_state = _seam.traced(
-        lambda: _checked(method, opt, grads, state, params, extra),
-        in_place=donated,
-        placement=native,
-        inputs=(grads, params, state),
-    )
-    on_params, on_state = placement or (None, None)
-    return (
-        _placement.keep(new_params, params, on_params),
-        _placement.keep(new_state, state, on_state),
-    )
+# The four entries: each its own object, so each has its own compiled functions
+# (the dispatcher's caches are keyed by the entry).
+_update_entry = functools.partial(_entry, step=False, donated=False)
+_update_entry_donated = functools.partial(_entry, step=False, donated=True)
+_step_entry = functools.partial(_entry, step=True, donated=False)
+_step_entry_donated = functools.partial(_entry, step=True, donated=True)
 
-
-def _update_entry(opt, grads, state, params, extra, native=None, *, placement=None):
-    return _update(
-        opt, grads, state, params, extra, native, donated=False, placement=placement
-    )
-
-
-def _update_entry_donated(
-    opt, grads, state, params, extra, native=None, *, placement=None
-):
-    return _update(
-        opt, grads, state, params, extra, native, donated=True, placement=placement
-    )
-
-
-def _step_entry(opt, grads, params, state, extra, native=None, *, placement=None):
-    return _step(
-        opt, grads, params, state, extra, native, donated=False, placement=placement
-    )
-
-
-def _step_entry_donated(
-    opt, grads, params, state, extra, native=None, *, placement=None
-):
-    return _step(
-        opt, grads, params, state, extra, native, donated=True, placement=placement
-    )
+_ENTRIES = {
+    (False, False): _update_entry,
+    (False, True): _update_entry_donated,
+    (True, False): _step_entry,
+    (True, True): _step_entry_donated,
+}

@@ -28,7 +28,9 @@ def mesh_and_spec(x: Any) -> tuple[Any, Any] | None:
     """The (abstract) mesh and the `PartitionSpec` in the type of `x` (sharding in
     types, `jax.typeof`, JAX >= 0.6), or None where this JAX has no such types or
     `x` lies on no mesh with named axes. The spec names only Explicit axes: Auto
-    axes are the compiler's to decide and read as unsharded."""
+    axes are the compiler's to decide and read as unsharded (`axis_kinds` tells
+    them apart). The one reader of a type's sharding: Muon and SOAP place their
+    products by it, the entries their outputs (`_placement.keep`)."""
     typeof = getattr(jax, "typeof", None)
     if typeof is None:
         return None
@@ -99,16 +101,3 @@ def pvary(x: Any, axes: tuple) -> Any:
         return pcast(x, axes, to="varying")
     old = getattr(jax.lax, "pvary", None)
     return x if old is None else old(x, axes)
-
-
-def explicit_sharding(x: Any) -> Any:
-    """The sharding in `x`'s type when its mesh has an Explicit axis (JAX's sharding
-    in types, `jax.typeof(x).sharding`), else `None` (Auto meshes, and JAX before
-    explicit sharding, whose types carry no sharding)."""
-    typeof = getattr(jax, "typeof", None)
-    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
-    if typeof is None or explicit is None:
-        return None
-    sharding = getattr(typeof(x), "sharding", None)
-    axis_types = getattr(getattr(sharding, "mesh", None), "axis_types", ())
-    return sharding if explicit in tuple(axis_types) else None

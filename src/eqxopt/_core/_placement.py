@@ -22,12 +22,14 @@ parameters came back split like the state, and donated buffers could not be reus
   entry reads it from its inputs and reshards each output to it (also inside a
   user's own `jit`).
 - On Auto meshes the traced values know nothing of their placement, so `update` and
-  `step` read the concrete inputs' shardings before the call (`signature`, only in a
-  process with several devices, and only for inputs that span several devices) and
-  the entry constrains each output to its input's sharding; the signature is part of
-  the compiled function's cache key (`entry_for`).
+  `step` read the concrete inputs' shardings before the call (`read`, only in a
+  process with several devices; the same reading serves the native backend's
+  per-shard kernels) and the entry constrains each output to its input's sharding
+  where that spans several devices (`signature`, part of the compiled function's
+  cache key: `entry_for`).
 """
 
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable
@@ -161,29 +163,72 @@ def raise_if_misplaced(
             ) from error
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Inputs:
+    """The concrete inputs of one `update`/`step` call and where they live, read
+    once before the call for both readers: `signature` (to place the outputs) and,
+    for a donated call, the native backend's `placement` (kernels per shard).
+
+    - `leaves`: the leaves (`jax.tree.leaves`) of the grads (a donated call's
+      only), the params and the state, in that order.
+    - `shardings`: per leaf, its concrete sharding (`None`: a tracer, or not a JAX
+      array).
+    - `params`, `state`: where the params' and the state's leaves are.
+    - `donated`: whether the call is donated (then the grads' leaves are read).
+    """
+
+    leaves: list[Any]
+    shardings: list[Any]
+    params: slice
+    state: slice
+    donated: bool
+
+
+def _sharding(x: Any) -> Any:
+    # A tracer (inside a user's trace) has no concrete sharding to read.
+    if isinstance(x, jax.Array) and not _compat.is_tracer(x):
+        return x.sharding
+    return None
+
+
+def read(grads: Any, params: Any, state: Any, *, donated: bool) -> Inputs | None:
+    """Where the leaves of a call's inputs live (`Inputs`); `None` in a process of
+    one device, where nothing is read: nothing needs placing."""
+    if not several_devices():
+        return None
+    on_grads = jax.tree.leaves(grads) if donated else []
+    leaves = [*on_grads, *jax.tree.leaves(params)]
+    split = len(leaves)
+    leaves += jax.tree.leaves(state)
+    return Inputs(
+        leaves,
+        list(map(_sharding, leaves)),
+        slice(len(on_grads), split),
+        slice(split, None),
+        donated,
+    )
+
+
 _SINGLE = jax.sharding.SingleDeviceSharding
 
 
-def _spread(x: Any) -> Any:
-    # Only arrays placed across several devices need their placement restated; a
-    # tracer (inside a user's trace) has no concrete sharding to read.
-    if _compat.is_tracer(x):
-        return None
-    sharding = getattr(x, "sharding", None)
+def _spread(sharding: Any) -> Any:
+    # Only arrays placed across several devices need their placement restated.
     if sharding is None or type(sharding) is _SINGLE:
         return None
-    if not isinstance(sharding, jax.sharding.Sharding) or len(sharding.device_set) < 2:
-        return None
-    return sharding
+    return sharding if len(sharding.device_set) > 1 else None
 
 
-def signature(*trees: Any) -> tuple[tuple[Any, ...], ...] | None:
-    """Per tree, per leaf (`jax.tree.leaves`), the sharding of that leaf where it
-    spans several devices, else `None`; `None` when no leaf does (a one-device
-    process: nothing is read)."""
-    if not several_devices():
+def signature(inputs: Inputs | None) -> tuple[tuple[Any, ...], ...] | None:
+    """For the params and the state of `inputs` (from `read`), per leaf, its
+    sharding where it spans several devices, else `None`; `None` when no leaf
+    does, or nothing was read."""
+    if inputs is None:
         return None
-    out = tuple(tuple(map(_spread, jax.tree.leaves(tree))) for tree in trees)
+    out = tuple(
+        tuple(map(_spread, inputs.shardings[part]))
+        for part in (inputs.params, inputs.state)
+    )
     if not any(s is not None for group in out for s in group):
         return None
     return out
@@ -230,9 +275,9 @@ def keep(outs: Any, ins: Any, shardings: tuple[Any, ...] | None) -> Any:
         if x.shape != y.shape:
             placed.append(y)
             continue
-        typed = _jax_api.explicit_sharding(x)
-        if typed is not None:
-            y = _jax_api.reshard(y, typed)
+        typed = _jax_api.mesh_and_spec(x)
+        if typed is not None and "explicit" in _jax_api.axis_kinds(typed[0]).values():
+            y = _jax_api.reshard(y, NamedSharding(*typed))
         elif sharding is not None:
             y = jax.lax.with_sharding_constraint(y, sharding)
         placed.append(y)

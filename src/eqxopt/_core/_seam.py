@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .._native import _shard
+from ._placement import Inputs
 
 _T = TypeVar("_T")
 
@@ -44,11 +45,14 @@ def current() -> Entry | None:
     return _current.get()
 
 
-def placement(donated: bool, *inputs: Any) -> Any:
-    """What a donated entry passes to `traced` of where its `inputs` (concrete
-    arrays) live: `None` unless some are sharded over a mesh of several devices; a
-    pytree without leaves, whose static data keys the compiled step."""
-    return _shard.placement(*inputs) if donated else None
+def placement(inputs: Inputs | None) -> Any:
+    """What a donated entry passes to `traced` of where its inputs live, from their
+    shardings as read before the call (`inputs`, from `_placement.read`): `None`
+    unless the call is donated and some inputs are sharded over a mesh of several
+    devices; a pytree without leaves, whose static data keys the compiled step."""
+    if inputs is None or not inputs.donated:
+        return None
+    return _shard.placement(inputs.leaves, inputs.shardings)
 
 
 def traced(

@@ -11,10 +11,11 @@ and the outputs keep the leaves' shardings.
 The spec of a leaf is in its type where the mesh's axes are Explicit
 (`jax.typeof(x).sharding`). On Auto axes (the default of `Mesh(...)`) a trace does
 not know it, so the entry points read it from the concrete arrays before tracing
-(`placement`) and pass it into the trace as static data (a `Placement`, a pytree
-without leaves), which then keys the compiled step: arrays placed otherwise trace
-again. A leaf whose spec is unknown, whose moments (or gradient) are placed unlike
-it, or that lives inside a user's own `shard_map` (manual axes) keeps XLA's code.
+(`_core._placement.read`, made into a `placement` here) and pass it into the trace
+as static data (a `Placement`, a pytree without leaves), which then keys the
+compiled step: arrays placed otherwise trace again. A leaf whose spec is unknown,
+whose moments (or gradient) are placed unlike it, or that lives inside a user's own
+`shard_map` (manual axes) keeps XLA's code.
 """
 
 import dataclasses
@@ -26,7 +27,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._core._jax_api import shard_map
-from . import _compat, _ffi
+from . import _ffi
 
 
 @functools.cache
@@ -63,25 +64,24 @@ jax.tree_util.register_pytree_node(
 )
 
 
-def placement(*trees: Any) -> Placement | None:
-    """Where the leaves of `trees` (concrete arrays; tracers count as unknown) are
-    sharded: `None` in a process of one device, where the native kernels are off,
-    where no leaf is sharded over a mesh of several CPU devices, or where leaves are
-    sharded over different meshes (XLA's code then)."""
+def placement(leaves: Sequence[Any], shardings: Sequence[Any]) -> Placement | None:
+    """Where `leaves` (an entry's input leaves, in order) are sharded, from
+    `shardings` (per leaf, its concrete sharding as the entry read it; `None`:
+    unknown, such as a tracer's): `None` in a process of one device, where the
+    native kernels are off, where no leaf is sharded over a mesh of several CPU
+    devices, or where leaves are sharded over different meshes (XLA's code then)."""
     if not several_devices() or not _ffi.usable():
         return None
     mesh = None
     specs: list[PartitionSpec | None] = []
-    for x in jax.tree.leaves(trees):
+    for x, sharding in zip(leaves, shardings, strict=True):
         spec = None
-        if isinstance(x, jax.Array) and not _compat.is_tracer(x):
-            sharding = x.sharding
-            if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
-                if mesh is None:
-                    mesh = sharding.mesh
-                elif sharding.mesh != mesh:
-                    return None
-                spec = _normal(sharding.spec, x.ndim)
+        if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
+            if mesh is None:
+                mesh = sharding.mesh
+            elif sharding.mesh != mesh:
+                return None
+            spec = _normal(sharding.spec, x.ndim)
         specs.append(spec)
     if mesh is None or not _cpu_mesh(mesh):
         return None

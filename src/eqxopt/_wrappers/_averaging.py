@@ -18,7 +18,7 @@ from .._core._tree import (
     is_float_leaf,
     zero_step,
 )
-from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
+from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of, with_own_state
 
 
 def _copy_float_leaves(params: Params, dtype: Any = None) -> PyTree:
@@ -200,24 +200,20 @@ class Lookahead(AbstractSingleWrapper):
         # `==` would never hold again and the slow weights would never move.
         sync = state.steps_since_sync >= self.sync_period - 1
         alpha = self.alpha
-        param_leaves, treedef = jax.tree.flatten(params)
-        slow_leaves = treedef.flatten_up_to(state.slow)
-        new_updates, new_slow = [], []
-        for u, p, s in zip(leaves_of(updates, params), param_leaves, slow_leaves):
-            if u is None or s is None:
-                new_updates.append(u)
-                new_slow.append(s)
-                continue
+
+        def rule(u: Any, p: Any, s: Any) -> tuple[Any, Any]:
             # optax.lookahead's merged form of "fast step, then sync".
             diff = p.astype(u.dtype) + u - s.astype(u.dtype)
-            new_updates.append(jnp.where(sync, u - (1 - alpha) * diff, u))
-            new_slow.append(
-                jnp.where(sync, (s.astype(u.dtype) + alpha * diff).astype(s.dtype), s)
-            )
-        return treedef.unflatten(new_updates), LookaheadState(
+            new_s = (s.astype(u.dtype) + alpha * diff).astype(s.dtype)
+            return jnp.where(sync, u - (1 - alpha) * diff, u), jnp.where(sync, new_s, s)
+
+        new_updates, slow = with_own_state(
+            rule, updates, params, state.slow, keep_update=True
+        )
+        return jax.tree.structure(params).unflatten(new_updates), LookaheadState(
             steps_since_sync=jnp.where(
                 sync, 0, increment(state.steps_since_sync)
             ).astype(jnp.int32),
-            slow=treedef.unflatten(new_slow),
+            slow=slow,
             inner=inner_state,
         )

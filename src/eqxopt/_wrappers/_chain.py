@@ -5,8 +5,8 @@ from typing import Any
 
 import equinox as eqx
 
-from .._core._base import AbstractTransform, Grads, Params, State, Updates
-from ._wrapper import AbstractWrapper, checked_transform, keywords_for
+from .._core._base import AbstractTransform, Grads, Params, State
+from ._wrapper import AbstractComposite, checked_transform, keywords_for
 
 
 class ChainState(eqx.Module):
@@ -53,7 +53,7 @@ def _names(names: Sequence[str], links: Sequence[Any]) -> tuple[str, ...]:
     return names
 
 
-class Chain(AbstractWrapper):
+class Chain(AbstractComposite):
     """Transforms applied one after another: the updates of each link are the
     gradients of the next, as in `optax.chain`.
 
@@ -97,32 +97,16 @@ class Chain(AbstractWrapper):
             names=self.names, states=tuple(link.init(params) for link in self.links)
         )
 
-    def transform(
-        self, grads: Grads, state: ChainState, params: Params, **extra: Any
-    ) -> tuple[Updates, ChainState]:
-        return self._run("transform", grads, state, params, extra)
-
-    def transform_step(
-        self, grads: Grads, state: ChainState, params: Params, **extra: Any
-    ) -> tuple[Params, ChainState]:
-        # The last link's own `transform_step`: where it forms the new parameters in
-        # the pass that makes its updates (the per-leaf engine), a chain keeps that.
-        return self._run("transform_step", grads, state, params, extra)
-
-    def _run(
-        self,
-        last_method: str,
-        grads: Grads,
-        state: ChainState,
-        params: Params,
-        extra: dict[str, Any],
+    def run_inners(
+        self, method: str, grads: Grads, state: ChainState, params: Params, extra: dict
     ) -> tuple[Any, ChainState]:
-        self.check_keywords(extra)
+        # `method` for the last link only: where it forms the new parameters in the
+        # pass that makes its updates (the per-leaf engine), a chain keeps that.
         out = grads
         new_states: list[State] = []
         for i, (link, link_state) in enumerate(zip(self.links, state.states)):
-            method = last_method if i == len(self.links) - 1 else "transform"
-            out, link_state = getattr(link, method)(
+            name = method if i == len(self.links) - 1 else "transform"
+            out, link_state = getattr(link, name)(
                 out, link_state, params, **keywords_for(link, extra)
             )
             new_states.append(link_state)

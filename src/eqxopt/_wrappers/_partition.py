@@ -15,8 +15,8 @@ from .._core._masks import decay_flags, freeze_mask
 from .._core._structure import structure_mismatch
 from .._core._tree import align_grads, compute_dtype, is_float_leaf, leaf_paths
 from ._wrapper import (
+    AbstractComposite,
     AbstractSingleWrapper,
-    AbstractWrapper,
     checked_transform,
     inner_field,
     keywords_for,
@@ -102,7 +102,7 @@ def _labels(name: str, value: Any) -> Any:
     return value
 
 
-class Partition(AbstractWrapper):
+class Partition(AbstractComposite):
     """Parameter groups: a separate transform for each labelled group of leaves,
     like `optax.partition` (`multi_transform`) or torch's param groups.
 
@@ -154,19 +154,7 @@ class Partition(AbstractWrapper):
             }
         )
 
-    def transform(
-        self, grads: Grads, state: PartitionState, params: Params, **extra: Any
-    ) -> tuple[Updates, PartitionState]:
-        return self._per_group("transform", grads, state, params, extra)
-
-    def transform_step(
-        self, grads: Grads, state: PartitionState, params: Params, **extra: Any
-    ) -> tuple[Params, PartitionState]:
-        # Each group's own `transform_step`, so that a group run by the per-leaf
-        # engine forms its new parameters in the pass that makes its updates.
-        return self._per_group("transform_step", grads, state, params, extra)
-
-    def _per_group(
+    def run_inners(
         self,
         method: str,
         grads: Grads,
@@ -175,8 +163,9 @@ class Partition(AbstractWrapper):
         extra: dict[str, Any],
     ) -> tuple[Any, PartitionState]:
         # Each group's `method` on its leaves, merged: updates (`None` at leaves of
-        # no group) or new parameters (the old ones at leaves of no group).
-        self.check_keywords(extra)
+        # no group) or new parameters (the old ones at leaves of no group). Each
+        # group's own `transform_step`, so that a group run by the per-leaf engine
+        # forms its new parameters in the pass that makes its updates.
         labels = self._resolve(params)
         aligned = align_grads(grads, params)
         param_leaves, treedef = jax.tree.flatten(params)

@@ -18,7 +18,7 @@ from .._core._tree import (
     is_float_leaf,
     zero_step,
 )
-from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
+from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of, with_own_state
 
 _LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -297,14 +297,8 @@ class KahanSummation(AbstractSingleWrapper):
     ) -> tuple[list[Any], PyTree]:
         """Per leaf: the update in the parameter's dtype (`None` where `inner`'s
         stands), and the new compensation tree."""
-        leaves, treedef = jax.tree.flatten(params)
-        comps = treedef.flatten_up_to(state.compensation)
-        new_params, new_comps = [], []
-        for u, p, c in zip(leaves_of(updates, params), leaves, comps):
-            if u is None or c is None:
-                new_params.append(None)
-                new_comps.append(c)
-                continue
+
+        def rule(u: Any, p: Any, c: Any) -> tuple[Any, Any]:
             # As optimi: the compensated update is rounded to the parameter's
             # dtype (so `update` can return it exactly) and added to `p`; what the
             # two roundings lost is the new compensation.
@@ -315,9 +309,9 @@ class KahanSummation(AbstractSingleWrapper):
             # `p_new == p`: nothing moved (also for infinite `p`, where
             # `p_new - p` is NaN).
             new_c = jnp.where(p_new == p, v, v - moved)
-            new_params.append(d)
-            new_comps.append(new_c.astype(c.dtype))
-        return new_params, treedef.unflatten(new_comps)
+            return d, new_c.astype(c.dtype)
+
+        return with_own_state(rule, updates, params, state.compensation)
 
     def transform(
         self, grads: Grads, state: KahanSummationState, params: Params, **extra: Any

@@ -20,7 +20,7 @@ from .._core._fields import (
 from .._core._schedule import value_at
 from .._core._schedule_free import averaging_weight, eval_params, initial_z, interpolate
 from .._core._tree import compute_dtype, increment, zero_step
-from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
+from ._wrapper import AbstractSingleWrapper, inner_field, with_own_state
 
 
 class ScheduleFreeWrapperState(eqx.Module):
@@ -125,22 +125,18 @@ class ScheduleFree(AbstractSingleWrapper):
         ck, max_lr, weight_sum = averaging_weight(
             state.max_lr, state.weight_sum, lr, h.weight_lr_power
         )
-        param_leaves, treedef = jax.tree.flatten(params)
-        z_leaves = treedef.flatten_up_to(state.z)
-        new_updates, new_z = [], []
-        for u, y, z in zip(leaves_of(updates, params), param_leaves, z_leaves):
-            if u is None or z is None:
-                new_updates.append(None)
-                new_z.append(z)
-                continue
+
+        def rule(u: Any, y: Any, z: Any) -> tuple[Any, Any]:
             dtype = compute_dtype(y.dtype)
             y_ = y.astype(dtype)
             new_y, z_ = interpolate(y_, z.astype(dtype), u.astype(dtype), h.b1, ck)
-            new_updates.append(new_y - y_)
-            new_z.append(z_.astype(z.dtype))
-        return treedef.unflatten(new_updates), ScheduleFreeWrapperState(
+            return new_y - y_, z_.astype(z.dtype)
+
+        new_updates, z = with_own_state(rule, updates, params, state.z)
+        new_updates = jax.tree.structure(params).unflatten(new_updates)
+        return new_updates, ScheduleFreeWrapperState(
             step=increment(state.step),
-            z=treedef.unflatten(new_z),
+            z=z,
             weight_sum=weight_sum.astype(jnp.float32),
             max_lr=max_lr.astype(jnp.float32),
             inner=inner_state,

@@ -3,7 +3,7 @@ keyword arguments reach which inner transform, running an inner transform (or
 holding its state), and sub-trees of selected leaves."""
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -62,6 +62,33 @@ class AbstractWrapper(AbstractTransform):
                 f"({names}) takes (a transform names those it takes in its class "
                 "attribute `keywords`)"
             )
+
+
+class AbstractComposite(AbstractWrapper):
+    """A wrapper whose update rule and step are one method, `run_inners`, told which
+    method of its inner transforms makes the result: `"transform"` (updates) or
+    `"transform_step"` (new parameters; an inner transform run by the per-leaf
+    engine forms them in the pass that makes its updates). The keyword arguments
+    are checked first."""
+
+    @abc.abstractmethod
+    def run_inners(
+        self, method: str, grads: Grads, state: Any, params: Params, extra: dict
+    ) -> tuple[Any, Any]:
+        """`(updates, new_state)` for `"transform"`, `(new_params, new_state)` for
+        `"transform_step"`."""
+
+    def transform(
+        self, grads: Grads, state: Any, params: Params, **extra: Any
+    ) -> tuple[Updates, Any]:
+        self.check_keywords(extra)
+        return self.run_inners("transform", grads, state, params, extra)
+
+    def transform_step(
+        self, grads: Grads, state: Any, params: Params, **extra: Any
+    ) -> tuple[Params, Any]:
+        self.check_keywords(extra)
+        return self.run_inners("transform_step", grads, state, params, extra)
 
 
 def keywords_for(transform: AbstractTransform, extra: dict[str, Any]) -> dict:
@@ -169,3 +196,30 @@ def leaves_of(updates: PyTree, params: PyTree) -> list[Any]:
     """Each update for a leaf of `params` (`None` where there is none); `updates`
     has `None` in place of whole leaves."""
     return jax.tree.structure(params).flatten_up_to(updates)
+
+
+def with_own_state(
+    rule: Callable[[Any, Any, Any], tuple[Any, Any]],
+    updates: Updates,
+    params: Params,
+    own: PyTree,
+    *,
+    keep_update: bool = False,
+) -> tuple[list[Any], PyTree]:
+    """A wrapper's per-leaf pass over `inner`'s updates and a state tree of its own
+    shaped like `params` (`own`: slow weights, a compensation, ...): per leaf of
+    `params`, `rule(u, p, s) -> (out, new_s)` for its update `u`, parameter `p` and
+    own leaf `s`. Where `u` or `s` is `None`, `s` stays and `out` is `None`, or `u`
+    as it is (`keep_update`). Returns the `out` per leaf of `params` (a list) and
+    the new own tree."""
+    leaves, treedef = jax.tree.flatten(params)
+    outs, new_own = [], []
+    for u, p, s in zip(leaves_of(updates, params), leaves, treedef.flatten_up_to(own)):
+        if u is None or s is None:
+            outs.append(u if keep_update else None)
+            new_own.append(s)
+            continue
+        out, s = rule(u, p, s)
+        outs.append(out)
+        new_own.append(s)
+    return outs, treedef.unflatten(new_own)
