@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core import _jax_api
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import array_count, reject_complex, static_count
+from ..._core._checks import array_count, static_count
 from ..._core._fields import (
     ScalarOrSchedule,
     checked_field,
@@ -19,6 +19,7 @@ from ..._core._fields import (
     learning_rate_field,
     values_at,
 )
+from ..._core._real import RealOnly
 from ..._core._tree import (
     align_grads,
     compute_dtype,
@@ -152,14 +153,14 @@ class SOAP(AbstractTransform):
     max_precond_dim: int = checked_field(static_count, 10000, static=True, kw_only=True)
     precondition_1d: bool = flag_field(False)
 
+    real_only = RealOnly(_WHY)
+
     def _axes(self, p: Array) -> list[bool]:
         return _axis_sizes_preconditioned(
             p.shape, self.max_precond_dim, self.precondition_1d
         )
 
     def init(self, params: Params) -> SOAPState:
-        reject_complex(params, "params", "SOAP", _WHY)
-
         def matrices(p):
             if not is_float_leaf(p):
                 return None
@@ -181,7 +182,6 @@ class SOAP(AbstractTransform):
     def transform(
         self, grads: Grads, state: SOAPState, params: Params
     ) -> tuple[Updates, SOAPState]:
-        reject_complex(params, "params", "SOAP", _WHY)
         h = values_at(self, state.step)
         lr, b1, b2, eps, wd = h.learning_rate, h.b1, h.b2, h.eps, h.weight_decay
         sb = b2 if h.shampoo_beta is None else h.shampoo_beta
