@@ -1,5 +1,6 @@
 """`RealOnly`: a transform's declaration that it takes real float leaves only."""
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -8,6 +9,7 @@ from typing import Any
 from ._checks import reject_complex
 
 
+@dataclasses.dataclass(frozen=True)
 class RealOnly:
     """Declares, as the class attribute `real_only = RealOnly(why)`, that a transform
     takes real float leaves only: its rule has no complex meaning (`why` says which
@@ -21,12 +23,9 @@ class RealOnly:
     `when`, the name of a bool field, only instances where it is true are real-only.
     """
 
-    def __init__(
-        self, why: str, *, trees: tuple[str, ...] = ("params",), when: str | None = None
-    ):
-        self.why = why
-        self.trees = trees
-        self.when = when
+    why: str
+    trees: tuple[str, ...] = dataclasses.field(default=("params",), kw_only=True)
+    when: str | None = dataclasses.field(default=None, kw_only=True)
 
     def __set_name__(self, owner: type, name: str) -> None:
         # Runs as the class is made (before `AbstractTransform.__init_subclass__`
