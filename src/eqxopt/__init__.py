@@ -18,6 +18,10 @@ from ._core import (
     tree_norm as tree_norm,
     tree_set as tree_set,
 )
+from ._core._schedule import (
+    AbstractSchedule as AbstractSchedule,
+    Constant as Constant,
+)
 from ._distributed import (
     shard_state as shard_state,
     sharded_deserialise_filter_spec as sharded_deserialise_filter_spec,
@@ -33,144 +37,214 @@ from ._native import (
     native_kernels_available as native_kernels_available,
     set_native_kernels as set_native_kernels,
 )
-from ._optimizers import (
-    ADOPT as ADOPT,
-    ASGD as ASGD,
-    COCOB as COCOB,
-    LAMB as LAMB,
-    LARS as LARS,
-    LBFGS as LBFGS,
-    MADGRAD as MADGRAD,
-    SGD as SGD,
-    SM3 as SM3,
-    SOAP as SOAP,
+from ._optimizers._adam._adabelief import (
     AdaBelief as AdaBelief,
-    Adadelta as Adadelta,
-    AdadeltaState as AdadeltaState,
-    Adafactor as Adafactor,
-    AdafactorState as AdafactorState,
-    Adagrad as Adagrad,
-    AdagradState as AdagradState,
+)
+from ._optimizers._adam._adam import (
     Adam as Adam,
     Adamax as Adamax,
     AdamaxW as AdamaxW,
-    AdamState as AdamState,
     AdamW as AdamW,
-    Adan as Adan,
-    AdanState as AdanState,
-    AdEMAMix as AdEMAMix,
-    AdEMAMixState as AdEMAMixState,
     AMSGrad as AMSGrad,
     AMSGradState as AMSGradState,
-    ASGDState as ASGDState,
+    NAdam as NAdam,
+    NAdamState as NAdamState,
+    NAdamW as NAdamW,
+)
+from ._optimizers._adam._adam_like import (
+    AdamState as AdamState,
+)
+from ._optimizers._adam._ademamix import (
+    AdEMAMix as AdEMAMix,
+    AdEMAMixState as AdEMAMixState,
+)
+from ._optimizers._adam._adopt import (
+    ADOPT as ADOPT,
+)
+from ._optimizers._adam._cautious import (
     CAdamW as CAdamW,
+)
+from ._optimizers._adam._optimistic_adam import (
+    OptimisticAdam as OptimisticAdam,
+    OptimisticAdamState as OptimisticAdamState,
+)
+from ._optimizers._adam._radam import (
+    RAdam as RAdam,
+)
+from ._optimizers._adam._stable_adamw import (
+    StableAdamW as StableAdamW,
+)
+from ._optimizers._adam._yogi import (
+    Yogi as Yogi,
+)
+from ._optimizers._adaptive._adadelta import (
+    Adadelta as Adadelta,
+    AdadeltaState as AdadeltaState,
+)
+from ._optimizers._adaptive._adagrad import (
+    Adagrad as Adagrad,
+    AdagradState as AdagradState,
+)
+from ._optimizers._adaptive._adan import (
+    Adan as Adan,
+    AdanState as AdanState,
+)
+from ._optimizers._adaptive._prodigy import (
+    Prodigy as Prodigy,
+    ProdigyState as ProdigyState,
+)
+from ._optimizers._adaptive._rmsprop import (
+    RMSProp as RMSProp,
+    RMSPropState as RMSPropState,
+)
+from ._optimizers._contrib._galore import (
+    GaLore as GaLore,
+    GaLoreState as GaLoreState,
+)
+from ._optimizers._contrib._sophia import (
+    Sophia as Sophia,
+    SophiaState as SophiaState,
+)
+from ._optimizers._layerwise._fromage import (
+    Fromage as Fromage,
+    FromageState as FromageState,
+)
+from ._optimizers._layerwise._lamb import (
+    LAMB as LAMB,
+    LARS as LARS,
+    LAMBState as LAMBState,
+    LARSState as LARSState,
+)
+from ._optimizers._layerwise._novograd import (
+    NovoGrad as NovoGrad,
+    NovoGradState as NovoGradState,
+)
+from ._optimizers._parameter_free._asgd import (
+    ASGD as ASGD,
+    ASGDState as ASGDState,
+)
+from ._optimizers._parameter_free._cocob import (
+    COCOB as COCOB,
     COCOBState as COCOBState,
+)
+from ._optimizers._parameter_free._dadapt import (
     DAdaptAdamW as DAdaptAdamW,
     DAdaptAdamWState as DAdaptAdamWState,
     DAdaptSGD as DAdaptSGD,
     DAdaptSGDState as DAdaptSGDState,
+)
+from ._optimizers._parameter_free._dog import (
     DoG as DoG,
     DoGState as DoGState,
     DoWG as DoWG,
     DoWGState as DoWGState,
-    Fromage as Fromage,
-    FromageState as FromageState,
-    GaLore as GaLore,
-    GaLoreState as GaLoreState,
-    LAMBState as LAMBState,
-    LARSState as LARSState,
-    LBFGSState as LBFGSState,
-    Lion as Lion,
-    LionState as LionState,
+)
+from ._optimizers._parameter_free._madgrad import (
+    MADGRAD as MADGRAD,
     MADGRADState as MADGRADState,
+)
+from ._optimizers._parameter_free._momo import (
     Momo as Momo,
     MomoAdam as MomoAdam,
     MomoAdamState as MomoAdamState,
     MomoState as MomoState,
+)
+from ._optimizers._preconditioned._adafactor import (
+    Adafactor as Adafactor,
+    AdafactorState as AdafactorState,
+)
+from ._optimizers._preconditioned._lbfgs import (
+    LBFGS as LBFGS,
+    LBFGSState as LBFGSState,
+)
+from ._optimizers._preconditioned._muon import (
     Muon as Muon,
     MuonState as MuonState,
-    NAdam as NAdam,
-    NAdamState as NAdamState,
-    NAdamW as NAdamW,
-    NoisySGD as NoisySGD,
-    NoisySGDState as NoisySGDState,
-    NovoGrad as NovoGrad,
-    NovoGradState as NovoGradState,
-    OptimisticAdam as OptimisticAdam,
-    OptimisticAdamState as OptimisticAdamState,
-    OptimisticGradientDescent as OptimisticGradientDescent,
-    OptimisticGradientDescentState as OptimisticGradientDescentState,
-    PolyakSGD as PolyakSGD,
-    PolyakSGDState as PolyakSGDState,
-    Prodigy as Prodigy,
-    ProdigyState as ProdigyState,
+)
+from ._optimizers._preconditioned._psgd import (
     PSGDKron as PSGDKron,
     PSGDKronState as PSGDKronState,
-    RAdam as RAdam,
-    RMSProp as RMSProp,
-    RMSPropState as RMSPropState,
+)
+from ._optimizers._preconditioned._shampoo import (
+    Shampoo as Shampoo,
+    ShampooState as ShampooState,
+)
+from ._optimizers._preconditioned._sm3 import (
+    SM3 as SM3,
+    SM3State as SM3State,
+)
+from ._optimizers._preconditioned._soap import (
+    SOAP as SOAP,
+    SOAPState as SOAPState,
+)
+from ._optimizers._sgd._noisy_sgd import (
+    NoisySGD as NoisySGD,
+    NoisySGDState as NoisySGDState,
+)
+from ._optimizers._sgd._optimistic import (
+    OptimisticGradientDescent as OptimisticGradientDescent,
+    OptimisticGradientDescentState as OptimisticGradientDescentState,
+)
+from ._optimizers._sgd._polyak import (
+    PolyakSGD as PolyakSGD,
+    PolyakSGDState as PolyakSGDState,
+)
+from ._optimizers._sgd._rprop import (
     Rprop as Rprop,
     RpropState as RpropState,
+)
+from ._optimizers._sgd._schedule_free import (
     ScheduleFreeAdamW as ScheduleFreeAdamW,
     ScheduleFreeSGD as ScheduleFreeSGD,
     ScheduleFreeState as ScheduleFreeState,
+)
+from ._optimizers._sgd._sgd import (
+    SGD as SGD,
     SGDState as SGDState,
-    Shampoo as Shampoo,
-    ShampooState as ShampooState,
+)
+from ._optimizers._sgd._sign import (
+    Lion as Lion,
+    LionState as LionState,
     SignSGD as SignSGD,
     SignSGDState as SignSGDState,
     Signum as Signum,
     SignumState as SignumState,
-    SM3State as SM3State,
-    SOAPState as SOAPState,
-    Sophia as Sophia,
-    SophiaState as SophiaState,
-    StableAdamW as StableAdamW,
-    Yogi as Yogi,
 )
-from ._schedules import (
+from ._schedules._cyclic import (
     SGDR as SGDR,
-    AbstractSchedule as AbstractSchedule,
-    Constant as Constant,
-    CosineDecay as CosineDecay,
     CosineOneCycle as CosineOneCycle,
     Cyclic as Cyclic,
-    ExponentialDecay as ExponentialDecay,
-    Join as Join,
-    Linear as Linear,
     LinearOneCycle as LinearOneCycle,
+)
+from ._schedules._decay import (
+    CosineDecay as CosineDecay,
+    ExponentialDecay as ExponentialDecay,
+    Linear as Linear,
     MultiStepDecay as MultiStepDecay,
-    PiecewiseConstant as PiecewiseConstant,
-    PiecewiseInterpolate as PiecewiseInterpolate,
     Polynomial as Polynomial,
     StepDecay as StepDecay,
+)
+from ._schedules._piecewise import (
+    Join as Join,
+    PiecewiseConstant as PiecewiseConstant,
+    PiecewiseInterpolate as PiecewiseInterpolate,
+)
+from ._schedules._plot import (
+    plot_schedules as plot_schedules,
+)
+from ._schedules._warmup import (
     WarmupConstant as WarmupConstant,
     WarmupCosine as WarmupCosine,
     WarmupExponentialDecay as WarmupExponentialDecay,
     WarmupStableDecay as WarmupStableDecay,
-    plot_schedules as plot_schedules,
 )
 from ._train_step import (
     TrainStep as TrainStep,
     make_train_step as make_train_step,
 )
-from ._transforms import (
+from ._transforms._blocks import (
     AbstractBlock as AbstractBlock,
-    AdaptiveGradClip as AdaptiveGradClip,
-    AddDecayedWeights as AddDecayedWeights,
-    AddNoise as AddNoise,
-    AddNoiseState as AddNoiseState,
-    Centralize as Centralize,
-    ClipByBlockRMS as ClipByBlockRMS,
-    ClipByGlobalNorm as ClipByGlobalNorm,
-    ClipByValue as ClipByValue,
-    DecoupledWeightDecay as DecoupledWeightDecay,
-    DecoupledWeightDecayState as DecoupledWeightDecayState,
-    EmptyState as EmptyState,
-    GlobalNormState as GlobalNormState,
     Identity as Identity,
-    ReduceOnPlateau as ReduceOnPlateau,
-    ReduceOnPlateauState as ReduceOnPlateauState,
     ScaleByAdam as ScaleByAdam,
     ScaleByAdamState as ScaleByAdamState,
     ScaleByLearningRate as ScaleByLearningRate,
@@ -178,16 +252,40 @@ from ._transforms import (
     ScaleByRmsState as ScaleByRmsState,
     ScaleBySign as ScaleBySign,
     ScaleByTrustRatio as ScaleByTrustRatio,
-    SkipNonFinite as SkipNonFinite,
-    SkipNonFiniteState as SkipNonFiniteState,
     Stateless as Stateless,
-    StepState as StepState,
     Trace as Trace,
     TraceState as TraceState,
+)
+from ._transforms._clip import (
+    AdaptiveGradClip as AdaptiveGradClip,
+    ClipByBlockRMS as ClipByBlockRMS,
+    ClipByGlobalNorm as ClipByGlobalNorm,
+    ClipByValue as ClipByValue,
+    GlobalNormState as GlobalNormState,
+    global_norm as global_norm,
+)
+from ._transforms._decay import (
+    AddDecayedWeights as AddDecayedWeights,
+    AddNoise as AddNoise,
+    AddNoiseState as AddNoiseState,
+    Centralize as Centralize,
+    DecoupledWeightDecay as DecoupledWeightDecay,
+    DecoupledWeightDecayState as DecoupledWeightDecayState,
+)
+from ._transforms._finite import (
+    SkipNonFinite as SkipNonFinite,
+    SkipNonFiniteState as SkipNonFiniteState,
     ZeroNans as ZeroNans,
     ZeroNansState as ZeroNansState,
     apply_if_finite as apply_if_finite,
-    global_norm as global_norm,
+)
+from ._transforms._plateau import (
+    ReduceOnPlateau as ReduceOnPlateau,
+    ReduceOnPlateauState as ReduceOnPlateauState,
+)
+from ._transforms._state import (
+    EmptyState as EmptyState,
+    StepState as StepState,
 )
 from ._wrappers import (
     SAM as SAM,

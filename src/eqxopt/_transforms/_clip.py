@@ -10,7 +10,6 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._checks import reject_complex
 from .._core._fields import (
     ScalarOrSchedule,
     axis_name_field,
@@ -19,6 +18,7 @@ from .._core._fields import (
     values_at,
 )
 from .._core._leafwise import map_leaves
+from .._core._real import RealOnly
 from .._core._shards import (
     AxisName,
     FrozenSpecs,
@@ -140,10 +140,9 @@ class ClipByValue(AbstractLeafClip):
 
     max_delta: ScalarOrSchedule = hyper(low=0.0)
 
-    elementwise = True
+    real_only = RealOnly(_NO_ORDER, trees=("grads",))
 
-    def check(self, grads: Grads, params: Params) -> None:
-        reject_complex(grads, "grads", "ClipByValue", _NO_ORDER)
+    elementwise = True
 
     def leaf_rule(self, h: Any) -> Callable[[Any, Any], tuple[Any]]:
         bound = h.max_delta

@@ -3,17 +3,12 @@
 import jax.numpy as jnp
 
 from ..._core._fields import (
-    DTypeLike,
     ScalarOrSchedule,
-    dtype_field,
     flag_field,
-    learning_rate_field,
 )
 from ..._core._tree import abs_sq
 from ._adam_like import (
     AbstractAdamLike,
-    b1_field,
-    b2_field,
     ema,
     eps_field,
     first_moment_hat,
@@ -48,14 +43,9 @@ class AdaBelief(AbstractAdamLike):
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
 
-    learning_rate: ScalarOrSchedule = learning_rate_field()
-    b1: ScalarOrSchedule = b1_field()
-    b2: ScalarOrSchedule = b2_field()
     eps: ScalarOrSchedule = eps_field(1e-16)
     eps_root: ScalarOrSchedule = nonnegative_field(1e-16)
     nesterov: bool = flag_field(False)
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
 
     elementwise = True
 

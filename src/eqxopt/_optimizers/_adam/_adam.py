@@ -16,12 +16,10 @@ from ..._core._fields import (
     MaskLike,
     ScalarOrSchedule,
     choice_field,
-    dtype_field,
     flag_field,
-    learning_rate_field,
     mask_field,
 )
-from ..._core._leafwise import AbstractLeafwiseOptimizer, map_leaves
+from ..._core._leafwise import map_leaves
 from ..._core._tree import (
     abs_sq,
     float_leaves_like,
@@ -31,13 +29,11 @@ from ..._core._tree import (
 )
 from ._adam_like import (
     AbstractAdamLike,
+    AbstractAdamOptions,
     AbstractAdamW,
     adam_direction,
-    b1_field,
-    b2_field,
     bias_corrections,
     ema,
-    eps_field,
     momentum_decay_field,
     nonnegative_field,
 )
@@ -88,7 +84,20 @@ class AMSGradState(eqx.Module):
 # --------------------------------------------------------------------------------------
 
 
-class Adam(AbstractAdamLike):
+class AbstractAdamStep(AbstractAdamLike):
+    """Adam's direction (see `Adam`), with its `nesterov` option: shared by `Adam`
+    and `AdamW` (which adds the options of `AbstractAdamW`)."""
+
+    nesterov: bool = flag_field(False)
+
+    elementwise = True
+
+    def direction(self, h, g, mu, nu):
+        direction, mu, nu, _ = adam_direction(h, g, mu, nu, self.nesterov)
+        return direction, h.learning_rate, mu, nu
+
+
+class Adam(AbstractAdamStep):
     """Adam (Kingma & Ba, 2015).
 
     For each leaf, with `t = step + 1` and `lr` the learning rate at `step`:
@@ -118,23 +127,10 @@ class Adam(AbstractAdamLike):
       parameters accurate (optax has no such option).
     """
 
-    learning_rate: ScalarOrSchedule = learning_rate_field()
-    b1: ScalarOrSchedule = b1_field()
-    b2: ScalarOrSchedule = b2_field()
-    eps: ScalarOrSchedule = eps_field()
     eps_root: ScalarOrSchedule = nonnegative_field()
-    nesterov: bool = flag_field(False)
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
-
-    elementwise = True
-
-    def direction(self, h, g, mu, nu):
-        direction, mu, nu, _ = adam_direction(h, g, mu, nu, self.nesterov)
-        return direction, h.learning_rate, mu, nu
 
 
-class AdamW(AbstractAdamW):
+class AdamW(AbstractAdamW, AbstractAdamStep):
     """AdamW: Adam with decoupled weight decay (Loshchilov & Hutter, 2019).
 
     For each leaf, with `t = step + 1` and `lr`, `wd` the learning rate and weight
@@ -171,32 +167,19 @@ class AdamW(AbstractAdamW):
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
 
-    nesterov: bool = flag_field(False)
-
-    elementwise = True
-
-    def direction(self, h, g, mu, nu):
-        direction, mu, nu, _ = adam_direction(h, g, mu, nu, self.nesterov)
-        return direction, h.learning_rate, mu, nu
-
 
 # --------------------------------------------------------------------------------------
 # NAdam and NAdamW.
 # --------------------------------------------------------------------------------------
 
 
-class AbstractNAdam(AbstractLeafwiseOptimizer):
+class AbstractNAdam(AbstractAdamOptions):
     """NAdam's step (see `NAdam`), shared by `NAdam` and `NAdamW`. Its state also
     holds the product of the momentum coefficients, a scalar, so `init` and
     `transform` are its own; the per-leaf rule is `leaf`."""
 
-    b1: eqx.AbstractVar[ScalarOrSchedule]
-    b2: eqx.AbstractVar[ScalarOrSchedule]
-    eps: eqx.AbstractVar[ScalarOrSchedule]
-    eps_root: eqx.AbstractVar[ScalarOrSchedule]
-    momentum_decay: eqx.AbstractVar[ScalarOrSchedule]
-    mu_dtype: eqx.AbstractVar[DTypeLike]
-    nu_dtype: eqx.AbstractVar[DTypeLike]
+    eps_root: ScalarOrSchedule = nonnegative_field()
+    momentum_decay: ScalarOrSchedule = momentum_decay_field()
 
     state_type = NAdamState
     moments = ("mu", "nu")
@@ -291,15 +274,6 @@ class NAdam(AbstractNAdam):
     """
     )
 
-    learning_rate: ScalarOrSchedule = learning_rate_field()
-    b1: ScalarOrSchedule = b1_field()
-    b2: ScalarOrSchedule = b2_field()
-    eps: ScalarOrSchedule = eps_field()
-    eps_root: ScalarOrSchedule = nonnegative_field()
-    momentum_decay: ScalarOrSchedule = momentum_decay_field()
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
-
 
 class NAdamW(AbstractNAdam):
     __doc__ = (
@@ -320,16 +294,8 @@ class NAdamW(AbstractNAdam):
     """
     )
 
-    learning_rate: ScalarOrSchedule = learning_rate_field()
-    b1: ScalarOrSchedule = b1_field()
-    b2: ScalarOrSchedule = b2_field()
-    eps: ScalarOrSchedule = eps_field()
     weight_decay: ScalarOrSchedule = nonnegative_field(1e-4, kw_only=False)
-    eps_root: ScalarOrSchedule = nonnegative_field()
-    momentum_decay: ScalarOrSchedule = momentum_decay_field()
     mask: MaskLike = mask_field()
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
 
 
 # --------------------------------------------------------------------------------------
@@ -340,7 +306,7 @@ NuCorrection = Literal["before_max", "after_max", "none"]
 NU_CORRECTIONS = ("before_max", "after_max", "none")
 
 
-class AMSGrad(AbstractLeafwiseOptimizer):
+class AMSGrad(AbstractAdamOptions):
     """AMSGrad (Reddi et al., 2018): Adam that divides by the running maximum of the
     second moment, so the effective step size never grows.
 
@@ -374,17 +340,11 @@ class AMSGrad(AbstractLeafwiseOptimizer):
     - `mu_dtype`, `nu_dtype`: as for `Adam` (`nu_max` is stored in `nu_dtype`).
     """
 
-    learning_rate: ScalarOrSchedule = learning_rate_field()
-    b1: ScalarOrSchedule = b1_field()
-    b2: ScalarOrSchedule = b2_field()
-    eps: ScalarOrSchedule = eps_field()
     eps_root: ScalarOrSchedule = nonnegative_field()
     weight_decay: ScalarOrSchedule = nonnegative_field()
     mask: MaskLike = mask_field()
     nu_correction: NuCorrection = choice_field("before_max", NU_CORRECTIONS)
     bias_correction_mu: bool = flag_field(True)
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
 
     state_type = AMSGradState
     moments = ("mu", "nu", "nu_max")
@@ -462,13 +422,6 @@ class Adamax(AbstractAdamax):
     """
     )
 
-    learning_rate: ScalarOrSchedule = learning_rate_field()
-    b1: ScalarOrSchedule = b1_field()
-    b2: ScalarOrSchedule = b2_field()
-    eps: ScalarOrSchedule = eps_field()
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
-
 
 class AdamaxW(AbstractAdamax):
     __doc__ = (
@@ -486,11 +439,5 @@ class AdamaxW(AbstractAdamax):
     """
     )
 
-    learning_rate: ScalarOrSchedule = learning_rate_field()
-    b1: ScalarOrSchedule = b1_field()
-    b2: ScalarOrSchedule = b2_field()
-    eps: ScalarOrSchedule = eps_field()
     weight_decay: ScalarOrSchedule = nonnegative_field(1e-4, kw_only=False)
     mask: MaskLike = mask_field()
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()

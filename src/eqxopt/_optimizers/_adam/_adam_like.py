@@ -1,8 +1,9 @@
 """What the Adam family shares: the moment maths (moving averages, bias corrections,
 the Nesterov estimate, Adam's direction), the usual field declarations, the state
-of the two-moment variants, and the bases `AbstractAdamLike` (a per-leaf
-`direction` hook on two moments, with decoupled weight decay) and
-`AbstractAdamW` (AdamW's options, shared by AdamW, CAdamW and StableAdamW)."""
+of the two-moment variants, and the bases `AbstractAdamOptions` (the options every
+variant has), `AbstractAdamLike` (a per-leaf `direction` hook on two moments, with
+decoupled weight decay) and `AbstractAdamW` (AdamW's options, shared by AdamW,
+CAdamW and StableAdamW)."""
 
 import abc
 import math
@@ -127,7 +128,21 @@ class AdamState(eqx.Module):
     nu: PyTree[Float[Array, "..."] | None]
 
 
-class AbstractAdamLike(AbstractLeafwiseOptimizer):
+class AbstractAdamOptions(AbstractLeafwiseOptimizer):
+    """The options every optimizer of the family has, declared once: the positional
+    `learning_rate`, `b1`, `b2`, `eps` (in that order) and the moments' storage
+    dtypes `mu_dtype`, `nu_dtype` (keyword-only). A final adds its own fields after
+    these; one that redeclares a field (a different default) keeps its place."""
+
+    learning_rate: ScalarOrSchedule = learning_rate_field()
+    b1: ScalarOrSchedule = b1_field()
+    b2: ScalarOrSchedule = b2_field()
+    eps: ScalarOrSchedule = eps_field()
+    mu_dtype: DTypeLike = dtype_field()
+    nu_dtype: DTypeLike = dtype_field()
+
+
+class AbstractAdamLike(AbstractAdamOptions):
     """An optimizer of the Adam family with a first moment `mu` and a second-moment
     statistic `nu` per parameter (`AdamState`).
 
@@ -139,12 +154,6 @@ class AbstractAdamLike(AbstractLeafwiseOptimizer):
     compute dtype, with `h` the hyperparameters at this step and their bias
     corrections (`bias_corrections`).
     """
-
-    b1: eqx.AbstractVar[ScalarOrSchedule]
-    b2: eqx.AbstractVar[ScalarOrSchedule]
-    eps: eqx.AbstractVar[ScalarOrSchedule]
-    mu_dtype: eqx.AbstractVar[DTypeLike]
-    nu_dtype: eqx.AbstractVar[DTypeLike]
 
     state_type = AdamState
     moments = ("mu", "nu")
@@ -171,12 +180,6 @@ class AbstractAdamW(AbstractAdamLike):
     """AdamW's options (see `AdamW`): the base of AdamW and of the variants that
     change its per-leaf direction or step size (`CAdamW`, `StableAdamW`)."""
 
-    learning_rate: ScalarOrSchedule = learning_rate_field()
-    b1: ScalarOrSchedule = b1_field()
-    b2: ScalarOrSchedule = b2_field()
-    eps: ScalarOrSchedule = eps_field()
     weight_decay: ScalarOrSchedule = nonnegative_field(1e-4, kw_only=False)
     eps_root: ScalarOrSchedule = nonnegative_field()
     mask: MaskLike = mask_field()
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()

@@ -5,17 +5,13 @@ from types import SimpleNamespace
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from ..._core._base import Grads, Params, Updates
-from ..._core._checks import reject_complex
 from ..._core._fields import (
-    DTypeLike,
     ScalarOrSchedule,
-    dtype_field,
     flag_field,
-    learning_rate_field,
 )
+from ..._core._real import RealOnly
 from ..._core._tree import abs_sq
-from ._adam_like import AbstractAdamLike, AdamState, b1_field, b2_field, ema, eps_field
+from ._adam_like import AbstractAdamLike, b2_field, ema, eps_field
 
 
 class ADOPT(AbstractAdamLike):
@@ -49,35 +45,16 @@ class ADOPT(AbstractAdamLike):
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
 
-    learning_rate: ScalarOrSchedule = learning_rate_field()
-    b1: ScalarOrSchedule = b1_field()
     b2: ScalarOrSchedule = b2_field(0.9999)
     eps: ScalarOrSchedule = eps_field(1e-6)
     nesterov: bool = flag_field(False)
     clip: bool = flag_field(True)
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
+
+    real_only = RealOnly(
+        "complex numbers have no order to clip by; clip=False takes them", when="clip"
+    )
 
     elementwise = True
-
-    def init(self, params: Params) -> AdamState:
-        self._check_real(params)
-        return super().init(params)
-
-    def run(
-        self, grads: Grads, state: AdamState, params: Params, *, apply: bool
-    ) -> tuple[Updates, AdamState]:
-        self._check_real(params)
-        return super().run(grads, state, params, apply=apply)
-
-    def _check_real(self, params: Params) -> None:
-        if self.clip:
-            reject_complex(
-                params,
-                "params",
-                "ADOPT(clip=True)",
-                "complex numbers have no order to clip by; clip=False takes them",
-            )
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
         h = super().step_values(step)

@@ -9,17 +9,12 @@ from jaxtyping import Array, Float, Int, PyTree
 from ..._core._fields import (
     DTypeLike,
     ScalarOrSchedule,
-    dtype_field,
     flag_field,
-    learning_rate_field,
 )
-from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ._adam_like import (
+    AbstractAdamOptions,
     adam_direction,
-    b1_field,
-    b2_field,
     bias_corrections,
-    eps_field,
     nonnegative_field,
 )
 
@@ -42,7 +37,7 @@ class OptimisticAdamState(eqx.Module):
     previous: PyTree[Float[Array, "..."] | None]
 
 
-class OptimisticAdam(AbstractLeafwiseOptimizer):
+class OptimisticAdam(AbstractAdamOptions):
     """Optimistic Adam (Daskalakis et al., 2018): Adam's direction extrapolated with
     the previous one, which damps the cycling of plain Adam on saddle-point (GAN,
     min-max) problems.
@@ -73,16 +68,10 @@ class OptimisticAdam(AbstractLeafwiseOptimizer):
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
 
-    learning_rate: ScalarOrSchedule = learning_rate_field()
-    b1: ScalarOrSchedule = b1_field()
-    b2: ScalarOrSchedule = b2_field()
-    eps: ScalarOrSchedule = eps_field()
     alpha: ScalarOrSchedule = nonnegative_field(1.0)
     beta: ScalarOrSchedule = nonnegative_field(1.0)
     eps_root: ScalarOrSchedule = nonnegative_field()
     nesterov: bool = flag_field(True)
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
 
     state_type = OptimisticAdamState
     moments = ("mu", "nu", "previous")

@@ -6,21 +6,15 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from ..._core._fields import (
-    DTypeLike,
     MaskLike,
     ScalarOrSchedule,
-    dtype_field,
     flag_field,
-    learning_rate_field,
     mask_field,
 )
 from ..._core._tree import abs_sq, increment, step_power
 from ._adam_like import (
     AbstractAdamLike,
-    b1_field,
-    b2_field,
     ema,
-    eps_field,
     first_moment_hat,
     nonnegative_field,
 )
@@ -88,17 +82,11 @@ class RAdam(AbstractAdamLike):
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
 
-    learning_rate: ScalarOrSchedule = learning_rate_field()
-    b1: ScalarOrSchedule = b1_field()
-    b2: ScalarOrSchedule = b2_field()
-    eps: ScalarOrSchedule = eps_field()
     eps_root: ScalarOrSchedule = nonnegative_field()
     threshold: ScalarOrSchedule = nonnegative_field(5.0)
     weight_decay: ScalarOrSchedule = nonnegative_field()
     mask: MaskLike = mask_field()
     nesterov: bool = flag_field(False)
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
 
     elementwise = True
 

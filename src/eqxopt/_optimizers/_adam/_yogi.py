@@ -5,17 +5,12 @@ from typing import Any
 import jax.numpy as jnp
 
 from ..._core._fields import (
-    DTypeLike,
     ScalarOrSchedule,
-    dtype_field,
     hyper,
-    learning_rate_field,
 )
 from ..._core._tree import abs_sq
 from ._adam_like import (
     AbstractAdamLike,
-    b1_field,
-    b2_field,
     ema,
     eps_field,
     nonnegative_field,
@@ -50,17 +45,12 @@ class Yogi(AbstractAdamLike):
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
 
-    learning_rate: ScalarOrSchedule = learning_rate_field()
-    b1: ScalarOrSchedule = b1_field()
-    b2: ScalarOrSchedule = b2_field()
     eps: ScalarOrSchedule = eps_field(1e-3)
     eps_root: ScalarOrSchedule = nonnegative_field()
     # Not a schedule: it only sets the moments' starting value, at `init`.
     initial_accumulator_value: ScalarOrSchedule = hyper(
         1e-6, low=0.0, schedule=False, kw_only=True
     )
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
 
     elementwise = True
 

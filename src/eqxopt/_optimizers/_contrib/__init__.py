@@ -3,12 +3,3 @@ Sophia (a clipped, diagonal-Hessian preconditioner) and GaLore (Adam on a low-ra
 projection of each matrix's gradient). The contrib wrappers (Mechanic, SAM,
 ScheduleFree) are in `_wrappers`.
 """
-
-from ._galore import (
-    GaLore as GaLore,
-    GaLoreState as GaLoreState,
-)
-from ._sophia import (
-    Sophia as Sophia,
-    SophiaState as SophiaState,
-)

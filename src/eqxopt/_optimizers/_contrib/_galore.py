@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core import _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import reject_complex, static_count
+from ..._core._checks import static_count
 from ..._core._fields import (
     DTypeLike,
     MaskLike,
@@ -24,6 +24,7 @@ from ..._core._fields import (
     values_at,
 )
 from ..._core._masks import decay_flags
+from ..._core._real import RealOnly
 from ..._core._tree import (
     align_grads,
     compute_dtype,
@@ -118,8 +119,9 @@ class GaLore(AbstractTransform):
     mask: MaskLike = mask_field()
     mu_dtype: DTypeLike = dtype_field()
 
+    real_only = RealOnly("its projection transposes", trees=("params", "grads"))
+
     def init(self, params: Params) -> GaLoreState:
-        reject_complex(params, "params", "GaLore", "its projection transposes")
         decay_flags(self.mask, params)  # a bad mask fails here
 
         def moment(p, dtype):
@@ -149,8 +151,6 @@ class GaLore(AbstractTransform):
     def transform(
         self, grads: Grads, state: GaLoreState, params: Params
     ) -> tuple[Updates, GaLoreState]:
-        reject_complex(params, "params", "GaLore", "its projection transposes")
-        reject_complex(grads, "grads", "GaLore", "its projection transposes")
         h = values_at(self, state.step)
         t = increment(state.step)
         t_ = t.astype(jnp.float32)

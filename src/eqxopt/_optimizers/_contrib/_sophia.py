@@ -12,7 +12,6 @@ from jaxtyping import Array, Float, Int, PyTree, UInt32
 
 from ..._core import _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import reject_complex
 from ..._core._fields import (
     DTypeLike,
     MaskLike,
@@ -27,6 +26,7 @@ from ..._core._fields import (
 )
 from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
+from ..._core._real import RealOnly
 from ..._core._tree import (
     align_grads,
     float_leaves_like,
@@ -133,10 +133,11 @@ class Sophia(AbstractTransform):
     mask: MaskLike = mask_field()
     mu_dtype: DTypeLike = dtype_field()
 
+    real_only = RealOnly("its clip compares magnitudes", trees=("params", "grads"))
+
     keywords = frozenset({"obj_fn", "fn_args", "hessian"})
 
     def init(self, params: Params) -> SophiaState:
-        reject_complex(params, "params", "Sophia", "its clip compares magnitudes")
         decay_flags(self.mask, params)  # a bad mask fails here
         return SophiaState(
             step=zero_step(),
@@ -183,8 +184,6 @@ class Sophia(AbstractTransform):
         fn_args: tuple = (),
         hessian: PyTree | None = None,
     ) -> tuple[Updates, SophiaState]:
-        reject_complex(params, "params", "Sophia", "its clip compares magnitudes")
-        reject_complex(grads, "grads", "Sophia", "its clip compares magnitudes")
         if (obj_fn is None) == (hessian is None):
             raise TypeError(
                 "Sophia.update/step need exactly one of obj_fn= (the loss, "

@@ -219,10 +219,7 @@ class DAdaptSGD(AbstractEngineTransform):
       state starts at it).
     - `growth_rate`: the largest factor by which `d` may grow in one step,
       `>= 1`; `None` (the default, the authors' `inf`) leaves it unrestricted.
-    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
-      whole-tree sums its step size comes from cover the whole model (each leaf
-      summed over the named axes it is split over), as the unsharded run. `None`
-      (default): this device's blocks only.
+    - `axis_name`: as for `DAdaptAdamW`.
     """
 
     axis_name: AxisName = axis_name_field()

@@ -225,13 +225,7 @@ class DoWG(AbstractDistanceOverGradients):
     - `init_estim_sq_dist`: the initial guess of the squared distance to the
       solution, `> 0`; `None` uses `eps`.
     - `eps`: added to the denominator of the step size, `> 0`.
-    - `weight_decay`: coefficient of `p` added to the gradient, `>= 0`.
-    - `mask`: which leaves get weight decay: `None` (all), a tree of bools (or a
-      prefix of params' structure), or a function of params returning one.
-    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
-      whole-tree sums its step size comes from cover the whole model (each leaf
-      summed over the named axes it is split over), as the unsharded run. `None`
-      (default): this device's blocks only.
+    - `weight_decay`, `mask`, `axis_name`: as for `DoG`.
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)

@@ -273,14 +273,8 @@ class MomoAdam(AbstractEngineTransform):
     - `b1`: decay of the first moment and the averages, in `[0, 1)`.
     - `b2`: decay of the second moment, in `(0, 1)`.
     - `eps`: added to the root of the second moment, `> 0`.
-    - `lower_bound`: a lower bound on the loss (`0` for losses that are
-      non-negative), a number: the state starts at it.
-    - `weight_decay`: decoupled decay coefficient, `>= 0`.
-    - `adapt_lower_bound`: update the lower bound from the losses seen.
-    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
-      whole-tree sums its step size comes from cover the whole model (each leaf
-      summed over the named axes it is split over), as the unsharded run. `None`
-      (default): this device's blocks only.
+    - `lower_bound`, `weight_decay`, `adapt_lower_bound`, `axis_name`: as for
+      `Momo`.
     """
 
     axis_name: AxisName = axis_name_field()

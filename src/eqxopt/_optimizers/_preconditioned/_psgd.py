@@ -12,7 +12,7 @@ from jaxtyping import Array, Float, Int, PyTree, UInt32
 
 from ..._core import _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import reject_complex, static_count
+from ..._core._checks import static_count
 from ..._core._fields import (
     ScalarOrSchedule,
     checked_field,
@@ -21,6 +21,7 @@ from ..._core._fields import (
     learning_rate_field,
     values_at,
 )
+from ..._core._real import RealOnly
 from ..._core._tree import (
     align_grads,
     compute_dtype,
@@ -260,6 +261,8 @@ class PSGDKron(AbstractTransform):
     )
     momentum_into_precond_update: bool = flag_field(True)
 
+    real_only = RealOnly(_WHY)
+
     def __post_init__(self):
         # Two fields from one argument: the raw key data and its implementation.
         self.key, self.key_impl = _key_data("key", self.key)
@@ -275,7 +278,6 @@ class PSGDKron(AbstractTransform):
         )
 
     def init(self, params: Params) -> PSGDKronState:
-        reject_complex(params, "params", "PSGDKron", _WHY)
 
         def factors(p):
             if not is_float_leaf(p) or p.size == 0:
@@ -303,7 +305,6 @@ class PSGDKron(AbstractTransform):
     def transform(
         self, grads: Grads, state: PSGDKronState, params: Params
     ) -> tuple[Updates, PSGDKronState]:
-        reject_complex(params, "params", "PSGDKron", _WHY)
         h = values_at(self, state.step)
         t = increment(state.step)
         key = jax.random.wrap_key_data(state.key, impl=self.key_impl)

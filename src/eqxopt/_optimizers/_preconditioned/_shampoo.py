@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core import _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import array_count, reject_complex, static_count
+from ..._core._checks import array_count, static_count
 from ..._core._fields import (
     ScalarOrSchedule,
     checked_field,
@@ -19,6 +19,7 @@ from ..._core._fields import (
     learning_rate_field,
     values_at,
 )
+from ..._core._real import RealOnly
 from ..._core._tree import (
     align_grads,
     compute_dtype,
@@ -164,13 +165,14 @@ class Shampoo(AbstractTransform):
     # Static: it decides the shapes of the state.
     block_size: int = checked_field(static_count, 1024, static=True, kw_only=True)
 
+    real_only = RealOnly(_WHY)
+
     def _layout(self, p: Array) -> Layout | None:
         if p.ndim == 0 or p.size == 0:
             return None
         return layout(p.shape, self.block_size)
 
     def init(self, params: Params) -> ShampooState:
-        reject_complex(params, "params", "Shampoo", _WHY)
 
         def stacked(p, eye):
             if not is_float_leaf(p):
@@ -196,7 +198,6 @@ class Shampoo(AbstractTransform):
     def transform(
         self, grads: Grads, state: ShampooState, params: Params
     ) -> tuple[Updates, ShampooState]:
-        reject_complex(params, "params", "Shampoo", _WHY)
         h = values_at(self, state.step)
         t = increment(state.step)
         start = (

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import Grads, Params, Updates
-from ..._core._checks import reject_complex
+from ..._core._base import Params
 from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._real import RealOnly
 from ..._core._tree import (
     abs_sq,
     float_leaves_like,
@@ -80,13 +80,13 @@ class SM3(AbstractLeafwiseOptimizer):
     momentum: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, kw_only=True)
 
+    real_only = RealOnly(_WHY)
+
     state_type = SM3State
     moments = ("accumulators", "momentum")
     elementwise = False
 
     def init(self, params: Params) -> SM3State:
-        reject_complex(params, "params", "SM3", _WHY)
-
         def accumulator(p):
             if not is_float_leaf(p):
                 return None
@@ -100,12 +100,6 @@ class SM3(AbstractLeafwiseOptimizer):
             accumulators=jax.tree.map(accumulator, params),
             momentum=float_leaves_like(params),
         )
-
-    def run(
-        self, grads: Grads, state: SM3State, params: Params, *, apply: bool
-    ) -> tuple[Updates, SM3State]:
-        reject_complex(params, "params", "SM3", _WHY)
-        return super().run(grads, state, params, apply=apply)
 
     def leaf(self, h, t, g, p, a, m):
         shape = g.shape

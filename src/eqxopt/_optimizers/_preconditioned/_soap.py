@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core import _jax_api, _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import array_count, reject_complex, static_count
+from ..._core._checks import array_count, static_count
 from ..._core._fields import (
     ScalarOrSchedule,
     axis_name_field,
@@ -20,6 +20,7 @@ from ..._core._fields import (
     learning_rate_field,
     values_at,
 )
+from ..._core._real import RealOnly
 from ..._core._shards import (
     AxisName,
     FrozenSpecs,
@@ -185,6 +186,8 @@ class SOAP(AbstractTransform):
         checked_param_specs, None, static=True, kw_only=True
     )
 
+    real_only = RealOnly(_WHY)
+
     def _axes(self, shape: tuple[int, ...]) -> list[bool]:
         return _axis_sizes_preconditioned(
             shape, self.max_precond_dim, self.precondition_1d
@@ -194,8 +197,6 @@ class SOAP(AbstractTransform):
         return leaf_layouts(params, self.axis_name, "SOAP", self.param_specs)
 
     def init(self, params: Params) -> SOAPState:
-        reject_complex(params, "params", "SOAP", _WHY)
-
         def matrices(p, layout):
             if not is_float_leaf(p):
                 return None
@@ -219,7 +220,6 @@ class SOAP(AbstractTransform):
     def transform(
         self, grads: Grads, state: SOAPState, params: Params
     ) -> tuple[Updates, SOAPState]:
-        reject_complex(params, "params", "SOAP", _WHY)
         h = values_at(self, state.step)
         lr, b1, b2, eps, wd = h.learning_rate, h.b1, h.b2, h.eps, h.weight_decay
         sb = b2 if h.shampoo_beta is None else h.shampoo_beta

@@ -6,10 +6,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import Grads, Params
-from ..._core._checks import reject_complex
 from ..._core._fields import ScalarOrSchedule, hyper
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._real import RealOnly
 from ..._core._schedule import known_number
 
 # The rule compares the signs of successive gradients: complex numbers have none.
@@ -76,6 +75,8 @@ class Rprop(AbstractLeafwiseOptimizer):
     min_step_size: ScalarOrSchedule = hyper(1e-6, low=0.0)
     max_step_size: ScalarOrSchedule = hyper(50.0, low=0.0, low_open=True)
 
+    real_only = RealOnly(_WHY)
+
     state_type = RpropState
     moments = ("step_sizes", "prev_grad")
     elementwise = True
@@ -90,16 +91,6 @@ class Rprop(AbstractLeafwiseOptimizer):
 
     def moment_fill(self, name: str) -> Any:
         return self.learning_rate if name == "step_sizes" else 0.0
-
-    def init(self, params: Params) -> Any:
-        reject_complex(params, "params", "Rprop", _WHY)
-        return super().init(params)
-
-    def run(
-        self, grads: Grads, state: Any, params: Params, *, apply: bool
-    ) -> tuple[Any, Any]:
-        reject_complex(params, "params", "Rprop", _WHY)
-        return super().run(grads, state, params, apply=apply)
 
     def leaf(self, h, t, g, p, size, prev):
         q = g * prev

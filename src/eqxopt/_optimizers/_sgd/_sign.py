@@ -54,7 +54,15 @@ class SignSGD(AbstractLeafwiseOptimizer):
         return (-h.learning_rate * jnp.sign(g),)
 
 
-class SignumState(eqx.Module):
+class AbstractMomentumState(eqx.Module):
+    """The state of a sign method with one moving average: the step count `step`
+    and the average `mu` (`SignumState`, `LionState`)."""
+
+    step: Int[Array, ""]
+    mu: PyTree[Float[Array, "..."] | None]
+
+
+class SignumState(AbstractMomentumState):
     """State of `Signum`.
 
     **Fields:**
@@ -63,9 +71,6 @@ class SignumState(eqx.Module):
     - `mu`: exponential moving average of gradients, shaped like params (`None`
       at non-float leaves).
     """
-
-    step: Int[Array, ""]
-    mu: PyTree[Float[Array, "..."] | None]
 
 
 class Signum(AbstractLeafwiseOptimizer):
@@ -102,7 +107,7 @@ class Signum(AbstractLeafwiseOptimizer):
         return -h.learning_rate * jnp.sign(mu), mu
 
 
-class LionState(eqx.Module):
+class LionState(AbstractMomentumState):
     """State of `Lion`.
 
     **Fields:**
@@ -111,9 +116,6 @@ class LionState(eqx.Module):
     - `mu`: the momentum (moving average of gradients with decay `b2`), shaped
       like params (`None` at non-float leaves).
     """
-
-    step: Int[Array, ""]
-    mu: PyTree[Float[Array, "..."] | None]
 
 
 class Lion(AbstractLeafwiseOptimizer):
