@@ -1,9 +1,9 @@
 // eqxopt's step kernel for leaves with block-wise quantized moments (8-bit and
 // 4-bit `QuantizedArray`s), called through `jax.ffi`.
 //
-// Compiled as one translation unit after `elementwise.cc` (its registry of rule
-// functions and its thread pool are reused). For each chunk of a leaf (the least
-// common multiple of its moments' block sizes) the handler dequantizes the codes
+// Part of the one library (`library.cc`): it shares the registry of rule
+// functions and the thread pool (`common.h`) with `elementwise.cc`. For each chunk
+// of a leaf (the least common multiple of its moments' block sizes) the handler dequantizes the codes
 // into a buffer the size of the chunk (`map[code] * absmax`), runs the rule's
 // generated function on it (the one `_fused.py` writes for float32 leaves), takes
 // each block's absmax of the new moments and stores them again, with the codes
@@ -18,9 +18,9 @@
 // and their `shift` and `low` (int32[2]). Results: the rule's first
 // output (float32, n), then per moment its values, or its codes and absmax.
 
+#include "common.h"
+
 #include <cmath>
-#include <numeric>
-#include <string>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -385,28 +385,10 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
     }
   };
 
-  int64_t n_tasks = 1;
-  if (n >= kParallelThreshold) {
-    n_tasks = std::max<int64_t>(
-        1, std::min<int64_t>({pool().size(), n / kPerThread, n_chunks}));
-  }
-  if (n_tasks == 1) {
-    run(0, n_chunks);
-    return ffi::Error::Success();
-  }
+  const int64_t n_tasks = TaskCount(n, n_chunks);
   const int64_t per = (n_chunks + n_tasks - 1) / n_tasks;
-#ifdef EQXOPT_HAS_MXCSR
-  const unsigned int mxcsr = _mm_getcsr();
-#endif
-  pool().Run(n_tasks, [&](int64_t task) {
-#ifdef EQXOPT_HAS_MXCSR
-    const unsigned int saved = _mm_getcsr();
-    _mm_setcsr(mxcsr);
-#endif
+  RunTasks(n_tasks, [&](int64_t task) {
     run(std::min(n_chunks, task * per), std::min(n_chunks, (task + 1) * per));
-#ifdef EQXOPT_HAS_MXCSR
-    _mm_setcsr(saved);
-#endif
   });
   return ffi::Error::Success();
 }
