@@ -144,7 +144,8 @@ Pool& pool() {
 // one per thread of the pool and one per piece.
 int64_t TaskCount(int64_t n, int64_t units) {
   if (n < kParallelThreshold) return 1;
-  return std::max<int64_t>(1, std::min<int64_t>({pool().size(), n / kPerThread, units}));
+  const int64_t most = std::min<int64_t>({pool().size(), n / kPerThread, units});
+  return std::max<int64_t>(1, most);
 }
 
 // Runs fn(0), ..., fn(n_tasks - 1): on the caller alone for one task, else on the
