@@ -46,6 +46,14 @@ KernelFn lookup(int64_t id) {
   return it == registry().end() ? nullptr : it->second;
 }
 
+// A handler's answer when `lookup` finds no function (`what`: its kind).
+ffi::Error NotLoaded(const char* what) {
+  return ffi::Error::Internal(
+      std::string("eqxopt: ") + what +
+      " kernel not loaded in this process (the step was compiled elsewhere); call "
+      "eqxopt.set_native_kernels(False) or retrace");
+}
+
 // Below this many elements a leaf runs on the calling thread. Above it, one task
 // per `kPerThread` elements, up to the number of cores, shared with a pool of
 // threads that live as long as the process (starting a thread per call cost about
@@ -170,6 +178,18 @@ void RunTasks(int64_t n_tasks, const Fn& fn) {
     _mm_setcsr(saved);
 #endif
   });
+}
+
+// The binding of a step handler: the scalar vector, the leaf buffers, the results,
+// then the rule function's id and one count (attributes in name order, as XLA
+// passes them; `count` sorts after "kernel").
+auto StepBinding(const char* count) {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .RemainingArgs()
+      .RemainingRets()
+      .Attr<int64_t>("kernel")
+      .Attr<int64_t>(count);
 }
 
 }  // namespace

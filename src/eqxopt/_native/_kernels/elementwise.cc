@@ -40,11 +40,7 @@ void RunLeaf(KernelFn fn, const std::vector<const float*>& in,
 ffi::Error Elementwise(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
                        ffi::RemainingRets rets, int64_t kernel, int64_t n_in) {
   KernelFn fn = lookup(kernel);
-  if (fn == nullptr) {
-    return ffi::Error::Internal(
-        "eqxopt: element-wise kernel not loaded in this process (the step was "
-        "compiled elsewhere); call eqxopt.set_native_kernels(False) or retrace");
-  }
+  if (fn == nullptr) return NotLoaded("element-wise");
   // Leaf-major: leaf j's inputs are arguments [j * n_in, (j + 1) * n_in), its
   // outputs results [j * n_out, (j + 1) * n_out).
   const int64_t n_args = static_cast<int64_t>(args.size());
@@ -136,14 +132,7 @@ void eqxopt_register_kernel(int64_t id, void* fn) {
 
 }  // extern "C"
 
-// Attributes are declared in name order, as XLA passes them.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptElementwise, Elementwise,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int64_t>("kernel")
-                                  .Attr<int64_t>("n_in"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptElementwise, Elementwise, StepBinding("n_in"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptSplit, Split,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().RemainingRets());

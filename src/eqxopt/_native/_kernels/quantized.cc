@@ -15,8 +15,8 @@
 // built for any x86-64): dequantizing 8-bit codes by byte look-ups (AVX-512 VBMI,
 // else AVX2 gathers), 4-bit codes by register permutes (AVX2), the absmax as an
 // integer maximum of the magnitudes' bits, and the code search by one gather per
-// vector (AVX-512, else AVX2). Every float operation is the scalar code's, so
-// every path gives the same bits.
+// vector (AVX2; an AVX-512 form gained a tenth of the search's time, not kept).
+// Every float operation is the scalar code's, so every path gives the same bits.
 //
 // Arguments: `scalars`, then `g` and `p` (float32, n elements), then per moment
 // either its float32 values (n) or, quantized, five buffers: `codes` (uint8
@@ -129,47 +129,6 @@ __attribute__((target("avx2"))) void CodesAvx2(const Search& code, const float* 
     const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(codes),
                                            _mm256_extracti128_si256(codes, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packus_epi16(words, words));
-  }
-  for (; i < n; ++i) out[i] = code(x[i] * inverse);
-}
-
-// The same, sixteen at a time (AVX-512: mask registers instead of blends).
-__attribute__((target("avx512f"))) void CodesAvx512(const Search& code, const float* x,
-                                                    int64_t n, float inverse,
-                                                    uint8_t* out) {
-  const __m512 scale = _mm512_set1_ps(inverse);
-  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
-  const __m128i shift = _mm_cvtsi32_si128(code.shift);
-  const __m512i start = _mm512_set1_epi32(code.start);
-  const __m512i zero = _mm512_setzero_si512();
-  const __m512i last = _mm512_set1_epi32(code.last);
-  const __m512i mask = _mm512_set1_epi32(code.mask);
-  const __m512i k = _mm512_set1_epi32(code.k);
-  const __m512i k1 = _mm512_set1_epi32(code.k - 1);
-  const __m512i offsets = _mm512_set1_epi32(0xFFFFFF);
-  const __m512i one = _mm512_set1_epi32(1);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i), scale);
-    const __m512i bits = _mm512_castps_si512(y);
-    __m512i rel = _mm512_sub_epi32(_mm512_and_si512(bits, magnitude), start);
-    rel = _mm512_min_epi32(_mm512_max_epi32(rel, zero), last);
-    const __m512i index = _mm512_srl_epi32(rel, shift);
-    const __mmask16 negative = _mm512_cmplt_epi32_mask(bits, zero);
-    const __m512i key =
-        _mm512_mask_sub_epi32(_mm512_add_epi32(k, index), negative, k1, index);
-    // mask - w is w ^ mask for w <= mask.
-    const __m512i low = _mm512_and_si512(rel, mask);
-    const __m512i within = _mm512_mask_xor_epi32(low, negative, low, mask);
-    const __m512i entry = _mm512_i32gather_epi32(key, code.buckets, 4);
-    const __mmask16 up =
-        _mm512_cmpge_epi32_mask(within, _mm512_and_si512(entry, offsets));
-    const __m512i base = _mm512_srli_epi32(entry, 24);
-    const __m512i codes = _mm512_mask_add_epi32(base, up, base, one);
-    // NaN: code 0.
-    const __mmask16 number = _mm512_cmp_ps_mask(y, y, _CMP_ORD_Q);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     _mm512_cvtepi32_epi8(_mm512_maskz_mov_epi32(number, codes)));
   }
   for (; i < n; ++i) out[i] = code(x[i] * inverse);
 }
@@ -296,13 +255,11 @@ __attribute__((target("avx2"))) void DecodePackedAvx2(const float* map,
 }
 
 const bool kAvx2 = __builtin_cpu_supports("avx2");
-const bool kAvx512 = __builtin_cpu_supports("avx512f");
 const bool kVbmi = __builtin_cpu_supports("avx512f") &&
                    __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vbmi");
 #else
 const bool kAvx2 = false;
-const bool kAvx512 = false;
 const bool kVbmi = false;
 #endif
 
@@ -324,7 +281,6 @@ int32_t Largest(const float* x, int64_t n) {
 void Encode(const Search& code, const float* x, int64_t n, float inverse,
             uint8_t* out) {
 #if defined(__x86_64__)
-  if (kAvx512) return CodesAvx512(code, x, n, inverse, out);
   if (kAvx2) return CodesAvx2(code, x, n, inverse, out);
 #endif
   Codes(code, x, n, inverse, out);
@@ -419,11 +375,7 @@ void Store(const QuantizedMoment& m, const float* values, int64_t begin,
 ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
                      ffi::RemainingRets rets, int64_t kernel, int64_t n_moments) {
   KernelFn fn = lookup(kernel);
-  if (fn == nullptr) {
-    return ffi::Error::Internal(
-        "eqxopt: quantized-state kernel not loaded in this process (the step was "
-        "compiled elsewhere); call eqxopt.set_native_kernels(False) or retrace");
-  }
+  if (fn == nullptr) return NotLoaded("quantized-state");
   auto bad = [](const char* what) {
     return ffi::Error::InvalidArgument(std::string("eqxopt: quantized step: ") + what);
   };
@@ -568,11 +520,4 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
 
 }  // namespace
 
-// Attributes are declared in name order, as XLA passes them.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptQuantized, Quantized,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int64_t>("kernel")
-                                  .Attr<int64_t>("n_moments"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptQuantized, Quantized, StepBinding("n_moments"));
