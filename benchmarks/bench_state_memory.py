@@ -3,12 +3,16 @@ float32 / bf16 / 8-bit / 4-bit / fp8 moments, from XLA's memory analysis of the
 compiled `init` (its outputs) and of a donated step (its temporaries: XLA's code,
 and the native kernels' in-place step), and the donated step's time on one
 16M-float32 leaf at float32 / 8-bit / 4-bit moments (interleaved medians, with the
-ratio to float32), with the native kernels and with XLA's code.
+ratio to float32), with the native kernels and with XLA's code, and the CPU time
+(all threads) per native step, which a loaded machine disturbs less than the wall
+time.
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_state_memory.py [--no-speed]
 """
 
+import statistics
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -67,7 +71,9 @@ def speed() -> dict:
         label = "native" if kernels and eqxopt.native_kernels_available() else "xla"
         if kernels and label == "xla":
             continue  # no compiler here: the second round measures XLA's code
-        times[label] = _speed_round()
+        times[label], cpu = _speed_round()
+        if label == "native":
+            times["native CPU time"] = cpu
     eqxopt.set_native_kernels(True)
     return times
 
@@ -87,7 +93,18 @@ def _speed_round() -> dict:
             return opt.step(grads, s, p, donate=True)
 
         steppers[name] = Stepper(fn, (params, state))
-    return interleaved(steppers, rounds(10))
+    wall = interleaved(steppers, rounds(10))
+    return wall, {name: _cpu_seconds(s) for name, s in steppers.items()}
+
+
+def _cpu_seconds(stepper: Stepper, n: int = 5) -> float:
+    """Median CPU seconds (this process, all threads) per step."""
+    seconds = []
+    for _ in range(rounds(n)):
+        start = time.process_time()
+        stepper.run()
+        seconds.append(time.process_time() - start)
+    return statistics.median(seconds)
 
 
 def main():
@@ -126,7 +143,8 @@ def main():
             for label, t in times.items()
         ]
         table(
-            "AdamW donated step, one 16M leaf (median; ratio to float32 moments)",
+            "AdamW donated step, one 16M leaf (median wall time, and CPU time of the "
+            "native step; ratio to float32 moments)",
             rows,
             ("code", *SPEED),
         )

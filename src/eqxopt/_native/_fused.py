@@ -618,7 +618,7 @@ def _elementwise() -> Any:
     """The kernels' custom call, or (in exported programs, which cannot carry it)
     the same rule as XLA operations."""
     return _ffi.ffi_or_xla(
-        _build.target_name(),
+        _build.ELEMENTWISE_TARGET,
         lambda scalars, *inputs, static: _reference_leaves(static, scalars, *inputs),
     )
 

@@ -5,13 +5,14 @@ XLA's code for such a leaf dequantizes every moment into a float32 array the siz
 of the leaf, runs the rule, and quantizes the new moments (a block's absmax is a
 reduction, then a search per element), so a step with 8-bit state moved more bytes
 and did more work than one with float32 state. Here one custom call per leaf
-(`_kernels/quantized.cc`) walks the leaf in chunks of a few blocks: it dequantizes
-the chunk's codes into a small buffer, runs the rule's C function (the one
-`_fused.py` writes for float32 leaves), and stores each block's absmax and codes
-over the old ones. The codes are torchao's (`_storage.search_tables` gives the
-binary search's result by two look-ups), and every float operation is XLA's
-(`_storage.quantize` multiplies by the absmax's reciprocal as XLA's own rewrite of
-the division does), so the state is bit for bit what XLA's code makes.
+(`_kernels/quantized.cc`, in `_build`'s one library) walks the leaf in chunks of a
+few blocks: it dequantizes the chunk's codes into a small buffer, runs the rule's C
+function (the one `_fused.py` writes for float32 leaves), and stores each block's
+absmax and codes over the old ones. The codes are torchao's
+(`_storage.search_tables` gives the binary search's result by two look-ups), and
+every float operation is XLA's (`_storage.quantize` multiplies by the absmax's
+reciprocal as XLA's own rewrite of the division does), so the state is bit for
+bit what XLA's code makes.
 
 Used where the float32 kernels are (`_ffi.usable()`, steps that write in place),
 on float32 leaves whose moments are float32 or 8-bit/4-bit quantized (fp8 moments,
@@ -20,11 +21,9 @@ get the same computation as XLA operations (`_ffi.ffi_or_xla`); derivatives go
 through those too.
 """
 
-import ctypes
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -34,65 +33,9 @@ import numpy as np
 from .._core import _storage
 from . import _build, _ffi, _fused
 
-_SOURCE = Path(__file__).parent / "_kernels" / "quantized.cc"
-_TARGET = "eqxopt_quantized"
 # The maps the kernel reads (fp8 codes are floats: XLA's code).
 _MAPS = ("dynamic8_signed", "dynamic8_unsigned", "dynamic4_signed", "linear4_unsigned")
 _F32 = jnp.dtype(jnp.float32)
-
-
-_failed: list[BaseException] = []
-
-
-def _library() -> ctypes.CDLL:
-    """The handler for quantized leaves, built once (a failure is kept)."""
-    if _failed:
-        raise _failed[0]
-    try:
-        return _build_library()
-    except Exception as error:
-        _failed.append(error)
-        raise
-
-
-@functools.cache
-def _build_library() -> ctypes.CDLL:
-    """`quantized.cc` compiled after `elementwise.cc` (whose registry and thread
-    pool it uses)."""
-    if _build.handler() is None:  # the element-wise handler: built, or no compiler
-        raise _build.NativeBuildError("the FFI handler is not available")
-    # No -ffast-math: floats round as XLA's do.
-    flags = ["-O3", "-std=c++17", "-w", "-pthread", f"-I{jax.ffi.include_dir()}"]
-    source = _build._SOURCE.read_text() + "\n" + _SOURCE.read_text()
-    lib = _build._load("eqxopt_quantized", source, flags, "EqxoptQuantized")
-    lib.eqxopt_register_kernel.argtypes = [ctypes.c_int64, ctypes.c_void_p]
-    lib.eqxopt_register_kernel.restype = None
-    lib.eqxopt_set_num_threads.argtypes = [ctypes.c_int64]
-    lib.eqxopt_set_num_threads.restype = None
-    lib.eqxopt_set_num_threads(_build.env_threads())
-    capsule = jax.ffi.pycapsule(lib.EqxoptQuantized)
-    jax.ffi.register_ffi_target(_TARGET, capsule, platform="cpu")
-    return lib
-
-
-_registered: set[int] = set()
-
-
-def _load(program: _fused.Program) -> int:
-    """`program`'s kernel, built and registered with this handler too;
-    `Unsupported` if either fails."""
-    kernel_id = _fused.load(program)
-    if kernel_id not in _registered:
-        try:
-            lib = _library()
-        except Exception as error:  # no compiler, a full disk: XLA's code
-            _build.warn_once(error)
-            raise _fused.Unsupported(f"not built: {error}") from error
-        kernel = _build._kernels[kernel_id]
-        address = ctypes.cast(kernel.eqxopt_kernel, ctypes.c_void_p).value
-        lib.eqxopt_register_kernel(kernel_id, address)
-        _registered.add(kernel_id)
-    return kernel_id
 
 
 class _Layout(NamedTuple):
@@ -180,7 +123,7 @@ def _xla(scalars: jax.Array, g: jax.Array, p: jax.Array, *args: Any, static: _Sp
 
 @functools.cache
 def _primitive() -> Any:
-    return _ffi.ffi_or_xla(_TARGET, _xla)
+    return _ffi.ffi_or_xla(_build.QUANTIZED_TARGET, _xla)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
@@ -245,7 +188,9 @@ class Kernels:
         """Runs leaf `index` now; `Unsupported` (nothing run) if the rule cannot."""
         rule = _fused.checked_rule(self.rules, self.rule, self.n_moments, flag, p)
         program = rule.program("step" if self.applying else "update")
-        kernel_id = _load(program)
+        # The rule's function, registered with the one library, which also holds
+        # this handler (`_build`); `Unsupported` if either cannot be built.
+        kernel_id = _fused.load(program)
         layouts: list[_Layout | None] = []
         args: list[Any] = [g, p]
         aliases = {2: 0} if self.applying else {}

@@ -1,6 +1,6 @@
 // eqxopt's element-wise step kernel for XLA:CPU, called through `jax.ffi`.
 //
-// `_native.py` turns an optimizer's per-leaf rule into a small C function (one loop
+// `_fused.py` turns an optimizer's per-leaf rule into a small C function (one loop
 // over the elements, every intermediate in registers), compiles it once per rule
 // and registers its address here under a 64-bit id. This handler runs that
 // function over one leaf, splitting large leaves across threads. XLA:CPU would
@@ -12,160 +12,20 @@
 // have one element count. Outputs may alias inputs (in-place, donated steps): the
 // generated loop reads element i of every input before writing element i.
 
-#include <algorithm>
-#include <condition_variable>
-#include <functional>
-#include <pthread.h>
-#include <cstdlib>
-#include <cstring>
-#include <cstdint>
-#include <mutex>
-#include <atomic>
-#include <thread>
-#include <unordered_map>
-#include <vector>
-
-#include "xla/ffi/api/ffi.h"
-
-#if defined(__x86_64__) || defined(_M_X64)
-#include <xmmintrin.h>
-#define EQXOPT_HAS_MXCSR 1
-#endif
-
-namespace ffi = xla::ffi;
-
-using KernelFn = void (*)(const float* const* in, float* const* out,
-                          const float* scalars, int64_t n);
+#include "common.h"
 
 namespace {
-
-std::mutex registry_mutex;
-std::unordered_map<int64_t, KernelFn>& registry() {
-  static auto* kernels = new std::unordered_map<int64_t, KernelFn>();
-  return *kernels;
-}
-
-KernelFn lookup(int64_t id) {
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  auto it = registry().find(id);
-  return it == registry().end() ? nullptr : it->second;
-}
-
-// Below this many elements a leaf runs on the calling thread. Above it, one task
-// per `kPerThread` elements, up to the number of cores, shared with a pool of
-// threads that live as long as the process (starting a thread per call cost about
-// as much as a medium leaf's whole step).
-constexpr int64_t kParallelThreshold = 1 << 16;
-constexpr int64_t kPerThread = 1 << 15;
-constexpr int64_t kAlign = 64;  // elements; keeps each task's range aligned
-
-class Pool {
- public:
-  explicit Pool(int n_workers) : size_(n_workers + 1) {
-    for (int w = 0; w < n_workers; ++w) std::thread([this] { Work(); }).detach();
-  }
-
-  int size() const { return size_; }
-
-  // Runs fn(0), ..., fn(n_tasks - 1) on the caller and the workers; returns when
-  // all are done. One job at a time: a caller that finds the pool busy (XLA running
-  // two custom calls at once) runs its tasks itself.
-  void Run(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
-    std::unique_lock<std::mutex> busy(run_mutex_, std::try_to_lock);
-    if (!busy.owns_lock()) {
-      for (int64_t t = 0; t < n_tasks; ++t) fn(t);
-      return;
-    }
-    Job job{&fn, n_tasks, {0}};
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      job_ = &job;
-      ++generation_;
-    }
-    wake_.notify_all();
-    Drain(job);  // every task is claimed when this returns
-    std::unique_lock<std::mutex> lock(mutex_);
-    job_ = nullptr;  // no worker joins any more; wait for those that did
-    finished_.wait(lock, [&] { return active_ == 0; });
-  }
-
- private:
-  struct Job {
-    const std::function<void(int64_t)>* fn;
-    int64_t n_tasks;
-    std::atomic<int64_t> next;
-  };
-
-  static void Drain(Job& job) {
-    for (int64_t t; (t = job.next.fetch_add(1)) < job.n_tasks;) (*job.fn)(t);
-  }
-
-  void Work() {
-    uint64_t seen = 0;
-    for (;;) {
-      Job* job;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return generation_ != seen; });
-        seen = generation_;
-        job = job_;
-        if (job == nullptr) continue;
-        ++active_;
-      }
-      Drain(*job);
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--active_ == 0) finished_.notify_all();
-    }
-  }
-
-  const int size_;
-  std::mutex run_mutex_, mutex_;
-  std::condition_variable wake_, finished_;
-  Job* job_ = nullptr;
-  int active_ = 0;
-  uint64_t generation_ = 0;
-};
-
-Pool* pool_instance = nullptr;
-std::once_flag pool_once;
-// EQXOPT_NUM_THREADS (parsed and checked in Python) caps the threads one call uses,
-// like OMP_NUM_THREADS; 0: one per core.
-std::atomic<int64_t> thread_cap{0};
-
-Pool& pool() {
-  std::call_once(pool_once, [] {
-    int cores = std::max(1u, std::thread::hardware_concurrency());
-    const int64_t cap = thread_cap.load();
-    if (cap > 0) cores = static_cast<int>(std::min<int64_t>(cores, cap));
-    pool_instance = new Pool(cores - 1);  // never freed: its threads outlive main
-    // A forked child has none of the parent's threads: it runs without a pool.
-    pthread_atfork(nullptr, nullptr, [] { pool_instance = new Pool(0); });
-  });
-  return *pool_instance;
-}
 
 // Runs `fn` over one leaf of `n` elements, on the pool if the leaf is large.
 void RunLeaf(KernelFn fn, const std::vector<const float*>& in,
              const std::vector<float*>& out, const float* s, int64_t n) {
-  int64_t n_tasks = 1;
-  if (n >= kParallelThreshold) {
-    n_tasks = std::max<int64_t>(1, std::min<int64_t>(pool().size(), n / kPerThread));
-  }
+  const int64_t n_tasks = TaskCount(n, n);
   if (n_tasks == 1) {
     fn(in.data(), out.data(), s, n);
     return;
   }
   const int64_t per = ((n + n_tasks - 1) / n_tasks + kAlign - 1) / kAlign * kAlign;
-#ifdef EQXOPT_HAS_MXCSR
-  // Every task takes the caller's floating-point mode (XLA runs its code with
-  // denormals flushed to zero), so every element rounds the same way.
-  const unsigned int mxcsr = _mm_getcsr();
-#endif
-  pool().Run(n_tasks, [&](int64_t task) {
-#ifdef EQXOPT_HAS_MXCSR
-    const unsigned int saved = _mm_getcsr();
-    _mm_setcsr(mxcsr);
-#endif
+  RunTasks(n_tasks, [&](int64_t task) {
     const int64_t begin = task * per, end = std::min(n, begin + per);
     if (begin < end) {
       std::vector<const float*> in_at(in.size());
@@ -174,20 +34,13 @@ void RunLeaf(KernelFn fn, const std::vector<const float*>& in,
       for (size_t o = 0; o < out.size(); ++o) out_at[o] = out[o] + begin;
       fn(in_at.data(), out_at.data(), s, end - begin);
     }
-#ifdef EQXOPT_HAS_MXCSR
-    _mm_setcsr(saved);
-#endif
   });
 }
 
 ffi::Error Elementwise(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
                        ffi::RemainingRets rets, int64_t kernel, int64_t n_in) {
   KernelFn fn = lookup(kernel);
-  if (fn == nullptr) {
-    return ffi::Error::Internal(
-        "eqxopt: element-wise kernel not loaded in this process (the step was "
-        "compiled elsewhere); call eqxopt.set_native_kernels(False) or retrace");
-  }
+  if (fn == nullptr) return NotLoaded("element-wise");
   // Leaf-major: leaf j's inputs are arguments [j * n_in, (j + 1) * n_in), its
   // outputs results [j * n_out, (j + 1) * n_out).
   const int64_t n_args = static_cast<int64_t>(args.size());
@@ -279,14 +132,7 @@ void eqxopt_register_kernel(int64_t id, void* fn) {
 
 }  // extern "C"
 
-// Attributes are declared in name order, as XLA passes them.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptElementwise, Elementwise,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int64_t>("kernel")
-                                  .Attr<int64_t>("n_in"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptElementwise, Elementwise, StepBinding("n_in"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptSplit, Split,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().RemainingRets());

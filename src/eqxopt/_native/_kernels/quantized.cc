@@ -1,15 +1,22 @@
 // eqxopt's step kernel for leaves with block-wise quantized moments (8-bit and
 // 4-bit `QuantizedArray`s), called through `jax.ffi`.
 //
-// Compiled as one translation unit after `elementwise.cc` (its registry of rule
-// functions and its thread pool are reused). For each chunk of a leaf (the least
-// common multiple of its moments' block sizes) the handler dequantizes the codes
-// into a buffer the size of the chunk (`map[code] * absmax`), runs the rule's
-// generated function on it (the one `_fused.py` writes for float32 leaves), takes
-// each block's absmax of the new moments and stores them again, with the codes
-// torchao's binary search gives, found by `_storage.search_tables`' two look-ups.
-// Codes and scales are written over the old ones: a leaf's moments never exist as
-// float32 arrays the size of the leaf.
+// Part of the one library (`library.cc`): it shares the registry of rule
+// functions and the thread pool (`common.h`) with `elementwise.cc`. For each chunk
+// of a leaf (the least common multiple of its moments' block sizes) the handler
+// dequantizes the codes into a buffer the size of the chunk (`map[code] * absmax`),
+// runs the rule's generated function on it (the one `_fused.py` writes for float32
+// leaves), takes each block's absmax of the new moments and stores them again, with
+// the codes torchao's binary search gives, found by `_storage.search_tables`' two
+// look-ups. Codes and scales are written over the old ones: a leaf's moments never
+// exist as float32 arrays the size of the leaf.
+//
+// Each piece has vector forms, chosen by the CPU at run time (the library itself is
+// built for any x86-64): dequantizing 8-bit codes by byte look-ups (AVX-512 VBMI,
+// else AVX2 gathers), 4-bit codes by register permutes (AVX2), the absmax as an
+// integer maximum of the magnitudes' bits, and the code search by one gather per
+// vector (AVX2; an AVX-512 form gained a tenth of the search's time, not kept).
+// Every float operation is the scalar code's, so every path gives the same bits.
 //
 // Arguments: `scalars`, then `g` and `p` (float32, n elements), then per moment
 // either its float32 values (n) or, quantized, five buffers: `codes` (uint8
@@ -18,9 +25,9 @@
 // and their `shift` and `low` (int32[2]). Results: the rule's first
 // output (float32, n), then per moment its values, or its codes and absmax.
 
+#include "common.h"
+
 #include <cmath>
-#include <numeric>
-#include <string>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -41,6 +48,8 @@ struct QuantizedMoment {
   int shift = 0;
   int32_t low = 0;
   bool packed = false;
+  // Byte k of every 8-bit map entry, for `DecodeVbmi`.
+  alignas(64) uint8_t planes[4][256];
 };
 
 // torchao's code for `y` (`_quantized.search_entries`), from a moment's tables
@@ -159,9 +168,99 @@ __attribute__((target("avx2"))) int32_t LargestAvx2(const float* x, int64_t n) {
   return result;
 }
 
+// `out[i] = map[codes[i]] * scale` for i < n, 64 at a time with byte look-ups
+// (AVX-512 VBMI): `planes[k][c]` is byte k of `map[c]`, so each plane is a 256-entry
+// byte table, looked up 64 codes at a time by two `vpermi2b`, and the four bytes
+// of each float are put together by unpacking. The codes are first permuted so
+// that the unpacked floats come out in order.
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) void DecodeVbmi(
+    const uint8_t (*planes)[256], const float* map, const uint8_t* codes, int64_t n,
+    float scale, float* out) {
+  __m512i table[4][4];
+  for (int k = 0; k < 4; ++k)
+    for (int q = 0; q < 4; ++q)
+      table[k][q] = _mm512_loadu_si512(planes[k] + 64 * q);
+  // Element j of the result vector r (its 128-bit lane l, place p within it) comes
+  // from code 16 * r + 4 * l + p (unpacking keeps lanes apart).
+  alignas(64) uint8_t order[64];
+  for (int r = 0; r < 4; ++r)
+    for (int l = 0; l < 4; ++l)
+      for (int p = 0; p < 4; ++p) order[16 * l + 4 * r + p] = 16 * r + 4 * l + p;
+  const __m512i permutation = _mm512_load_si512(order);
+  const __m512 s = _mm512_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    const __m512i c =
+        _mm512_permutexvar_epi8(permutation, _mm512_loadu_si512(codes + i));
+    const __mmask64 high = _mm512_movepi8_mask(c);
+    __m512i b[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m512i low = _mm512_permutex2var_epi8(table[k][0], c, table[k][1]);
+      const __m512i up = _mm512_permutex2var_epi8(table[k][2], c, table[k][3]);
+      b[k] = _mm512_mask_blend_epi8(high, low, up);
+    }
+    const __m512i lo01 = _mm512_unpacklo_epi8(b[0], b[1]);
+    const __m512i hi01 = _mm512_unpackhi_epi8(b[0], b[1]);
+    const __m512i lo23 = _mm512_unpacklo_epi8(b[2], b[3]);
+    const __m512i hi23 = _mm512_unpackhi_epi8(b[2], b[3]);
+    const __m512i r0 = _mm512_unpacklo_epi16(lo01, lo23);
+    const __m512i r1 = _mm512_unpackhi_epi16(lo01, lo23);
+    const __m512i r2 = _mm512_unpacklo_epi16(hi01, hi23);
+    const __m512i r3 = _mm512_unpackhi_epi16(hi01, hi23);
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_castsi512_ps(r0), s));
+    _mm512_storeu_ps(out + i + 16, _mm512_mul_ps(_mm512_castsi512_ps(r1), s));
+    _mm512_storeu_ps(out + i + 32, _mm512_mul_ps(_mm512_castsi512_ps(r2), s));
+    _mm512_storeu_ps(out + i + 48, _mm512_mul_ps(_mm512_castsi512_ps(r3), s));
+  }
+  for (; i < n; ++i) out[i] = map[codes[i]] * scale;
+}
+
+// Entry `index` (0 to 15) of a map held in two registers.
+__attribute__((target("avx2"), always_inline)) inline __m256 LookUp16(
+    __m256 low_half, __m256 high_half, __m256i index) {
+  const __m256 low = _mm256_permutevar8x32_ps(low_half, index);
+  const __m256 high = _mm256_permutevar8x32_ps(high_half, index);
+  // Bit 3 of the index, moved to the sign bit, picks the half.
+  return _mm256_blendv_ps(low, high, _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
+}
+
+// `out[i] = map[code i] * scale` for the `n` (even) 4-bit codes packed in
+// `codes` (two per byte, the first in the high half), sixteen at a time: the 16
+// entries of the map are two registers, looked up by `vpermps`.
+__attribute__((target("avx2"))) void DecodePackedAvx2(const float* map,
+                                                      const uint8_t* codes, int64_t n,
+                                                      float scale, float* out) {
+  const __m256 low_half = _mm256_loadu_ps(map), high_half = _mm256_loadu_ps(map + 8);
+  const __m256 s = _mm256_set1_ps(scale);
+  const __m256i nibble = _mm256_set1_epi32(0xF);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i wide = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2)));
+    const __m256i high = _mm256_srli_epi32(wide, 4);
+    const __m256i low = _mm256_and_si256(wide, nibble);
+    const __m256 first = _mm256_mul_ps(LookUp16(low_half, high_half, high), s);
+    const __m256 second = _mm256_mul_ps(LookUp16(low_half, high_half, low), s);
+    // (f0 s0 f1 s1 | f4 s4 f5 s5) and (f2 s2 f3 s3 | f6 s6 f7 s7), then in order.
+    const __m256 a = _mm256_unpacklo_ps(first, second);
+    const __m256 b = _mm256_unpackhi_ps(first, second);
+    _mm256_storeu_ps(out + i, _mm256_permute2f128_ps(a, b, 0x20));
+    _mm256_storeu_ps(out + i + 8, _mm256_permute2f128_ps(a, b, 0x31));
+  }
+  for (; i + 1 < n; i += 2) {
+    const uint8_t byte = codes[i / 2];
+    out[i] = map[byte >> 4] * scale;
+    out[i + 1] = map[byte & 0xF] * scale;
+  }
+}
+
 const bool kAvx2 = __builtin_cpu_supports("avx2");
+const bool kVbmi = __builtin_cpu_supports("avx512f") &&
+                   __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vbmi");
 #else
 const bool kAvx2 = false;
+const bool kVbmi = false;
 #endif
 
 // The largest |x[i]| as its bits (a NaN's are larger than any number's).
@@ -187,12 +286,14 @@ void Encode(const Search& code, const float* x, int64_t n, float inverse,
   Codes(code, x, n, inverse, out);
 }
 
-void Decode(const float* map, const uint8_t* codes, int64_t n, float scale,
+// `out[i] = m.map[codes[i]] * scale` for i < n (an 8-bit moment).
+void Decode(const QuantizedMoment& m, const uint8_t* codes, int64_t n, float scale,
             float* out) {
 #if defined(__x86_64__)
-  if (kAvx2) return DecodeAvx2(map, codes, n, scale, out);
+  if (kVbmi) return DecodeVbmi(m.planes, m.map, codes, n, scale, out);
+  if (kAvx2) return DecodeAvx2(m.map, codes, n, scale, out);
 #endif
-  for (int64_t i = 0; i < n; ++i) out[i] = map[codes[i]] * scale;
+  for (int64_t i = 0; i < n; ++i) out[i] = m.map[codes[i]] * scale;
 }
 
 // The values of moment `m` for the leaf's elements [begin, begin + valid) (begin
@@ -205,9 +306,16 @@ void Load(const QuantizedMoment& m, float* out, int64_t begin, int64_t valid) {
     const int64_t count = std::min(block, valid - start);
     float* x = out + start;
     if (!m.packed) {
-      Decode(map, m.codes_in + begin + start, count, scale, x);
+      Decode(m, m.codes_in + begin + start, count, scale, x);
     } else {
       const uint8_t* codes = m.codes_in + (begin + start) / 2;
+#if defined(__x86_64__)
+      if (kAvx2) {
+        DecodePackedAvx2(map, codes, count & ~int64_t{1}, scale, x);
+        if (count % 2) x[count - 1] = map[codes[(count - 1) / 2] >> 4] * scale;
+        continue;
+      }
+#endif
       for (int64_t i = 0; i + 1 < count; i += 2) {
         const uint8_t byte = codes[i / 2];
         x[i] = map[byte >> 4] * scale;
@@ -243,7 +351,21 @@ void Store(const QuantizedMoment& m, const float* values, int64_t begin,
     for (int64_t i = real; i < block; ++i) codes[i] = pad;
     if (m.packed) {
       uint8_t* out = m.codes_out + b * (block / 2);
-      for (int64_t i = 0; i < block; i += 2) {
+      int64_t i = 0;
+#if defined(__x86_64__)
+      // Sixteen codes (each below 16) to eight bytes: the first of each pair in the
+      // high half.
+      const __m128i low_byte = _mm_set1_epi16(0xFF);
+      for (; i + 16 <= block; i += 16) {
+        const __m128i pairs =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+        const __m128i first = _mm_slli_epi16(_mm_and_si128(pairs, low_byte), 4);
+        const __m128i bytes = _mm_or_si128(first, _mm_srli_epi16(pairs, 8));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 2),
+                         _mm_packus_epi16(bytes, bytes));
+      }
+#endif
+      for (; i < block; i += 2) {
         out[i / 2] = static_cast<uint8_t>((codes[i] << 4) | codes[i + 1]);
       }
     }
@@ -253,11 +375,7 @@ void Store(const QuantizedMoment& m, const float* values, int64_t begin,
 ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
                      ffi::RemainingRets rets, int64_t kernel, int64_t n_moments) {
   KernelFn fn = lookup(kernel);
-  if (fn == nullptr) {
-    return ffi::Error::Internal(
-        "eqxopt: quantized-state kernel not loaded in this process (the step was "
-        "compiled elsewhere); call eqxopt.set_native_kernels(False) or retrace");
-  }
+  if (fn == nullptr) return NotLoaded("quantized-state");
   auto bad = [](const char* what) {
     return ffi::Error::InvalidArgument(std::string("eqxopt: quantized step: ") + what);
   };
@@ -335,6 +453,13 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
     m.absmax_in = static_cast<const float*>(absmax->untyped_data());
     m.map = static_cast<const float*>(map->untyped_data());
     m.buckets = static_cast<const int32_t*>(buckets->untyped_data());
+    if (!m.packed) {
+      for (int c = 0; c < 256; ++c) {
+        uint32_t bits;
+        std::memcpy(&bits, m.map + c, sizeof bits);
+        for (int k = 0; k < 4; ++k) m.planes[k][c] = (bits >> (8 * k)) & 0xFF;
+      }
+    }
     m.codes_out = static_cast<uint8_t*>((*codes_out)->untyped_data());
     m.absmax_out = static_cast<float*>((*absmax_out)->untyped_data());
     chunk = std::lcm(chunk, m.block);
@@ -385,39 +510,14 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
     }
   };
 
-  int64_t n_tasks = 1;
-  if (n >= kParallelThreshold) {
-    n_tasks = std::max<int64_t>(
-        1, std::min<int64_t>({pool().size(), n / kPerThread, n_chunks}));
-  }
-  if (n_tasks == 1) {
-    run(0, n_chunks);
-    return ffi::Error::Success();
-  }
+  const int64_t n_tasks = TaskCount(n, n_chunks);
   const int64_t per = (n_chunks + n_tasks - 1) / n_tasks;
-#ifdef EQXOPT_HAS_MXCSR
-  const unsigned int mxcsr = _mm_getcsr();
-#endif
-  pool().Run(n_tasks, [&](int64_t task) {
-#ifdef EQXOPT_HAS_MXCSR
-    const unsigned int saved = _mm_getcsr();
-    _mm_setcsr(mxcsr);
-#endif
+  RunTasks(n_tasks, [&](int64_t task) {
     run(std::min(n_chunks, task * per), std::min(n_chunks, (task + 1) * per));
-#ifdef EQXOPT_HAS_MXCSR
-    _mm_setcsr(saved);
-#endif
   });
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-// Attributes are declared in name order, as XLA passes them.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptQuantized, Quantized,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int64_t>("kernel")
-                                  .Attr<int64_t>("n_moments"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EqxoptQuantized, Quantized, StepBinding("n_moments"));
