@@ -34,7 +34,7 @@ from ._checks import (
 )
 from ._masks import Mask, freeze_mask
 from ._schedule import AbstractSchedule, as_schedule, value_at
-from ._shards import checked_axis_name
+from ._shards import checked_axis_name, checked_param_specs
 from ._storage import AbstractStateStorage
 
 # What users may pass for a float hyperparameter, and what a field then holds (a
@@ -222,6 +222,15 @@ def axis_name_field() -> Any:
     over parameters are completed inside `jax.shard_map` (`_shards.shard_sum`).
     Static and keyword-only."""
     return checked_field(checked_axis_name, None, static=True, kw_only=True)
+
+
+def param_specs_field() -> Any:
+    """`param_specs`: with `axis_name`, the `PartitionSpec` of each parameter leaf
+    inside `shard_map` (one spec or a pytree prefix of params; `None` in it: not
+    split), for reductions over some dimensions only. `None` (default): a leaf that
+    varies over a named axis is split along its leading dimension. Static and
+    keyword-only."""
+    return checked_field(checked_param_specs, None, static=True, kw_only=True)
 
 
 def values_at(module: eqx.Module, step: Int[Array, ""]) -> types.SimpleNamespace:

@@ -15,6 +15,7 @@ from .._core._fields import (
     axis_name_field,
     checked_field,
     hyper,
+    param_specs_field,
     values_at,
 )
 from .._core._leafwise import map_leaves
@@ -24,7 +25,6 @@ from .._core._shards import (
     FrozenSpecs,
     Layout,
     checked_axis_name,
-    checked_param_specs,
     global_shape,
     leaf_layouts,
     shard_mean,
@@ -321,9 +321,7 @@ class AdaptiveGradClip(AbstractLeafClip):
     eps: ScalarOrSchedule = hyper(1e-3, low=0.0)
     axis: tuple[int, ...] | None = checked_field(_axes, None, static=True)
     axis_name: AxisName = axis_name_field()
-    param_specs: FrozenSpecs | None = checked_field(
-        checked_param_specs, None, static=True, kw_only=True
-    )
+    param_specs: FrozenSpecs | None = param_specs_field()
 
     elementwise = False
 

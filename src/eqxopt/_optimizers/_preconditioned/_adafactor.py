@@ -20,6 +20,7 @@ from ..._core._fields import (
     hyper,
     learning_rate_field,
     mask_field,
+    param_specs_field,
     values_at,
 )
 from ..._core._leafwise import map_leaves
@@ -28,7 +29,6 @@ from ..._core._shards import (
     AxisName,
     FrozenSpecs,
     Layout,
-    checked_param_specs,
     drop_dim,
     global_shape,
     leaf_layouts,
@@ -167,9 +167,7 @@ class Adafactor(AbstractTransform):
     factored: bool = flag_field(True, kw_only=False)
     weight_decay_mask: MaskLike = mask_field(kw_only=False)
     axis_name: AxisName = axis_name_field()
-    param_specs: FrozenSpecs | None = checked_field(
-        checked_param_specs, None, static=True, kw_only=True
-    )
+    param_specs: FrozenSpecs | None = param_specs_field()
 
     def factored_axes(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
         """`(b, a)`: the second-largest and largest axis of a leaf of this shape, if

@@ -18,6 +18,7 @@ from ..._core._fields import (
     flag_field,
     hyper,
     learning_rate_field,
+    param_specs_field,
     values_at,
 )
 from ..._core._real import RealOnly
@@ -25,7 +26,6 @@ from ..._core._shards import (
     AxisName,
     FrozenSpecs,
     Layout,
-    checked_param_specs,
     gather_whole,
     global_shape,
     leaf_layouts,
@@ -182,9 +182,7 @@ class SOAP(AbstractTransform):
     max_precond_dim: int = checked_field(static_count, 10000, static=True, kw_only=True)
     precondition_1d: bool = flag_field(False)
     axis_name: AxisName = axis_name_field()
-    param_specs: FrozenSpecs | None = checked_field(
-        checked_param_specs, None, static=True, kw_only=True
-    )
+    param_specs: FrozenSpecs | None = param_specs_field()
 
     real_only = RealOnly(_WHY)
 
