@@ -9,7 +9,7 @@ import numpy as np
 from jaxtyping import PyTree
 
 from .._native._compat import is_tracer
-from ._structure import is_none, structure_mismatch
+from ._structure import FrozenTree, is_none, structure_mismatch
 
 Mask = PyTree[bool] | Callable[[PyTree], PyTree[bool]] | None
 
@@ -66,34 +66,6 @@ def _as_bool(name: str, path: str, value: Any) -> bool:
     raise TypeError(f"{name}{path} must be a bool, got {value!r}")
 
 
-class _TreeMask:
-    """A mask tree of Python bools, frozen so it can sit in a static field: equal
-    (and hashing equal) to any mask with the same structure and values, so building
-    the optimizer again with a new copy of the mask reuses the compiled step."""
-
-    __slots__ = ("leaves", "treedef")
-
-    def __init__(self, treedef: Any, leaves: tuple[bool | None, ...]):
-        self.treedef = treedef
-        self.leaves = leaves
-
-    def tree(self) -> PyTree:
-        return jax.tree.unflatten(self.treedef, self.leaves)
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, _TreeMask)
-            and self.treedef == other.treedef
-            and self.leaves == other.leaves
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.treedef, self.leaves))
-
-    def __repr__(self) -> str:
-        return f"mask({self.tree()!r})"
-
-
 def freeze_mask(mask: Any, name: str = "mask") -> Any:
     """A weight-decay mask in a form fit for a static field.
 
@@ -106,7 +78,7 @@ def freeze_mask(mask: Any, name: str = "mask") -> Any:
     if is_kept_function(name, mask):
         return mask
     treedef, leaves = checked_leaves(name, mask, _as_bool)
-    return _TreeMask(treedef, tuple(leaves))
+    return FrozenTree("mask", treedef, tuple(leaves))
 
 
 def is_kept_function(name: str, value: Any) -> bool:
@@ -137,5 +109,5 @@ def checked_leaves(
 
 def decay_flags(mask: Any, params: PyTree, name: str = "mask") -> list[bool]:
     """One bool per leaf of `params`: whether it gets weight decay."""
-    tree = mask.tree() if isinstance(mask, _TreeMask) else mask
+    tree = mask.tree() if isinstance(mask, FrozenTree) else mask
     return resolve_mask(tree, params, name)

@@ -45,7 +45,7 @@ from jax.sharding import PartitionSpec
 from jaxtyping import Array, PyTree
 
 from . import _jax_api
-from ._structure import is_none, structure_mismatch
+from ._structure import FrozenTree, is_none, structure_mismatch
 
 AxisName = tuple[Hashable, ...] | None
 # Per dimension of a leaf, the axes of `axis_name` it is split over.
@@ -148,34 +148,7 @@ def shard_max(x: Array, axis_name: AxisName, owner: str) -> Array:
     return jax.lax.pmax(x, axes) if axes else x
 
 
-class FrozenSpecs:
-    """A `param_specs` tree, frozen so it can sit in a static field: equal (and
-    hashing equal) to any tree with the same structure and specs."""
-
-    __slots__ = ("leaves", "treedef")
-
-    def __init__(self, treedef: Any, leaves: tuple[PartitionSpec, ...]):
-        self.treedef = treedef
-        self.leaves = leaves
-
-    def tree(self) -> PyTree:
-        return jax.tree.unflatten(self.treedef, self.leaves)
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, FrozenSpecs)
-            and self.treedef == other.treedef
-            and self.leaves == other.leaves
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.treedef, self.leaves))
-
-    def __repr__(self) -> str:
-        return f"param_specs({self.tree()!r})"
-
-
-def checked_param_specs(name: str, value: Any) -> FrozenSpecs | None:
+def checked_param_specs(name: str, value: Any) -> FrozenTree | None:
     """`None`, or a `PartitionSpec` or pytree of them (`None` in the tree: not
     split), frozen; else a `TypeError` naming the argument and the entry."""
     if value is None:
@@ -190,11 +163,11 @@ def checked_param_specs(name: str, value: Any) -> FrozenSpecs | None:
                 f"jax.sharding.PartitionSpec (or None), got {spec!r}"
             )
         leaves.append(spec)
-    return FrozenSpecs(treedef, tuple(leaves))
+    return FrozenTree("param_specs", treedef, tuple(leaves))
 
 
 def resolve_specs(
-    specs: FrozenSpecs | None, params: PyTree, name: str = "param_specs"
+    specs: FrozenTree | None, params: PyTree, name: str = "param_specs"
 ) -> list[PartitionSpec | None]:
     """One spec per leaf of `params` (in `jax.tree.leaves` order), each entry of
     `specs` covering its whole subtree; `None` everywhere for `specs=None`."""
@@ -255,7 +228,7 @@ def leaf_layout(
 
 
 def leaf_layouts(
-    params: PyTree, axis_name: AxisName, owner: str, specs: FrozenSpecs | None
+    params: PyTree, axis_name: AxisName, owner: str, specs: FrozenTree | None
 ) -> list[Layout | None]:
     """`leaf_layout` of every leaf of `params` (`None` for non-array leaves), from
     the `param_specs` option `specs`."""

@@ -1,5 +1,6 @@
 """Where two pytrees' structures part, in words (naming leaf paths): the one message
-every structure check gives. Depends on nothing else in eqxopt."""
+every structure check gives; and `FrozenTree`, a tree option held in a static
+field. Depends on nothing else in eqxopt."""
 
 from typing import Any
 
@@ -80,3 +81,34 @@ def _few(paths: list[str]) -> str:
 def _short(treedef: Any) -> str:
     text = str(treedef)
     return text if len(text) <= 200 else text[:200] + "..."
+
+
+class FrozenTree:
+    """A tree of hashable leaves (a mask of bools, a tree of `PartitionSpec`s),
+    frozen so it can sit in a static field: equal (and hashing equal) to any
+    `FrozenTree` of the same `kind` with the same structure and leaves, so building
+    the optimizer again with a new copy of the tree reuses the compiled step."""
+
+    __slots__ = ("kind", "leaves", "treedef")
+
+    def __init__(self, kind: str, treedef: Any, leaves: tuple[Any, ...]):
+        self.kind = kind
+        self.treedef = treedef
+        self.leaves = leaves
+
+    def tree(self) -> PyTree:
+        return jax.tree.unflatten(self.treedef, self.leaves)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, FrozenTree)
+            and self.kind == other.kind
+            and self.treedef == other.treedef
+            and self.leaves == other.leaves
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.treedef, self.leaves))
+
+    def __repr__(self) -> str:
+        return f"{self.kind}({self.tree()!r})"

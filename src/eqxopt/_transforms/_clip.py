@@ -22,7 +22,6 @@ from .._core._leafwise import map_leaves
 from .._core._real import RealOnly
 from .._core._shards import (
     AxisName,
-    FrozenSpecs,
     Layout,
     checked_axis_name,
     global_shape,
@@ -31,6 +30,7 @@ from .._core._shards import (
     shard_sum_dims,
     shard_total,
 )
+from .._core._structure import FrozenTree
 from .._core._tree import (
     abs_sq,
     align_grads,
@@ -307,21 +307,17 @@ class AdaptiveGradClip(AbstractLeafClip):
       norms over whole leaves: a unit that spans a split dimension is summed over
       its axes, shapes are those of the whole leaf. `None` (default): this
       device's block only.
-    - `param_specs`: with `axis_name`, which dimension of each leaf is split over
-      which axes: the `jax.sharding.PartitionSpec` of each parameter leaf inside
-      `shard_map` (what its `in_specs` say), or a pytree prefix of params of them.
-      `None` (default): a leaf that varies over a named axis is taken to be split
-      along its leading dimension (FSDP's convention); a leaf split along another
-      dimension then needs its spec here, since inside `shard_map` nothing else
-      says which dimension is split. A spec that disagrees with the axes a leaf
-      varies over is an error naming the leaf.
+    - `param_specs`: with `axis_name`, the `jax.sharding.PartitionSpec` of each
+      parameter leaf inside `shard_map` (or a pytree prefix of params of them), as
+      for `Adafactor`. `None` (default): a split leaf is split along its leading
+      dimension.
     """
 
     clipping: ScalarOrSchedule = hyper(low=0.0, low_open=True)
     eps: ScalarOrSchedule = hyper(1e-3, low=0.0)
     axis: tuple[int, ...] | None = checked_field(_axes, None, static=True)
     axis_name: AxisName = axis_name_field()
-    param_specs: FrozenSpecs | None = param_specs_field()
+    param_specs: FrozenTree | None = param_specs_field()
 
     elementwise = False
 

@@ -27,7 +27,6 @@ from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
 from ..._core._shards import (
     AxisName,
-    FrozenSpecs,
     Layout,
     drop_dim,
     global_shape,
@@ -35,6 +34,7 @@ from ..._core._shards import (
     shard_mean,
     shard_sum_dims,
 )
+from ..._core._structure import FrozenTree
 from ..._core._tree import (
     abs_sq,
     align_grads,
@@ -167,7 +167,7 @@ class Adafactor(AbstractTransform):
     factored: bool = flag_field(True, kw_only=False)
     weight_decay_mask: MaskLike = mask_field(kw_only=False)
     axis_name: AxisName = axis_name_field()
-    param_specs: FrozenSpecs | None = param_specs_field()
+    param_specs: FrozenTree | None = param_specs_field()
 
     def factored_axes(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
         """`(b, a)`: the second-largest and largest axis of a leaf of this shape, if

@@ -24,13 +24,13 @@ from ..._core._fields import (
 from ..._core._real import RealOnly
 from ..._core._shards import (
     AxisName,
-    FrozenSpecs,
     Layout,
     gather_whole,
     global_shape,
     leaf_layouts,
     local_block,
 )
+from ..._core._structure import FrozenTree
 from ..._core._tree import (
     align_grads,
     compute_dtype,
@@ -182,7 +182,7 @@ class SOAP(AbstractTransform):
     max_precond_dim: int = checked_field(static_count, 10000, static=True, kw_only=True)
     precondition_1d: bool = flag_field(False)
     axis_name: AxisName = axis_name_field()
-    param_specs: FrozenSpecs | None = param_specs_field()
+    param_specs: FrozenTree | None = param_specs_field()
 
     real_only = RealOnly(_WHY)
 
