@@ -25,9 +25,10 @@ the optimizer's storage, not bf16 arithmetic.
 
 Writes `lowbit_lm.json` (settings, curves, final losses) and `lowbit_lm.png` (the
 validation curves) into `--out`. `--update-sizes` instead measures how large each
-configuration's update is against f32's on the same batches (`update_sizes.json`). The pieces (`load_text`, `TransformerLM`,
-`CONFIGS`, `train_one`, `summarise`, `plot`) are importable;
-`tests/test_train_lowbit.py` runs a tiny version end to end.
+configuration's update is against f32's on the same batches (`update_sizes.json`).
+The pieces (`load_text`, `TransformerLM`, `CONFIGS`, `train_one`, `update_sizes`,
+`summarise`, `plot`) are importable; `tests/test_train_lowbit.py` runs a tiny
+version end to end.
 """
 
 import argparse
