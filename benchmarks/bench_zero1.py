@@ -112,8 +112,9 @@ def main():
     # runs (its outputs placed like its inputs).
     counts = {}
     for name, s in state.items():
+        inputs = _placement.read(grads, params, s, donated=True)
         entry = _placement.entry_for(
-            _base._step_entry_donated, _placement.signature(params, s)
+            _base._step_entry_donated, _placement.signature(inputs)
         )
         lowered = _dispatch.lower(entry, (opt, grads, params, s, {}), (2, 3))
         counts[name] = collectives(lowered.compile().as_text())
