@@ -18,9 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import torch
+from jaxtyping import Array, Int
 
 import eqxopt
 from _common import Stepper, interleaved, ms, rounds, save, table
+from eqxopt._core._fields import learning_rate_field
+from eqxopt._core._leafwise import AbstractLeafwiseOptimizer
 
 N = 16_000_000
 # run_all.py runs this case a second time with XLA's CPU multi-output fusion turned
@@ -46,24 +49,31 @@ def floor_fn(n_moments):
     return jax.jit(floor, donate_argnums=(0, 2))
 
 
-class _FloorRule(eqxopt.AbstractTransform):
-    """The floor's arithmetic as an element-wise rule, so that a donated `step` runs
-    it as eqxopt's native loop: one pass over the same bytes on every core."""
+class _FloorState(eqx.Module):
+    step: Int[Array, ""]
+    m0: Any
+    m1: Any = None
 
-    c: jax.Array
+
+class _FloorRule(AbstractLeafwiseOptimizer):
+    """The floor's arithmetic as a built-in element-wise optimizer (the engine's
+    private per-leaf base: a transform written with the public `map_leaves` adds
+    the update to the parameter in a second pass, outside the kernel), so that a
+    donated `step` runs it as eqxopt's native loop in one pass over the same bytes
+    on every core: `p + c * g`, each moment times `c`."""
+
+    learning_rate: Any = learning_rate_field()
     n_moments: int = eqx.field(static=True)
+    state_type = _FloorState
+    elementwise = True
 
-    def init(self, params):
-        return tuple(jnp.zeros_like(params) for _ in range(self.n_moments))
+    @property
+    def moments(self):  # pyright: ignore
+        return ("m0", "m1")[: self.n_moments]
 
-    def transform(self, grads, state, params):
-        def rule(g, p, *moments):
-            return (self.c * g, *(m * self.c for m in moments))
-
-        updates, moments = eqxopt.map_leaves(
-            rule, grads, params, state, elementwise=True
-        )
-        return updates, moments
+    def leaf(self, h, t, g, p, *moments):
+        c = h.learning_rate
+        return (c * g, *(m * c for m in moments))
 
 
 def threaded_floor_steppers(p0, g0, n_moments, copy) -> dict:
