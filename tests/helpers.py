@@ -239,3 +239,17 @@ def load_script(relative_path: str) -> Any:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def trained_by_update(opt: Any) -> Callable[[Any, list[Any]], Any]:
+    """`(params, grads_list) -> params` after `opt.init` and one `opt.update` plus
+    `eqxopt.apply_updates` per gradient: traceable, for `jit` and `shard_map`."""
+
+    def train(params: Any, grads: list[Any]) -> Any:
+        state = opt.init(params)
+        for g in grads:
+            updates, state = opt.update(g, state, params)
+            params = eqxopt.apply_updates(params, updates)
+        return params
+
+    return train

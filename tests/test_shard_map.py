@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent(
 
     import eqxopt
     from eqxopt._core._jax_api import shard_map, varying_axes
-    from helpers import assert_moved
+    from helpers import assert_moved, trained_by_update
 
     jax.config.update("jax_platforms", "cpu")
     assert len(jax.devices()) == 8, jax.devices()
@@ -286,21 +286,11 @@ HELPERS = textwrap.dedent(
                 eqxopt.LAMB(0.05, axis_name=axis_name),
             )
 
-        def trainer(opt):
-            def train(params, grads):
-                state = opt.init(params)
-                for g in grads:
-                    u, state = opt.update(g, state, params)
-                    params = eqxopt.apply_updates(params, u)
-                return params
-
-            return train
-
         def sharded(opt):
-            return jax.jit(shard_map(trainer(opt), mesh=mesh2,
+            return jax.jit(shard_map(trained_by_update(opt), mesh=mesh2,
                                      in_specs=(sp, [sp] * STEPS), out_specs=sp))
 
-        single = jax.jit(trainer(make(None)))(params, grads)
+        single = jax.jit(trained_by_update(make(None)))(params, grads)
         assert difference(sharded(make(("data", "model")))(params, grads), single) <= 1
         # Per-device norms without axis_name: replicated leaves differ between
         # devices, so they cannot come back replicated.

@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent(
 
     import eqxopt
     from eqxopt._core._jax_api import shard_map
-    from helpers import assert_moved
+    from helpers import assert_moved, trained_by_update
 
     jax.config.update("jax_platforms", "cpu")
     mesh = Mesh(np.array(jax.devices()), ("fsdp",))
@@ -51,19 +51,8 @@ SCRIPT = textwrap.dedent(
               for k, s in shapes.items()} for _ in range(STEPS)]
 
 
-    def train(opt):
-        def run(params, grads):
-            state = opt.init(params)
-            for g in grads:
-                u, state = opt.update(g, state, params)
-                params = eqxopt.apply_updates(params, u)
-            return params
-
-        return run
-
-
     def sharded(opt):
-        return jax.jit(shard_map(train(opt), mesh=mesh,
+        return jax.jit(shard_map(trained_by_update(opt), mesh=mesh,
                                  in_specs=(specs, [specs] * STEPS),
                                  out_specs=specs))(params, grads)
 
@@ -85,7 +74,7 @@ SCRIPT = textwrap.dedent(
         "SOAP": lambda **kw: eqxopt.SOAP(0.05, precondition_frequency=2, **kw),
     }
     for name, make in makers.items():
-        single = jax.jit(train(make()))(params, grads)
+        single = jax.jit(trained_by_update(make()))(params, grads)
         assert_moved(params, single, RTOL, ATOL)
         declared = difference(sharded(make(axis_name=A, param_specs=specs)), single)
         assert declared <= 1, (name, declared)
