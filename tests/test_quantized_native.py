@@ -121,6 +121,57 @@ def test_native_codes_scales_and_updates_equal_xlas():
     assert np.isnan(np.asarray(state["native"][1]["c"].absmax)).sum() == 1
 
 
+@pytest.mark.needs_compiler
+@pytest.mark.parametrize("bits", [8, 4])
+def test_native_codes_at_every_threshold_equal_xlas(bits):
+    # Moments of exactly every threshold of both maps, their float32 neighbours
+    # and the map entries (each block holds a 1, so its absmax is 1 and the codes
+    # are searched for these values themselves). Blocks of 100 take every loop of
+    # the kernel's search (64, 16 and 1 at a time).
+    signed, unsigned = (
+        ("dynamic8_signed", "dynamic8_unsigned")
+        if bits == 8
+        else ("dynamic4_signed", "linear4_unsigned")
+    )
+    edges = [0.0, -0.0, 1.0, -1.0]
+    for name in (signed, unsigned):
+        tables = _storage.search_tables(name)
+        points = np.concatenate([tables.thresholds[:-1], _storage.code_map(name)])
+        for direction in (-2, 2):
+            edges.extend(np.nextafter(points, np.float32(direction)))
+        edges.extend(points)
+    values = np.asarray(edges, np.float32)
+    values = values[np.abs(values) <= 1]
+    block = 100
+    rows = -(-values.size // (block - 1))
+    rest = np.zeros(rows * (block - 1), np.float32)
+    rest[: values.size] = -values
+    g = np.concatenate(
+        [np.full((rows, 1), -1.0, np.float32), rest.reshape(rows, -1)], 1
+    )
+    # And a padded last block.
+    g = np.concatenate(
+        [g.reshape(-1), -np.linspace(-1, 1, block - 33, dtype=np.float32)]
+    )
+    storage = eqxopt.Blockwise8bit if bits == 8 else eqxopt.Blockwise4bit
+    q = storage(block, 1)
+    params = {"w": jnp.zeros(g.size)}
+    moments = (
+        {"w": q.init_leaf(params["w"], 0.0, False)},
+        {"w": q.init_leaf(params["w"], 0.0, True)},
+    )
+    grads = {"w": jnp.asarray(g)}
+    _, native = _run_leaves(_copy(moments), grads, params, True)
+    _, xla = _run_leaves(_copy(moments), grads, params, False)
+    for a, b in zip(jax.tree.leaves(native), jax.tree.leaves(xla)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # Every code of both maps was written.
+    for moment, name in zip(native, (signed, unsigned)):
+        stored = np.unique(np.asarray(moment["w"].dequantize()))
+        np.testing.assert_array_equal(stored, np.unique(_storage.code_map(name)))
+    assert np.all(np.asarray(native[0]["w"].absmax) == 1.0)
+
+
 def _steps(opt, params, grads, native):
     eqxopt.set_native_kernels(native)
     try:

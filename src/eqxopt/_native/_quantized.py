@@ -93,6 +93,7 @@ def _constants(map_name: str) -> list[jax.Array]:
         jnp.asarray(_storage.code_map(map_name)),
         jnp.asarray(search_entries(map_name)),
         jnp.asarray([tables.shift, tables.low], jnp.int32),
+        jnp.asarray(tables.thresholds, jnp.float32),
     ]
 
 
@@ -109,7 +110,7 @@ def _xla(scalars: jax.Array, g: jax.Array, p: jax.Array, *args: Any, static: _Sp
                 codes, absmax, layout.shape, jnp.float32, layout.map_name
             )
             moments.append(stored.dequantize())
-            position += 5
+            position += 6
     outs = _fused.reference(static.program, scalars, g, p, *moments)
     results = [outs[0]]
     for layout, value in zip(static.layouts, outs[1:]):

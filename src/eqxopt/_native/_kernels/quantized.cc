@@ -14,15 +14,18 @@
 // Each piece has vector forms, chosen by the CPU at run time (the library itself is
 // built for any x86-64): dequantizing 8-bit codes by byte look-ups (AVX-512 VBMI,
 // else AVX2 gathers), 4-bit codes by register permutes (AVX2), the absmax as an
-// integer maximum of the magnitudes' bits, and the code search by one gather per
-// vector (AVX2; an AVX-512 form gained a tenth of the search's time, not kept).
-// Every float operation is the scalar code's, so every path gives the same bits.
+// integer maximum of the magnitudes' bits, and the code search either by a
+// branchless binary search over the map's thresholds held in registers (AVX-512:
+// the code is the number of thresholds at most `y`, as `_storage.search_tables`
+// defines them) or by one gather per vector (AVX2). Every float operation is the
+// scalar code's, so every path gives the same bits.
 //
 // Arguments: `scalars`, then `g` and `p` (float32, n elements), then per moment
-// either its float32 values (n) or, quantized, five buffers: `codes` (uint8
+// either its float32 values (n) or, quantized, six buffers: `codes` (uint8
 // (blocks, block) or (blocks, block / 2) for 4-bit), `absmax` (float32, blocks), the
-// map (float32, 256 or 16 entries), the buckets (int32, `_quantized.search_entries`)
-// and their `shift` and `low` (int32[2]). Results: the rule's first
+// map (float32, 256 or 16 entries), the buckets (int32, `_quantized.search_entries`),
+// their `shift` and `low` (int32[2]) and the thresholds (float32, one per map entry,
+// the last NaN). Results: the rule's first
 // output (float32, n), then per moment its values, or its codes and absmax.
 
 #include "common.h"
@@ -48,9 +51,40 @@ struct QuantizedMoment {
   int shift = 0;
   int32_t low = 0;
   bool packed = false;
+  const float* thresholds = nullptr;
   // Byte k of every 8-bit map entry, for `DecodeVbmi`.
   alignas(64) uint8_t planes[4][256];
+  // The thresholds each step of `CodesAvx512`'s binary search compares with, by
+  // the code so far: `steps[j][i]` for 8-bit (`StepTables`), `steps[j][0:16]`
+  // for 4-bit.
+  alignas(64) float steps[10][32];
 };
+
+// `m.steps` from `m.thresholds`. 8-bit: the search's code so far is a multiple of
+// 8 (`8 * i`) up to its last three steps; table j < 4 holds the threshold the
+// step of stride 32, 16, 8, 4 compares with (`t[8 i + stride - 1]`), tables 4 and
+// 5 those of stride 2 (`t[8 i + 1]`, `t[8 i + 5]`), tables 6 to 9 those of
+// stride 1 (`t[8 i + 2 j']`). 4-bit: by the code so far `i`, `t[i + 3]`,
+// `t[i + 1]` and `t[i]` (strides 4, 2, 1). Past the end: the last (NaN) entry.
+void StepTables(QuantizedMoment& m) {
+  const int64_t last = m.levels - 1;
+  auto t = [&](int64_t c) { return m.thresholds[std::min(c, last)]; };
+  if (m.levels == 256) {
+    for (int64_t i = 0; i < 32; ++i) {
+      const int64_t strides[4] = {32, 16, 8, 4};
+      for (int j = 0; j < 4; ++j) m.steps[j][i] = t(8 * i + strides[j] - 1);
+      m.steps[4][i] = t(8 * i + 1);
+      m.steps[5][i] = t(8 * i + 5);
+      for (int j = 0; j < 4; ++j) m.steps[6 + j][i] = t(8 * i + 2 * j);
+    }
+  } else {
+    for (int64_t i = 0; i < 16; ++i) {
+      m.steps[0][i] = t(i + 3);
+      m.steps[1][i] = t(i + 1);
+      m.steps[2][i] = t(i);
+    }
+  }
+}
 
 // torchao's code for `y` (`_quantized.search_entries`), from a moment's tables
 // copied into locals (stores through `uint8_t*` may alias anything, so members
@@ -254,18 +288,126 @@ __attribute__((target("avx2"))) void DecodePackedAvx2(const float* map,
   }
 }
 
+// Lanes where `threshold <= y` (false where either is NaN).
+__attribute__((target("avx512f"), always_inline)) inline __mmask16 AtMost(
+    __m512 threshold, __m512 y) {
+  return _mm512_cmp_ps_mask(threshold, y, _CMP_LE_OQ);
+}
+
+// Entry `index` (0 to 31) of a table held in two registers.
+__attribute__((target("avx512f"), always_inline)) inline __m512 LookUp32(
+    const __m512* table, __m512i index) {
+  return _mm512_permutex2var_ps(table[0], index, table[1]);
+}
+
+// `out[i] = code(x[i] * inverse)` for i < n, 16 at a time, by binary search over
+// `m.thresholds` (`StepTables`): `t <= y` compares (false for a NaN `y`: code 0)
+// whose tables are registers, so the search reads no memory. Four vectors at a
+// time, as each step waits on the one before.
+__attribute__((target("avx512f"))) void CodesAvx512(const QuantizedMoment& m,
+                                                   const Search& code, const float* x,
+                                                   int64_t n, float inverse,
+                                                   uint8_t* out) {
+  const __m512 scale = _mm512_set1_ps(inverse);
+  const float* t = m.thresholds;
+  int64_t i = 0;
+  if (m.levels == 256) {
+    __m512 table[10][2];
+    for (int j = 0; j < 10; ++j) {
+      table[j][0] = _mm512_load_ps(m.steps[j]);
+      table[j][1] = _mm512_load_ps(m.steps[j] + 16);
+    }
+    const __m512 t127 = _mm512_set1_ps(t[127]), t63 = _mm512_set1_ps(t[63]),
+                 t191 = _mm512_set1_ps(t[191]);
+    constexpr int kVectors = 4;
+    for (; i + 16 * kVectors <= n; i += 16 * kVectors) {
+      __m512 y[kVectors];
+      __m512i index[kVectors];  // the code so far, over 8
+      for (int u = 0; u < kVectors; ++u) {
+        y[u] = _mm512_mul_ps(_mm512_loadu_ps(x + i + 16 * u), scale);
+        const __mmask16 up = AtMost(t127, y[u]);
+        index[u] = _mm512_maskz_mov_epi32(up, _mm512_set1_epi32(16));
+        const __mmask16 up64 = AtMost(_mm512_mask_blend_ps(up, t63, t191), y[u]);
+        index[u] = _mm512_mask_add_epi32(index[u], up64, index[u], _mm512_set1_epi32(8));
+      }
+      for (int j = 0; j < 3; ++j) {
+        for (int u = 0; u < kVectors; ++u) {
+          const __mmask16 up = AtMost(LookUp32(table[j], index[u]), y[u]);
+          index[u] = _mm512_mask_add_epi32(index[u], up, index[u],
+                                           _mm512_set1_epi32(4 >> j));
+        }
+      }
+      for (int u = 0; u < kVectors; ++u) {
+        const __mmask16 up4 = AtMost(LookUp32(table[3], index[u]), y[u]);
+        const __mmask16 up2 = AtMost(
+            _mm512_mask_blend_ps(up4, LookUp32(table[4], index[u]), LookUp32(table[5], index[u])),
+            y[u]);
+        const __m512 low = _mm512_mask_blend_ps(up2, LookUp32(table[6], index[u]),
+                                                LookUp32(table[7], index[u]));
+        const __m512 high = _mm512_mask_blend_ps(up2, LookUp32(table[8], index[u]),
+                                                 LookUp32(table[9], index[u]));
+        const __mmask16 up1 = AtMost(_mm512_mask_blend_ps(up4, low, high), y[u]);
+        __m512i codes = _mm512_slli_epi32(index[u], 3);
+        codes = _mm512_mask_add_epi32(codes, up4, codes, _mm512_set1_epi32(4));
+        codes = _mm512_mask_add_epi32(codes, up2, codes, _mm512_set1_epi32(2));
+        codes = _mm512_mask_add_epi32(codes, up1, codes, _mm512_set1_epi32(1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 16 * u),
+                         _mm512_cvtepi32_epi8(codes));
+      }
+    }
+  } else {
+    const __m512 t7 = _mm512_set1_ps(t[7]);
+    const __m512 by4 = _mm512_load_ps(m.steps[0]), by2 = _mm512_load_ps(m.steps[1]),
+                 by1 = _mm512_load_ps(m.steps[2]);
+    for (; i + 16 <= n; i += 16) {
+      const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i), scale);
+      __m512i codes = _mm512_maskz_mov_epi32(AtMost(t7, y), _mm512_set1_epi32(8));
+      __mmask16 up = AtMost(_mm512_permutexvar_ps(codes, by4), y);
+      codes = _mm512_mask_add_epi32(codes, up, codes, _mm512_set1_epi32(4));
+      up = AtMost(_mm512_permutexvar_ps(codes, by2), y);
+      codes = _mm512_mask_add_epi32(codes, up, codes, _mm512_set1_epi32(2));
+      up = AtMost(_mm512_permutexvar_ps(codes, by1), y);
+      codes = _mm512_mask_add_epi32(codes, up, codes, _mm512_set1_epi32(1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(codes));
+    }
+  }
+  for (; i < n; ++i) out[i] = code(x[i] * inverse);
+}
+
+// `LargestAvx2`, sixteen at a time.
+__attribute__((target("avx512f"))) int32_t LargestAvx512(const float* x, int64_t n) {
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+  __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a = _mm512_max_epi32(a, _mm512_and_si512(_mm512_loadu_si512(x + i), magnitude));
+    b = _mm512_max_epi32(b, _mm512_and_si512(_mm512_loadu_si512(x + i + 16), magnitude));
+  }
+  int32_t result = _mm512_reduce_max_epi32(_mm512_max_epi32(a, b));
+  for (; i < n; ++i) {
+    int32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    bits &= 0x7FFFFFFF;
+    result = bits > result ? bits : result;
+  }
+  return result;
+}
+
 const bool kAvx2 = __builtin_cpu_supports("avx2");
+const bool kAvx512 = __builtin_cpu_supports("avx512f");
 const bool kVbmi = __builtin_cpu_supports("avx512f") &&
                    __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vbmi");
 #else
 const bool kAvx2 = false;
+const bool kAvx512 = false;
 const bool kVbmi = false;
 #endif
 
 // The largest |x[i]| as its bits (a NaN's are larger than any number's).
 int32_t Largest(const float* x, int64_t n) {
 #if defined(__x86_64__)
+  if (kAvx512) return LargestAvx512(x, n);
   if (kAvx2) return LargestAvx2(x, n);
 #endif
   int32_t largest = 0;
@@ -278,9 +420,10 @@ int32_t Largest(const float* x, int64_t n) {
   return largest;
 }
 
-void Encode(const Search& code, const float* x, int64_t n, float inverse,
-            uint8_t* out) {
+void Encode(const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
+            float inverse, uint8_t* out) {
 #if defined(__x86_64__)
+  if (kAvx512) return CodesAvx512(m, code, x, n, inverse, out);
   if (kAvx2) return CodesAvx2(code, x, n, inverse, out);
 #endif
   Codes(code, x, n, inverse, out);
@@ -346,9 +489,11 @@ void Store(const QuantizedMoment& m, const float* values, int64_t begin,
     m.absmax_out[b] = amax;
     const float inverse = 1.0f / amax;
     uint8_t* codes = m.packed ? scratch : m.codes_out + b * block;
-    Encode(code, x, real, inverse, codes);
-    const uint8_t pad = code(0.0f * inverse);
-    for (int64_t i = real; i < block; ++i) codes[i] = pad;
+    Encode(m, code, x, real, inverse, codes);
+    if (real < block) {
+      const uint8_t pad = code(0.0f * inverse);
+      for (int64_t i = real; i < block; ++i) codes[i] = pad;
+    }
     if (m.packed) {
       uint8_t* out = m.codes_out + b * (block / 2);
       int64_t i = 0;
@@ -418,10 +563,12 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
       continue;
     }
     auto absmax = arg(a + 1), map = arg(a + 2), buckets = arg(a + 3),
-         geometry = arg(a + 4);
+         geometry = arg(a + 4), thresholds = arg(a + 5);
     auto codes_out = ret(r), absmax_out = ret(r + 1);
-    if (!absmax.has_value() || !map.has_value() || !buckets.has_value() || !geometry.has_value() || !codes_out.has_value() ||
+    if (!absmax.has_value() || !map.has_value() || !buckets.has_value() ||
+        !geometry.has_value() || !thresholds.has_value() || !codes_out.has_value() ||
         !absmax_out.has_value() || geometry->element_type() != ffi::S32 ||
+        thresholds->element_type() != ffi::F32 ||
         geometry->element_count() != 2 ||
         first->element_type() != ffi::U8 || absmax->element_type() != ffi::F32 ||
         map->element_type() != ffi::F32 ||
@@ -442,6 +589,7 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
     if ((m.levels != 256 && m.levels != 16) ||
         m.block <= 0 || m.n_blocks != (n + m.block - 1) / m.block ||
         static_cast<int64_t>(absmax->element_count()) != m.n_blocks ||
+        static_cast<int64_t>(thresholds->element_count()) != m.levels ||
         (*codes_out)->element_count() != first->element_count() ||
         static_cast<int64_t>((*absmax_out)->element_count()) != m.n_blocks ||
         m.n_buckets < 2 || m.n_buckets % 2 != 0 || m.shift < 0 || m.shift > 23 ||
@@ -453,6 +601,8 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
     m.absmax_in = static_cast<const float*>(absmax->untyped_data());
     m.map = static_cast<const float*>(map->untyped_data());
     m.buckets = static_cast<const int32_t*>(buckets->untyped_data());
+    m.thresholds = static_cast<const float*>(thresholds->untyped_data());
+    StepTables(m);
     if (!m.packed) {
       for (int c = 0; c < 256; ++c) {
         uint32_t bits;
@@ -465,7 +615,7 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
     chunk = std::lcm(chunk, m.block);
     if (chunk > (1 << 20)) return bad("the moments' block sizes are too far apart");
     ++n_quantized;
-    a += 5;
+    a += 6;
     r += 2;
   }
   if (a != args.size() || r != rets.size()) return bad("argument counts do not match");
