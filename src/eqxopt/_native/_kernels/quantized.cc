@@ -300,77 +300,115 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 LookUp32(
   return _mm512_permutex2var_ps(table[0], index, table[1]);
 }
 
-// `out[i] = code(x[i] * inverse)` for i < n, 16 at a time, by binary search over
-// `m.thresholds` (`StepTables`): `t <= y` compares (false for a NaN `y`: code 0)
-// whose tables are registers, so the search reads no memory. Four vectors at a
-// time, as each step waits on the one before.
-__attribute__((target("avx512f"))) void CodesAvx512(const QuantizedMoment& m,
-                                                   const Search& code, const float* x,
-                                                   int64_t n, float inverse,
-                                                   uint8_t* out) {
-  const __m512 scale = _mm512_set1_ps(inverse);
-  const float* t = m.thresholds;
-  int64_t i = 0;
-  if (m.levels == 256) {
-    __m512 table[10][2];
+// The codes of `y` for a map of 256 entries, by binary search over its thresholds
+// (`StepTables`), held in registers: `t <= y` compares (false for a NaN `y`: code
+// 0) and no memory read. `kVectors` vectors of 16 at a time: each step waits on
+// the one before, so several searches run side by side.
+struct Search256 {
+  __m512 table[10][2];
+  __m512 t63, t127, t191;
+
+  __attribute__((target("avx512f"), always_inline)) explicit Search256(
+      const QuantizedMoment& m) {
     for (int j = 0; j < 10; ++j) {
       table[j][0] = _mm512_load_ps(m.steps[j]);
       table[j][1] = _mm512_load_ps(m.steps[j] + 16);
     }
-    const __m512 t127 = _mm512_set1_ps(t[127]), t63 = _mm512_set1_ps(t[63]),
-                 t191 = _mm512_set1_ps(t[191]);
-    constexpr int kVectors = 4;
-    for (; i + 16 * kVectors <= n; i += 16 * kVectors) {
-      __m512 y[kVectors];
-      __m512i index[kVectors];  // the code so far, over 8
+    t63 = _mm512_set1_ps(m.thresholds[63]);
+    t127 = _mm512_set1_ps(m.thresholds[127]);
+    t191 = _mm512_set1_ps(m.thresholds[191]);
+  }
+
+  template <int kVectors>
+  __attribute__((target("avx512f"), always_inline)) void Run(const float* x,
+                                                             __m512 scale,
+                                                             uint8_t* out) const {
+    __m512 y[kVectors];
+    __m512i index[kVectors];  // the code so far, over 8
+    for (int u = 0; u < kVectors; ++u) {
+      y[u] = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * u), scale);
+      const __mmask16 up = AtMost(t127, y[u]);
+      index[u] = _mm512_maskz_mov_epi32(up, _mm512_set1_epi32(16));
+      const __mmask16 up64 = AtMost(_mm512_mask_blend_ps(up, t63, t191), y[u]);
+      index[u] = _mm512_mask_add_epi32(index[u], up64, index[u], _mm512_set1_epi32(8));
+    }
+    for (int j = 0; j < 3; ++j) {
       for (int u = 0; u < kVectors; ++u) {
-        y[u] = _mm512_mul_ps(_mm512_loadu_ps(x + i + 16 * u), scale);
-        const __mmask16 up = AtMost(t127, y[u]);
-        index[u] = _mm512_maskz_mov_epi32(up, _mm512_set1_epi32(16));
-        const __mmask16 up64 = AtMost(_mm512_mask_blend_ps(up, t63, t191), y[u]);
-        index[u] = _mm512_mask_add_epi32(index[u], up64, index[u], _mm512_set1_epi32(8));
-      }
-      for (int j = 0; j < 3; ++j) {
-        for (int u = 0; u < kVectors; ++u) {
-          const __mmask16 up = AtMost(LookUp32(table[j], index[u]), y[u]);
-          index[u] = _mm512_mask_add_epi32(index[u], up, index[u],
-                                           _mm512_set1_epi32(4 >> j));
-        }
-      }
-      for (int u = 0; u < kVectors; ++u) {
-        const __mmask16 up4 = AtMost(LookUp32(table[3], index[u]), y[u]);
-        const __mmask16 up2 = AtMost(
-            _mm512_mask_blend_ps(up4, LookUp32(table[4], index[u]), LookUp32(table[5], index[u])),
-            y[u]);
-        const __m512 low = _mm512_mask_blend_ps(up2, LookUp32(table[6], index[u]),
-                                                LookUp32(table[7], index[u]));
-        const __m512 high = _mm512_mask_blend_ps(up2, LookUp32(table[8], index[u]),
-                                                 LookUp32(table[9], index[u]));
-        const __mmask16 up1 = AtMost(_mm512_mask_blend_ps(up4, low, high), y[u]);
-        __m512i codes = _mm512_slli_epi32(index[u], 3);
-        codes = _mm512_mask_add_epi32(codes, up4, codes, _mm512_set1_epi32(4));
-        codes = _mm512_mask_add_epi32(codes, up2, codes, _mm512_set1_epi32(2));
-        codes = _mm512_mask_add_epi32(codes, up1, codes, _mm512_set1_epi32(1));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 16 * u),
-                         _mm512_cvtepi32_epi8(codes));
+        const __mmask16 up = AtMost(LookUp32(table[j], index[u]), y[u]);
+        index[u] =
+            _mm512_mask_add_epi32(index[u], up, index[u], _mm512_set1_epi32(4 >> j));
       }
     }
-  } else {
-    const __m512 t7 = _mm512_set1_ps(t[7]);
-    const __m512 by4 = _mm512_load_ps(m.steps[0]), by2 = _mm512_load_ps(m.steps[1]),
-                 by1 = _mm512_load_ps(m.steps[2]);
-    for (; i + 16 <= n; i += 16) {
-      const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i), scale);
-      __m512i codes = _mm512_maskz_mov_epi32(AtMost(t7, y), _mm512_set1_epi32(8));
-      __mmask16 up = AtMost(_mm512_permutexvar_ps(codes, by4), y);
-      codes = _mm512_mask_add_epi32(codes, up, codes, _mm512_set1_epi32(4));
-      up = AtMost(_mm512_permutexvar_ps(codes, by2), y);
-      codes = _mm512_mask_add_epi32(codes, up, codes, _mm512_set1_epi32(2));
-      up = AtMost(_mm512_permutexvar_ps(codes, by1), y);
-      codes = _mm512_mask_add_epi32(codes, up, codes, _mm512_set1_epi32(1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(codes));
+    for (int u = 0; u < kVectors; ++u) {
+      const __m512i i = index[u];
+      const __mmask16 up4 = AtMost(LookUp32(table[3], i), y[u]);
+      const __mmask16 up2 = AtMost(
+          _mm512_mask_blend_ps(up4, LookUp32(table[4], i), LookUp32(table[5], i)), y[u]);
+      const __m512 low =
+          _mm512_mask_blend_ps(up2, LookUp32(table[6], i), LookUp32(table[7], i));
+      const __m512 high =
+          _mm512_mask_blend_ps(up2, LookUp32(table[8], i), LookUp32(table[9], i));
+      const __mmask16 up1 = AtMost(_mm512_mask_blend_ps(up4, low, high), y[u]);
+      __m512i codes = _mm512_slli_epi32(i, 3);
+      codes = _mm512_mask_add_epi32(codes, up4, codes, _mm512_set1_epi32(4));
+      codes = _mm512_mask_add_epi32(codes, up2, codes, _mm512_set1_epi32(2));
+      codes = _mm512_mask_add_epi32(codes, up1, codes, _mm512_set1_epi32(1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * u),
+                       _mm512_cvtepi32_epi8(codes));
     }
   }
+};
+
+// The same for a map of 16 entries: four steps over one register.
+struct Search16 {
+  __m512 t7, by4, by2, by1;
+
+  __attribute__((target("avx512f"), always_inline)) explicit Search16(
+      const QuantizedMoment& m) {
+    t7 = _mm512_set1_ps(m.thresholds[7]);
+    by4 = _mm512_load_ps(m.steps[0]);
+    by2 = _mm512_load_ps(m.steps[1]);
+    by1 = _mm512_load_ps(m.steps[2]);
+  }
+
+  template <int kVectors>
+  __attribute__((target("avx512f"), always_inline)) void Run(const float* x,
+                                                             __m512 scale,
+                                                             uint8_t* out) const {
+    __m512 y[kVectors];
+    __m512i codes[kVectors];
+    for (int u = 0; u < kVectors; ++u) {
+      y[u] = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * u), scale);
+      codes[u] = _mm512_maskz_mov_epi32(AtMost(t7, y[u]), _mm512_set1_epi32(8));
+    }
+    const __m512 tables[3] = {by4, by2, by1};
+    for (int j = 0; j < 3; ++j) {
+      for (int u = 0; u < kVectors; ++u) {
+        const __mmask16 up = AtMost(_mm512_permutexvar_ps(codes[u], tables[j]), y[u]);
+        codes[u] =
+            _mm512_mask_add_epi32(codes[u], up, codes[u], _mm512_set1_epi32(4 >> j));
+      }
+    }
+    for (int u = 0; u < kVectors; ++u) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * u),
+                       _mm512_cvtepi32_epi8(codes[u]));
+    }
+  }
+};
+
+// `out[i] = code(x[i] * inverse)` for i < n, by `Search256` or `Search16`.
+template <typename Searcher, int kVectors>
+__attribute__((target("avx512f"))) void CodesAvx512(const QuantizedMoment& m,
+                                                   const Search& code, const float* x,
+                                                   int64_t n, float inverse,
+                                                   uint8_t* out) {
+  const Searcher search(m);
+  const __m512 scale = _mm512_set1_ps(inverse);
+  int64_t i = 0;
+  for (; i + 16 * kVectors <= n; i += 16 * kVectors) {
+    search.template Run<kVectors>(x + i, scale, out + i);
+  }
+  for (; i + 16 <= n; i += 16) search.template Run<1>(x + i, scale, out + i);
   for (; i < n; ++i) out[i] = code(x[i] * inverse);
 }
 
@@ -423,7 +461,10 @@ int32_t Largest(const float* x, int64_t n) {
 void Encode(const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
             float inverse, uint8_t* out) {
 #if defined(__x86_64__)
-  if (kAvx512) return CodesAvx512(m, code, x, n, inverse, out);
+  if (kAvx512 && m.levels == 256) {
+    return CodesAvx512<Search256, 8>(m, code, x, n, inverse, out);
+  }
+  if (kAvx512) return CodesAvx512<Search16, 4>(m, code, x, n, inverse, out);
   if (kAvx2) return CodesAvx2(code, x, n, inverse, out);
 #endif
   Codes(code, x, n, inverse, out);
