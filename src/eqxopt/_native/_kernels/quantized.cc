@@ -510,11 +510,31 @@ void Load(const QuantizedMoment& m, float* out, int64_t begin, int64_t valid) {
   }
 }
 
-// Stores the new values of moment `m` for the leaf's elements [begin, begin +
-// valid) (the chunk's `values`; the rest of the chunk's last block is the zero
-// padding of the leaf's last block).
+// Stores the absmax of each block of moment `m`'s new values for the leaf's
+// elements [begin, begin + valid) (the chunk's `values`; the rest of the chunk's
+// last block is the zero padding of the leaf's last block), and its reciprocal in
+// `inverses` for `Store`. (All blocks of a chunk first, so that their reductions
+// and divisions overlap.)
+void Scale(const QuantizedMoment& m, const float* values, int64_t begin,
+           int64_t valid, int64_t chunk, float* inverses) {
+  const int64_t block = m.block;
+  for (int64_t start = 0; start < chunk; start += block) {
+    const int64_t b = (begin + start) / block;
+    if (b >= m.n_blocks) break;
+    const int64_t real = std::min<int64_t>(block, valid - start);
+    // The largest |x| (a NaN if there is one), as XLA's maximum.
+    const int32_t largest = Largest(values + start, real);
+    float amax;
+    std::memcpy(&amax, &largest, sizeof amax);
+    amax = NanMax(amax, 1e-12f);
+    m.absmax_out[b] = amax;
+    inverses[start / block] = 1.0f / amax;
+  }
+}
+
+// Stores the codes of those values, by `Scale`'s `inverses`.
 void Store(const QuantizedMoment& m, const float* values, int64_t begin,
-           int64_t valid, int64_t chunk, uint8_t* scratch) {
+           int64_t valid, int64_t chunk, const float* inverses, uint8_t* scratch) {
   const Search code(m);
   const int64_t block = m.block;
   for (int64_t start = 0; start < chunk; start += block) {
@@ -522,13 +542,7 @@ void Store(const QuantizedMoment& m, const float* values, int64_t begin,
     if (b >= m.n_blocks) break;
     const int64_t real = std::min<int64_t>(block, valid - start);
     const float* x = values + start;
-    // The largest |x| (a NaN if there is one), as XLA's maximum.
-    const int32_t largest = Largest(x, real);
-    float amax;
-    std::memcpy(&amax, &largest, sizeof amax);
-    amax = NanMax(amax, 1e-12f);
-    m.absmax_out[b] = amax;
-    const float inverse = 1.0f / amax;
+    const float inverse = inverses[start / block];
     uint8_t* codes = m.packed ? scratch : m.codes_out + b * block;
     Encode(m, code, x, real, inverse, codes);
     if (real < block) {
@@ -671,6 +685,7 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
   auto run = [&](int64_t first, int64_t last) {
     std::vector<float> buffer(2 * n_quantized * chunk);
     std::vector<uint8_t> scratch(chunk);
+    std::vector<float> inverses(n_quantized * chunk);
     std::vector<const float*> in(2 + n_moments);
     std::vector<float*> out(1 + n_moments);
     for (int64_t c = first; c < last; ++c) {
@@ -693,9 +708,15 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
         ++q;
       }
       fn(in.data(), out.data(), s, valid);
-      for (int64_t k = 0; k < n_moments; ++k) {
+      for (int64_t k = 0, q = 0; k < n_moments; ++k) {
         if (moments[k].quantized) {
-          Store(moments[k], out[1 + k], begin, valid, chunk, scratch.data());
+          Scale(moments[k], out[1 + k], begin, valid, chunk, &inverses[chunk * q++]);
+        }
+      }
+      for (int64_t k = 0, q = 0; k < n_moments; ++k) {
+        if (moments[k].quantized) {
+          Store(moments[k], out[1 + k], begin, valid, chunk, &inverses[chunk * q++],
+                scratch.data());
         }
       }
     }
