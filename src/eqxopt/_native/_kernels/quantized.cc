@@ -425,7 +425,52 @@ struct Search16 {
                        _mm512_cvtepi32_epi8(codes[u]));
     }
   }
+
+  // As `Run`, with each pair of codes packed into one byte (the first in the
+  // high half) at `out[8 * u]`: a 64-bit lane holds a pair.
+  template <int kVectors>
+  __attribute__((target("avx512f"), always_inline)) void RunPacked(
+      const float* x, __m512 scale, uint8_t* out) const {
+    __m512 y[kVectors];
+    __m512i codes[kVectors];
+    for (int u = 0; u < kVectors; ++u) {
+      y[u] = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * u), scale);
+      codes[u] = _mm512_maskz_mov_epi32(AtMost(t7, y[u]), _mm512_set1_epi32(8));
+    }
+    const __m512 tables[3] = {by4, by2, by1};
+    for (int j = 0; j < 3; ++j) {
+      for (int u = 0; u < kVectors; ++u) {
+        const __mmask16 up = AtMost(_mm512_permutexvar_ps(codes[u], tables[j]), y[u]);
+        codes[u] =
+            _mm512_mask_add_epi32(codes[u], up, codes[u], _mm512_set1_epi32(4 >> j));
+      }
+    }
+    for (int u = 0; u < kVectors; ++u) {
+      // (first << 4) & 0xF0 | second, in the low byte of each 64-bit lane.
+      const __m512i pairs = _mm512_ternarylogic_epi64(
+          _mm512_slli_epi64(codes[u], 4), _mm512_srli_epi64(codes[u], 32),
+          _mm512_set1_epi64(0xF0), 0xEC);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 8 * u),
+                       _mm512_cvtepi64_epi8(pairs));
+    }
+  }
 };
+
+// `Store`'s packed 4-bit codes of `x[i] * inverse` for even n, by `Search16`.
+__attribute__((target("avx512f"))) void PackedCodesAvx512(const QuantizedMoment& m,
+                                                         const Search& code,
+                                                         const float* x, int64_t n,
+                                                         float inverse, uint8_t* out) {
+  const Search16 search(m);
+  const __m512 scale = _mm512_set1_ps(inverse);
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) search.RunPacked<4>(x + i, scale, out + i / 2);
+  for (; i + 16 <= n; i += 16) search.RunPacked<1>(x + i, scale, out + i / 2);
+  for (; i + 1 < n; i += 2) {
+    out[i / 2] = static_cast<uint8_t>((code(x[i] * inverse) << 4) |
+                                      code(x[i + 1] * inverse));
+  }
+}
 
 // `out[i] = code(x[i] * inverse)` for i < n, by `Search256` or `Search16`.
 template <typename Searcher, int kVectors>
@@ -575,6 +620,12 @@ void Store(const QuantizedMoment& m, const float* values, int64_t begin,
     const int64_t real = std::min<int64_t>(block, valid - start);
     const float* x = values + start;
     const float inverse = inverses[start / block];
+#if defined(__x86_64__)
+    if (m.packed && kAvx512 && real == block) {
+      PackedCodesAvx512(m, code, x, block, inverse, m.codes_out + b * (block / 2));
+      continue;
+    }
+#endif
     uint8_t* codes = m.packed ? scratch : m.codes_out + b * block;
     Encode(m, code, x, real, inverse, codes);
     if (real < block) {
