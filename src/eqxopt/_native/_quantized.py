@@ -8,8 +8,9 @@ and did more work than one with float32 state. Here one custom call per leaf
 (`_kernels/quantized.cc`, in `_build`'s one library) walks the leaf in chunks of a
 few blocks: it dequantizes the chunk's codes into a small buffer, runs the rule's C
 function (the one `_fused.py` writes for float32 leaves), and stores each block's
-absmax and codes over the old ones. The codes are torchao's
-(`_storage.search_tables` gives the binary search's result by two look-ups), and
+absmax and codes over the old ones. The codes are torchao's: the number of
+`_storage.search_tables` thresholds at most each value, found by a binary search
+over the thresholds held in registers (AVX-512) or by its two look-ups, and
 every float operation is XLA's (`_storage.quantize` multiplies by the absmax's
 reciprocal as XLA's own rewrite of the division does), so the state is bit for
 bit what XLA's code makes.

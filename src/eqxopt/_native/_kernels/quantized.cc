@@ -13,12 +13,12 @@
 //
 // Each piece has vector forms, chosen by the CPU at run time (the library itself is
 // built for any x86-64): dequantizing 8-bit codes by byte look-ups (AVX-512 VBMI,
-// else AVX2 gathers), 4-bit codes by register permutes (AVX2), the absmax as an
-// integer maximum of the magnitudes' bits, and the code search either by a
-// branchless binary search over the map's thresholds held in registers (AVX-512:
-// the code is the number of thresholds at most `y`, as `_storage.search_tables`
-// defines them) or by one gather per vector (AVX2). Every float operation is the
-// scalar code's, so every path gives the same bits.
+// else AVX2 gathers), 4-bit codes by register permutes (AVX-512, else AVX2), the
+// absmax as an integer maximum of the magnitudes' bits, and the code search either
+// by a branchless binary search over the map's thresholds held in registers
+// (AVX-512: the code is the number of thresholds at most `y`, as
+// `_storage.search_tables` defines them) or by one gather per vector (AVX2). Every
+// float operation is the scalar code's, so every path gives the same bits.
 //
 // Arguments: `scalars`, then `g` and `p` (float32, n elements), then per moment
 // either its float32 values (n) or, quantized, six buffers: `codes` (uint8
@@ -54,9 +54,8 @@ struct QuantizedMoment {
   const float* thresholds = nullptr;
   // Byte k of every 8-bit map entry, for `DecodeVbmi`.
   alignas(64) uint8_t planes[4][256];
-  // The thresholds each step of `CodesAvx512`'s binary search compares with, by
-  // the code so far: `steps[j][i]` for 8-bit (`StepTables`), `steps[j][0:16]`
-  // for 4-bit.
+  // The thresholds each step of `Search256`'s or `Search16`'s binary search
+  // compares with, by the code so far (`StepTables`).
   alignas(64) float steps[10][32];
 };
 
@@ -374,7 +373,8 @@ struct Search256 {
       const __m512i i = index[u];
       const __mmask16 up4 = AtMost(LookUp32(table[3], i), y[u]);
       const __mmask16 up2 = AtMost(
-          _mm512_mask_blend_ps(up4, LookUp32(table[4], i), LookUp32(table[5], i)), y[u]);
+          _mm512_mask_blend_ps(up4, LookUp32(table[4], i), LookUp32(table[5], i)),
+          y[u]);
       const __m512 low =
           _mm512_mask_blend_ps(up2, LookUp32(table[6], i), LookUp32(table[7], i));
       const __m512 high =
@@ -495,7 +495,8 @@ __attribute__((target("avx512f"))) int32_t LargestAvx512(const float* x, int64_t
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
     a = _mm512_max_epi32(a, _mm512_and_si512(_mm512_loadu_si512(x + i), magnitude));
-    b = _mm512_max_epi32(b, _mm512_and_si512(_mm512_loadu_si512(x + i + 16), magnitude));
+    b = _mm512_max_epi32(b,
+                         _mm512_and_si512(_mm512_loadu_si512(x + i + 16), magnitude));
   }
   int32_t result = _mm512_reduce_max_epi32(_mm512_max_epi32(a, b));
   for (; i < n; ++i) {
@@ -571,8 +572,12 @@ void Load(const QuantizedMoment& m, float* out, int64_t begin, int64_t valid) {
       const uint8_t* codes = m.codes_in + (begin + start) / 2;
 #if defined(__x86_64__)
       if (kAvx512 || kAvx2) {
-        (kAvx512 ? DecodePackedAvx512 : DecodePackedAvx2)(map, codes, count & ~int64_t{1},
-                                                          scale, x);
+        const int64_t even = count & ~int64_t{1};
+        if (kAvx512) {
+          DecodePackedAvx512(map, codes, even, scale, x);
+        } else {
+          DecodePackedAvx2(map, codes, even, scale, x);
+        }
         if (count % 2) x[count - 1] = map[codes[(count - 1) / 2] >> 4] * scale;
         continue;
       }
