@@ -1,0 +1,126 @@
+"""The native kernel's AVX-512 code search (`_kernels/quantized.cc`: a binary search
+over each map's thresholds held in registers) against its scalar search (the
+bucket look-ups of `_quantized.search_entries`, which
+`test_quantized_native.test_lookup_codes_are_the_binary_searchs` checks against
+torchao's binary search), for every float32 bit pattern and each map: a small C++
+program built from the kernel's own source."""
+
+import os
+import shutil
+import subprocess
+
+import jax
+import numpy as np
+import pytest
+
+from eqxopt._core import _storage
+from eqxopt._native import _quantized
+
+MAPS = ["dynamic8_signed", "dynamic8_unsigned", "dynamic4_signed", "linear4_unsigned"]
+
+PROGRAM = r"""
+#include "common.h"
+#include "quantized.cc"
+#include <cstdio>
+#include <thread>
+
+template <class T> std::vector<T> Read(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  std::fseek(f, 0, SEEK_END);
+  const long size = std::ftell(f);
+  std::fseek(f, 0, SEEK_SET);
+  std::vector<T> v(size / sizeof(T));
+  if (std::fread(v.data(), 1, size, f) != static_cast<size_t>(size)) std::abort();
+  std::fclose(f);
+  return v;
+}
+
+int main(int argc, char** argv) {
+  if (!kAvx512) {
+    std::printf("no avx512\n");
+    return 0;
+  }
+  const std::string base = argv[1];
+  const auto entries = Read<int32_t>(base + ".entries");
+  const auto geometry = Read<int32_t>(base + ".geometry");
+  const auto thresholds = Read<float>(base + ".thresholds");
+  QuantizedMoment m;
+  m.levels = static_cast<int64_t>(thresholds.size());
+  m.buckets = entries.data();
+  m.n_buckets = static_cast<int64_t>(entries.size());
+  m.shift = geometry[0];
+  m.low = geometry[1];
+  m.thresholds = thresholds.data();
+  StepTables(m);
+  const Search scalar(m);
+  // Every bit pattern, in two halves on two threads.
+  uint64_t mismatches[2] = {0, 0};
+  auto sweep = [&](int half) {
+    const int64_t n = 1 << 16;
+    std::vector<float> x(n);
+    std::vector<uint8_t> codes(n);
+    for (uint64_t high = uint64_t{half} << 31; high < (uint64_t{half} + 1) << 31;
+         high += n) {
+      for (int64_t j = 0; j < n; ++j) {
+        const uint32_t bits = static_cast<uint32_t>(high + j);
+        std::memcpy(&x[j], &bits, sizeof bits);
+      }
+      Encode(m, scalar, x.data(), n, 1.0f, codes.data());
+      for (int64_t j = 0; j < n; ++j) {
+        if (codes[j] != scalar(x[j] * 1.0f)) ++mismatches[half];
+      }
+    }
+  };
+  std::thread other(sweep, 1);
+  sweep(0);
+  other.join();
+  std::printf("mismatches %llu\n",
+              static_cast<unsigned long long>(mismatches[0] + mismatches[1]));
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    directory = tmp_path_factory.mktemp("search")
+    source = directory / "search.cc"
+    source.write_text(PROGRAM)
+    kernels = os.path.join(os.path.dirname(_quantized.__file__), "_kernels")
+    binary = directory / "search"
+    subprocess.run(
+        [
+            compiler,
+            "-O3",
+            "-std=c++17",
+            "-w",
+            "-pthread",
+            f"-I{kernels}",
+            f"-I{jax.ffi.include_dir()}",
+            str(source),
+            "-o",
+            str(binary),
+        ],
+        check=True,
+    )
+    return directory, binary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MAPS)
+def test_avx512_search_gives_the_scalar_code_for_every_float32(program, name):
+    directory, binary = program
+    base = directory / name
+    tables = _storage.search_tables(name)
+    _quantized.search_entries(name).tofile(f"{base}.entries")
+    np.asarray([tables.shift, tables.low], np.int32).tofile(f"{base}.geometry")
+    np.asarray(tables.thresholds, np.float32).tofile(f"{base}.thresholds")
+    result = subprocess.run(
+        [str(binary), str(base)], check=True, capture_output=True, text=True
+    )
+    if result.stdout.strip() == "no avx512":
+        pytest.skip("this CPU has no AVX-512")
+    assert result.stdout.strip() == "mismatches 0"
