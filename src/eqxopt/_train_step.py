@@ -56,7 +56,7 @@ class TrainStep(eqx.Module):
         `has_aux=True`.
         """
         key, front, model, state = _split(self._front(opt, batch), model, state)
-        out = _program(model)(key, front, model, state)
+        out = _program(front, model)(key, front, model, state)
         return _join(_OUTPUTS[key], out)
 
     def lower(
@@ -73,7 +73,7 @@ class TrainStep(eqx.Module):
         **Arguments:** as `__call__`.
         """
         key, front, model, state = _split(self._front(opt, batch), model, state)
-        return _program(model).lower(key, front, model, state)
+        return _program(front, model).lower(key, front, model, state)
 
     def _front(self, opt: AbstractTransform | None, batch: tuple) -> tuple:
         # The compiled program's first, undonated argument.
@@ -219,15 +219,29 @@ def _compiled_low_memory() -> Any:
     )
 
 
-def _program(model: list) -> Any:
-    """The compiled step for a model with these arrays: scheduled for the least
-    memory where the native kernels run and some leaf gets a kernel call of its
-    own. Each such call writes its weight in place, so that weight's buffer stays
-    taken until the call, and the default schedule (the most concurrency: every
-    gradient as soon as it can be made) holds several large gradients at once;
-    the low-memory one makes each large gradient next to its call, at no measured
-    cost in speed. A model of small leaves keeps the default (its calls take
-    many leaves each, and there the low-memory schedule held more)."""
-    if any(_fused.runs_alone(x.size) for x in model) and _ffi.usable():
+# Model elements per element of the other inputs (the batch, mostly) from which the
+# large gradients, not the activations, set a step's peak memory.
+_GRADIENTS_DOMINATE = 10_000
+
+
+def _program(front: list, model: list) -> Any:
+    """The compiled step for these arrays: scheduled for the least memory where the
+    native kernels run, some leaf gets a kernel call of its own, and the model is
+    large against the batch (`_GRADIENTS_DOMINATE`).
+
+    Each such call writes its weight in place, so the weight's buffer stays taken
+    until the call, and the default schedule (the most concurrency: every gradient
+    as soon as it can be made) holds two of the largest gradients at once, where
+    optax's update reuses a weight's buffer for its gradient. The low-memory
+    schedule makes each large gradient next to its call. It also costs some of the
+    concurrency, which a step of much activation work (a CNN on a batch of images,
+    a transformer on many tokens) loses more of than it gains in memory; a model
+    of small leaves gains nothing (its calls take many leaves each)."""
+    sizes = [x.size for x in model]
+    if (
+        any(_fused.runs_alone(size) for size in sizes)
+        and sum(sizes) >= _GRADIENTS_DOMINATE * sum(x.size for x in front)
+        and _ffi.usable()
+    ):
         return _compiled_low_memory()
     return _compiled
