@@ -1,6 +1,7 @@
 """`make_train_step`: a whole compiled train step (loss, gradients, optimizer step)
 written the fast way: model and state donated, `step(..., donate=True)` inside."""
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -183,7 +184,9 @@ def _loss_of(loss_fn: Callable[..., Any], model: Any) -> Callable[..., Any]:
     return loss_fn
 
 
-def _step(key: _Key, front: list, model: list, state: list) -> list:
+def _step(
+    key: _Key, front: list, model: list, state: list, *, low_memory: bool
+) -> list:
     (front_def, model_def, state_def), (front_static, model_static, state_static) = key
     opt, loss_fn, has_aux, batch = _merge(front_def, front_static, front)
     model = _merge(model_def, model_static, model)
@@ -192,7 +195,8 @@ def _step(key: _Key, front: list, model: list, state: list) -> list:
         _loss_of(loss_fn, model), has_aux=has_aux
     )
     value, grads = value_and_grad(model, *batch)
-    model, state = opt.step(grads, state, model, donate=True)
+    with _fused.small_waits() if low_memory else contextlib.nullcontext():
+        model, state = opt.step(grads, state, model, donate=True)
     if has_aux:
         loss, aux = value
         outputs = (model, state, loss, aux)
@@ -205,14 +209,17 @@ def _step(key: _Key, front: list, model: list, state: list) -> list:
 
 # One compiled program per key and shapes; the model's and the state's arrays are
 # donated, the optimizer's and the batch's are not.
-_compiled = jax.jit(_step, static_argnums=0, donate_argnums=(2, 3))
+_compiled = jax.jit(
+    functools.partial(_step, low_memory=False), static_argnums=0, donate_argnums=(2, 3)
+)
 
 
 @functools.cache
 def _compiled_low_memory() -> Any:
-    # The same program, scheduled by XLA:CPU for the least memory.
+    # The same program, scheduled by XLA:CPU for the least memory (and its calls
+    # waiting for small gradients: `_fused.waits`).
     return jax.jit(
-        _step,
+        functools.partial(_step, low_memory=True),
         static_argnums=0,
         donate_argnums=(2, 3),
         compiler_options=_jax_api.low_memory_schedule(),

@@ -42,11 +42,13 @@ mesh, on each device's shard (`_shard`). Differentiating through a step
 programs exported with `jax.export` (the custom call lives in this process only).
 """
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import itertools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -721,11 +723,16 @@ def run_many(
 # --------------------------------------------------------------------------------------
 
 # Which gradients a leaf's in-place call waits for (`order_after`, `waits`): the
-# nearest `_WAIT_SMALL` small ones (below `_GROUP_BELOW` elements: biases, norms)
-# among the `_LOOK_BACK` gradients before it, else the last `_WAIT_FOR`.
+# last `_WAIT_FOR` (enough for the parallel branches of a layer: attention's query,
+# key and value projections read the same input); in a step scheduled for the least
+# memory (`small_waits`), the nearest `_WAIT_SMALL` small ones (below
+# `_GROUP_BELOW` elements: biases, norms) among the last `_LOOK_BACK`.
+_WAIT_FOR = 4
 _WAIT_SMALL = 3
 _LOOK_BACK = 8
-_WAIT_FOR = 4
+_small_waits: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "small_waits", default=False
+)
 # Leaves smaller than this share custom calls, this many at a time.
 _GROUP_BELOW = 1 << 16
 _GROUP_SIZE = 32
@@ -746,24 +753,40 @@ class Result(NamedTuple):
     moments: list[jax.Array]
 
 
+@contextlib.contextmanager
+def small_waits() -> Iterator[None]:
+    """While tracing a step that XLA will schedule for the least memory
+    (`make_train_step`): calls wait for small gradients (`waits`)."""
+    token = _small_waits.set(True)
+    try:
+        yield
+    finally:
+        _small_waits.reset(token)
+
+
 def waits(grads: Sequence[Any]) -> list[list[Any]]:
     """Per leaf, the gradients its call waits for (`order_after`), among those of
-    the leaves before it (not `None`): the nearest `_WAIT_SMALL` small ones within
-    the last `_LOOK_BACK`, or the last `_WAIT_FOR` where none is small.
+    the leaves before it (not `None`): the last `_WAIT_FOR`; under `small_waits`,
+    the nearest `_WAIT_SMALL` small ones within the last `_LOOK_BACK` (the last
+    `_WAIT_FOR` where none is small).
 
-    A call can run only after the last gradient it waits for, and its leaf's own
-    gradient lives until then. Small gradients are made from the same `dy` as the
-    weights beside them (a bias with its layer's weight), so a call that waits
-    only for them can run before the next large gradient is made; waiting for a
-    large one (the last four, as before) kept two of the largest alive at once.
-    Three, not one: of parallel branches that read the same input (attention's
-    query, key and value projections), a sibling's bias comes before the norm that
-    their `dx` flows into, and waiting for the sibling alone would not order the
-    read before the write (XLA then copies the weight)."""
+    A call runs after the last gradient it waits for, and its leaf's gradient lives
+    until then. XLA:CPU's default schedule makes every gradient as soon as it can,
+    so a block's `up` weight gradient exists before anything that proves the read
+    of `down`'s weight: two of the largest gradients are alive at once whatever
+    the call waits for, and the last four keep the calls earliest there. Scheduled
+    for the least memory, each gradient is made next to its call, and a call that
+    waits only for small gradients (made from the same `dy` as the weight beside
+    them: a bias with its layer's weight) runs before the next large gradient is
+    made. Three, not one: of parallel branches that read the same input, a
+    sibling's bias comes before the norm that their `dx` flows into, and waiting
+    for the sibling alone would not order the read before the write (XLA then
+    copies the weight)."""
+    small_only = _small_waits.get()
     before: list[list[Any]] = []
     previous: list[Any] = []
     for g in grads:
-        small = [x for x in previous if not runs_alone(x.size)]
+        small = [x for x in previous if not runs_alone(x.size)] if small_only else []
         before.append(small[-_WAIT_SMALL:] if small else previous[-_WAIT_FOR:])
         if g is not None:
             previous = [*previous, g][-_LOOK_BACK:]
