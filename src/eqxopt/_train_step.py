@@ -104,6 +104,12 @@ def make_train_step(
     new `make_train_step(loss_fn, new_opt)`, reuses the compiled step. It compiles
     again for a new `loss_fn` object, another tree structure or other shapes.
 
+    With the native CPU kernels, a model that is large against its batch (such as a
+    transformer stepped on a few tokens) is compiled with XLA:CPU's scheduler for
+    the least memory, which makes each large gradient just before its in-place
+    update (the default schedule makes every gradient as early as it can, and
+    holds several large ones at once); the results are the same.
+
     **Arguments:**
 
     - `loss_fn`: `loss_fn(model, *batch)` returning a scalar loss, or `(loss, aux)`
