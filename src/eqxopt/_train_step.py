@@ -1,7 +1,9 @@
 """`make_train_step`: a whole compiled train step (loss, gradients, optimizer step)
 written the fast way: model and state donated, `step(..., donate=True)` inside."""
 
+import contextlib
 import functools
+import operator
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -9,9 +11,11 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from ._core import _jax_api
 from ._core._base import AbstractTransform
 from ._core._checks import check_bool
 from ._core._packed import Packed
+from ._native import _ffi, _fused
 
 
 class TrainStep(eqx.Module):
@@ -54,7 +58,7 @@ class TrainStep(eqx.Module):
         `has_aux=True`.
         """
         key, front, model, state = _split(self._front(opt, batch), model, state)
-        out = _compiled(key, front, model, state)
+        out = _program(front, model)(key, front, model, state)
         return _join(_OUTPUTS[key], out)
 
     def lower(
@@ -70,7 +74,8 @@ class TrainStep(eqx.Module):
 
         **Arguments:** as `__call__`.
         """
-        return _compiled.lower(*_split(self._front(opt, batch), model, state))
+        key, front, model, state = _split(self._front(opt, batch), model, state)
+        return _program(front, model).lower(key, front, model, state)
 
     def _front(self, opt: AbstractTransform | None, batch: tuple) -> tuple:
         # The compiled program's first, undonated argument.
@@ -98,6 +103,12 @@ def make_train_step(
     opt=new_opt)` with an optimizer of the same structure and other values, or a
     new `make_train_step(loss_fn, new_opt)`, reuses the compiled step. It compiles
     again for a new `loss_fn` object, another tree structure or other shapes.
+
+    With the native CPU kernels, a model that is large against its batch (such as a
+    transformer stepped on a few tokens) is compiled with XLA:CPU's scheduler for
+    the least memory, which makes each large gradient just before its in-place
+    update (the default schedule makes every gradient as early as it can, and
+    holds several large ones at once); the results are the same.
 
     **Arguments:**
 
@@ -180,10 +191,9 @@ def _loss_of(loss_fn: Callable[..., Any], model: Any) -> Callable[..., Any]:
     return loss_fn
 
 
-# One compiled program per key and shapes; the model's and the state's arrays are
-# donated, the optimizer's and the batch's are not.
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=(2, 3))
-def _compiled(key: _Key, front: list, model: list, state: list) -> list:
+def _step(
+    key: _Key, front: list, model: list, state: list, *, low_memory: bool
+) -> list:
     (front_def, model_def, state_def), (front_static, model_static, state_static) = key
     opt, loss_fn, has_aux, batch = _merge(front_def, front_static, front)
     model = _merge(model_def, model_static, model)
@@ -192,7 +202,8 @@ def _compiled(key: _Key, front: list, model: list, state: list) -> list:
         _loss_of(loss_fn, model), has_aux=has_aux
     )
     value, grads = value_and_grad(model, *batch)
-    model, state = opt.step(grads, state, model, donate=True)
+    with _fused.small_waits() if low_memory else contextlib.nullcontext():
+        model, state = opt.step(grads, state, model, donate=True)
     if has_aux:
         loss, aux = value
         outputs = (model, state, loss, aux)
@@ -201,3 +212,54 @@ def _compiled(key: _Key, front: list, model: list, state: list) -> list:
     leaves, treedef = jax.tree_util.tree_flatten(outputs)
     _OUTPUTS[key] = (treedef, _statics(leaves))
     return [x for x in leaves if isinstance(x, _ARRAY_TYPES)]
+
+
+# One compiled program per key and shapes; the model's and the state's arrays are
+# donated, the optimizer's and the batch's are not.
+_compiled = jax.jit(
+    functools.partial(_step, low_memory=False), static_argnums=0, donate_argnums=(2, 3)
+)
+
+
+@functools.cache
+def _compiled_low_memory() -> Any:
+    # The same program, scheduled by XLA:CPU for the least memory (and its calls
+    # waiting for small gradients: `_fused.waits`).
+    return jax.jit(
+        functools.partial(_step, low_memory=True),
+        static_argnums=0,
+        donate_argnums=(2, 3),
+        compiler_options=_jax_api.low_memory_schedule(),
+    )
+
+
+# Model elements per element of the other inputs (the batch, mostly) from which the
+# large gradients, not the activations, set a step's peak memory.
+_GRADIENTS_DOMINATE = 10_000
+
+
+def _program(front: list, model: list) -> Any:
+    """The compiled step for these arrays: scheduled for the least memory where the
+    native kernels run, some leaf gets a kernel call of its own, and the model is
+    large against the batch (`_GRADIENTS_DOMINATE`).
+
+    Each such call writes its weight in place, so the weight's buffer stays taken
+    until the call, and the default schedule (the most concurrency: every gradient
+    as soon as it can be made) holds two of the largest gradients at once, where
+    optax's update reuses a weight's buffer for its gradient. The low-memory
+    schedule makes each large gradient next to its call. It also costs some of the
+    concurrency, which a step of much activation work (a CNN on a batch of images,
+    a transformer on many tokens) loses more of than it gains in memory; a model
+    of small leaves gains nothing (its calls take many leaves each)."""
+    sizes = list(map(_SIZE, model))  # per call: the cheapest spelling
+    if (
+        sizes
+        and _fused.runs_alone(max(sizes))
+        and sum(sizes) >= _GRADIENTS_DOMINATE * sum(map(_SIZE, front))
+        and _ffi.usable()
+    ):
+        return _compiled_low_memory()
+    return _compiled
+
+
+_SIZE = operator.attrgetter("size")

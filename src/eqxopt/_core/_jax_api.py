@@ -3,10 +3,12 @@
 that picks the spelling this JAX has. Only public APIs live here; JAX internals are
 fenced in `eqxopt/_native/_compat.py`."""
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
 
 def shard_map(
@@ -101,3 +103,28 @@ def pvary(x: Any, axes: tuple) -> Any:
         return pcast(x, axes, to="varying")
     old = getattr(jax.lax, "pvary", None)
     return x if old is None else old(x, axes)
+
+
+# XLA's CPU scheduler that orders a program for the least memory (the default
+# orders it for the most concurrency), as a compile option: its newer spelling, then
+# the older one (JAX 0.4.38 knows only that one).
+_LOW_MEMORY_SCHEDULES = (
+    {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"},
+    {"xla_cpu_enable_concurrency_optimized_scheduler": False},
+)
+
+
+@functools.cache
+def low_memory_schedule() -> dict[str, Any]:
+    """`compiler_options` (for `jax.jit`) that make XLA:CPU schedule for the least
+    memory, in the spelling this XLA takes (tried once on a tiny program); `{}`
+    where it takes neither."""
+    for options in _LOW_MEMORY_SCHEDULES:
+        try:
+            jax.jit(lambda x: x + 1, compiler_options=options).lower(
+                np.float32(0)
+            ).compile()
+        except Exception:  # this XLA has no such option
+            continue
+        return options
+    return {}

@@ -42,11 +42,13 @@ mesh, on each device's shard (`_shard`). Differentiating through a step
 programs exported with `jax.export` (the custom call lives in this process only).
 """
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import itertools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -651,11 +653,11 @@ def order_after(x: jax.Array) -> jax.Array:
     backward pass: `dx = dy @ w.T` flows into the gradients of the layers before `w`,
     not into `w`'s own gradient, so nothing orders that read before the write and
     XLA's copy insertion keeps a full copy of `w` (and of every weight, for XLA's own
-    update fusions and optax's too). Making the call wait for the gradient of the
-    previous leaf in tree order (for models whose tree follows the forward pass, that
-    gradient is made from the `dx` that read `w`) lets XLA drop the copy; each
-    gradient still dies soon after it is made, so temporaries stay small. Nothing
-    depends on the guess being right: where the order is not proven, XLA copies."""
+    update fusions and optax's too). Making the call wait for a gradient of a leaf
+    before `w` in tree order (for models whose tree follows the forward pass, one
+    made from the `dx` that read `w`; `waits` picks them) lets XLA drop the copy.
+    Nothing depends on the guess being right: where the order is not proven, XLA
+    copies."""
     return jnp.reshape(x, (-1,))[:1].astype(jnp.float32)
 
 
@@ -720,14 +722,26 @@ def run_many(
 # What the engine (`map_leaves`) uses: one rule's kernels over the leaves of one trace.
 # --------------------------------------------------------------------------------------
 
-# A leaf's in-place call waits for the gradients of this many leaves before it
-# (`order_after`): enough for the parallel branches of a layer (attention's query,
-# key and value projections read the same input).
+# Which gradients a leaf's in-place call waits for (`order_after`, `waits`): the
+# last `_WAIT_FOR` (enough for the parallel branches of a layer: attention's query,
+# key and value projections read the same input); in a step scheduled for the least
+# memory (`small_waits`), the nearest `_WAIT_SMALL` small ones (below
+# `_GROUP_BELOW` elements: biases, norms) among the last `_LOOK_BACK`.
 _WAIT_FOR = 4
+_WAIT_SMALL = 3
+_LOOK_BACK = 8
+_small_waits: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "small_waits", default=False
+)
 # Leaves smaller than this share custom calls, this many at a time.
 _GROUP_BELOW = 1 << 16
 _GROUP_SIZE = 32
 _F32_LEAF = jnp.dtype(jnp.float32)
+
+
+def runs_alone(size: int) -> bool:
+    """Whether a leaf of `size` elements gets a custom call of its own."""
+    return size >= _GROUP_BELOW
 
 
 class Result(NamedTuple):
@@ -739,15 +753,43 @@ class Result(NamedTuple):
     moments: list[jax.Array]
 
 
+@contextlib.contextmanager
+def small_waits() -> Iterator[None]:
+    """While tracing a step that XLA will schedule for the least memory
+    (`make_train_step`): calls wait for small gradients (`waits`)."""
+    token = _small_waits.set(True)
+    try:
+        yield
+    finally:
+        _small_waits.reset(token)
+
+
 def waits(grads: Sequence[Any]) -> list[list[Any]]:
-    """Per leaf, the gradients its call waits for (`order_after`): the last
-    `_WAIT_FOR` gradients before it that are not `None`."""
+    """Per leaf, the gradients its call waits for (`order_after`), among those of
+    the leaves before it (not `None`): the last `_WAIT_FOR`; under `small_waits`,
+    the nearest `_WAIT_SMALL` small ones within the last `_LOOK_BACK` (the last
+    `_WAIT_FOR` where none is small).
+
+    A call runs after the last gradient it waits for, and its leaf's gradient lives
+    until then. XLA:CPU's default schedule makes every gradient as soon as it can,
+    so a block's `up` weight gradient exists before anything that proves the read
+    of `down`'s weight: two of the largest gradients are alive at once whatever
+    the call waits for, and the last four keep the calls earliest there. Scheduled
+    for the least memory, each gradient is made next to its call, and a call that
+    waits only for small gradients (made from the same `dy` as the weight beside
+    them: a bias with its layer's weight) runs before the next large gradient is
+    made. Three, not one: of parallel branches that read the same input, a
+    sibling's bias comes before the norm that their `dx` flows into, and waiting
+    for the sibling alone would not order the read before the write (XLA then
+    copies the weight)."""
+    small_only = _small_waits.get()
     before: list[list[Any]] = []
     previous: list[Any] = []
     for g in grads:
-        before.append(previous)
+        small = [x for x in previous if not runs_alone(x.size)] if small_only else []
+        before.append(small[-_WAIT_SMALL:] if small else previous[-_WAIT_FOR:])
         if g is not None:
-            previous = [*previous, g][-_WAIT_FOR:]
+            previous = [*previous, g][-_LOOK_BACK:]
     return before
 
 
@@ -813,7 +855,7 @@ class Kernels:
         # cannot be built) falls back before any leaf is queued.
         for kind in ("step", "direction") if self.applying else ("update",):
             rule.program(kind)
-        small = p.size < _GROUP_BELOW
+        small = not runs_alone(p.size)
         where = self.locator.where(g, p, old)
         mesh = where.mesh if isinstance(where, _shard.Sharded) else None
         self.placed[index] = where
