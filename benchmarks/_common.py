@@ -50,7 +50,7 @@ def interleaved(
 ) -> dict:
     """Median seconds per call of each variant over `n_rounds` interleaved rounds;
     `settle`: seconds to pause (untimed) before each call, so that no call pays for
-    work its predecessor left behind (freeing large buffers)."""
+    work its predecessor left behind (such as freeing large buffers)."""
     for s in steppers.values():
         for _ in range(warmup):
             s.run()

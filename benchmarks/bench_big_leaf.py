@@ -33,9 +33,10 @@ MOF = "xla_cpu_use_multi_output_fusion" in os.environ.get("XLA_FLAGS", "")
 MOF_NOTE = " (XLA multi-output fusion on)" if MOF else ""
 LR, WD, MOMENTUM = 1e-3, 1e-2, 0.9
 # An untimed pause before each call: without it, the variant placed after a
-# non-donated one (which allocates new 64 MB outputs and frees the old ones) pays
-# for that freeing and runs slower than in any other place of the round, which
-# alone put AdamW donated (placed there) above the all-cores floor.
+# non-donated one (which allocates new 64 MB outputs and frees the old ones) ran
+# slower than in any other place of the round (a transient its predecessor leaves,
+# most likely the freeing), which alone put AdamW donated (placed there) above the
+# all-cores floor.
 SETTLE_S = 0.1
 
 
