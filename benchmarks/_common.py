@@ -45,14 +45,20 @@ class Stepper:
         return elapsed
 
 
-def interleaved(steppers: dict[str, Stepper], n_rounds: int, warmup: int = 1) -> dict:
-    """Median seconds per call of each variant over `n_rounds` interleaved rounds."""
+def interleaved(
+    steppers: dict[str, Stepper], n_rounds: int, warmup: int = 1, settle: float = 0.0
+) -> dict:
+    """Median seconds per call of each variant over `n_rounds` interleaved rounds;
+    `settle`: seconds to pause (untimed) before each call, so that no call pays for
+    work its predecessor left behind (such as freeing large buffers)."""
     for s in steppers.values():
         for _ in range(warmup):
             s.run()
         s.times.clear()
     for _ in range(n_rounds):
         for s in steppers.values():
+            if settle:
+                time.sleep(settle)
             s.run()
     return {name: statistics.median(s.times) for name, s in steppers.items()}
 
