@@ -82,7 +82,11 @@ def usable() -> bool:
 # --------------------------------------------------------------------------------------
 
 
-def ffi_or_xla(target: str, xla: Callable[..., Any]) -> Any:
+def ffi_or_xla(
+    target: str,
+    xla: Callable[..., Any],
+    shapes: Callable[..., list[tuple[tuple[int, ...], Any]]] | None = None,
+) -> Any:
     """A primitive (multiple results) that runs the FFI target `target` of the
     handler on CPU, and `xla(*args, static=static)` (the same results from XLA's own
     operations) where the custom call cannot go: other platforms, programs that
@@ -93,18 +97,26 @@ def ffi_or_xla(target: str, xla: Callable[..., Any]) -> Any:
 
     Bound as `prim.bind(*args, static=..., aliases=((input, output), ...),
     attributes=((name, value), ...))`: `static` is hashable and passed to `xla`;
-    `aliases` and `attributes` go to the custom call. Under `jax.vmap` it runs once
-    per batch element. Derivatives are the caller's (`ad` rules or `custom_jvp`).
-    Made only once the backend is in use (`usable()`), so that a JAX outside the
-    tested range never reaches these internals."""
+    `aliases` and `attributes` go to the custom call. `shapes(*avals,
+    static=static)`, where given, returns the results' `(shape, dtype)` without
+    tracing `xla` (which a trace would otherwise do once per call, for its shapes
+    alone). Under `jax.vmap` it runs once per batch element. Derivatives are the
+    caller's (`ad` rules or `custom_jvp`). Made only once the backend is in use
+    (`usable()`), so that a JAX outside the tested range never reaches these
+    internals."""
     prim = _compat.new_primitive(target)
 
     def fallback(static: Hashable, **_: Any) -> Callable[..., list]:
         return lambda *args: list(xla(*args, static=static))
 
     def abstract(*avals: Any, static: Hashable, **_: Any) -> list:
-        shapes = jax.eval_shape(fallback(static), *avals)
-        return [_compat.shaped_array(x.shape, x.dtype) for x in shapes]
+        if shapes is not None:
+            results = shapes(*avals, static=static)
+        else:
+            results = [
+                (x.shape, x.dtype) for x in jax.eval_shape(fallback(static), *avals)
+            ]
+        return [_compat.shaped_array(shape, dtype) for shape, dtype in results]
 
     def lower_xla(ctx: Any, *args: Any, static: Hashable, **_: Any) -> Any:
         return _compat.lower_fun(fallback(static))(ctx, *args)

@@ -632,6 +632,16 @@ def _reference_leaves(spec: _Spec, scalars: jax.Array, *inputs: jax.Array) -> li
     ]
 
 
+def _result_shapes(scalars: Any, *inputs: Any, static: _Spec) -> list:
+    # Every result of a leaf is float32 in the shape of the leaf's inputs.
+    n_in, n_out = static.program.n_in, len(static.program.outputs)
+    return [
+        (inputs[j * n_in].shape, _F32)
+        for j in range(static.n_leaves)
+        for _ in range(n_out)
+    ]
+
+
 @functools.cache
 def _elementwise() -> Any:
     """The kernels' custom call, or (in exported programs, which cannot carry it)
@@ -639,6 +649,7 @@ def _elementwise() -> Any:
     return _ffi.ffi_or_xla(
         _build.ELEMENTWISE_TARGET,
         lambda scalars, *inputs, static: _reference_leaves(static, scalars, *inputs),
+        _result_shapes,
     )
 
 
