@@ -528,11 +528,10 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i LookUp
 // and its low half is above `y`'s (at most one threshold per top half:
 // `StepTables`). That threshold is the last step's that went up, so its halves
 // come from the step tables: no look-up by code.
-// `x[i]` is scaled by `inverses[i / block]` (`block` a multiple of 64 * kGroups).
 template <int kGroups>
 __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void CodesVbmi(
     const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
-    const float* inverses, int64_t block, uint8_t* out) {
+    float inverse, uint8_t* out) {
   __m512i table[13][2];
   for (int j = 0; j < 13; ++j) {
     table[j][0] = _mm512_load_si512(m.words[j]);
@@ -541,13 +540,13 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void CodesVbmi(
   const __m512i tops = _mm512_load_si512(kOddWords);
   const __m512i lows = _mm512_load_si512(kEvenWords);
   const __m512i pack = _mm512_load_si512(kEvenBytes);
+  const __m512 scale = _mm512_set1_ps(inverse);
   const __m512 lowest = _mm512_set1_ps(-1.5f), highest = _mm512_set1_ps(1.5f);
   const __m512i flip = _mm512_set1_epi16(0x7FFF);
   const __m512i middle = _mm512_set1_epi16(Key16(m.thresholds[127]));
   constexpr int kV = 2 * kGroups;  // 32-lane vectors
   int64_t i = 0;
   for (; i + 64 * kGroups <= n; i += 64 * kGroups) {
-    const __m512 scale = _mm512_set1_ps(inverses[i / block]);
     __m512i key[kV], low[kV], w[kV];  // w: the code so far over 4
     for (int v = 0; v < kV; ++v) {
       __m512i half[2];
@@ -596,7 +595,7 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void CodesVbmi(
                                                 codes[2 * g], pack, codes[2 * g + 1]));
     }
   }
-  for (; i < n; ++i) out[i] = code(x[i] * inverses[i / block]);
+  for (; i < n; ++i) out[i] = code(x[i] * inverse);
 }
 
 // `Store`'s packed 4-bit codes of `x[i] * inverse` for even n, by `Search16`.
@@ -682,7 +681,7 @@ void Encode(const QuantizedMoment& m, const Search& code, const float* x, int64_
             float inverse, uint8_t* out) {
 #if defined(__x86_64__)
   if (kVbmi && m.levels == 256 && m.word_search) {
-    return CodesVbmi<4>(m, code, x, n, &inverse, INT64_MAX, out);
+    return CodesVbmi<4>(m, code, x, n, inverse, out);
   }
   if (kAvx512 && m.levels == 256) {
     return CodesAvx512<Search256, 8>(m, code, x, n, inverse, out);
@@ -765,20 +764,7 @@ void Store(const QuantizedMoment& m, const float* values, int64_t begin,
            int64_t valid, int64_t chunk, const float* inverses, uint8_t* scratch) {
   const Search code(m);
   const int64_t block = m.block;
-  int64_t start = 0;
-#if defined(__x86_64__)
-  // The chunk's whole blocks in one call: the search's tables load once.
-  if (kVbmi && m.levels == 256 && m.word_search && !m.packed && block % 256 == 0) {
-    const int64_t first = begin / block;
-    const int64_t whole = std::min(std::min(chunk, valid) / block, m.n_blocks - first);
-    if (whole > 0) {
-      CodesVbmi<4>(m, code, values, whole * block, inverses, block,
-                   m.codes_out + first * block);
-      start = whole * block;
-    }
-  }
-#endif
-  for (; start < chunk; start += block) {
+  for (int64_t start = 0; start < chunk; start += block) {
     const int64_t b = (begin + start) / block;
     if (b >= m.n_blocks) break;
     const int64_t real = std::min<int64_t>(block, valid - start);
