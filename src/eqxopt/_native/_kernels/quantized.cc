@@ -17,8 +17,10 @@
 // absmax as an integer maximum of the magnitudes' bits, and the code search either
 // by a branchless binary search over the map's thresholds held in registers
 // (AVX-512: the code is the number of thresholds at most `y`, as
-// `_storage.search_tables` defines them) or by one gather per vector (AVX2). Every
-// float operation is the scalar code's, so every path gives the same bits.
+// `_storage.search_tables` defines them; 8-bit with VBMI: over the top halves of
+// their order keys, 32 to a register, then one exact correction) or by one gather
+// per vector (AVX2). Every float operation is the scalar code's, so every path
+// gives the same bits.
 //
 // Arguments: `scalars`, then `g` and `p` (float32, n elements), then per moment
 // either its float32 values (n) or, quantized, six buffers: `codes` (uint8
@@ -57,6 +59,13 @@ struct QuantizedMoment {
   // The thresholds each step of `Search256`'s or `Search16`'s binary search
   // compares with, by the code so far (`StepTables`).
   alignas(64) float steps[10][32];
+  // 8-bit, for `CodesVbmi`: by the code so far over 4 (`w`), the top halves of
+  // the thresholds' order keys (`Key16`) its steps compare with (`t[4 w + s - 1]`
+  // for strides s = 64 to 2, then `t[4 w]`, `t[4 w + 2]`), and the top and low
+  // halves of `t[4 w - 1]` and the low halves of `t[4 w + 1]`, `t[4 w]`,
+  // `t[4 w + 2]`; `word_search` if no two thresholds share a top half.
+  alignas(64) int16_t words[13][64];
+  bool word_search = false;
 };
 
 // `m.steps` from `m.thresholds`. 8-bit: the search's code so far is a multiple of
@@ -65,10 +74,42 @@ struct QuantizedMoment {
 // 5 those of stride 2 (`t[8 i + 1]`, `t[8 i + 5]`), tables 6 to 9 those of
 // stride 1 (`t[8 i + 2 j']`). 4-bit: by the code so far `i`, `t[i + 3]`,
 // `t[i + 1]` and `t[i]` (strides 4, 2, 1). Past the end: the last (NaN) entry.
+// The order key of float32 `t`: its bits, those under the sign flipped where `t`
+// is negative (increasing in `t`); NaN: above every number's.
+int32_t Key(float t) {
+  if (t != t) return 0x7FFFFFFF;
+  int32_t bits;
+  std::memcpy(&bits, &t, sizeof bits);
+  return bits < 0 ? bits ^ 0x7FFFFFFF : bits;
+}
+
+int16_t Key16(float t) { return static_cast<int16_t>(Key(t) >> 16); }
+int16_t Low16(float t) { return static_cast<int16_t>(Key(t) & 0xFFFF); }
+
 void StepTables(QuantizedMoment& m) {
   const int64_t last = m.levels - 1;
   auto t = [&](int64_t c) { return m.thresholds[std::min(c, last)]; };
   if (m.levels == 256) {
+    for (int64_t w = 0; w < 64; ++w) {
+      for (int j = 0; j < 6; ++j) m.words[j][w] = Key16(t(4 * w + (64 >> j) - 1));
+      m.words[6][w] = Key16(t(4 * w));
+      m.words[7][w] = Key16(t(4 * w + 2));
+      // No threshold below code 0: a top half no clamped `y` has.
+      m.words[8][w] = w == 0 ? INT16_MIN : Key16(t(4 * w - 1));
+      m.words[9][w] = w == 0 ? 0 : Low16(t(4 * w - 1));
+      m.words[10][w] = Low16(t(4 * w + 1));
+      m.words[11][w] = Low16(t(4 * w));
+      m.words[12][w] = Low16(t(4 * w + 2));
+    }
+    // Each top half holds at most one threshold, none is zero (-0 and 0 have
+    // different keys) and all lie in [-1, 1] (`y` is clamped to [-1.5, 1.5]).
+    m.word_search = true;
+    for (int64_t c = 0; c + 1 < last; ++c) {
+      if (Key16(t(c)) == Key16(t(c + 1))) m.word_search = false;
+    }
+    for (int64_t c = 0; c < last; ++c) {
+      if (!(std::fabs(t(c)) <= 1.0f) || t(c) == 0.0f) m.word_search = false;
+    }
     for (int64_t i = 0; i < 32; ++i) {
       const int64_t strides[4] = {32, 16, 8, 4};
       for (int j = 0; j < 4; ++j) m.steps[j][i] = t(8 * i + strides[j] - 1);
@@ -456,6 +497,107 @@ struct Search16 {
   }
 };
 
+// Word 2 e + 1 (top half) or 2 e (low half) of two float vectors, e < 32; byte
+// 2 e of two 16-bit vectors, e < 64.
+alignas(64) constexpr uint16_t kOddWords[32] = {
+    1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+    33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63,
+};
+alignas(64) constexpr uint16_t kEvenWords[32] = {
+    0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
+    32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62,
+};
+alignas(64) constexpr uint8_t kEvenBytes[64] = {
+    0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
+    32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62,
+    64, 66, 68, 70, 72, 74, 76, 78, 80, 82, 84, 86, 88, 90, 92, 94,
+    96, 98, 100, 102, 104, 106, 108, 110, 112, 114, 116, 118, 120, 122, 124, 126,
+};
+
+// 16-bit entry `w` (0 to 63) of table `j`, held in two registers.
+__attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i LookUp64(
+    const __m512i (*table)[2], int j, __m512i w) {
+  return _mm512_permutex2var_epi16(table[j][0], w, table[j][1]);
+}
+
+// 8-bit codes, 64 * kGroups at a time (AVX-512 VBMI). `y` clamped to
+// [-1.5, 1.5] (NaN: -1.5, code 0) keeps every comparison with the thresholds.
+// A binary search over the top halves of the order keys (`Key16`) in 16-bit
+// lanes, 32 to a register, counts the thresholds whose top half is at most
+// `y`'s: the code, or one more where the last one counted shares `y`'s top half
+// and its low half is above `y`'s (at most one threshold per top half:
+// `StepTables`). That threshold is the last step's that went up, so its halves
+// come from the step tables: no look-up by code.
+template <int kGroups>
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) void CodesVbmi(
+    const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
+    float inverse, uint8_t* out) {
+  __m512i table[13][2];
+  for (int j = 0; j < 13; ++j) {
+    table[j][0] = _mm512_load_si512(m.words[j]);
+    table[j][1] = _mm512_load_si512(m.words[j] + 32);
+  }
+  const __m512i tops = _mm512_load_si512(kOddWords);
+  const __m512i lows = _mm512_load_si512(kEvenWords);
+  const __m512i pack = _mm512_load_si512(kEvenBytes);
+  const __m512 scale = _mm512_set1_ps(inverse);
+  const __m512 lowest = _mm512_set1_ps(-1.5f), highest = _mm512_set1_ps(1.5f);
+  const __m512i flip = _mm512_set1_epi16(0x7FFF);
+  const __m512i middle = _mm512_set1_epi16(Key16(m.thresholds[127]));
+  constexpr int kV = 2 * kGroups;  // 32-lane vectors
+  int64_t i = 0;
+  for (; i + 64 * kGroups <= n; i += 64 * kGroups) {
+    __m512i key[kV], low[kV], w[kV];  // w: the code so far over 4
+    for (int v = 0; v < kV; ++v) {
+      __m512i half[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i + 32 * v + 16 * h), scale);
+        // `max` gives its second operand where the first is NaN.
+        half[h] = _mm512_castps_si512(
+            _mm512_min_ps(_mm512_max_ps(y, lowest), highest));
+      }
+      const __m512i top = _mm512_permutex2var_epi16(half[0], tops, half[1]);
+      const __m512i negative = _mm512_srai_epi16(top, 15);
+      key[v] = _mm512_ternarylogic_epi32(top, negative, flip, 0x78);  // a ^ (b & c)
+      low[v] = _mm512_xor_si512(_mm512_permutex2var_epi16(half[0], lows, half[1]),
+                                negative);
+      w[v] = _mm512_maskz_mov_epi16(_mm512_cmple_epi16_mask(middle, key[v]),
+                                    _mm512_set1_epi16(32));
+    }
+    for (int j = 0; j < 5; ++j) {
+      for (int v = 0; v < kV; ++v) {
+        const __mmask32 up = _mm512_cmple_epi16_mask(LookUp64(table, j, w[v]), key[v]);
+        w[v] = _mm512_mask_add_epi16(w[v], up, w[v], _mm512_set1_epi16(16 >> j));
+      }
+    }
+    __m512i codes[kV];
+    for (int v = 0; v < kV; ++v) {
+      const __m512i t2 = LookUp64(table, 5, w[v]);
+      const __mmask32 up2 = _mm512_cmple_epi16_mask(t2, key[v]);
+      const __m512i t1 = _mm512_mask_blend_epi16(up2, LookUp64(table, 6, w[v]), LookUp64(table, 7, w[v]));
+      const __mmask32 up1 = _mm512_cmple_epi16_mask(t1, key[v]);
+      // The last threshold counted: t[4 w + 2 up2] (up1), t[4 w + 1] (up2), else
+      // t[4 w - 1].
+      __m512i top = _mm512_mask_blend_epi16(up2, LookUp64(table, 8, w[v]), t2);
+      top = _mm512_mask_blend_epi16(up1, top, t1);
+      __m512i bottom = _mm512_mask_blend_epi16(up2, LookUp64(table, 9, w[v]), LookUp64(table, 10, w[v]));
+      bottom = _mm512_mask_mov_epi16(
+          bottom, up1, _mm512_mask_blend_epi16(up2, LookUp64(table, 11, w[v]), LookUp64(table, 12, w[v])));
+      const __mmask32 over = _mm512_mask_cmpgt_epu16_mask(
+          _mm512_cmpeq_epi16_mask(top, key[v]), bottom, low[v]);
+      __m512i c = _mm512_slli_epi16(w[v], 2);
+      c = _mm512_mask_add_epi16(c, up2, c, _mm512_set1_epi16(2));
+      c = _mm512_mask_add_epi16(c, up1, c, _mm512_set1_epi16(1));
+      codes[v] = _mm512_mask_sub_epi16(c, over, c, _mm512_set1_epi16(1));
+    }
+    for (int g = 0; g < kGroups; ++g) {
+      _mm512_storeu_si512(out + i + 64 * g, _mm512_permutex2var_epi8(
+                                                codes[2 * g], pack, codes[2 * g + 1]));
+    }
+  }
+  for (; i < n; ++i) out[i] = code(x[i] * inverse);
+}
+
 // `Store`'s packed 4-bit codes of `x[i] * inverse` for even n, by `Search16`.
 __attribute__((target("avx512f"))) void PackedCodesAvx512(const QuantizedMoment& m,
                                                          const Search& code,
@@ -538,6 +680,9 @@ int32_t Largest(const float* x, int64_t n) {
 void Encode(const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
             float inverse, uint8_t* out) {
 #if defined(__x86_64__)
+  if (kVbmi && m.levels == 256 && m.word_search) {
+    return CodesVbmi<4>(m, code, x, n, inverse, out);
+  }
   if (kAvx512 && m.levels == 256) {
     return CodesAvx512<Search256, 8>(m, code, x, n, inverse, out);
   }
