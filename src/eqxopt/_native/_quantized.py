@@ -123,9 +123,24 @@ def _xla(scalars: jax.Array, g: jax.Array, p: jax.Array, *args: Any, static: _Sp
     return results
 
 
+def _result_shapes(scalars: Any, g: Any, p: Any, *args: Any, static: _Spec) -> list:
+    # The first result is float32 like `g`; each moment comes back in the shapes
+    # and dtypes it came in (codes and scales are written over the old ones).
+    results, position = [(g.shape, jnp.float32)], 0
+    for layout in static.layouts:
+        if layout is None:
+            results.append((args[position].shape, jnp.float32))
+            position += 1
+        else:
+            codes, absmax = args[position : position + 2]
+            results += [(codes.shape, codes.dtype), (absmax.shape, absmax.dtype)]
+            position += 6
+    return results
+
+
 @functools.cache
 def _primitive() -> Any:
-    return _ffi.ffi_or_xla(_build.QUANTIZED_TARGET, _xla)
+    return _ffi.ffi_or_xla(_build.QUANTIZED_TARGET, _xla, _result_shapes)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
