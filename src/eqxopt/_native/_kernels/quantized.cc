@@ -155,6 +155,18 @@ struct Search {
   }
 };
 
+// The largest of `result` and `bits[k] & 0x7FFFFFFF` (|x| as an integer) for
+// i <= k < n: the scalar end of each form of `Largest`.
+inline int32_t LargestFrom(const float* x, int64_t i, int64_t n, int32_t result) {
+  for (; i < n; ++i) {
+    int32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    bits &= 0x7FFFFFFF;
+    result = bits > result ? bits : result;
+  }
+  return result;
+}
+
 // XLA's maximum: NaN if either is.
 inline float NanMax(float a, float b) { return (a > b || a != a) ? a : b; }
 
@@ -233,13 +245,7 @@ __attribute__((target("avx2"))) int32_t LargestAvx2(const float* x, int64_t n) {
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), largest);
   int32_t result = 0;
   for (int32_t lane : lanes) result = lane > result ? lane : result;
-  for (; i < n; ++i) {
-    int32_t bits;
-    std::memcpy(&bits, x + i, sizeof bits);
-    bits &= 0x7FFFFFFF;
-    result = bits > result ? bits : result;
-  }
-  return result;
+  return LargestFrom(x, i, n, result);
 }
 
 // `out[i] = map[codes[i]] * scale` for i < n, 64 at a time with byte look-ups
@@ -443,12 +449,11 @@ struct Search16 {
     by1 = _mm512_load_ps(m.steps[2]);
   }
 
+  // The codes of `x[16 * u + i] * scale` in `codes[u]` (one per 32-bit lane).
   template <int kVectors>
-  __attribute__((target("avx512f"), always_inline)) void Run(const float* x,
-                                                             __m512 scale,
-                                                             uint8_t* out) const {
+  __attribute__((target("avx512f"), always_inline)) void Codes(
+      const float* x, __m512 scale, __m512i* codes) const {
     __m512 y[kVectors];
-    __m512i codes[kVectors];
     for (int u = 0; u < kVectors; ++u) {
       y[u] = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * u), scale);
       codes[u] = _mm512_maskz_mov_epi32(AtMost(t7, y[u]), _mm512_set1_epi32(8));
@@ -461,6 +466,14 @@ struct Search16 {
             _mm512_mask_add_epi32(codes[u], up, codes[u], _mm512_set1_epi32(4 >> j));
       }
     }
+  }
+
+  template <int kVectors>
+  __attribute__((target("avx512f"), always_inline)) void Run(const float* x,
+                                                             __m512 scale,
+                                                             uint8_t* out) const {
+    __m512i codes[kVectors];
+    Codes<kVectors>(x, scale, codes);
     for (int u = 0; u < kVectors; ++u) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * u),
                        _mm512_cvtepi32_epi8(codes[u]));
@@ -472,20 +485,8 @@ struct Search16 {
   template <int kVectors>
   __attribute__((target("avx512f"), always_inline)) void RunPacked(
       const float* x, __m512 scale, uint8_t* out) const {
-    __m512 y[kVectors];
     __m512i codes[kVectors];
-    for (int u = 0; u < kVectors; ++u) {
-      y[u] = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * u), scale);
-      codes[u] = _mm512_maskz_mov_epi32(AtMost(t7, y[u]), _mm512_set1_epi32(8));
-    }
-    const __m512 tables[3] = {by4, by2, by1};
-    for (int j = 0; j < 3; ++j) {
-      for (int u = 0; u < kVectors; ++u) {
-        const __mmask16 up = AtMost(_mm512_permutexvar_ps(codes[u], tables[j]), y[u]);
-        codes[u] =
-            _mm512_mask_add_epi32(codes[u], up, codes[u], _mm512_set1_epi32(4 >> j));
-      }
-    }
+    Codes<kVectors>(x, scale, codes);
     for (int u = 0; u < kVectors; ++u) {
       // (first << 4) & 0xF0 | second, in the low byte of each 64-bit lane.
       const __m512i pairs = _mm512_ternarylogic_epi64(
@@ -641,13 +642,7 @@ __attribute__((target("avx512f"))) int32_t LargestAvx512(const float* x, int64_t
                          _mm512_and_si512(_mm512_loadu_si512(x + i + 16), magnitude));
   }
   int32_t result = _mm512_reduce_max_epi32(_mm512_max_epi32(a, b));
-  for (; i < n; ++i) {
-    int32_t bits;
-    std::memcpy(&bits, x + i, sizeof bits);
-    bits &= 0x7FFFFFFF;
-    result = bits > result ? bits : result;
-  }
-  return result;
+  return LargestFrom(x, i, n, result);
 }
 
 const bool kAvx2 = __builtin_cpu_supports("avx2");
@@ -667,14 +662,7 @@ int32_t Largest(const float* x, int64_t n) {
   if (kAvx512) return LargestAvx512(x, n);
   if (kAvx2) return LargestAvx2(x, n);
 #endif
-  int32_t largest = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    int32_t bits;
-    std::memcpy(&bits, x + i, sizeof bits);
-    bits &= 0x7FFFFFFF;
-    largest = bits > largest ? bits : largest;
-  }
-  return largest;
+  return LargestFrom(x, 0, n, 0);
 }
 
 void Encode(const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
