@@ -88,6 +88,10 @@ def search_entries(map_name: str) -> np.ndarray:
     return entries.astype(np.uint32).view(np.int32)  # read as uint32
 
 
+# The buffers after a quantized moment's codes and absmax (`_constants`).
+_N_CONSTANTS = 4
+
+
 def _constants(map_name: str) -> list[jax.Array]:
     tables = _storage.search_tables(map_name)
     return [
@@ -98,20 +102,33 @@ def _constants(map_name: str) -> list[jax.Array]:
     ]
 
 
-def _xla(scalars: jax.Array, g: jax.Array, p: jax.Array, *args: Any, static: _Spec):
-    """The call as XLA operations: what the engine's own code computes."""
-    moments, position = [], 0
+def _moment_args(static: _Spec, args: tuple) -> list[tuple[Any, tuple]]:
+    """Per moment of the call, its layout and its buffers among `args` (those after
+    `g` and `p`): `(values,)` for a float32 moment, `(codes, absmax)` for a
+    quantized one (its `_constants` follow them)."""
+    per_moment, position = [], 0
     for layout in static.layouts:
         if layout is None:
-            moments.append(args[position])
+            per_moment.append((None, args[position : position + 1]))
             position += 1
         else:
-            codes, absmax = args[position : position + 2]
+            per_moment.append((layout, args[position : position + 2]))
+            position += 2 + _N_CONSTANTS
+    return per_moment
+
+
+def _xla(scalars: jax.Array, g: jax.Array, p: jax.Array, *args: Any, static: _Spec):
+    """The call as XLA operations: what the engine's own code computes."""
+    moments = []
+    for layout, buffers in _moment_args(static, args):
+        if layout is None:
+            moments.extend(buffers)
+        else:
+            codes, absmax = buffers
             stored = _storage.QuantizedArray(
                 codes, absmax, layout.shape, jnp.float32, layout.map_name
             )
             moments.append(stored.dequantize())
-            position += 6
     outs = _fused.reference(static.program, scalars, g, p, *moments)
     results = [outs[0]]
     for layout, value in zip(static.layouts, outs[1:]):
@@ -126,15 +143,12 @@ def _xla(scalars: jax.Array, g: jax.Array, p: jax.Array, *args: Any, static: _Sp
 def _result_shapes(scalars: Any, g: Any, p: Any, *args: Any, static: _Spec) -> list:
     # The first result is float32 like `g`; each moment comes back in the shapes
     # and dtypes it came in (codes and scales are written over the old ones).
-    results, position = [(g.shape, jnp.float32)], 0
-    for layout in static.layouts:
+    results = [(g.shape, jnp.float32)]
+    for layout, buffers in _moment_args(static, args):
         if layout is None:
-            results.append((args[position].shape, jnp.float32))
-            position += 1
+            results.append((buffers[0].shape, jnp.float32))
         else:
-            codes, absmax = args[position : position + 2]
-            results += [(codes.shape, codes.dtype), (absmax.shape, absmax.dtype)]
-            position += 6
+            results += [(x.shape, x.dtype) for x in buffers]
     return results
 
 
