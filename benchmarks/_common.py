@@ -97,9 +97,28 @@ class CompileCounter:
         self.active = False
 
 
+def cpu() -> str:
+    """The CPU's model name, family and model, and its AVX-512 features."""
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    fields = dict(
+        line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line
+    )
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    features = [f for f in ("avx2", "avx512f", "avx512bw", "avx512vbmi") if f in flags]
+    return (
+        f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, "
+        f"model {fields.get('model', '?')}; {' '.join(features)})"
+    )
+
+
 def machine() -> dict:
     return {
         "cpus": os.cpu_count(),
+        "cpu": cpu(),
         "loadavg": os.getloadavg(),
         "jax": jax.__version__,
         "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
