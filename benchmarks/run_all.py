@@ -22,6 +22,7 @@ CASES = [
     "bench_recompiles.py",
     "bench_memory.py",
     "bench_state_memory.py",
+    "bench_quantized_pieces.py",
     "bench_bf16_memory.py",
     "bench_native_shard.py",
     "bench_fsdp.py",
