@@ -61,12 +61,12 @@ struct QuantizedMoment {
   alignas(64) float steps[10][32];
   // 8-bit, for `CodesVbmi`, the top halves of the thresholds' order keys
   // (`Key16`) its steps compare with, by the code so far over 8 (`w`): `t[8 w + s
-  // - 1]` for strides s = 64 to 4 (`levels`, 32 entries: one register each). Then
+  // - 1]` for strides s = 64 to 4 (`step_words`, 32 entries: one register each). Then
   // by `u` = w + 32 * (code bit 2), that is by the code so far over 4 `q` = 2 (u %
   // 32) + u / 32 (`finals`, 64 entries): the top halves of `t[4 q + 1]`, `t[4 q]`,
   // `t[4 q + 2]`, `t[4 q - 1]`, and the low halves of `t[4 q - 1]`, `t[4 q + 1]`,
   // `t[4 q]`, `t[4 q + 2]`; `word_search` if no two thresholds share a top half.
-  alignas(64) int16_t levels_words[5][32];
+  alignas(64) int16_t step_words[5][32];
   alignas(64) int16_t finals[8][64];
   bool word_search = false;
 };
@@ -94,7 +94,7 @@ void StepTables(QuantizedMoment& m) {
   auto t = [&](int64_t c) { return m.thresholds[std::min(c, last)]; };
   if (m.levels == 256) {
     for (int64_t w = 0; w < 32; ++w) {
-      for (int j = 0; j < 5; ++j) m.levels_words[j][w] = Key16(t(8 * w + (64 >> j) - 1));
+      for (int j = 0; j < 5; ++j) m.step_words[j][w] = Key16(t(8 * w + (64 >> j) - 1));
     }
     for (int64_t u = 0; u < 64; ++u) {
       const int64_t q = 2 * (u % 32) + u / 32;
@@ -528,23 +528,25 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i LookUp
   return _mm512_permutex2var_epi16(table[0], u, table[1]);
 }
 
-// 8-bit codes, 64 * kGroups at a time (AVX-512 VBMI). A binary search over the
+// 8-bit codes, 64 * kGroups at a time (AVX-512 VBMI, GFNI). A binary search over the
 // top halves of the order keys (`Key16`) in 16-bit lanes, 32 to a register, counts
 // the thresholds whose top half is at most `y`'s: the code, or one more where the
 // last one counted shares `y`'s top half and its low half is above `y`'s (at most
 // one threshold per top half: `StepTables`). That threshold is the last step's
 // that went up, so its halves come from the step tables: no look-up by code.
 // Until code bit 2 is known the code so far over 8 (`w`) has five bits, so those
-// steps look up one register (`vpermw`, no copy).
+// steps look up one register (`vpermw`, no copy). The code's bits are gathered
+// out of order (bits 7 to 3 low, where the look-ups read them) and put in order
+// by one GFNI affine map per 64 codes.
 // kClamp: `y` clamped to [-1.5, 1.5] (NaN: -1.5, code 0), which keeps every
 // comparison with the thresholds. Without it `y` must be a number in [-1.5, 1.5]
 // already (`Store`: a block with a finite absmax).
 template <int kGroups, bool kClamp>
-__attribute__((target("avx512f,avx512bw,avx512vbmi"))) void CodesVbmi(
+__attribute__((target("avx512f,avx512bw,avx512vbmi,gfni"))) void CodesVbmi(
     const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
     float inverse, uint8_t* out) {
   __m512i level[5], final[8][2];
-  for (int j = 0; j < 5; ++j) level[j] = _mm512_load_si512(m.levels_words[j]);
+  for (int j = 0; j < 5; ++j) level[j] = _mm512_load_si512(m.step_words[j]);
   for (int j = 0; j < 8; ++j) {
     final[j][0] = _mm512_load_si512(m.finals[j]);
     final[j][1] = _mm512_load_si512(m.finals[j] + 32);
@@ -556,6 +558,12 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void CodesVbmi(
   const __m512 lowest = _mm512_set1_ps(-1.5f), highest = _mm512_set1_ps(1.5f);
   const __m512i flip = _mm512_set1_epi16(0x7FFF);
   const __m512i middle = _mm512_set1_epi16(Key16(m.thresholds[127]));
+  // `shuffled` (below) to the code: bit i of the code is bit source[i] of
+  // `shuffled`, picked by row 7 - i of the matrix.
+  constexpr int source[8] = {7, 6, 5, 0, 1, 2, 3, 4};
+  int64_t rows = 0;
+  for (int bit = 0; bit < 8; ++bit) rows |= int64_t{1} << source[bit] << (8 * (7 - bit));
+  const __m512i unshuffle = _mm512_set1_epi64(rows);
   constexpr int kV = 2 * kGroups;  // 32-lane vectors
   int64_t i = 0;
   for (; i + 64 * kGroups <= n; i += 64 * kGroups) {
@@ -583,7 +591,8 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void CodesVbmi(
         w[v] = _mm512_mask_add_epi16(w[v], up, w[v], _mm512_set1_epi16(8 >> j));
       }
     }
-    __m512i codes[kV];
+    __m512i shuffled[kV];
+    __mmask32 overs[kV];
     for (int v = 0; v < kV; ++v) {
       const __mmask32 up4 =
           _mm512_cmple_epi16_mask(_mm512_permutexvar_epi16(w[v], level[4]), key[v]);
@@ -604,15 +613,18 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void CodesVbmi(
           _mm512_mask_blend_epi16(up2, LookUp64(final[6], u), LookUp64(final[7], u)));
       const __mmask32 over = _mm512_mask_cmpgt_epu16_mask(
           _mm512_cmpeq_epi16_mask(top, key[v]), bottom, low[v]);
-      __m512i c = _mm512_slli_epi16(w[v], 3);
-      c = _mm512_mask_add_epi16(c, up4, c, _mm512_set1_epi16(4));
-      c = _mm512_mask_add_epi16(c, up2, c, _mm512_set1_epi16(2));
-      c = _mm512_mask_add_epi16(c, up1, c, _mm512_set1_epi16(1));
-      codes[v] = _mm512_mask_sub_epi16(c, over, c, _mm512_set1_epi16(1));
+      // The code so far over 8, then code bits 2, 1, 0 (before the correction).
+      const __m512i c = _mm512_mask_add_epi16(u, up2, u, _mm512_set1_epi16(64));
+      shuffled[v] = _mm512_mask_add_epi16(c, up1, c, _mm512_set1_epi16(128));
+      overs[v] = over;
     }
     for (int g = 0; g < kGroups; ++g) {
-      _mm512_storeu_si512(out + i + 64 * g, _mm512_permutex2var_epi8(
-                                                codes[2 * g], pack, codes[2 * g + 1]));
+      __m512i codes =
+          _mm512_permutex2var_epi8(shuffled[2 * g], pack, shuffled[2 * g + 1]);
+      codes = _mm512_gf2p8affine_epi64_epi8(codes, unshuffle, 0);
+      codes = _mm512_mask_sub_epi8(codes, _mm512_kunpackd(overs[2 * g + 1], overs[2 * g]),
+                                   codes, _mm512_set1_epi8(1));
+      _mm512_storeu_si512(out + i + 64 * g, codes);
     }
   }
   for (; i < n; ++i) out[i] = code(x[i] * inverse);
@@ -669,10 +681,13 @@ const bool kAvx512 = __builtin_cpu_supports("avx512f");
 const bool kVbmi = __builtin_cpu_supports("avx512f") &&
                    __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vbmi");
+// `CodesVbmi` also puts its codes' bits in order by a GFNI affine map.
+const bool kVbmiGfni = kVbmi && __builtin_cpu_supports("gfni");
 #else
 const bool kAvx2 = false;
 const bool kAvx512 = false;
 const bool kVbmi = false;
+const bool kVbmiGfni = false;
 #endif
 
 // The largest |x[i]| as its bits (a NaN's are larger than any number's).
@@ -689,7 +704,7 @@ int32_t Largest(const float* x, int64_t n) {
 void Encode(const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
             float inverse, uint8_t* out, bool bounded = false) {
 #if defined(__x86_64__)
-  if (kVbmi && m.levels == 256 && m.word_search) {
+  if (kVbmiGfni && m.levels == 256 && m.word_search) {
     if (bounded) return CodesVbmi<4, false>(m, code, x, n, inverse, out);
     return CodesVbmi<4, true>(m, code, x, n, inverse, out);
   }
