@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     const int64_t n = 1 << 16;
     std::vector<float> x(n);
     std::vector<float> bounded(n);
-    std::vector<uint8_t> codes(n), fallback(n), bounded_expected(n);
+    std::vector<uint8_t> codes(n), fallback(n), expected(n), bounded_expected(n);
     for (uint64_t high = uint64_t{half} << 31; high < (uint64_t{half} + 1) << 31;
          high += n) {
       for (int64_t j = 0; j < n; ++j) {
@@ -77,13 +77,13 @@ int main(int argc, char** argv) {
       }
       int64_t n_bounded = 0;
       for (int64_t j = 0; j < n; ++j) {
-        const uint8_t expected = scalar(x[j] * 1.0f);
-        if (codes[j] != expected) ++mismatches[half];
-        if (m.levels == 256 && fallback[j] != expected) ++mismatches[half];
+        expected[j] = scalar(x[j] * 1.0f);
+        if (codes[j] != expected[j]) ++mismatches[half];
+        if (m.levels == 256 && fallback[j] != expected[j]) ++mismatches[half];
         // Every value a block with a finite absmax can give (`Store`).
         if (std::fabs(x[j]) <= 1.0f + 0x1p-23f) {
           bounded[n_bounded] = x[j];
-          bounded_expected[n_bounded++] = expected;
+          bounded_expected[n_bounded++] = expected[j];
         }
       }
       Encode(m, scalar, bounded.data(), n_bounded, 1.0f, codes.data(), true);
@@ -91,6 +91,20 @@ int main(int argc, char** argv) {
         if (codes[j] != bounded_expected[j]) ++mismatches[half];
       }
       checked_bounded[half] += n_bounded;
+      // Also 64 at a time (the search's short form, and its scalar end).
+      for (int64_t j = 0; j < n; j += 64) {
+        Encode(m, scalar, x.data() + j, 64, 1.0f, codes.data() + j);
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        if (codes[j] != expected[j]) ++mismatches[half];
+      }
+      for (int64_t j = 0; j < n_bounded; j += 64) {
+        Encode(m, scalar, bounded.data() + j, std::min<int64_t>(64, n_bounded - j), 1.0f,
+               codes.data() + j, true);
+      }
+      for (int64_t j = 0; j < n_bounded; ++j) {
+        if (codes[j] != bounded_expected[j]) ++mismatches[half];
+      }
     }
   };
   std::thread other(sweep, 1);

@@ -541,10 +541,11 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i LookUp
 // kClamp: `y` clamped to [-1.5, 1.5] (NaN: -1.5, code 0), which keeps every
 // comparison with the thresholds. Without it `y` must be a number in [-1.5, 1.5]
 // already (`Store`: a block with a finite absmax).
+// Codes 64 * kGroups elements, in one pass: without a loop around it the
+// compiler keeps more in registers.
 template <int kGroups, bool kClamp>
-__attribute__((target("avx512f,avx512bw,avx512vbmi,gfni"))) void CodesVbmi(
-    const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
-    float inverse, uint8_t* out) {
+__attribute__((target("avx512f,avx512bw,avx512vbmi,gfni"), noinline)) void CodesVbmiRun(
+    const QuantizedMoment& m, const float* x, float inverse, uint8_t* out) {
   __m512i level[5], final[8][2];
   for (int j = 0; j < 5; ++j) level[j] = _mm512_load_si512(m.step_words[j]);
   for (int j = 0; j < 8; ++j) {
@@ -565,8 +566,8 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi,gfni"))) void CodesVbmi(
   for (int bit = 0; bit < 8; ++bit) rows |= int64_t{1} << source[bit] << (8 * (7 - bit));
   const __m512i unshuffle = _mm512_set1_epi64(rows);
   constexpr int kV = 2 * kGroups;  // 32-lane vectors
-  int64_t i = 0;
-  for (; i + 64 * kGroups <= n; i += 64 * kGroups) {
+  {
+    constexpr int64_t i = 0;
     __m512i key[kV], low[kV], w[kV];
     for (int v = 0; v < kV; ++v) {
       __m512i half[2];
@@ -627,6 +628,15 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi,gfni"))) void CodesVbmi(
       _mm512_storeu_si512(out + i + 64 * g, codes);
     }
   }
+}
+
+// `out[i] = code(x[i] * inverse)` for i < n: 256, then 64 at a time.
+template <bool kClamp>
+void CodesVbmi(const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
+               float inverse, uint8_t* out) {
+  int64_t i = 0;
+  for (; i + 256 <= n; i += 256) CodesVbmiRun<4, kClamp>(m, x + i, inverse, out + i);
+  for (; i + 64 <= n; i += 64) CodesVbmiRun<1, kClamp>(m, x + i, inverse, out + i);
   for (; i < n; ++i) out[i] = code(x[i] * inverse);
 }
 
@@ -705,8 +715,8 @@ void Encode(const QuantizedMoment& m, const Search& code, const float* x, int64_
             float inverse, uint8_t* out, bool bounded = false) {
 #if defined(__x86_64__)
   if (kVbmiGfni && m.levels == 256 && m.word_search) {
-    if (bounded) return CodesVbmi<4, false>(m, code, x, n, inverse, out);
-    return CodesVbmi<4, true>(m, code, x, n, inverse, out);
+    if (bounded) return CodesVbmi<false>(m, code, x, n, inverse, out);
+    return CodesVbmi<true>(m, code, x, n, inverse, out);
   }
   if (kAvx512 && m.levels == 256) {
     return CodesAvx512<Search256, 8>(m, code, x, n, inverse, out);
