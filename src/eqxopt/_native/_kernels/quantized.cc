@@ -794,6 +794,30 @@ void Scale(const QuantizedMoment& m, const float* values, int64_t begin,
   }
 }
 
+// The padding of a leaf's last block: `n` codes of 0 (the padding's values).
+__attribute__((noinline)) void Pad(const Search& code, float inverse, uint8_t* out,
+                                   int64_t n) {
+  const uint8_t pad = code(0.0f * inverse);
+  for (int64_t i = 0; i < n; ++i) out[i] = pad;
+}
+
+// `codes` (n even, each below 16) two to a byte, the first in the high half.
+__attribute__((noinline)) void PackPairs(const uint8_t* codes, int64_t n, uint8_t* out) {
+  int64_t i = 0;
+#if defined(__x86_64__)
+  // Sixteen codes to eight bytes.
+  const __m128i low_byte = _mm_set1_epi16(0xFF);
+  for (; i + 16 <= n; i += 16) {
+    const __m128i pairs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+    const __m128i first = _mm_slli_epi16(_mm_and_si128(pairs, low_byte), 4);
+    const __m128i bytes = _mm_or_si128(first, _mm_srli_epi16(pairs, 8));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 2),
+                     _mm_packus_epi16(bytes, bytes));
+  }
+#endif
+  for (; i < n; i += 2) out[i / 2] = static_cast<uint8_t>((codes[i] << 4) | codes[i + 1]);
+}
+
 // Stores the codes of those values, by `Scale`'s `inverses`.
 void Store(const QuantizedMoment& m, const float* values, int64_t begin,
            int64_t valid, int64_t chunk, const float* inverses, uint8_t* scratch) {
@@ -817,30 +841,8 @@ void Store(const QuantizedMoment& m, const float* values, int64_t begin,
     // so |x * inverse| <= 1 + 2^-24, and y = RN(x * inverse) is a number of at
     // most 1 + 2^-23 in magnitude: no clamp needed.
     Encode(m, code, x, real, inverse, codes, std::isfinite(m.absmax_out[b]));
-    if (real < block) {
-      const uint8_t pad = code(0.0f * inverse);
-      for (int64_t i = real; i < block; ++i) codes[i] = pad;
-    }
-    if (m.packed) {
-      uint8_t* out = m.codes_out + b * (block / 2);
-      int64_t i = 0;
-#if defined(__x86_64__)
-      // Sixteen codes (each below 16) to eight bytes: the first of each pair in the
-      // high half.
-      const __m128i low_byte = _mm_set1_epi16(0xFF);
-      for (; i + 16 <= block; i += 16) {
-        const __m128i pairs =
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
-        const __m128i first = _mm_slli_epi16(_mm_and_si128(pairs, low_byte), 4);
-        const __m128i bytes = _mm_or_si128(first, _mm_srli_epi16(pairs, 8));
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 2),
-                         _mm_packus_epi16(bytes, bytes));
-      }
-#endif
-      for (; i < block; i += 2) {
-        out[i / 2] = static_cast<uint8_t>((codes[i] << 4) | codes[i + 1]);
-      }
-    }
+    if (real < block) Pad(code, inverse, codes + real, block - real);
+    if (m.packed) PackPairs(codes, block, m.codes_out + b * (block / 2));
   }
 }
 
