@@ -99,8 +99,8 @@ int main(int argc, char** argv) {
         if (codes[j] != expected[j]) ++mismatches[half];
       }
       for (int64_t j = 0; j < n_bounded; j += 64) {
-        Encode(m, scalar, bounded.data() + j, std::min<int64_t>(64, n_bounded - j), 1.0f,
-               codes.data() + j, true);
+        const int64_t count = std::min<int64_t>(64, n_bounded - j);
+        Encode(m, scalar, bounded.data() + j, count, 1.0f, codes.data() + j, true);
       }
       for (int64_t j = 0; j < n_bounded; ++j) {
         if (codes[j] != bounded_expected[j]) ++mismatches[half];

@@ -17,10 +17,10 @@
 // absmax as an integer maximum of the magnitudes' bits, and the code search either
 // by a branchless binary search over the map's thresholds held in registers
 // (AVX-512: the code is the number of thresholds at most `y`, as
-// `_storage.search_tables` defines them; 8-bit with VBMI: over the top halves of
-// their order keys, 32 to a register, then one exact correction) or by one gather
-// per vector (AVX2). Every float operation is the scalar code's, so every path
-// gives the same bits.
+// `_storage.search_tables` defines them; 8-bit with VBMI and GFNI: over the top
+// halves of their order keys, 32 to a register, then one exact correction) or by
+// one gather per vector (AVX2). Every float operation is the scalar code's, so
+// every path gives the same bits.
 //
 // Arguments: `scalars`, then `g` and `p` (float32, n elements), then per moment
 // either its float32 values (n) or, quantized, six buffers: `codes` (uint8
@@ -528,7 +528,8 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i LookUp
   return _mm512_permutex2var_epi16(table[0], u, table[1]);
 }
 
-// 8-bit codes, 64 * kGroups at a time (AVX-512 VBMI, GFNI). A binary search over the
+// The 8-bit codes of 64 * kGroups elements, in one pass (no loop around it: the
+// compiler keeps more in registers; AVX-512 VBMI, GFNI). A binary search over the
 // top halves of the order keys (`Key16`) in 16-bit lanes, 32 to a register, counts
 // the thresholds whose top half is at most `y`'s: the code, or one more where the
 // last one counted shares `y`'s top half and its low half is above `y`'s (at most
@@ -541,8 +542,6 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i LookUp
 // kClamp: `y` clamped to [-1.5, 1.5] (NaN: -1.5, code 0), which keeps every
 // comparison with the thresholds. Without it `y` must be a number in [-1.5, 1.5]
 // already (`Store`: a block with a finite absmax).
-// Codes 64 * kGroups elements, in one pass: without a loop around it the
-// compiler keeps more in registers.
 template <int kGroups, bool kClamp>
 __attribute__((target("avx512f,avx512bw,avx512vbmi,gfni"), noinline)) void CodesVbmiRun(
     const QuantizedMoment& m, const float* x, float inverse, uint8_t* out) {
@@ -563,7 +562,9 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi,gfni"), noinline)) void Codes
   // `shuffled`, picked by row 7 - i of the matrix.
   constexpr int source[8] = {7, 6, 5, 0, 1, 2, 3, 4};
   int64_t rows = 0;
-  for (int bit = 0; bit < 8; ++bit) rows |= int64_t{1} << source[bit] << (8 * (7 - bit));
+  for (int bit = 0; bit < 8; ++bit) {
+    rows |= int64_t{1} << source[bit] << (8 * (7 - bit));
+  }
   const __m512i unshuffle = _mm512_set1_epi64(rows);
   constexpr int kV = 2 * kGroups;  // 32-lane vectors
   {
@@ -623,8 +624,8 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi,gfni"), noinline)) void Codes
       __m512i codes =
           _mm512_permutex2var_epi8(shuffled[2 * g], pack, shuffled[2 * g + 1]);
       codes = _mm512_gf2p8affine_epi64_epi8(codes, unshuffle, 0);
-      codes = _mm512_mask_sub_epi8(codes, _mm512_kunpackd(overs[2 * g + 1], overs[2 * g]),
-                                   codes, _mm512_set1_epi8(1));
+      const __mmask64 over = _mm512_kunpackd(overs[2 * g + 1], overs[2 * g]);
+      codes = _mm512_mask_sub_epi8(codes, over, codes, _mm512_set1_epi8(1));
       _mm512_storeu_si512(out + i + 64 * g, codes);
     }
   }
@@ -802,7 +803,8 @@ __attribute__((noinline)) void Pad(const Search& code, float inverse, uint8_t* o
 }
 
 // `codes` (n even, each below 16) two to a byte, the first in the high half.
-__attribute__((noinline)) void PackPairs(const uint8_t* codes, int64_t n, uint8_t* out) {
+__attribute__((noinline)) void PackPairs(const uint8_t* codes, int64_t n,
+                                         uint8_t* out) {
   int64_t i = 0;
 #if defined(__x86_64__)
   // Sixteen codes to eight bytes.
@@ -815,7 +817,9 @@ __attribute__((noinline)) void PackPairs(const uint8_t* codes, int64_t n, uint8_
                      _mm_packus_epi16(bytes, bytes));
   }
 #endif
-  for (; i < n; i += 2) out[i / 2] = static_cast<uint8_t>((codes[i] << 4) | codes[i + 1]);
+  for (; i < n; i += 2) {
+    out[i / 2] = static_cast<uint8_t>((codes[i] << 4) | codes[i + 1]);
+  }
 }
 
 // Stores the codes of those values, by `Scale`'s `inverses`.
