@@ -567,70 +567,66 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi,gfni"), noinline)) void Codes
   }
   const __m512i unshuffle = _mm512_set1_epi64(rows);
   constexpr int kV = 2 * kGroups;  // 32-lane vectors
-  {
-    constexpr int64_t i = 0;
-    __m512i key[kV], low[kV], w[kV];
+  __m512i key[kV], low[kV], w[kV];
+  for (int v = 0; v < kV; ++v) {
+    __m512i half[2];
+    for (int h = 0; h < 2; ++h) {
+      __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + 32 * v + 16 * h), scale);
+      // `max` gives its second operand where the first is NaN.
+      if (kClamp) y = _mm512_min_ps(_mm512_max_ps(y, lowest), highest);
+      half[h] = _mm512_castps_si512(y);
+    }
+    const __m512i top = _mm512_permutex2var_epi16(half[0], tops, half[1]);
+    const __m512i negative = _mm512_srai_epi16(top, 15);
+    key[v] = _mm512_ternarylogic_epi32(top, negative, flip, 0x78);  // a ^ (b & c)
+    low[v] = _mm512_xor_si512(_mm512_permutex2var_epi16(half[0], lows, half[1]),
+                              negative);
+    w[v] = _mm512_maskz_mov_epi16(_mm512_cmple_epi16_mask(middle, key[v]),
+                                  _mm512_set1_epi16(16));
+  }
+  for (int j = 0; j < 4; ++j) {
     for (int v = 0; v < kV; ++v) {
-      __m512i half[2];
-      for (int h = 0; h < 2; ++h) {
-        __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i + 32 * v + 16 * h), scale);
-        // `max` gives its second operand where the first is NaN.
-        if (kClamp) y = _mm512_min_ps(_mm512_max_ps(y, lowest), highest);
-        half[h] = _mm512_castps_si512(y);
-      }
-      const __m512i top = _mm512_permutex2var_epi16(half[0], tops, half[1]);
-      const __m512i negative = _mm512_srai_epi16(top, 15);
-      key[v] = _mm512_ternarylogic_epi32(top, negative, flip, 0x78);  // a ^ (b & c)
-      low[v] = _mm512_xor_si512(_mm512_permutex2var_epi16(half[0], lows, half[1]),
-                                negative);
-      w[v] = _mm512_maskz_mov_epi16(_mm512_cmple_epi16_mask(middle, key[v]),
-                                    _mm512_set1_epi16(16));
-    }
-    for (int j = 0; j < 4; ++j) {
-      for (int v = 0; v < kV; ++v) {
-        const __m512i t = _mm512_permutexvar_epi16(w[v], level[j]);
-        const __mmask32 up = _mm512_cmple_epi16_mask(t, key[v]);
-        w[v] = _mm512_mask_add_epi16(w[v], up, w[v], _mm512_set1_epi16(8 >> j));
-      }
-    }
-    __m512i shuffled[kV];
-    __mmask32 overs[kV];
-    for (int v = 0; v < kV; ++v) {
-      const __mmask32 up4 =
-          _mm512_cmple_epi16_mask(_mm512_permutexvar_epi16(w[v], level[4]), key[v]);
-      const __m512i u = _mm512_mask_add_epi16(w[v], up4, w[v], _mm512_set1_epi16(32));
-      const __m512i t2 = LookUp64(final[0], u);
-      const __mmask32 up2 = _mm512_cmple_epi16_mask(t2, key[v]);
-      const __m512i t1 =
-          _mm512_mask_blend_epi16(up2, LookUp64(final[1], u), LookUp64(final[2], u));
-      const __mmask32 up1 = _mm512_cmple_epi16_mask(t1, key[v]);
-      // The last threshold counted: t[4 q + 2 up2] (up1), t[4 q + 1] (up2), else
-      // t[4 q - 1].
-      __m512i top = _mm512_mask_blend_epi16(up2, LookUp64(final[3], u), t2);
-      top = _mm512_mask_blend_epi16(up1, top, t1);
-      __m512i bottom =
-          _mm512_mask_blend_epi16(up2, LookUp64(final[4], u), LookUp64(final[5], u));
-      bottom = _mm512_mask_mov_epi16(
-          bottom, up1,
-          _mm512_mask_blend_epi16(up2, LookUp64(final[6], u), LookUp64(final[7], u)));
-      const __mmask32 over = _mm512_mask_cmpgt_epu16_mask(
-          _mm512_cmpeq_epi16_mask(top, key[v]), bottom, low[v]);
-      // The code so far over 8, then code bits 2, 1, 0 (before the correction).
-      const __m512i c = _mm512_mask_add_epi16(u, up2, u, _mm512_set1_epi16(64));
-      shuffled[v] = _mm512_mask_add_epi16(c, up1, c, _mm512_set1_epi16(128));
-      overs[v] = over;
-    }
-    for (int g = 0; g < kGroups; ++g) {
-      __m512i codes =
-          _mm512_permutex2var_epi8(shuffled[2 * g], pack, shuffled[2 * g + 1]);
-      codes = _mm512_gf2p8affine_epi64_epi8(codes, unshuffle, 0);
-      const __mmask64 over = _mm512_kunpackd(overs[2 * g + 1], overs[2 * g]);
-      codes = _mm512_mask_sub_epi8(codes, over, codes, _mm512_set1_epi8(1));
-      _mm512_storeu_si512(out + i + 64 * g, codes);
+      const __m512i t = _mm512_permutexvar_epi16(w[v], level[j]);
+      const __mmask32 up = _mm512_cmple_epi16_mask(t, key[v]);
+      w[v] = _mm512_mask_add_epi16(w[v], up, w[v], _mm512_set1_epi16(8 >> j));
     }
   }
+  __m512i shuffled[kV];
+  __mmask32 overs[kV];
+  for (int v = 0; v < kV; ++v) {
+    const __mmask32 up4 =
+        _mm512_cmple_epi16_mask(_mm512_permutexvar_epi16(w[v], level[4]), key[v]);
+    const __m512i u = _mm512_mask_add_epi16(w[v], up4, w[v], _mm512_set1_epi16(32));
+    const __m512i t2 = LookUp64(final[0], u);
+    const __mmask32 up2 = _mm512_cmple_epi16_mask(t2, key[v]);
+    const __m512i t1 =
+        _mm512_mask_blend_epi16(up2, LookUp64(final[1], u), LookUp64(final[2], u));
+    const __mmask32 up1 = _mm512_cmple_epi16_mask(t1, key[v]);
+    // The last threshold counted: t[4 q + 2 up2] (up1), t[4 q + 1] (up2), else
+    // t[4 q - 1].
+    __m512i top = _mm512_mask_blend_epi16(up2, LookUp64(final[3], u), t2);
+    top = _mm512_mask_blend_epi16(up1, top, t1);
+    __m512i bottom =
+        _mm512_mask_blend_epi16(up2, LookUp64(final[4], u), LookUp64(final[5], u));
+    bottom = _mm512_mask_mov_epi16(
+        bottom, up1,
+        _mm512_mask_blend_epi16(up2, LookUp64(final[6], u), LookUp64(final[7], u)));
+    const __mmask32 over = _mm512_mask_cmpgt_epu16_mask(
+        _mm512_cmpeq_epi16_mask(top, key[v]), bottom, low[v]);
+    // The code so far over 8, then code bits 2, 1, 0 (before the correction).
+    const __m512i c = _mm512_mask_add_epi16(u, up2, u, _mm512_set1_epi16(64));
+    shuffled[v] = _mm512_mask_add_epi16(c, up1, c, _mm512_set1_epi16(128));
+    overs[v] = over;
+  }
+  for (int g = 0; g < kGroups; ++g) {
+    __m512i codes =
+        _mm512_permutex2var_epi8(shuffled[2 * g], pack, shuffled[2 * g + 1]);
+    codes = _mm512_gf2p8affine_epi64_epi8(codes, unshuffle, 0);
+    const __mmask64 over = _mm512_kunpackd(overs[2 * g + 1], overs[2 * g]);
+    codes = _mm512_mask_sub_epi8(codes, over, codes, _mm512_set1_epi8(1));
+    _mm512_storeu_si512(out + 64 * g, codes);
+  }
 }
-
 // `out[i] = code(x[i] * inverse)` for i < n: 256, then 64 at a time.
 template <bool kClamp>
 void CodesVbmi(const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
@@ -795,7 +791,7 @@ void Scale(const QuantizedMoment& m, const float* values, int64_t begin,
   }
 }
 
-// The padding of a leaf's last block: `n` codes of 0 (the padding's values).
+// The codes of the zeros padding a leaf's last block.
 __attribute__((noinline)) void Pad(const Search& code, float inverse, uint8_t* out,
                                    int64_t n) {
   const uint8_t pad = code(0.0f * inverse);
@@ -840,7 +836,7 @@ void Store(const QuantizedMoment& m, const float* values, int64_t begin,
     }
 #endif
     uint8_t* codes = m.packed ? scratch : m.codes_out + b * block;
-    // A finite absmax a is the largest |x| of the block (or 1e-12, larger), so
+    // A finite absmax a is the largest |x| of the block, or 1e-12 if larger, so
     // every x is a number with |x| <= a; inverse = RN(1 / a) <= (1 + 2^-24) / a,
     // so |x * inverse| <= 1 + 2^-24, and y = RN(x * inverse) is a number of at
     // most 1 + 2^-23 in magnitude: no clamp needed.
