@@ -4,8 +4,10 @@ AVX-512 VBMI one over the thresholds' 16-bit keys, then one correction) against 
 scalar search (the
 bucket look-ups of `_quantized.search_entries`, which
 `test_quantized_native.test_lookup_codes_are_the_binary_searchs` checks against
-torchao's binary search), for every float32 bit pattern and each map: a small C++
-program built from the kernel's own source."""
+torchao's binary search), for every float32 bit pattern and each map, and the
+unclamped form `Store` uses for blocks with a finite absmax for every float32 it
+can be given (magnitude at most 1 + 2^-23): a small C++ program built from the
+kernel's own source."""
 
 import os
 import shutil
@@ -56,11 +58,12 @@ int main(int argc, char** argv) {
   StepTables(m);
   const Search scalar(m);
   // Every bit pattern, in two halves on two threads.
-  uint64_t mismatches[2] = {0, 0};
+  uint64_t mismatches[2] = {0, 0}, checked_bounded[2] = {0, 0};
   auto sweep = [&](int half) {
     const int64_t n = 1 << 16;
     std::vector<float> x(n);
-    std::vector<uint8_t> codes(n), fallback(n);
+    std::vector<float> bounded(n);
+    std::vector<uint8_t> codes(n), fallback(n), expected(n), bounded_expected(n);
     for (uint64_t high = uint64_t{half} << 31; high < (uint64_t{half} + 1) << 31;
          high += n) {
       for (int64_t j = 0; j < n; ++j) {
@@ -72,18 +75,44 @@ int main(int argc, char** argv) {
       if (m.levels == 256) {
         CodesAvx512<Search256, 8>(m, scalar, x.data(), n, 1.0f, fallback.data());
       }
+      int64_t n_bounded = 0;
       for (int64_t j = 0; j < n; ++j) {
-        const uint8_t expected = scalar(x[j] * 1.0f);
-        if (codes[j] != expected) ++mismatches[half];
-        if (m.levels == 256 && fallback[j] != expected) ++mismatches[half];
+        expected[j] = scalar(x[j] * 1.0f);
+        if (codes[j] != expected[j]) ++mismatches[half];
+        if (m.levels == 256 && fallback[j] != expected[j]) ++mismatches[half];
+        // Every value a block with a finite absmax can give (`Store`).
+        if (std::fabs(x[j]) <= 1.0f + 0x1p-23f) {
+          bounded[n_bounded] = x[j];
+          bounded_expected[n_bounded++] = expected[j];
+        }
+      }
+      Encode(m, scalar, bounded.data(), n_bounded, 1.0f, codes.data(), true);
+      for (int64_t j = 0; j < n_bounded; ++j) {
+        if (codes[j] != bounded_expected[j]) ++mismatches[half];
+      }
+      checked_bounded[half] += n_bounded;
+      // Also 64 at a time (the search's short form, and its scalar end).
+      for (int64_t j = 0; j < n; j += 64) {
+        Encode(m, scalar, x.data() + j, 64, 1.0f, codes.data() + j);
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        if (codes[j] != expected[j]) ++mismatches[half];
+      }
+      for (int64_t j = 0; j < n_bounded; j += 64) {
+        const int64_t count = std::min<int64_t>(64, n_bounded - j);
+        Encode(m, scalar, bounded.data() + j, count, 1.0f, codes.data() + j, true);
+      }
+      for (int64_t j = 0; j < n_bounded; ++j) {
+        if (codes[j] != bounded_expected[j]) ++mismatches[half];
       }
     }
   };
   std::thread other(sweep, 1);
   sweep(0);
   other.join();
-  std::printf("mismatches %llu\n",
-              static_cast<unsigned long long>(mismatches[0] + mismatches[1]));
+  std::printf("mismatches %llu bounded %llu\n",
+              static_cast<unsigned long long>(mismatches[0] + mismatches[1]),
+              static_cast<unsigned long long>(checked_bounded[0] + checked_bounded[1]));
   return 0;
 }
 """
@@ -131,4 +160,5 @@ def test_avx512_search_gives_the_scalar_code_for_every_float32(program, name):
     )
     if result.stdout.strip() == "no avx512":
         pytest.skip("this CPU has no AVX-512")
-    assert result.stdout.strip() == "mismatches 0"
+    # The bounded sweep: the numbers of magnitude at most 1 + 2^-23, both signs.
+    assert result.stdout.strip() == f"mismatches 0 bounded {2 * (0x3F800001 + 1)}"

@@ -17,10 +17,10 @@
 // absmax as an integer maximum of the magnitudes' bits, and the code search either
 // by a branchless binary search over the map's thresholds held in registers
 // (AVX-512: the code is the number of thresholds at most `y`, as
-// `_storage.search_tables` defines them; 8-bit with VBMI: over the top halves of
-// their order keys, 32 to a register, then one exact correction) or by one gather
-// per vector (AVX2). Every float operation is the scalar code's, so every path
-// gives the same bits.
+// `_storage.search_tables` defines them; 8-bit with VBMI and GFNI: over the top
+// halves of their order keys, 32 to a register, then one exact correction) or by
+// one gather per vector (AVX2). Every float operation is the scalar code's, so
+// every path gives the same bits.
 //
 // Arguments: `scalars`, then `g` and `p` (float32, n elements), then per moment
 // either its float32 values (n) or, quantized, six buffers: `codes` (uint8
@@ -59,12 +59,15 @@ struct QuantizedMoment {
   // The thresholds each step of `Search256`'s or `Search16`'s binary search
   // compares with, by the code so far (`StepTables`).
   alignas(64) float steps[10][32];
-  // 8-bit, for `CodesVbmi`: by the code so far over 4 (`w`), the top halves of
-  // the thresholds' order keys (`Key16`) its steps compare with (`t[4 w + s - 1]`
-  // for strides s = 64 to 2, then `t[4 w]`, `t[4 w + 2]`), and the top and low
-  // halves of `t[4 w - 1]` and the low halves of `t[4 w + 1]`, `t[4 w]`,
-  // `t[4 w + 2]`; `word_search` if no two thresholds share a top half.
-  alignas(64) int16_t words[13][64];
+  // 8-bit, for `CodesVbmi`, the top halves of the thresholds' order keys
+  // (`Key16`) its steps compare with, by the code so far over 8 (`w`): `t[8 w + s
+  // - 1]` for strides s = 64 to 4 (`step_words`, 32 entries: one register each). Then
+  // by `u` = w + 32 * (code bit 2), that is by the code so far over 4 `q` = 2 (u %
+  // 32) + u / 32 (`finals`, 64 entries): the top halves of `t[4 q + 1]`, `t[4 q]`,
+  // `t[4 q + 2]`, `t[4 q - 1]`, and the low halves of `t[4 q - 1]`, `t[4 q + 1]`,
+  // `t[4 q]`, `t[4 q + 2]`; `word_search` if no two thresholds share a top half.
+  alignas(64) int16_t step_words[5][32];
+  alignas(64) int16_t finals[8][64];
   bool word_search = false;
 };
 
@@ -90,16 +93,20 @@ void StepTables(QuantizedMoment& m) {
   const int64_t last = m.levels - 1;
   auto t = [&](int64_t c) { return m.thresholds[std::min(c, last)]; };
   if (m.levels == 256) {
-    for (int64_t w = 0; w < 64; ++w) {
-      for (int j = 0; j < 6; ++j) m.words[j][w] = Key16(t(4 * w + (64 >> j) - 1));
-      m.words[6][w] = Key16(t(4 * w));
-      m.words[7][w] = Key16(t(4 * w + 2));
+    for (int64_t w = 0; w < 32; ++w) {
+      for (int j = 0; j < 5; ++j) m.step_words[j][w] = Key16(t(8 * w + (64 >> j) - 1));
+    }
+    for (int64_t u = 0; u < 64; ++u) {
+      const int64_t q = 2 * (u % 32) + u / 32;
+      m.finals[0][u] = Key16(t(4 * q + 1));
+      m.finals[1][u] = Key16(t(4 * q));
+      m.finals[2][u] = Key16(t(4 * q + 2));
       // No threshold below code 0: a top half no clamped `y` has.
-      m.words[8][w] = w == 0 ? INT16_MIN : Key16(t(4 * w - 1));
-      m.words[9][w] = w == 0 ? 0 : Low16(t(4 * w - 1));
-      m.words[10][w] = Low16(t(4 * w + 1));
-      m.words[11][w] = Low16(t(4 * w));
-      m.words[12][w] = Low16(t(4 * w + 2));
+      m.finals[3][u] = q == 0 ? INT16_MIN : Key16(t(4 * q - 1));
+      m.finals[4][u] = q == 0 ? 0 : Low16(t(4 * q - 1));
+      m.finals[5][u] = Low16(t(4 * q + 1));
+      m.finals[6][u] = Low16(t(4 * q));
+      m.finals[7][u] = Low16(t(4 * q + 2));
     }
     // Each top half holds at most one threshold, none is zero (-0 and 0 have
     // different keys) and all lie in [-1, 1] (`y` is clamped to [-1.5, 1.5]).
@@ -515,28 +522,34 @@ alignas(64) constexpr uint8_t kEvenBytes[64] = {
     96, 98, 100, 102, 104, 106, 108, 110, 112, 114, 116, 118, 120, 122, 124, 126,
 };
 
-// 16-bit entry `w` (0 to 63) of table `j`, held in two registers.
+// 16-bit entry `u` (0 to 63; higher bits ignored) of a table held in two registers.
 __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i LookUp64(
-    const __m512i (*table)[2], int j, __m512i w) {
-  return _mm512_permutex2var_epi16(table[j][0], w, table[j][1]);
+    const __m512i* table, __m512i u) {
+  return _mm512_permutex2var_epi16(table[0], u, table[1]);
 }
 
-// 8-bit codes, 64 * kGroups at a time (AVX-512 VBMI). `y` clamped to
-// [-1.5, 1.5] (NaN: -1.5, code 0) keeps every comparison with the thresholds.
-// A binary search over the top halves of the order keys (`Key16`) in 16-bit
-// lanes, 32 to a register, counts the thresholds whose top half is at most
-// `y`'s: the code, or one more where the last one counted shares `y`'s top half
-// and its low half is above `y`'s (at most one threshold per top half:
-// `StepTables`). That threshold is the last step's that went up, so its halves
-// come from the step tables: no look-up by code.
-template <int kGroups>
-__attribute__((target("avx512f,avx512bw,avx512vbmi"))) void CodesVbmi(
-    const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
-    float inverse, uint8_t* out) {
-  __m512i table[13][2];
-  for (int j = 0; j < 13; ++j) {
-    table[j][0] = _mm512_load_si512(m.words[j]);
-    table[j][1] = _mm512_load_si512(m.words[j] + 32);
+// The 8-bit codes of 64 * kGroups elements, in one pass (no loop around it: the
+// compiler keeps more in registers; AVX-512 VBMI, GFNI). A binary search over the
+// top halves of the order keys (`Key16`) in 16-bit lanes, 32 to a register, counts
+// the thresholds whose top half is at most `y`'s: the code, or one more where the
+// last one counted shares `y`'s top half and its low half is above `y`'s (at most
+// one threshold per top half: `StepTables`). That threshold is the last step's
+// that went up, so its halves come from the step tables: no look-up by code.
+// Until code bit 2 is known the code so far over 8 (`w`) has five bits, so those
+// steps look up one register (`vpermw`, no copy). The code's bits are gathered
+// out of order (bits 7 to 3 low, where the look-ups read them) and put in order
+// by one GFNI affine map per 64 codes.
+// kClamp: `y` clamped to [-1.5, 1.5] (NaN: -1.5, code 0), which keeps every
+// comparison with the thresholds. Without it `y` must be a number in [-1.5, 1.5]
+// already (`Store`: a block with a finite absmax).
+template <int kGroups, bool kClamp>
+__attribute__((target("avx512f,avx512bw,avx512vbmi,gfni"), noinline)) void CodesVbmiRun(
+    const QuantizedMoment& m, const float* x, float inverse, uint8_t* out) {
+  __m512i level[5], final[8][2];
+  for (int j = 0; j < 5; ++j) level[j] = _mm512_load_si512(m.step_words[j]);
+  for (int j = 0; j < 8; ++j) {
+    final[j][0] = _mm512_load_si512(m.finals[j]);
+    final[j][1] = _mm512_load_si512(m.finals[j] + 32);
   }
   const __m512i tops = _mm512_load_si512(kOddWords);
   const __m512i lows = _mm512_load_si512(kEvenWords);
@@ -545,57 +558,82 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void CodesVbmi(
   const __m512 lowest = _mm512_set1_ps(-1.5f), highest = _mm512_set1_ps(1.5f);
   const __m512i flip = _mm512_set1_epi16(0x7FFF);
   const __m512i middle = _mm512_set1_epi16(Key16(m.thresholds[127]));
+  // `shuffled` (below) to the code: bit i of the code is bit source[i] of
+  // `shuffled`, picked by row 7 - i of the matrix.
+  constexpr int source[8] = {7, 6, 5, 0, 1, 2, 3, 4};
+  int64_t rows = 0;
+  for (int bit = 0; bit < 8; ++bit) {
+    rows |= int64_t{1} << source[bit] << (8 * (7 - bit));
+  }
+  const __m512i unshuffle = _mm512_set1_epi64(rows);
   constexpr int kV = 2 * kGroups;  // 32-lane vectors
-  int64_t i = 0;
-  for (; i + 64 * kGroups <= n; i += 64 * kGroups) {
-    __m512i key[kV], low[kV], w[kV];  // w: the code so far over 4
+  __m512i key[kV], low[kV], w[kV];
+  for (int v = 0; v < kV; ++v) {
+    __m512i half[2];
+    for (int h = 0; h < 2; ++h) {
+      __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + 32 * v + 16 * h), scale);
+      // `max` gives its second operand where the first is NaN.
+      if (kClamp) y = _mm512_min_ps(_mm512_max_ps(y, lowest), highest);
+      half[h] = _mm512_castps_si512(y);
+    }
+    const __m512i top = _mm512_permutex2var_epi16(half[0], tops, half[1]);
+    const __m512i negative = _mm512_srai_epi16(top, 15);
+    key[v] = _mm512_ternarylogic_epi32(top, negative, flip, 0x78);  // a ^ (b & c)
+    low[v] = _mm512_xor_si512(_mm512_permutex2var_epi16(half[0], lows, half[1]),
+                              negative);
+    w[v] = _mm512_maskz_mov_epi16(_mm512_cmple_epi16_mask(middle, key[v]),
+                                  _mm512_set1_epi16(16));
+  }
+  for (int j = 0; j < 4; ++j) {
     for (int v = 0; v < kV; ++v) {
-      __m512i half[2];
-      for (int h = 0; h < 2; ++h) {
-        const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i + 32 * v + 16 * h), scale);
-        // `max` gives its second operand where the first is NaN.
-        half[h] = _mm512_castps_si512(
-            _mm512_min_ps(_mm512_max_ps(y, lowest), highest));
-      }
-      const __m512i top = _mm512_permutex2var_epi16(half[0], tops, half[1]);
-      const __m512i negative = _mm512_srai_epi16(top, 15);
-      key[v] = _mm512_ternarylogic_epi32(top, negative, flip, 0x78);  // a ^ (b & c)
-      low[v] = _mm512_xor_si512(_mm512_permutex2var_epi16(half[0], lows, half[1]),
-                                negative);
-      w[v] = _mm512_maskz_mov_epi16(_mm512_cmple_epi16_mask(middle, key[v]),
-                                    _mm512_set1_epi16(32));
-    }
-    for (int j = 0; j < 5; ++j) {
-      for (int v = 0; v < kV; ++v) {
-        const __mmask32 up = _mm512_cmple_epi16_mask(LookUp64(table, j, w[v]), key[v]);
-        w[v] = _mm512_mask_add_epi16(w[v], up, w[v], _mm512_set1_epi16(16 >> j));
-      }
-    }
-    __m512i codes[kV];
-    for (int v = 0; v < kV; ++v) {
-      const __m512i t2 = LookUp64(table, 5, w[v]);
-      const __mmask32 up2 = _mm512_cmple_epi16_mask(t2, key[v]);
-      const __m512i t1 = _mm512_mask_blend_epi16(up2, LookUp64(table, 6, w[v]), LookUp64(table, 7, w[v]));
-      const __mmask32 up1 = _mm512_cmple_epi16_mask(t1, key[v]);
-      // The last threshold counted: t[4 w + 2 up2] (up1), t[4 w + 1] (up2), else
-      // t[4 w - 1].
-      __m512i top = _mm512_mask_blend_epi16(up2, LookUp64(table, 8, w[v]), t2);
-      top = _mm512_mask_blend_epi16(up1, top, t1);
-      __m512i bottom = _mm512_mask_blend_epi16(up2, LookUp64(table, 9, w[v]), LookUp64(table, 10, w[v]));
-      bottom = _mm512_mask_mov_epi16(
-          bottom, up1, _mm512_mask_blend_epi16(up2, LookUp64(table, 11, w[v]), LookUp64(table, 12, w[v])));
-      const __mmask32 over = _mm512_mask_cmpgt_epu16_mask(
-          _mm512_cmpeq_epi16_mask(top, key[v]), bottom, low[v]);
-      __m512i c = _mm512_slli_epi16(w[v], 2);
-      c = _mm512_mask_add_epi16(c, up2, c, _mm512_set1_epi16(2));
-      c = _mm512_mask_add_epi16(c, up1, c, _mm512_set1_epi16(1));
-      codes[v] = _mm512_mask_sub_epi16(c, over, c, _mm512_set1_epi16(1));
-    }
-    for (int g = 0; g < kGroups; ++g) {
-      _mm512_storeu_si512(out + i + 64 * g, _mm512_permutex2var_epi8(
-                                                codes[2 * g], pack, codes[2 * g + 1]));
+      const __m512i t = _mm512_permutexvar_epi16(w[v], level[j]);
+      const __mmask32 up = _mm512_cmple_epi16_mask(t, key[v]);
+      w[v] = _mm512_mask_add_epi16(w[v], up, w[v], _mm512_set1_epi16(8 >> j));
     }
   }
+  __m512i shuffled[kV];
+  __mmask32 overs[kV];
+  for (int v = 0; v < kV; ++v) {
+    const __mmask32 up4 =
+        _mm512_cmple_epi16_mask(_mm512_permutexvar_epi16(w[v], level[4]), key[v]);
+    const __m512i u = _mm512_mask_add_epi16(w[v], up4, w[v], _mm512_set1_epi16(32));
+    const __m512i t2 = LookUp64(final[0], u);
+    const __mmask32 up2 = _mm512_cmple_epi16_mask(t2, key[v]);
+    const __m512i t1 =
+        _mm512_mask_blend_epi16(up2, LookUp64(final[1], u), LookUp64(final[2], u));
+    const __mmask32 up1 = _mm512_cmple_epi16_mask(t1, key[v]);
+    // The last threshold counted: t[4 q + 2 up2] (up1), t[4 q + 1] (up2), else
+    // t[4 q - 1].
+    __m512i top = _mm512_mask_blend_epi16(up2, LookUp64(final[3], u), t2);
+    top = _mm512_mask_blend_epi16(up1, top, t1);
+    __m512i bottom =
+        _mm512_mask_blend_epi16(up2, LookUp64(final[4], u), LookUp64(final[5], u));
+    bottom = _mm512_mask_mov_epi16(
+        bottom, up1,
+        _mm512_mask_blend_epi16(up2, LookUp64(final[6], u), LookUp64(final[7], u)));
+    const __mmask32 over = _mm512_mask_cmpgt_epu16_mask(
+        _mm512_cmpeq_epi16_mask(top, key[v]), bottom, low[v]);
+    // The code so far over 8, then code bits 2, 1, 0 (before the correction).
+    const __m512i c = _mm512_mask_add_epi16(u, up2, u, _mm512_set1_epi16(64));
+    shuffled[v] = _mm512_mask_add_epi16(c, up1, c, _mm512_set1_epi16(128));
+    overs[v] = over;
+  }
+  for (int g = 0; g < kGroups; ++g) {
+    __m512i codes =
+        _mm512_permutex2var_epi8(shuffled[2 * g], pack, shuffled[2 * g + 1]);
+    codes = _mm512_gf2p8affine_epi64_epi8(codes, unshuffle, 0);
+    const __mmask64 over = _mm512_kunpackd(overs[2 * g + 1], overs[2 * g]);
+    codes = _mm512_mask_sub_epi8(codes, over, codes, _mm512_set1_epi8(1));
+    _mm512_storeu_si512(out + 64 * g, codes);
+  }
+}
+// `out[i] = code(x[i] * inverse)` for i < n: 256, then 64 at a time.
+template <bool kClamp>
+void CodesVbmi(const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
+               float inverse, uint8_t* out) {
+  int64_t i = 0;
+  for (; i + 256 <= n; i += 256) CodesVbmiRun<4, kClamp>(m, x + i, inverse, out + i);
+  for (; i + 64 <= n; i += 64) CodesVbmiRun<1, kClamp>(m, x + i, inverse, out + i);
   for (; i < n; ++i) out[i] = code(x[i] * inverse);
 }
 
@@ -650,10 +688,13 @@ const bool kAvx512 = __builtin_cpu_supports("avx512f");
 const bool kVbmi = __builtin_cpu_supports("avx512f") &&
                    __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vbmi");
+// `CodesVbmi` also puts its codes' bits in order by a GFNI affine map.
+const bool kVbmiGfni = kVbmi && __builtin_cpu_supports("gfni");
 #else
 const bool kAvx2 = false;
 const bool kAvx512 = false;
 const bool kVbmi = false;
+const bool kVbmiGfni = false;
 #endif
 
 // The largest |x[i]| as its bits (a NaN's are larger than any number's).
@@ -665,11 +706,14 @@ int32_t Largest(const float* x, int64_t n) {
   return LargestFrom(x, 0, n, 0);
 }
 
+// `out[i] = code(x[i] * inverse)` for i < n. `bounded`: every `x[i] * inverse` is
+// a number in [-1.5, 1.5] (`Store`).
 void Encode(const QuantizedMoment& m, const Search& code, const float* x, int64_t n,
-            float inverse, uint8_t* out) {
+            float inverse, uint8_t* out, bool bounded = false) {
 #if defined(__x86_64__)
-  if (kVbmi && m.levels == 256 && m.word_search) {
-    return CodesVbmi<4>(m, code, x, n, inverse, out);
+  if (kVbmiGfni && m.levels == 256 && m.word_search) {
+    if (bounded) return CodesVbmi<false>(m, code, x, n, inverse, out);
+    return CodesVbmi<true>(m, code, x, n, inverse, out);
   }
   if (kAvx512 && m.levels == 256) {
     return CodesAvx512<Search256, 8>(m, code, x, n, inverse, out);
@@ -747,6 +791,33 @@ void Scale(const QuantizedMoment& m, const float* values, int64_t begin,
   }
 }
 
+// The codes of the zeros padding a leaf's last block.
+__attribute__((noinline)) void Pad(const Search& code, float inverse, uint8_t* out,
+                                   int64_t n) {
+  const uint8_t pad = code(0.0f * inverse);
+  for (int64_t i = 0; i < n; ++i) out[i] = pad;
+}
+
+// `codes` (n even, each below 16) two to a byte, the first in the high half.
+__attribute__((noinline)) void PackPairs(const uint8_t* codes, int64_t n,
+                                         uint8_t* out) {
+  int64_t i = 0;
+#if defined(__x86_64__)
+  // Sixteen codes to eight bytes.
+  const __m128i low_byte = _mm_set1_epi16(0xFF);
+  for (; i + 16 <= n; i += 16) {
+    const __m128i pairs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+    const __m128i first = _mm_slli_epi16(_mm_and_si128(pairs, low_byte), 4);
+    const __m128i bytes = _mm_or_si128(first, _mm_srli_epi16(pairs, 8));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 2),
+                     _mm_packus_epi16(bytes, bytes));
+  }
+#endif
+  for (; i < n; i += 2) {
+    out[i / 2] = static_cast<uint8_t>((codes[i] << 4) | codes[i + 1]);
+  }
+}
+
 // Stores the codes of those values, by `Scale`'s `inverses`.
 void Store(const QuantizedMoment& m, const float* values, int64_t begin,
            int64_t valid, int64_t chunk, const float* inverses, uint8_t* scratch) {
@@ -765,31 +836,13 @@ void Store(const QuantizedMoment& m, const float* values, int64_t begin,
     }
 #endif
     uint8_t* codes = m.packed ? scratch : m.codes_out + b * block;
-    Encode(m, code, x, real, inverse, codes);
-    if (real < block) {
-      const uint8_t pad = code(0.0f * inverse);
-      for (int64_t i = real; i < block; ++i) codes[i] = pad;
-    }
-    if (m.packed) {
-      uint8_t* out = m.codes_out + b * (block / 2);
-      int64_t i = 0;
-#if defined(__x86_64__)
-      // Sixteen codes (each below 16) to eight bytes: the first of each pair in the
-      // high half.
-      const __m128i low_byte = _mm_set1_epi16(0xFF);
-      for (; i + 16 <= block; i += 16) {
-        const __m128i pairs =
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
-        const __m128i first = _mm_slli_epi16(_mm_and_si128(pairs, low_byte), 4);
-        const __m128i bytes = _mm_or_si128(first, _mm_srli_epi16(pairs, 8));
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 2),
-                         _mm_packus_epi16(bytes, bytes));
-      }
-#endif
-      for (; i < block; i += 2) {
-        out[i / 2] = static_cast<uint8_t>((codes[i] << 4) | codes[i + 1]);
-      }
-    }
+    // A finite absmax a is the largest |x| of the block, or 1e-12 if larger, so
+    // every x is a number with |x| <= a; inverse = RN(1 / a) <= (1 + 2^-24) / a,
+    // so |x * inverse| <= 1 + 2^-24, and y = RN(x * inverse) is a number of at
+    // most 1 + 2^-23 in magnitude: no clamp needed.
+    Encode(m, code, x, real, inverse, codes, std::isfinite(m.absmax_out[b]));
+    if (real < block) Pad(code, inverse, codes + real, block - real);
+    if (m.packed) PackPairs(codes, block, m.codes_out + b * (block / 2));
   }
 }
 
