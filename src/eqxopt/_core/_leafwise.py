@@ -93,24 +93,21 @@ def map_leaves(
     # Native kernels for steps that write in place: a step into new buffers is bound
     # by their allocation (page faults), which XLA's passes pay no worse.
     entry = _seam.current()
-    native = (
-        _fused.Kernels(
+    native = packed = None
+    if elementwise and entry is not None and entry.in_place and _ffi.usable():
+        # The gradients computed in this program, for the kernels to wait for
+        # (`_fused.waits`): none where they were passed in.
+        computed = [None] * len(grad_leaves) if entry.grads_given else grad_leaves
+        native = _fused.Kernels(
             rule,
             len(moments),
             apply,
-            grad_leaves,
+            computed,
             _fused.locator(entry.placement, entry.inputs),
         )
-        if elementwise and entry is not None and entry.in_place and _ffi.usable()
-        else None
-    )
-    # Leaves with 8-bit/4-bit moments: one native pass that dequantizes, steps and
-    # quantizes again (`_native/_quantized.py`).
-    packed = (
-        None
-        if native is None
-        else _quantized.Kernels(rule, len(moments), apply, grad_leaves)
-    )
+        # Leaves with 8-bit/4-bit moments: one native pass that dequantizes, steps
+        # and quantizes again (`_native/_quantized.py`).
+        packed = _quantized.Kernels(rule, len(moments), apply, computed)
     native_open = True
     for i, (g, p) in enumerate(zip(grad_leaves, param_leaves)):
         old = [m[i] for m in moment_leaves]

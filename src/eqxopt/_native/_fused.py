@@ -849,8 +849,10 @@ class Kernels:
     make XLA's alias analysis slow to compile); larger leaves get one call each, which
     splits them across threads. With `applying` (inside `step`) the kernel also
     applies the update and the update itself is left to a second, normally unused
-    call (XLA drops it). `grads`: every leaf's gradient (or `None`), in order; each
-    call waits for the gradients of the leaves before its own (`order_after`)."""
+    call (XLA drops it). `grads`: every leaf's gradient as the program being traced
+    computes it (`None`: no gradient, or one passed into the program), in order;
+    each call waits for the gradients of the leaves before its own
+    (`order_after`)."""
 
     rule: Callable[..., Any]
     n_moments: int
