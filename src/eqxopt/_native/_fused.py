@@ -573,9 +573,20 @@ def _as_f32(value: Any) -> Any:
 
 
 def scalar_vector(program: Program) -> jax.Array:
+    """`program`'s scalars as one float32 vector, made by selects over an iota: XLA
+    fuses them with the maths of every scalar into one loop (each operand of a
+    concatenate would be a kernel of its own to compile), and a select copies each
+    value bit for bit."""
     if not program.scalars:
         return jnp.zeros((1,), jnp.float32)
-    return jnp.stack([_as_f32(v) for v in program.scalars])
+    n = len(program.scalars)
+    position = jax.lax.iota(jnp.int32, n)
+    vector = jax.lax.broadcast(_as_f32(program.scalars[0]), (n,))
+    for k, value in enumerate(program.scalars[1:], 1):
+        vector = jax.lax.select(
+            position == k, jax.lax.broadcast(_as_f32(value), (n,)), vector
+        )
+    return vector
 
 
 def reference(program: Program, scalars: jax.Array, *inputs: jax.Array) -> list:
