@@ -145,7 +145,8 @@ def _abstract_key(tree: PyTree) -> Hashable | None:
         else static(x)
         for x in leaves
     )
-    key = (treedef, bool(jax.config.jax_enable_x64), kinds)
+    x64 = jax.dtypes.canonicalize_dtype(jnp.float64) == jnp.float64
+    key = (treedef, bool(x64), kinds)
     try:
         hash(key)
     except TypeError:
