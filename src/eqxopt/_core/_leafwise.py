@@ -30,7 +30,7 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Int, PyTree
 
-from .._native import _ffi, _fused, _quantized
+from .._native import _compat, _ffi, _fused, _quantized
 from . import _dispatch, _seam
 from ._base import AbstractTransform, Grads, Params
 from ._fields import values_at
@@ -118,10 +118,10 @@ def map_leaves(
         new = [store(value, stored) for value, stored in zip(outs[1:], old)]
         return (apply_update(outs[0], p) if apply else outs[0]), new
 
-    # Traced once per kind of leaf (shapes, dtypes, flag: `jax.jit` caches it) and
-    # that trace called on every leaf of the kind; XLA inlines the calls, so the
-    # program is the one a trace per leaf makes, which took most of a step's trace
-    # and lowering.
+    # Inside a trace: traced once per kind of leaf (shapes, dtypes, flag: `jax.jit`
+    # caches it) and that trace called on every leaf of the kind; XLA inlines the
+    # calls, so the program is the one a trace per leaf makes, which took most of a
+    # step's trace and lowering. (Outside one, each map would compile it anew.)
     per_kind = jax.jit(xla_leaf, static_argnums=3)
     native_open = True
     for i, (g, p) in enumerate(zip(grad_leaves, param_leaves)):
@@ -160,7 +160,8 @@ def map_leaves(
                 for column in new_moments:
                     column.append(None)
                 continue
-        out, new = per_kind(g, p, old, None if flags is None else flags[i])
+        run = per_kind if _compat.is_tracer(g) else xla_leaf
+        out, new = run(g, p, old, None if flags is None else flags[i])
         updates.append(out)
         for column, value in zip(new_moments, new):
             column.append(value)
