@@ -4,9 +4,11 @@ plus embeddings: 148 leaves, 24.4M parameters).
 
 Compile cost is split into tracing + lowering to StableHLO and the XLA backend
 compile, read from JAX's own compile events during the first call (so nothing is
-compiled twice). Step times are medians of interleaved calls.
+compiled twice), each after a full garbage collection. Step times are medians of
+interleaved calls.
 """
 
+import gc
 from typing import Any, ClassVar
 
 import jax
@@ -79,6 +81,10 @@ class CompileEvents:
             self.totals[self.NAMES[event]] += duration_secs
 
     def measure(self, fn):
+        # A full collection of Python's garbage (the earlier variants' traces) would
+        # land in whichever variant happened to trigger it: half a second after
+        # the 2000-leaf case, more than a whole trace.
+        gc.collect()
         self.totals = dict.fromkeys(self.NAMES.values(), 0.0)
         self.active = True
         try:

@@ -11,6 +11,7 @@ import pytest
 
 import eqxopt
 from catalog import all_cases
+from eqxopt._core import _checks
 
 
 def params():
@@ -311,3 +312,40 @@ def test_swapped_arguments_name_the_leaf_where_the_trees_part():
         opt.update(model, state, model_grads)
     new_model, _ = opt.step(model_grads, state, model)  # the right order works
     assert new_model.activation is model.activation
+
+
+def test_state_checks_hold_when_init_is_not_traced_again(monkeypatch):
+    # What `init` makes is remembered per optimizer and parameter types, so a second
+    # trace (here: donated) does not trace `init` again; its checks still hold, and
+    # other parameter shapes or optimizer options trace it again.
+    opt = eqxopt.Adam(0.1)
+    traced = []
+    init = type(opt).init
+
+    def counted(self, p):
+        traced.append(1)
+        return init(self, p)
+
+    monkeypatch.setattr(type(opt), "init", counted)
+    monkeypatch.setattr(_checks, "_expected_states", {})  # none from other tests
+    state = opt.init(params())
+    opt.update(grads(), state, params())
+    assert len(traced) == 2  # the call above and the update's check
+    copy = lambda tree: jax.tree.map(lambda x: jnp.array(x, copy=True), tree)  # noqa: E731
+    opt.update(grads(), copy(state), params(), donate=True)
+    assert len(traced) == 2
+    bad = eqxopt.AdamState(
+        step=state.step,
+        mu=state.mu,
+        nu=jax.tree.map(lambda x: x.astype(jnp.float16), state.nu),
+    )
+    with pytest.raises(TypeError, match=r"state\.nu\['encoder'\]\['b'\] has dtype"):
+        opt.update(grads(), bad, params(), donate=True)
+    other = params()
+    other["encoder"]["w"] = jnp.ones((4, 3))
+    with pytest.raises(ValueError, match=r"state\.mu\['encoder'\]\['w'\] has shape"):
+        opt.update(jax.tree.map(jnp.ones_like, other), state, other)
+    assert len(traced) == 3
+    bf16 = eqxopt.Adam(0.1, mu_dtype=jnp.bfloat16)  # another static field
+    bf16.update(grads(), bf16.init(params()), params())
+    assert len(traced) == 5

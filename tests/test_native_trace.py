@@ -1,6 +1,7 @@
 """Tracing a donated step with native kernels: each custom call's result shapes come
 from its inputs, so the trace never traces XLA's version of the rule for them (that
-cost a few milliseconds per leaf)."""
+cost a few milliseconds per leaf), and a step of gradients passed in as arrays
+orders its calls after none of them (each wait is a kernel for XLA to compile)."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +9,7 @@ import pytest
 
 import eqxopt
 from eqxopt._native import _build, _fused
+from helpers import assert_trees_close
 
 
 @pytest.mark.parametrize(
@@ -45,3 +47,32 @@ def test_tracing_a_donated_step_does_not_trace_the_reference(
         assert jax.tree.map(lambda x: (x.shape, x.dtype), new) == jax.tree.map(
             lambda x: (x.shape, x.dtype), old
         )
+
+
+def test_kernels_wait_only_for_gradients_the_program_computes(
+    needs_compiler, monkeypatch
+):
+    # A step of gradients passed in as arrays is a program of its own: nothing in it
+    # computes them, so its kernels wait for none (no `order_after` slices to
+    # compile). Inside a trace that computes the gradients they still wait.
+    params = {"w": jnp.ones((271, 269)), "b": jnp.ones(271), "c": jnp.ones(269)}
+    grads = jax.tree.map(lambda x: x * 0.5, params)
+    opt = eqxopt.AdamW(1e-3, weight_decay=0.1)
+    waits = []
+    order_after = _fused.order_after
+
+    def counted(x):
+        waits.append(1)
+        return order_after(x)
+
+    monkeypatch.setattr(_fused, "order_after", counted)
+    copy = lambda tree: jax.tree.map(lambda x: jnp.array(x, copy=True), tree)  # noqa: E731
+    got = opt.step(grads, opt.init(params), copy(params), donate=True)
+    assert waits == []
+
+    def step(p, s, g):
+        return opt.step(g, s, p, donate=True)
+
+    in_jit = jax.jit(step, donate_argnums=(0, 1))(copy(params), opt.init(params), grads)
+    assert waits
+    assert_trees_close(got, in_jit, rtol=0, atol=0)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import PyTree, jaxtyped
 
+from .._native import _compat
 from . import _dispatch, _placement, _seam
 from ._checks import check_grads, check_state, name_converters
 from ._placement import placing_init, raise_if_misplaced
@@ -241,9 +242,14 @@ def _call(
     first, second = (params, state) if step else (state, params)
     # Where the inputs live, read once for both readers below.
     inputs = _placement.read(grads, params, state, donated=donate)
+    # Gradients passed in as arrays are not computed in the step's program, so its
+    # native kernels wait for none (`_seam.Entry.grads_given`).
+    given = donate and not any(map(_compat.is_tracer, jax.tree.leaves(grads)))
     try:
         return _dispatch.call(
-            _placement.entry_for(_ENTRIES[step, donate], _placement.signature(inputs)),
+            _placement.entry_for(
+                _ENTRIES[step, donate, given], _placement.signature(inputs)
+            ),
             (
                 opt,
                 grads,
@@ -309,7 +315,17 @@ def _checked(
 
 
 def _entry(
-    opt, grads, first, second, extra, native=None, *, step, donated, placement=None
+    opt,
+    grads,
+    first,
+    second,
+    extra,
+    native=None,
+    *,
+    step,
+    donated,
+    grads_given=False,
+    placement=None,
 ):
     # `first, second` are the donated inputs' order: `state, params` for `update`,
     # `params, state` for `step`; the outputs come in the same order.
@@ -320,6 +336,7 @@ def _entry(
         in_place=donated,
         placement=native,
         inputs=(grads, params, state),
+        grads_given=grads_given,
     )
     on_params, on_state = placement or (None, None)
     new_state = _placement.keep(new_state, state, on_state)
@@ -328,16 +345,26 @@ def _entry(
     return new_state, _placement.keep(cast_like(new, params), params, on_params)
 
 
-# The four entries: each its own object, so each has its own compiled functions
-# (the dispatcher's caches are keyed by the entry).
+# The entries: each its own object, so each has its own compiled functions (the
+# dispatcher's caches are keyed by the entry). Donated ones come twice: for
+# gradients computed in the caller's trace, and for gradients passed in as arrays.
 _update_entry = functools.partial(_entry, step=False, donated=False)
 _update_entry_donated = functools.partial(_entry, step=False, donated=True)
+_update_entry_donated_given = functools.partial(
+    _entry, step=False, donated=True, grads_given=True
+)
 _step_entry = functools.partial(_entry, step=True, donated=False)
 _step_entry_donated = functools.partial(_entry, step=True, donated=True)
+_step_entry_donated_given = functools.partial(
+    _entry, step=True, donated=True, grads_given=True
+)
 
+# By (step, donated, gradients given as arrays).
 _ENTRIES = {
-    (False, False): _update_entry,
-    (False, True): _update_entry_donated,
-    (True, False): _step_entry,
-    (True, True): _step_entry_donated,
+    (False, False, False): _update_entry,
+    (False, True, False): _update_entry_donated,
+    (False, True, True): _update_entry_donated_given,
+    (True, False, False): _step_entry,
+    (True, True, False): _step_entry_donated,
+    (True, True, True): _step_entry_donated_given,
 }

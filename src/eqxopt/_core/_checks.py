@@ -3,6 +3,7 @@ grads/state/params agreement at trace time (naming the leaf path)."""
 
 import dataclasses
 import math
+from collections.abc import Hashable
 from typing import Any
 
 import equinox as eqx
@@ -12,6 +13,7 @@ import numpy as np
 from jaxtyping import Array, Float, Float32, Int, PyTree
 
 from .._native._compat import is_tracer
+from ._dispatch import static
 from ._structure import describe as _describe, structure_mismatch
 from ._tree import INT32_MAX, align_grads, is_float_leaf, leaf_paths
 
@@ -123,10 +125,51 @@ def reject_complex(tree: PyTree, tree_name: str, owner: str, why: str) -> None:
             )
 
 
+# What `opt.init(params)` makes (shapes and dtypes), by what that depends on
+# (`_abstract_key`). Tracing `init` is a good part of a step's trace on a tree of
+# many leaves, and a step is traced again for each way it is called (donated or
+# not, inside a `jit` or not) with the same optimizer and parameters.
+_expected_states: dict[Hashable, Any] = {}
+_EXPECTED_STATES_KEPT = 64
+_UNKNOWN = object()
+
+
+def _abstract_key(tree: PyTree) -> Hashable | None:
+    """`tree` as `jax.eval_shape` sees it: its structure, each array leaf's type and
+    every other leaf by value (`_dispatch.static`), and the 64-bit switch; `None`
+    where some part is unhashable."""
+    leaves, treedef = jax.tree.flatten(tree)
+    kinds = tuple(
+        jax.typeof(x)
+        if isinstance(x, (jax.Array, np.ndarray, np.generic))
+        else static(x)
+        for x in leaves
+    )
+    x64 = jax.dtypes.canonicalize_dtype(jnp.float64) == jnp.float64
+    key = (treedef, bool(x64), kinds)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _expected_state(opt: Any, params: PyTree) -> PyTree:
+    key = _abstract_key((opt, params))
+    expected = _expected_states.get(key, _UNKNOWN) if key is not None else _UNKNOWN
+    if expected is _UNKNOWN:
+        expected = eqx.filter_eval_shape(opt.init, params)
+        if key is not None:
+            if len(_expected_states) >= _EXPECTED_STATES_KEPT:
+                del _expected_states[next(iter(_expected_states))]
+            _expected_states[key] = expected
+    return expected
+
+
 def check_state(opt: Any, state: PyTree, params: PyTree) -> None:
     """Checks `state` against what `opt.init(params)` makes: the same type, tree
     structure, shapes and dtypes, naming the first leaf that differs."""
-    expected = eqx.filter_eval_shape(opt.init, params)
+    expected = _expected_state(opt, params)
     owner = type(opt).__name__
     if type(state) is not type(expected):
         raise TypeError(

@@ -30,7 +30,7 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Int, PyTree
 
-from .._native import _ffi, _fused, _quantized
+from .._native import _compat, _ffi, _fused, _quantized
 from . import _dispatch, _seam
 from ._base import AbstractTransform, Grads, Params
 from ._fields import values_at
@@ -93,29 +93,41 @@ def map_leaves(
     # Native kernels for steps that write in place: a step into new buffers is bound
     # by their allocation (page faults), which XLA's passes pay no worse.
     entry = _seam.current()
-    native = (
-        _fused.Kernels(
+    native = packed = None
+    if elementwise and entry is not None and entry.in_place and _ffi.usable():
+        # The gradients computed in this program, for the kernels to wait for
+        # (`_fused.waits`): none where they were passed in.
+        computed = [None] * len(grad_leaves) if entry.grads_given else grad_leaves
+        native = _fused.Kernels(
             rule,
             len(moments),
             apply,
-            grad_leaves,
+            computed,
             _fused.locator(entry.placement, entry.inputs),
         )
-        if elementwise and entry is not None and entry.in_place and _ffi.usable()
-        else None
-    )
-    # Leaves with 8-bit/4-bit moments: one native pass that dequantizes, steps and
-    # quantizes again (`_native/_quantized.py`).
-    packed = (
-        None
-        if native is None
-        else _quantized.Kernels(rule, len(moments), apply, grad_leaves)
-    )
+        # Leaves with 8-bit/4-bit moments: one native pass that dequantizes, steps
+        # and quantizes again (`_native/_quantized.py`).
+        packed = _quantized.Kernels(rule, len(moments), apply, computed)
+
+    def xla_leaf(g: Any, p: Any, old: list[Any], flag: Any) -> tuple[Any, list[Any]]:
+        # XLA's code for one leaf: its update (or new parameter with `apply`) and
+        # new moments, stored as the old ones are.
+        dtype = compute_dtype(p.dtype)
+        args = [g.astype(dtype), p.astype(dtype), *(load(m, dtype) for m in old)]
+        outs = rule(*args) if flags is None else rule(*args, flag)
+        new = [store(value, stored) for value, stored in zip(outs[1:], old)]
+        return (apply_update(outs[0], p) if apply else outs[0]), new
+
+    # Inside a trace: traced once per kind of leaf (shapes, dtypes, flag: `jax.jit`
+    # caches it) and that trace called on every leaf of the kind; XLA inlines the
+    # calls, so the program is the one a trace per leaf makes, which took most of a
+    # step's trace and lowering. (Outside one, each map would compile it anew.)
+    per_kind = jax.jit(xla_leaf, static_argnums=3)
     native_open = True
     for i, (g, p) in enumerate(zip(grad_leaves, param_leaves)):
         old = [m[i] for m in moment_leaves]
         if g is None or not is_float_leaf(p):
-            updates.append(None)
+            updates.append(p if apply else None)
             for column, value in zip(new_moments, old):
                 column.append(value)
             continue
@@ -148,16 +160,11 @@ def map_leaves(
                 for column in new_moments:
                     column.append(None)
                 continue
-        dtype = compute_dtype(p.dtype)
-        args = [g.astype(dtype), p.astype(dtype), *(load(m, dtype) for m in old)]
-        if flags is not None:
-            args.append(flags[i])
-        outs = rule(*args)
-        updates.append(outs[0])
-        for column, value, stored in zip(new_moments, outs[1:], old):
-            column.append(store(value, stored))  # quantized again if it was
-    if apply:
-        updates = [apply_update(u, p) for u, p in zip(updates, param_leaves)]
+        run = per_kind if _compat.is_tracer(g) else xla_leaf
+        out, new = run(g, p, old, None if flags is None else flags[i])
+        updates.append(out)
+        for column, value in zip(new_moments, new):
+            column.append(value)
     for kernels in (native, packed):
         if kernels is None:
             continue

@@ -27,11 +27,15 @@ class Entry:
     - `in_place`: the outputs may overwrite the inputs (`donate=True`).
     - `placement`: where the entry's inputs live (`placement`), or `None`.
     - `inputs`: the entry's inputs `(grads, params, state)` in this trace.
+    - `grads_given`: the gradients were passed in as arrays, not computed in the
+      program being traced (the step is its own program), so the native kernels
+      need not wait for them (`_fused.waits`).
     """
 
     in_place: bool
     placement: Any = None
     inputs: Any = ()
+    grads_given: bool = False
 
 
 _current: contextvars.ContextVar[Entry | None] = contextvars.ContextVar(
@@ -61,11 +65,13 @@ def traced(
     in_place: bool,
     placement: Any = None,
     inputs: Any = (),
+    grads_given: bool = False,
 ) -> _T:
     """`transform()`, traced for an entry whose outputs may (`in_place`) or may not
     overwrite its inputs; `placement` (from `placement`) says where `inputs` (the
-    entry's grads, params and state, in this trace) live."""
-    token = _current.set(Entry(in_place, placement, inputs))
+    entry's grads, params and state, in this trace) live; `grads_given`: see
+    `Entry`."""
+    token = _current.set(Entry(in_place, placement, inputs, grads_given))
     try:
         return transform()
     finally:

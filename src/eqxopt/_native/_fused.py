@@ -26,8 +26,8 @@ in place (`update`/`step` with `donate=True`, the custom call aliasing each outp
 the buffer it replaces). A step into new buffers is bound by their allocation (page
 faults on every new page), which XLA's passes pay no worse, so those keep XLA's
 code. Inside `step`, the loop also adds the update to the parameter (`p + u`,
-exactly as `apply_updates` does for float32), so the step is a single pass; the
-update itself is then produced only if something other than the apply reads it.
+exactly as `apply_updates` does for float32), so the step is a single pass, and
+the update itself is not produced.
 
 The results are those of XLA's code to rounding, with the same elements finite:
 each operation rounds the same way (no fast-math), a multiply whose only user is an
@@ -476,9 +476,8 @@ def _constant(value: Any) -> Any:
 def translate(closed: Any, n_in: int, outputs: str) -> Program:
     """Translates a rule traced on `n_in` float32 scalars (`closed`, a closed jaxpr).
 
-    `outputs`: `"update"` (the rule's outputs), `"step"` (the first output replaced
-    by `inputs[1] + output`, the applied parameter) or `"direction"` (the first
-    output only)."""
+    `outputs`: `"update"` (the rule's outputs) or `"step"` (the first output
+    replaced by `inputs[1] + output`, the applied parameter)."""
     jaxpr = closed.jaxpr
     low = _Lowering()
     env: dict = {}
@@ -500,8 +499,6 @@ def translate(closed: Any, n_in: int, outputs: str) -> Program:
         term = results[0][0]
         applied = low.new(f"(x1 + {term})", _F32, ("add", "x1", term))
         results[0] = (applied.name, ("step", results[0][1]))
-    elif outputs == "direction":
-        results = results[:1]
 
     stored = [f"    out{o}[i] = {r[0]};" for o, r in enumerate(results)]
     body = "\n".join(
@@ -573,9 +570,20 @@ def _as_f32(value: Any) -> Any:
 
 
 def scalar_vector(program: Program) -> jax.Array:
+    """`program`'s scalars as one float32 vector, made by selects over an iota: XLA
+    fuses them with the maths of every scalar into one loop (each operand of a
+    concatenate would be a kernel of its own to compile), and a select copies each
+    value bit for bit."""
     if not program.scalars:
         return jnp.zeros((1,), jnp.float32)
-    return jnp.stack([_as_f32(v) for v in program.scalars])
+    n = len(program.scalars)
+    position = jax.lax.iota(jnp.int32, n)
+    vector = jax.lax.broadcast(_as_f32(program.scalars[0]), (n,))
+    for k, value in enumerate(program.scalars[1:], 1):
+        vector = jax.lax.select(
+            position == k, jax.lax.broadcast(_as_f32(value), (n,)), vector
+        )
+    return vector
 
 
 def reference(program: Program, scalars: jax.Array, *inputs: jax.Array) -> list:
@@ -773,10 +781,10 @@ def runs_alone(size: int) -> bool:
 
 
 class Result(NamedTuple):
-    """One leaf's results: its update, its new parameter (when the kernel applied
-    the update: `applying`) or `None`, and its new moments."""
+    """One leaf's results: its update and its new parameter, one of them `None`
+    (the update where the kernel applied it: `applying`), and its new moments."""
 
-    update: jax.Array
+    update: jax.Array | None
     param: jax.Array | None
     moments: list[jax.Array]
 
@@ -848,9 +856,10 @@ class Kernels:
     is an XLA thunk with a few microseconds of overhead; more leaves per call would
     make XLA's alias analysis slow to compile); larger leaves get one call each, which
     splits them across threads. With `applying` (inside `step`) the kernel also
-    applies the update and the update itself is left to a second, normally unused
-    call (XLA drops it). `grads`: every leaf's gradient (or `None`), in order; each
-    call waits for the gradients of the leaves before its own (`order_after`)."""
+    applies the update, and gives the new parameter in its place. `grads`: every
+    leaf's gradient as the program being traced computes it (`None`: no gradient,
+    or one passed into the program), in order; each call waits for the gradients
+    of the leaves before its own (`order_after`)."""
 
     rule: Callable[..., Any]
     n_moments: int
@@ -881,8 +890,7 @@ class Kernels:
         rule = checked_rule(self.rules, self.rule, self.n_moments, flag, p)
         # Translated and built now, so that an untranslatable rule (or a kernel that
         # cannot be built) falls back before any leaf is queued.
-        for kind in ("step", "direction") if self.applying else ("update",):
-            rule.program(kind)
+        rule.program("step" if self.applying else "update")
         small = not runs_alone(p.size)
         where = self.locator.where(g, p, old)
         mesh = where.mesh if isinstance(where, _shard.Sharded) else None
@@ -926,12 +934,7 @@ class Kernels:
         stepped = run_many(
             rule.program("step"), inputs, {1: 0, **moments}, after, sharded
         )
-        unordered = None if sharded is None else (sharded[0], sharded[1], [])
-        directions = run_many(rule.program("direction"), inputs, {}, (), unordered)
-        return [
-            Result(update, new_p, list(m))
-            for (new_p, *m), (update,) in zip(stepped, directions)
-        ]
+        return [Result(None, new_p, list(m)) for new_p, *m in stepped]
 
 
 def locator(placement: Any, inputs: Any) -> _shard.Locator:

@@ -260,7 +260,7 @@ class Kernels:
                 )
                 position += 2
         if self.applying:
-            self.results[index] = _fused.Result(first, first, moments)
+            self.results[index] = _fused.Result(None, first, moments)
         else:
             self.results[index] = _fused.Result(first, None, moments)
 
