@@ -13,6 +13,7 @@ import numpy as np
 from jaxtyping import Array, Float, Float32, Int, PyTree
 
 from .._native._compat import is_tracer
+from . import _jax_api
 from ._dispatch import static
 from ._structure import describe as _describe, structure_mismatch
 from ._tree import INT32_MAX, align_grads, is_float_leaf, leaf_paths
@@ -140,7 +141,7 @@ def _abstract_key(tree: PyTree) -> Hashable | None:
     where some part is unhashable."""
     leaves, treedef = jax.tree.flatten(tree)
     kinds = tuple(
-        jax.typeof(x)
+        _jax_api.abstract_type(x)
         if isinstance(x, (jax.Array, np.ndarray, np.generic))
         else static(x)
         for x in leaves

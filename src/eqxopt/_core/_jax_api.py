@@ -43,6 +43,16 @@ def mesh_and_spec(x: Any) -> tuple[Any, Any] | None:
     return mesh, getattr(sharding, "spec", None)
 
 
+def abstract_type(x: Any) -> Any:
+    """The hashable abstract type of array `x` (or tracer): `jax.typeof(x)` (JAX >=
+    0.6: shape, dtype, weak type and, where JAX has them, sharding and varying axes),
+    else its shape, dtype and weak type."""
+    typeof = getattr(jax, "typeof", None)
+    if typeof is not None:
+        return typeof(x)
+    return (tuple(np.shape(x)), np.dtype(x.dtype), bool(getattr(x, "weak_type", False)))
+
+
 def axis_kinds(mesh: Any) -> dict[str, str]:
     """`{axis name: "explicit" | "auto" | "manual"}` for a mesh from
     `mesh_and_spec` (the names of `jax.sharding.AxisType`, lower-cased)."""
