@@ -44,7 +44,7 @@ def main():
         for donate in (False, True):
             d = " donate" if donate else ""
             low = _dispatch.lower(
-                _base._step_entry_donated if donate else _base._step_entry,
+                _base._ENTRIES[True, donate, False],
                 (opt, grads, params, opt.init(params), {}),
                 (2, 3) if donate else (),
             )

@@ -114,7 +114,7 @@ def main():
     for name, s in state.items():
         inputs = _placement.read(grads, params, s, donated=True)
         entry = _placement.entry_for(
-            _base._step_entry_donated, _placement.signature(inputs)
+            _base._ENTRIES[True, True, False], _placement.signature(inputs)
         )
         lowered = _dispatch.lower(entry, (opt, grads, params, s, {}), (2, 3))
         counts[name] = collectives(lowered.compile().as_text())

@@ -56,7 +56,8 @@ def _family_modules() -> list[list[CatalogCase]]:
 
 def swept(cases: list[CatalogCase]) -> list:
     """`cases` as `pytest.param`s for the costly whole-catalog sweeps (native against
-    XLA, special values, whole models, complex phases, ...): the first configuration
+    XLA, special values, whole models, complex leaves, traced hyperparameters, None
+    gradients, export, ...): the first configuration
     of each family module, and every case tagged `"smoke"`, run in `make test`; the
     others are marked slow, so `make test` stays short while `make test-slow` (and
     CI, which runs both) sweeps every case."""

@@ -71,7 +71,7 @@ def test_inputs_are_not_mutated(case):
         np.testing.assert_array_equal(np.asarray(x), y)
 
 
-@case_params
+@swept_params
 def test_none_gradients_leave_leaf_and_its_state_alone(case):
     opt = case.make()
     params = nested_tree()
@@ -162,7 +162,7 @@ def test_changing_a_hyperparameter_does_not_recompile(case):
     ), f"changing {name} changed nothing"
 
 
-@case_params
+@swept_params
 def test_hyperparameters_may_be_traced(case):
     name, value = case.vary
     params = nested_tree()

@@ -130,7 +130,9 @@ def test_direct_and_general_paths_agree(name):
     # eqx.filter_jit of the unchecked maths agrees too.
     grads = mixed_grads(params, seed=0)
     state = opt.init(params)
-    ref = eqx.filter_jit(_base._step_entry)(opt, grads, params, state, {})
+    ref = eqx.filter_jit(_base._ENTRIES[True, False, False])(
+        opt, grads, params, state, {}
+    )
     assert_same(ref, opt.step(grads, state, params))
 
 
@@ -146,7 +148,9 @@ def test_static_leaves_take_the_general_path_and_stay_static():
     np.testing.assert_allclose(new_params["w"], 0.95)
     assert state.velocity["scale"] is None
     # Those argument types are remembered: the second call does not retry.
-    kinds = [k for k in _dispatch._general if k[0] is _base._step_entry]
+    kinds = [
+        k for k in _dispatch._general if k[0] is _base._ENTRIES[True, False, False]
+    ]
     assert kinds
     new_params, _ = opt.step(grads, state, new_params)
     np.testing.assert_allclose(new_params["w"], 0.9)
@@ -164,11 +168,11 @@ def test_new_hyperparameter_values_reuse_the_direct_step():
     grads = jax.tree.map(jnp.ones_like, params)
     opt = eqxopt.AdamW(1e-3)
     opt.step(grads, opt.init(params), params)
-    before = _dispatch.cache_size(_base._step_entry)
+    before = _dispatch.cache_size(_base._ENTRIES[True, False, False])
     for lr in (1e-2, 0.5):
         new_opt = eqxopt.AdamW(lr, b1=0.8, weight_decay=0.3)
         new_opt.step(grads, new_opt.init(params), params)
-    assert _dispatch.cache_size(_base._step_entry) == before
+    assert _dispatch.cache_size(_base._ENTRIES[True, False, False]) == before
 
 
 def test_inside_a_user_jit_gives_the_same_numbers():
@@ -197,8 +201,8 @@ def test_donated_step_runs_in_place_without_copies():
     state = opt.init(params)
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     for entry, args, donate in [
-        (_base._step_entry_donated, (opt, params, params, state, {}), (2, 3)),
-        (_base._update_entry_donated, (opt, params, state, params, {}), (2,)),
+        (_base._ENTRIES[True, True, False], (opt, params, params, state, {}), (2, 3)),
+        (_base._ENTRIES[False, True, False], (opt, params, state, params, {}), (2,)),
     ]:
         compiled = _dispatch.lower(entry, args, donate).compile()
         memory = compiled.memory_analysis()
@@ -322,13 +326,19 @@ def test_scalar_hyperparameters_are_packed_exactly():
         general = opt.step(grads, state, params)
     assert_same(direct, general)
     assert_same(
-        direct, eqx.filter_jit(_base._step_entry)(opt, grads, params, state, {})
+        direct,
+        eqx.filter_jit(_base._ENTRIES[True, False, False])(
+            opt, grads, params, state, {}
+        ),
     )
     # Another optimizer object with other values: no new trace, other numbers.
-    before = _dispatch.cache_size(_base._step_entry), len(_probe_seen)
+    before = _dispatch.cache_size(_base._ENTRIES[True, False, False]), len(_probe_seen)
     other = _probe(-1.0)
     moved, _ = other.step(grads, state, params)
-    assert (_dispatch.cache_size(_base._step_entry), len(_probe_seen)) == before
+    assert (
+        _dispatch.cache_size(_base._ENTRIES[True, False, False]),
+        len(_probe_seen),
+    ) == before
     with _use_general_path():
         assert_same(moved, other.step(grads, state, params)[0])
     assert not np.allclose(moved["w"], direct[0]["w"])

@@ -101,14 +101,17 @@ def test_catalog_matches_xla(case):
     grads = jax.grad(quadratic_loss)(params)
     extra = extra_for(case, quadratic_loss, params)
     args = (opt, grads, params, opt.init(params), extra)
-    used = native_calls(_base._step_entry_donated, *args)
+    used = native_calls(_base._ENTRIES[True, True, False], *args)
     if case.name in NOT_ELEMENTWISE:
         assert used == 0
     else:
         assert used > 0
-        assert with_native(False, native_calls, _base._step_entry_donated, *args) == 0
+        assert (
+            with_native(False, native_calls, _base._ENTRIES[True, True, False], *args)
+            == 0
+        )
     # A step into new buffers keeps XLA's code (allocation-bound either way).
-    assert native_calls(_base._step_entry, *args) == 0
+    assert native_calls(_base._ENTRIES[True, False, False], *args) == 0
 
 
 ORDINARY = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e-30, -1e-30, 3e38, -3e38, 7.25, 1e-3]
@@ -243,7 +246,7 @@ def test_a_donated_step_of_a_shape_reading_rule_gives_xla_numbers():
     grads = jax.tree.map(lambda x: 0.5 * x + 1.0, params)
     opt = _SizeScaled()
     args = (opt, grads, params, opt.init(params), {})
-    assert native_calls(_base._step_entry_donated, *args) == 0
+    assert native_calls(_base._ENTRIES[True, True, False], *args) == 0
 
     def run():
         return opt.step(grads, opt.init(params), fresh(params), donate=True)[0]
@@ -294,8 +297,16 @@ def test_donated_entries_write_in_place(native):
         opt = eqxopt.AdamW(1e-3)
         state = opt.init(params)
         for entry, args, donate in [
-            (_base._step_entry_donated, (opt, params, params, state, {}), (2, 3)),
-            (_base._update_entry_donated, (opt, params, state, params, {}), (2,)),
+            (
+                _base._ENTRIES[True, True, False],
+                (opt, params, params, state, {}),
+                (2, 3),
+            ),
+            (
+                _base._ENTRIES[False, True, False],
+                (opt, params, state, params, {}),
+                (2,),
+            ),
         ]:
             compiled = _dispatch.lower(entry, args, donate).compile()
             text = compiled.as_text()
@@ -305,7 +316,7 @@ def test_donated_entries_write_in_place(native):
             assert ("eqxopt_elementwise" in text) == native
             # Both (small) leaves share one call; the update of `step` is only
             # made when something reads it.
-            if native and entry is _base._step_entry_donated:
+            if native and entry is _base._ENTRIES[True, True, False]:
                 assert text.count("custom-call(") == 1
     finally:
         eqxopt.set_native_kernels(True)
@@ -351,7 +362,7 @@ def test_only_float32_leaves_take_the_kernel():
         # AdamW: one call, for the f32 leaf (its unused update call is dropped);
         # Adam with bf16 moments: no leaf has all-float32 inputs.
         expected = 1 if opt.mu_dtype is None else 0
-        assert native_calls(_base._step_entry_donated, *args) == expected
+        assert native_calls(_base._ENTRIES[True, True, False], *args) == expected
 
         def run(opt=opt):
             p = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
@@ -374,9 +385,9 @@ def test_switching_recompiles_eqxopt_steps(xla_only):
     opt = eqxopt.SGD(0.1, momentum=0.9)
     opt.step(params, opt.init(params), params)
     eqxopt.set_native_kernels(True)
-    assert _dispatch.cache_size(_base._step_entry) == 0
+    assert _dispatch.cache_size(_base._ENTRIES[True, False, False]) == 0
     opt.step(params, opt.init(params), params)
-    assert _dispatch.cache_size(_base._step_entry) == 1
+    assert _dispatch.cache_size(_base._ENTRIES[True, False, False]) == 1
 
 
 def run_script(script, **env):

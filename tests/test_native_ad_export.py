@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import eqxopt
+from catalog import swept
 from helpers import assert_trees_close
 from test_catalog import extra_for
 from test_native import with_native
@@ -95,7 +96,7 @@ def test_export_of_a_packed_loss_serializes():
 
 
 @pytest.mark.needs_compiler
-@pytest.mark.parametrize("case", ELEMENTWISE, ids=[c.name for c in ELEMENTWISE])
+@pytest.mark.parametrize("case", swept(ELEMENTWISE))
 def test_export_of_a_donated_step_serializes(case):
     params = {"w": jnp.linspace(-1.0, 1.0, 8), "b": jnp.full((2, 3), 0.5)}
     grads = jax.tree.map(lambda x: jnp.cos(3 * x), params)

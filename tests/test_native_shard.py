@@ -46,7 +46,7 @@ PRELUDE = textwrap.dedent(
         inputs = _placement.read(grads, params, state, donated=True)
         placed = _seam.placement(inputs)
         args = (opt, grads, params, state, {}, placed)
-        lowered = _dispatch.lower(_base._step_entry_donated, args, (2, 3))
+        lowered = _dispatch.lower(_base._ENTRIES[True, True, False], args, (2, 3))
         return lowered.compile().as_text()
 
     def run(opt, where, native, state_where=None, in_place=True):
@@ -200,7 +200,8 @@ SLOW_SCRIPT = PRELUDE + textwrap.dedent(
     grads = place(host_grads[0], split)
     inputs = _placement.read(grads, params, state, donated=True)
     args = (opt, grads, state, params, {}, _seam.placement(inputs))
-    text = _dispatch.lower(_base._update_entry_donated, args, (2,)).compile().as_text()
+    entry = _base._ENTRIES[False, True, False]
+    text = _dispatch.lower(entry, args, (2,)).compile().as_text()
     assert "eqxopt_elementwise" in text
     assert not [op for op in COLLECTIVES if op in text]
     native = run_update(True)

@@ -91,8 +91,9 @@ SCRIPT = textwrap.dedent(
         # gather either (tests/test_native_shard.py checks the numbers).
         inputs = _placement.read(grads, params, state, donated=True)
         placed = _seam.placement(inputs)
+        entry = _base._ENTRIES[True, True, False]
         lowered = _dispatch.lower(
-            _base._step_entry_donated, (opt, grads, params, state, {}, placed), (2, 3))
+            entry, (opt, grads, params, state, {}, placed), (2, 3))
         text = lowered.compile().as_text()
         for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
             assert op not in text, (type(opt).__name__, op, "donated")

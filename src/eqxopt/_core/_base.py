@@ -345,26 +345,14 @@ def _entry(
     return new_state, _placement.keep(cast_like(new, params), params, on_params)
 
 
-# The entries: each its own object, so each has its own compiled functions (the
-# dispatcher's caches are keyed by the entry). Donated ones come twice: for
-# gradients computed in the caller's trace, and for gradients passed in as arrays.
-_update_entry = functools.partial(_entry, step=False, donated=False)
-_update_entry_donated = functools.partial(_entry, step=False, donated=True)
-_update_entry_donated_given = functools.partial(
-    _entry, step=False, donated=True, grads_given=True
-)
-_step_entry = functools.partial(_entry, step=True, donated=False)
-_step_entry_donated = functools.partial(_entry, step=True, donated=True)
-_step_entry_donated_given = functools.partial(
-    _entry, step=True, donated=True, grads_given=True
-)
-
-# By (step, donated, gradients given as arrays).
+# The entries, by (step, donated, gradients given as arrays): each its own object, so
+# each has its own compiled functions (the dispatcher's caches are keyed by the
+# entry). Donated ones come twice: for gradients computed in the caller's trace, and
+# for gradients passed in as arrays.
 _ENTRIES = {
-    (False, False, False): _update_entry,
-    (False, True, False): _update_entry_donated,
-    (False, True, True): _update_entry_donated_given,
-    (True, False, False): _step_entry,
-    (True, True, False): _step_entry_donated,
-    (True, True, True): _step_entry_donated_given,
+    (step, donated, given): functools.partial(
+        _entry, step=step, donated=donated, grads_given=given
+    )
+    for step in (False, True)
+    for donated, given in ((False, False), (True, False), (True, True))
 }
