@@ -21,8 +21,10 @@ $(DOCS_STAMP): $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/train_digits.py
 
+# Two workers that take tests from each other's queues as they finish, so that no
+# large file leaves one worker idle at the end.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
 
 # The whole-catalog sweeps marked slow (CI runs them after make test).
 test-slow: $(STAMP)

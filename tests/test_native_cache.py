@@ -171,19 +171,26 @@ def test_libraries_are_keyed_on_the_compiler(built, tmp_path):
     assert_cache_valid(cache)
 
 
-@pytest.mark.parametrize("value", ["0", "false", "Off", " NO "])
+def spellings(*values: str) -> list:
+    """`values` for an environment variable, each read by a fresh Python process:
+    the first two in `make test`, the others in `make test-slow`."""
+    slow = pytest.mark.slow
+    return [pytest.param(v, marks=() if i < 2 else slow) for i, v in enumerate(values)]
+
+
+@pytest.mark.parametrize("value", spellings("0", " NO ", "false", "Off"))
 def test_native_off_spellings(value, tmp_path):
     assert run_step(tmp_path, EQXOPT_NATIVE=value) == (False, [])
     assert list(tmp_path.iterdir()) == []  # nothing was built
 
 
 @pytest.mark.needs_compiler
-@pytest.mark.parametrize("value", ["1", "true", "YES", "on"])
+@pytest.mark.parametrize("value", spellings("1", "YES", "true", "on"))
 def test_native_on_spellings(value, built):
     assert run_step(built, EQXOPT_NATIVE=value) == (True, [])
 
 
-@pytest.mark.parametrize("value", ["maybe", "2", "-1"])
+@pytest.mark.parametrize("value", spellings("maybe", "2", "-1"))
 def test_native_other_values_warn_once_and_keep_the_default(value, built):
     available, caught = run_step(built, EQXOPT_NATIVE=value)
     assert available
@@ -194,12 +201,12 @@ def test_native_other_values_warn_once_and_keep_the_default(value, built):
 
 
 @pytest.mark.needs_compiler
-@pytest.mark.parametrize("value", ["1", "2", "16"])
+@pytest.mark.parametrize("value", spellings("1", "16", "2"))
 def test_num_threads_takes_a_positive_integer(value, built):
     assert run_step(built, EQXOPT_NUM_THREADS=value) == (True, [])
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-3", "1.5", "4 threads"])
+@pytest.mark.parametrize("value", spellings("abc", "0", "-3", "1.5", "4 threads"))
 def test_num_threads_other_values_warn_once_and_use_every_core(value, built):
     available, caught = run_step(built, EQXOPT_NUM_THREADS=value)
     assert available
