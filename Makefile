@@ -33,7 +33,9 @@ test-slow: $(STAMP)
 # The oldest versions pyproject.toml allows: every runtime dependency pinned at its
 # floor (`>=` read as `==` from [project] dependencies), the test tools at the newest
 # that run there (pip resolves them: optax 0.2.5 is the last for JAX < 0.5.3), in a
-# venv of its own, on a fast subset (catalog, references, schedules; not slow).
+# venv of its own, on a fast subset (catalog, references, schedules; not slow), and
+# every configuration's traced hyperparameters and None gradients, which `make test`
+# sweeps only in part and which lean most on the JAX version.
 OLDEST_VENV := .venv-oldest
 OLDEST_PY := $(OLDEST_VENV)/bin/python
 OLDEST_STAMP := $(OLDEST_VENV)/.installed
@@ -53,6 +55,9 @@ test-oldest: $(OLDEST_STAMP)
 	$(OLDEST_PY) -c 'import jax, equinox; print("oldest: jax", jax.__version__, "equinox", equinox.__version__)'
 	$(OLDEST_PY) -m pytest -q -n 2 --dist load -m "not slow" $(OLDEST_DESELECT) \
 		tests/test_catalog.py tests/test_references.py tests/test_schedules.py
+	$(OLDEST_PY) -m pytest -q -n 2 --dist load -m slow \
+		tests/test_catalog.py::test_hyperparameters_may_be_traced \
+		tests/test_catalog.py::test_none_gradients_leave_leaf_and_its_state_alone
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
