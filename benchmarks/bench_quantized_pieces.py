@@ -67,7 +67,6 @@ def whole_steps() -> dict:
 
 def pieces() -> dict:
     """ns per element of each piece, from `quantized_pieces.cc`, 8-bit and 4-bit."""
-    kernels = pathlib.Path(_build.__file__).parent / "_kernels"
     with tempfile.TemporaryDirectory() as directory:
         for name in MAPS:
             np.asarray(_storage.code_map(name), np.float32).tofile(
@@ -76,21 +75,7 @@ def pieces() -> dict:
             tables = _storage.search_tables(name)
             np.asarray(tables.thresholds, np.float32).tofile(f"{directory}/{name}.thr")
         binary = f"{directory}/pieces"
-        subprocess.run(
-            [
-                _build._compiler(),
-                "-O3",
-                "-std=c++17",
-                "-w",
-                "-pthread",
-                f"-I{kernels}",
-                f"-I{jax.ffi.include_dir()}",
-                str(HERE / "quantized_pieces.cc"),
-                "-o",
-                binary,
-            ],
-            check=True,
-        )
+        _build.build_harness(HERE / "quantized_pieces.cc", pathlib.Path(binary))
         result = {}
         for bits in ("8", "4"):
             out = subprocess.run(

@@ -96,29 +96,26 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> scratch(chunk);
   const int reps = 20;
   auto per_element = [&](double seconds) { return seconds * 1e9 / n; };
-  const double load = Seconds(
-      [&] {
-        for (int64_t b = 0; b < n; b += chunk)
-          for (int k = 0; k < 2; ++k)
-            Load(moments[k]->q, loaded.data() + k * chunk, b, chunk);
-      },
-      reps);
-  const double scale = Seconds(
-      [&] {
-        for (int64_t b = 0; b < n; b += chunk)
-          for (int k = 0; k < 2; ++k)
-            Scale(moments[k]->q, values[k].data() + b, b, chunk, chunk,
-                  inverses.data() + k * chunk);
-      },
-      reps);
-  const double store = Seconds(
-      [&] {
-        for (int64_t b = 0; b < n; b += chunk)
-          for (int k = 0; k < 2; ++k)
-            Store(moments[k]->q, values[k].data() + b, b, chunk, chunk,
-                  inverses.data() + k * chunk, scratch.data());
-      },
-      reps);
+  // Seconds per pass of `piece(k, b)` over every chunk b of both moments k.
+  auto pass = [&](auto piece) {
+    return Seconds(
+        [&] {
+          for (int64_t b = 0; b < n; b += chunk)
+            for (int k = 0; k < 2; ++k) piece(k, b);
+        },
+        reps);
+  };
+  const double load = pass([&](int k, int64_t b) {
+    Load(moments[k]->q, loaded.data() + k * chunk, b, chunk);
+  });
+  const double scale = pass([&](int k, int64_t b) {
+    Scale(moments[k]->q, values[k].data() + b, b, chunk, chunk,
+          inverses.data() + k * chunk);
+  });
+  const double store = pass([&](int k, int64_t b) {
+    Store(moments[k]->q, values[k].data() + b, b, chunk, chunk,
+          inverses.data() + k * chunk, scratch.data());
+  });
   std::printf("dequantize %.4f\n", per_element(load));
   std::printf("absmax %.4f\n", per_element(scale));
   std::printf("codes %.4f\n", per_element(store));

@@ -9,16 +9,13 @@ unclamped form `Store` uses for blocks with a finite absmax for every float32 it
 can be given (magnitude at most 1 + 2^-23): a small C++ program built from the
 kernel's own source."""
 
-import os
-import shutil
 import subprocess
 
-import jax
 import numpy as np
 import pytest
 
 from eqxopt._core import _storage
-from eqxopt._native import _quantized
+from eqxopt._native import _build, _quantized
 
 MAPS = ["dynamic8_signed", "dynamic8_unsigned", "dynamic4_signed", "linear4_unsigned"]
 
@@ -120,29 +117,14 @@ int main(int argc, char** argv) {
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory):
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.skip("no C++ compiler")
     directory = tmp_path_factory.mktemp("search")
     source = directory / "search.cc"
     source.write_text(PROGRAM)
-    kernels = os.path.join(os.path.dirname(_quantized.__file__), "_kernels")
     binary = directory / "search"
-    subprocess.run(
-        [
-            compiler,
-            "-O3",
-            "-std=c++17",
-            "-w",
-            "-pthread",
-            f"-I{kernels}",
-            f"-I{jax.ffi.include_dir()}",
-            str(source),
-            "-o",
-            str(binary),
-        ],
-        check=True,
-    )
+    try:
+        _build.build_harness(source, binary)
+    except _build.NativeBuildError as error:
+        pytest.skip(str(error))  # no C++ compiler
     return directory, binary
 
 

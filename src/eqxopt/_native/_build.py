@@ -224,11 +224,24 @@ def _library_sources() -> dict[str, str]:
     return {_LIBRARY: sources.pop(_LIBRARY), **sources}
 
 
+def _handler_flags() -> list[str]:
+    # No -ffast-math: floats round as XLA's do.
+    return ["-O3", "-std=c++17", "-w", "-pthread", f"-I{jax.ffi.include_dir()}"]
+
+
+def build_harness(source: Path, binary: Path) -> None:
+    """Compiles `source`, a C++ program that includes the kernels' own files (the
+    tests' and benchmarks' harnesses), into `binary` with the compiler and flags
+    of the handler library, so that it runs the same code."""
+    command = [_compiler(), *_handler_flags(), f"-I{_KERNELS}", str(source)]
+    subprocess.run([*command, "-o", str(binary)], check=True)
+
+
 @functools.cache
 def _handler() -> ctypes.CDLL:
-    # No -ffast-math: floats round as XLA's do.
-    flags = ["-O3", "-std=c++17", "-w", "-pthread", f"-I{jax.ffi.include_dir()}"]
-    lib = _load("eqxopt_ffi", _library_sources(), flags, "eqxopt_register_kernel")
+    lib = _load(
+        "eqxopt_ffi", _library_sources(), _handler_flags(), "eqxopt_register_kernel"
+    )
     lib.eqxopt_register_kernel.argtypes = [ctypes.c_int64, ctypes.c_void_p]
     lib.eqxopt_register_kernel.restype = None
     lib.eqxopt_set_num_threads.argtypes = [ctypes.c_int64]
