@@ -1,6 +1,7 @@
-"""The compiled entry points: the direct dispatch path against the general one
-(which treats arguments as `eqx.filter_jit` does), donation without copies, and
-the pytree-ness of `opt.step` / `opt.update`."""
+"""The compiled entry points: the same numbers as `eqx.filter_jit` over the same
+call, non-array leaves passed through as `eqx.filter_jit` passes them, no
+recompiles for new values, donation without copies, and the pytree-ness of
+`opt.step` / `opt.update`."""
 
 import equinox as eqx
 import jax
@@ -9,8 +10,7 @@ import numpy as np
 import pytest
 
 import eqxopt
-from eqxopt._core import _base, _dispatch
-from helpers import nested_tree
+from helpers import compiles, nested_tree
 
 
 def mixed_tree():
@@ -89,37 +89,31 @@ def assert_same(a, b):
         )
 
 
-@pytest.fixture
-def general_path():
-    _dispatch.use_direct_path(False)
-    yield
-    _dispatch.use_direct_path(True)
+def filter_jit_step(opt, grads, state, params):
+    # The same call under `eqx.filter_jit`: eqxopt's entry then runs inside its
+    # trace (the enclosing jit compiles it).
+    return eqx.filter_jit(lambda o, g, s, p: o.step(g, s, p))(opt, grads, state, params)
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_direct_and_general_paths_agree(name):
-    """The same numbers from the direct path, the general path, donated and not,
-    and `eqx.filter_jit` over the same entry: None grads, bf16/f16, an int leaf,
-    per-leaf flags (the mask)."""
+def test_entries_agree_with_filter_jit_donated_or_not(name):
+    """The same numbers from `update`/`step`, donated and not, and `eqx.filter_jit`
+    over the same call: None grads, bf16/f16, an int leaf, per-leaf flags (the
+    mask)."""
     opt = OPTIMIZERS[name]()
     params = mixed_tree()
-    direct = run(opt, params, 4, donate=False)
+    plain = run(opt, params, 4, donate=False)
     donated = run(opt, params, 4, donate=True)
-    _dispatch.use_direct_path(False)
-    try:
-        general = run(opt, params, 4, donate=False)
-    finally:
-        _dispatch.use_direct_path(True)
-    assert_same(direct, general)
-    # Donated steps run the native kernels (in place): XLA's numbers to rounding.
-    assert jax.tree.structure(direct) == jax.tree.structure(donated)
-    for x, y in zip(jax.tree.leaves(direct), jax.tree.leaves(donated)):
+    # Donated steps run the native kernels (in place) where they are available:
+    # XLA's numbers to rounding.
+    assert jax.tree.structure(plain) == jax.tree.structure(donated)
+    for x, y in zip(jax.tree.leaves(plain), jax.tree.leaves(donated)):
         assert x.dtype == y.dtype and x.shape == y.shape
         np.testing.assert_allclose(
             np.asarray(x, np.float64), np.asarray(y, np.float64), rtol=1e-6, atol=1e-7
         )
     # A leaf without gradient keeps its value and its state.
-    final_params, final_state = direct[-1]
+    final_params, final_state = plain[-1]
     np.testing.assert_array_equal(final_params["frozen"], params["frozen"])
     np.testing.assert_array_equal(final_params["count"], params["count"])
     for field in ("mu", "nu", "velocity"):
@@ -127,18 +121,17 @@ def test_direct_and_general_paths_agree(name):
         if moments is not None:
             assert not np.any(np.asarray(moments["frozen"]))
             assert moments["count"] is None
-    # eqx.filter_jit of the unchecked maths agrees too.
     grads = mixed_grads(params, seed=0)
     state = opt.init(params)
-    ref = eqx.filter_jit(_base._ENTRIES[True, False, False])(
-        opt, grads, params, state, {}
+    assert_same(
+        filter_jit_step(opt, grads, state, params), opt.step(grads, state, params)
     )
-    assert_same(ref, opt.step(grads, state, params))
 
 
-def test_static_leaves_take_the_general_path_and_stay_static():
-    """A Python float, a function and a string in params are passed through
-    untouched, as `eqx.filter_jit` would treat them."""
+def test_non_array_leaves_pass_through_as_with_filter_jit():
+    """A Python float, a function and a string in params come back untouched (the
+    caller's very objects), as `eqx.filter_jit` treats them; the second call with
+    the same kinds of leaves compiles nothing."""
     params = {"w": jnp.ones(3), "scale": 2.0, "act": jax.nn.relu, "name": "layer"}
     grads = {"w": jnp.full(3, 0.5), "scale": None, "act": None, "name": None}
     opt = eqxopt.SGD(0.1)
@@ -147,13 +140,36 @@ def test_static_leaves_take_the_general_path_and_stay_static():
     assert new_params["act"] is jax.nn.relu and new_params["name"] == "layer"
     np.testing.assert_allclose(new_params["w"], 0.95)
     assert state.velocity["scale"] is None
-    # Those argument types are remembered: the second call does not retry.
-    kinds = [
-        k for k in _dispatch._general if k[0] is _base._ENTRIES[True, False, False]
-    ]
-    assert kinds
-    new_params, _ = opt.step(grads, state, new_params)
-    np.testing.assert_allclose(new_params["w"], 0.9)
+    name = "".join(["lay", "er"])  # equal to "layer", another object
+    again = {**new_params, "name": name}
+    with compiles() as log:
+        newer, _ = opt.step(grads, state, again)
+    assert log == []
+    np.testing.assert_allclose(newer["w"], 0.9)
+    assert newer["name"] is name
+    # Another value of a static leaf is another program.
+    with compiles() as log:
+        opt.step(grads, state, {**again, "scale": 3.0})
+    assert log
+
+
+def test_non_array_outputs_belong_to_the_call_that_made_them():
+    """Outputs that are not arrays (here a Python int in a train step's `aux`) are
+    recorded per compiled program, so a call whose program was compiled earlier
+    gets its own, not the last trace's."""
+
+    def loss(model, x):
+        return jnp.mean((x @ model["w"]) ** 2), x.shape[0]
+
+    opt = eqxopt.SGD(0.01)
+    step = eqxopt.make_train_step(loss, opt, has_aux=True)
+    model = {"w": jnp.ones((3, 2))}
+    state = opt.init(model)
+    seen = []
+    for batch in (8, 16, 8, 16):
+        model, state, _, aux = step(model, state, jnp.ones((batch, 3)))
+        seen.append(aux)
+    assert seen == [8, 16, 8, 16]
 
 
 def test_errors_inside_the_rule_are_not_swallowed():
@@ -163,16 +179,17 @@ def test_errors_inside_the_rule_are_not_swallowed():
         opt.step(params, opt.init(params), params, value=jnp.ones(()))
 
 
-def test_new_hyperparameter_values_reuse_the_direct_step():
+def test_new_hyperparameter_values_reuse_the_compiled_step():
     params = nested_tree()
     grads = jax.tree.map(jnp.ones_like, params)
     opt = eqxopt.AdamW(1e-3)
-    opt.step(grads, opt.init(params), params)
-    before = _dispatch.cache_size(_base._ENTRIES[True, False, False])
-    for lr in (1e-2, 0.5):
-        new_opt = eqxopt.AdamW(lr, b1=0.8, weight_decay=0.3)
-        new_opt.step(grads, new_opt.init(params), params)
-    assert _dispatch.cache_size(_base._ENTRIES[True, False, False]) == before
+    state = opt.init(params)
+    opt.step(grads, state, params)
+    others = [eqxopt.AdamW(lr, b1=0.8, weight_decay=0.3) for lr in (1e-2, 0.5)]
+    with compiles() as log:
+        for new_opt in others:
+            new_opt.step(grads, state, params)
+    assert log == []
 
 
 def test_inside_a_user_jit_gives_the_same_numbers():
@@ -200,11 +217,8 @@ def test_donated_step_runs_in_place_without_copies():
     opt = eqxopt.AdamW(1e-3)
     state = opt.init(params)
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
-    for entry, args, donate in [
-        (_base._ENTRIES[True, True, False], (opt, params, params, state, {}), (2, 3)),
-        (_base._ENTRIES[False, True, False], (opt, params, state, params, {}), (2,)),
-    ]:
-        compiled = _dispatch.lower(entry, args, donate).compile()
+    for method in (opt.step, opt.update):
+        compiled = method.lower(params, state, params, donate=True).compile()
         memory = compiled.memory_analysis()
         assert memory.temp_size_in_bytes < 1024  # scalars only, no full-size copy
         assert " copy(" not in compiled.as_text()
@@ -217,6 +231,18 @@ def test_donated_step_runs_in_place_without_copies():
     new_p, _ = opt.step(jax.tree.map(jnp.ones_like, p), s, p, donate=True)
     assert p["a"].is_deleted() and s.mu["a"].is_deleted()
     assert not new_p["a"].is_deleted()
+
+
+def test_lower_refuses_traced_arguments():
+    opt = eqxopt.SGD(0.1)
+    params = {"w": jnp.ones(2)}
+    state = opt.init(params)
+
+    def lowered(p):
+        return opt.step.lower(p, state, p)
+
+    with pytest.raises(ValueError, match="lower takes concrete arrays"):
+        jax.jit(lowered)(params)
 
 
 def test_bound_methods_are_cheap_pytrees():
@@ -262,7 +288,6 @@ class _Probe(eqxopt.AbstractTransform):
     a: jax.Array
     b: jax.Array
     n: jax.Array
-    m: jax.Array
     weak: jax.Array
     half: jax.Array
     vector: jax.Array
@@ -275,7 +300,7 @@ class _Probe(eqxopt.AbstractTransform):
         _probe_seen.append([jax.typeof(x) for x in jax.tree.leaves(self)])
         scale = (
             self.a * self.b
-            + (self.n - self.m).astype(jnp.float32)
+            + self.n.astype(jnp.float32)
             + self.weak
             + self.half.astype(jnp.float32)
             + self.vector.sum()
@@ -292,84 +317,50 @@ def _probe(a: float) -> _Probe:
         a=jnp.asarray(a, jnp.float32),
         b=jnp.asarray(0.5, jnp.float32),
         n=jnp.asarray(3, jnp.int32),
-        m=jnp.asarray(1, jnp.int32),
         weak=jnp.asarray(0.25),  # a weak-typed float
-        half=jnp.asarray(0.125, jnp.bfloat16),  # the only one of its dtype
+        half=jnp.asarray(0.125, jnp.bfloat16),
         vector=jnp.arange(3.0, dtype=jnp.float32),
         placed=jax.device_put(jnp.asarray(1.0, jnp.float32), jax.devices()[0]),
     )
 
 
-def test_scalar_hyperparameters_are_packed_exactly():
-    """The optimizer's 0-d leaves cross into the compiled step stacked, one array
-    per dtype: inside, every leaf has its own dtype, shape and weak type; the
-    numbers are the general path's; new values reuse the compiled step."""
+def test_hyperparameters_keep_their_types_and_new_values_reuse_the_trace():
+    """Inside the compiled step every hyperparameter has its own dtype, shape and
+    weak type; the numbers are `eqx.filter_jit`'s; an optimizer object with other
+    values reuses the trace; inside a user's jit nothing of the trace is kept."""
     params = {"w": jnp.ones(3), "b": jnp.zeros(2)}
     grads = jax.tree.map(lambda p: p + 0.5, params)
     opt = _probe(2.0)
     state = opt.init(params)
     expected = [jax.typeof(x) for x in jax.tree.leaves(opt)]
-    assert expected[4].weak_type and not expected[0].weak_type
+    assert expected[3].weak_type and not expected[0].weak_type
     _probe_seen.clear()
     direct = opt.step(grads, state, params)
     assert _probe_seen == [expected]
-    # Only the f32 pair and the i32 pair are packed: the weak, the lone bf16, the
-    # vector and the placed (committed) leaf cross as they are.
-    record = _dispatch._first(opt)
-    packs, others = record.packed
-    assert [(x.dtype, x.shape) for x in packs] == [
-        (jnp.float32, (2,)),
-        (jnp.int32, (2,)),
-    ]
-    assert len(others) == 4
-    with _use_general_path():
-        general = opt.step(grads, state, params)
-    assert_same(direct, general)
-    assert_same(
-        direct,
-        eqx.filter_jit(_base._ENTRIES[True, False, False])(
-            opt, grads, params, state, {}
-        ),
-    )
-    # Another optimizer object with other values: no new trace, other numbers.
-    before = _dispatch.cache_size(_base._ENTRIES[True, False, False]), len(_probe_seen)
+    assert_same(direct, filter_jit_step(opt, grads, state, params))
     other = _probe(-1.0)
-    moved, _ = other.step(grads, state, params)
-    assert (
-        _dispatch.cache_size(_base._ENTRIES[True, False, False]),
-        len(_probe_seen),
-    ) == before
-    with _use_general_path():
-        assert_same(moved, other.step(grads, state, params)[0])
+    _probe_seen.clear()
+    with compiles() as log:
+        moved, _ = other.step(grads, state, params)
+    assert log == [] and _probe_seen == []
     assert not np.allclose(moved["w"], direct[0]["w"])
-    # Inside a user's jit the packing is traced, never cached as tracers.
     third = _probe(3.0)
     nested = jax.jit(lambda g, s, p: third.step(g, s, p))(grads, state, params)
-    assert _dispatch._first(third).packed is None
     assert_same(nested, third.step(grads, state, params))
-
-
-class _use_general_path:
-    def __enter__(self):
-        _dispatch.use_direct_path(False)
-
-    def __exit__(self, *exc):
-        _dispatch.use_direct_path(True)
 
 
 def test_first_use_inside_a_jit_learns_the_concrete_array_class():
     """jaxlib's array class is learnt on first use, not at import (so that
     `jax.distributed.initialize` can run after `import eqxopt`); that first use may
     be inside a user's `jax.jit`, where `jnp.zeros` gives a tracer, and a tracer
-    class taken for the concrete one would send traced leaves down the direct path."""
-    from eqxopt._native import _compat
+    class taken for the concrete one would send traced leaves into a compiled call."""
+    from eqxopt._core import _jax_api
 
-    _compat.array_type.cache_clear()
-    _dispatch._all_arrays.cache_clear()
+    _jax_api.array_type.cache_clear()
     opt = eqxopt.AdamW(1e-2)
     params = {"w": jnp.ones(3), "b": jnp.zeros(())}
     traced = jax.jit(lambda p: opt.step(p, opt.init(p), p))(params)
-    assert _compat.array_type() is type(jnp.zeros(()))
+    assert _jax_api.array_type() is type(jnp.zeros(()))
     direct = opt.step(params, opt.init(params), params)
     filtered = eqx.filter_jit(lambda o, p: o.step(p, o.init(p), p))(opt, params)
     assert_same(traced, direct)

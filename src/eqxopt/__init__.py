@@ -18,6 +18,10 @@ from ._core import (
     tree_norm as tree_norm,
     tree_set as tree_set,
 )
+from ._core._backend import (
+    native_kernels_available as native_kernels_available,
+    set_native_kernels as set_native_kernels,
+)
 from ._core._schedule import (
     AbstractSchedule as AbstractSchedule,
     Constant as Constant,
@@ -33,10 +37,6 @@ from ._interop import (
     from_optax as from_optax,
 )
 from ._microbatch import microbatch as microbatch
-from ._native import (
-    native_kernels_available as native_kernels_available,
-    set_native_kernels as set_native_kernels,
-)
 from ._optimizers._adam._adabelief import (
     AdaBelief as AdaBelief,
 )
@@ -320,6 +320,14 @@ from ._wrappers import (
     hyperparameters as hyperparameters,
     round_stochastic_bf16 as round_stochastic_bf16,
 )
+
+try:
+    # The native CPU kernels, an optional backend: importing them registers them
+    # with the engine (`_core/_backend.py`); without them every step runs XLA's code.
+    from . import _native as _native
+except ModuleNotFoundError as error:  # pragma: no cover - a checkout without them
+    if error.name != f"{__name__}._native":
+        raise
 
 __version__ = importlib.metadata.version("eqxopt")
 

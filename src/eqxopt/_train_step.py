@@ -2,20 +2,17 @@
 written the fast way: model and state donated, `step(..., donate=True)` inside."""
 
 import contextlib
-import functools
-import operator
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
-import numpy as np
 
-from ._core import _jax_api
+from ._core import _backend, _dispatch
+from ._core._backend import TrainStepPlan
 from ._core._base import AbstractTransform
 from ._core._checks import check_bool
 from ._core._packed import Packed
-from ._native import _ffi, _fused
 
 
 class TrainStep(eqx.Module):
@@ -57,9 +54,7 @@ class TrainStep(eqx.Module):
         **Returns:** `(model, state, loss)`, or `(model, state, loss, aux)` with
         `has_aux=True`.
         """
-        key, front, model, state = _split(self._front(opt, batch), model, state)
-        out = _program(front, model)(key, front, model, state)
-        return _join(_OUTPUTS[key], out)
+        return _dispatch.call(*self._call(model, state, batch, opt))
 
     def lower(
         self,
@@ -74,12 +69,21 @@ class TrainStep(eqx.Module):
 
         **Arguments:** as `__call__`.
         """
-        key, front, model, state = _split(self._front(opt, batch), model, state)
-        return _program(front, model).lower(key, front, model, state)
+        return _dispatch.lower(*self._call(model, state, batch, opt))
 
-    def _front(self, opt: AbstractTransform | None, batch: tuple) -> tuple:
-        # The compiled program's first, undonated argument.
-        return (self.opt if opt is None else opt, self.loss_fn, self.has_aux, batch)
+    def _call(
+        self, model: Any, state: Any, batch: tuple, opt: AbstractTransform | None
+    ) -> tuple[Any, ...]:
+        # The arguments of `_dispatch.call`: the optimizer first (usually the same
+        # object call after call), the model and the state donated.
+        opt = self.opt if opt is None else opt
+        plan = None
+        backend = _backend.active()
+        if backend is not None:
+            plan = backend.train_step(_arrays(model), _arrays((opt, batch)))
+        key = _TrainKey(self.loss_fn, self.has_aux, plan)
+        options = () if plan is None else plan.compiler_options
+        return _step, key, (opt, batch, model, state), (2, 3), options
 
 
 def make_train_step(
@@ -134,55 +138,17 @@ def make_train_step(
     return TrainStep(loss_fn, opt, check_bool("has_aux", has_aux))
 
 
-# The dispatch, written out rather than `eqx.filter_jit`: a call flattens its
-# arguments once and splits arrays (traced) from other leaves (static, part of the
-# key); `eqx.filter_jit` also partitions, combines and re-flattens every tree, which
-# for a model of many small leaves costs more host time than the compiled step.
-_ARRAY = object()  # marks where an array leaf was, in a key
+class _TrainKey(NamedTuple):
+    """What selects a train step's program besides its arguments: the loss
+    function, whether it returns aux, and the backend's plan for compiling it."""
 
-# What `eqx.is_array` takes for an array (checked inline: it runs for every leaf of
-# every call).
-_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+    loss_fn: Callable[..., Any]
+    has_aux: bool
+    plan: TrainStepPlan | None
 
 
-class _Key(NamedTuple):
-    """What selects a compiled program, besides the arrays' shapes and dtypes: the
-    tree structures of (optimizer, loss_fn, has_aux, batch), model and state, and
-    their leaves that are not arrays."""
-
-    treedefs: tuple
-    static: tuple
-
-
-def _split(front: tuple, model: Any, state: Any) -> tuple:
-    treedefs, static, arrays = [], [], []
-    for tree in (front, model, state):
-        leaves, treedef = jax.tree_util.tree_flatten(tree)
-        treedefs.append(treedef)
-        static.append(_statics(leaves))
-        arrays.append([x for x in leaves if isinstance(x, _ARRAY_TYPES)])
-    return (_Key(tuple(treedefs), tuple(static)), *arrays)
-
-
-def _statics(leaves: list) -> tuple:
-    return tuple(_ARRAY if isinstance(x, _ARRAY_TYPES) else x for x in leaves)
-
-
-def _merge(treedef: Any, static: tuple, arrays: Any) -> Any:
-    arrays = iter(arrays)
-    return jax.tree_util.tree_unflatten(
-        treedef, [next(arrays) if x is _ARRAY else x for x in static]
-    )
-
-
-def _join(outputs: tuple, arrays: list) -> tuple:
-    treedef, static = outputs
-    return tuple(_merge(treedef, static, arrays))
-
-
-# Per key, the outputs' structure and their leaves that are not arrays (recorded
-# when the program is traced).
-_OUTPUTS: dict[_Key, tuple] = {}
+def _arrays(tree: Any) -> list[Any]:
+    return [x for x in jax.tree.leaves(tree) if eqx.is_array(x)]
 
 
 def _loss_of(loss_fn: Callable[..., Any], model: Any) -> Callable[..., Any]:
@@ -191,75 +157,15 @@ def _loss_of(loss_fn: Callable[..., Any], model: Any) -> Callable[..., Any]:
     return loss_fn
 
 
-def _step(
-    key: _Key, front: list, model: list, state: list, *, low_memory: bool
-) -> list:
-    (front_def, model_def, state_def), (front_static, model_static, state_static) = key
-    opt, loss_fn, has_aux, batch = _merge(front_def, front_static, front)
-    model = _merge(model_def, model_static, model)
-    state = _merge(state_def, state_static, state)
+def _step(key: _TrainKey, opt: AbstractTransform, batch: tuple, model, state):
     value_and_grad = eqx.filter_value_and_grad(
-        _loss_of(loss_fn, model), has_aux=has_aux
+        _loss_of(key.loss_fn, model), has_aux=key.has_aux
     )
     value, grads = value_and_grad(model, *batch)
-    with _fused.small_waits() if low_memory else contextlib.nullcontext():
+    tracing = contextlib.nullcontext() if key.plan is None else key.plan.tracing()
+    with tracing:
         model, state = opt.step(grads, state, model, donate=True)
-    if has_aux:
+    if key.has_aux:
         loss, aux = value
-        outputs = (model, state, loss, aux)
-    else:
-        outputs = (model, state, value)
-    leaves, treedef = jax.tree_util.tree_flatten(outputs)
-    _OUTPUTS[key] = (treedef, _statics(leaves))
-    return [x for x in leaves if isinstance(x, _ARRAY_TYPES)]
-
-
-# One compiled program per key and shapes; the model's and the state's arrays are
-# donated, the optimizer's and the batch's are not.
-_compiled = jax.jit(
-    functools.partial(_step, low_memory=False), static_argnums=0, donate_argnums=(2, 3)
-)
-
-
-@functools.cache
-def _compiled_low_memory() -> Any:
-    # The same program, scheduled by XLA:CPU for the least memory (and its calls
-    # waiting for small gradients: `_fused.waits`).
-    return jax.jit(
-        functools.partial(_step, low_memory=True),
-        static_argnums=0,
-        donate_argnums=(2, 3),
-        compiler_options=_jax_api.low_memory_schedule(),
-    )
-
-
-# Model elements per element of the other inputs (the batch, mostly) from which the
-# large gradients, not the activations, set a step's peak memory.
-_GRADIENTS_DOMINATE = 10_000
-
-
-def _program(front: list, model: list) -> Any:
-    """The compiled step for these arrays: scheduled for the least memory where the
-    native kernels run, some leaf gets a kernel call of its own, and the model is
-    large against the batch (`_GRADIENTS_DOMINATE`).
-
-    Each such call writes its weight in place, so the weight's buffer stays taken
-    until the call, and the default schedule (the most concurrency: every gradient
-    as soon as it can be made) holds two of the largest gradients at once, where
-    optax's update reuses a weight's buffer for its gradient. The low-memory
-    schedule makes each large gradient next to its call. It also costs some of the
-    concurrency, which a step of much activation work (a CNN on a batch of images,
-    a transformer on many tokens) loses more of than it gains in memory; a model
-    of small leaves gains nothing (its calls take many leaves each)."""
-    sizes = list(map(_SIZE, model))  # per call: the cheapest spelling
-    if (
-        sizes
-        and _fused.runs_alone(max(sizes))
-        and sum(sizes) >= _GRADIENTS_DOMINATE * sum(map(_SIZE, front))
-        and _ffi.usable()
-    ):
-        return _compiled_low_memory()
-    return _compiled
-
-
-_SIZE = operator.attrgetter("size")
+        return model, state, loss, aux
+    return model, state, value

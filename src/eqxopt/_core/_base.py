@@ -1,9 +1,10 @@
 """The contract every optimizer and gradient transform shares."""
 
 import abc
+import contextlib
 import functools
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -11,9 +12,9 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import PyTree, jaxtyped
 
-from .._native import _compat
-from . import _dispatch, _placement, _seam
+from . import _backend, _dispatch, _placement
 from ._checks import check_grads, check_state, name_converters
+from ._jax_api import is_tracer
 from ._placement import placing_init, raise_if_misplaced
 from ._tree import apply_updates, cast_like, promotion_for
 
@@ -48,6 +49,13 @@ class _fast_method:
 class _Bound(functools.partial):
     """`functools.partial` (made in C) registered as a pytree, like
     `jax.tree_util.Partial`, whose Python `__new__` costs more."""
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """The program this call would run, lowered (`jax.jit`'s `lower`), for the
+        same arguments: `.compile()` it to read XLA's `memory_analysis()` or the
+        optimized HLO (`.as_text()`)."""
+        lower = self.func.lower  # pyright: ignore[reportFunctionMemberAccess]
+        return lower(*self.args, *args, **kwargs)
 
 
 jax.tree_util.register_pytree_node(
@@ -227,6 +235,26 @@ def _check_donate(donate: Any) -> None:
         raise TypeError(f"donate must be a bool, got {donate!r}")
 
 
+class _EntryKey(NamedTuple):
+    """What selects an entry's compiled program besides its arguments.
+
+    - `step`: `step` (new parameters) rather than `update` (updates).
+    - `donated`: `donate=True`: the outputs may overwrite the inputs.
+    - `grads_given`: the gradients are arrays passed in (not computed in the
+      program being compiled), which the backend's kernels need not wait for.
+    - `shardings`: the concrete inputs' shardings where they span several devices
+      (`_placement.signature`), for placing the outputs on Auto meshes.
+    - `backend_placement`: the backend's static data of where a donated call's
+      inputs live (`_backend.AbstractBackend.placement`).
+    """
+
+    step: bool
+    donated: bool
+    grads_given: bool
+    shardings: Any
+    backend_placement: Any
+
+
 def _call(
     opt: AbstractTransform,
     step: bool,
@@ -238,34 +266,66 @@ def _call(
 ) -> Any:
     """`update` (`step=False`: `(new_state, updates)`) or `step` (`(new_params,
     new_state)`), through its compiled entry."""
-    _check_donate(donate)
-    first, second = (params, state) if step else (state, params)
-    # Where the inputs live, read once for both readers below.
-    inputs = _placement.read(grads, params, state, donated=donate)
-    # Gradients passed in as arrays are not computed in the step's program, so its
-    # native kernels wait for none (`_seam.Entry.grads_given`).
-    given = donate and not any(map(_compat.is_tracer, jax.tree.leaves(grads)))
     try:
         return _dispatch.call(
-            _placement.entry_for(
-                _ENTRIES[step, donate, given], _placement.signature(inputs)
-            ),
-            (
-                opt,
-                grads,
-                first,
-                second,
-                _numbers_as_arrays(extra) if extra else extra,
-                _seam.placement(inputs),
-            ),
-            # The donated buffers: state (`update`), params and state (`step`).
-            ((2, 3) if step else (2,)) if donate else (),
-            # Where Python bools may be: params and the keyword arguments.
-            bools=(2, 4) if step else (3, 4),
+            *_entry_call(opt, step, grads, state, params, donate, extra)
         )
     except ValueError as error:
         raise_if_misplaced(error, opt, grads, state, params)
         raise
+
+
+def _entry_call(
+    opt: AbstractTransform,
+    step: bool,
+    grads: Grads,
+    state: State,
+    params: Params,
+    donate: bool,
+    extra: dict[str, Any],
+) -> tuple[Any, ...]:
+    """The arguments of `_dispatch.call` (or `lower`) for one entry call."""
+    _check_donate(donate)
+    first, second = (params, state) if step else (state, params)
+    # Where the inputs live (`None` in a process of one device), read once for the
+    # outputs' placement and the backend.
+    inputs = _placement.read(grads, params, state, donated=donate)
+    backend = _backend.active()
+    backend_placement = None
+    if backend is not None and inputs is not None and donate:
+        backend_placement = backend.placement(inputs.leaves, inputs.shardings)
+    key = _EntryKey(
+        step,
+        donate,
+        donate and not any(map(is_tracer, jax.tree.leaves(grads))),
+        _placement.signature(inputs),
+        backend_placement,
+    )
+    extra = _numbers_as_arrays(extra) if extra else extra
+    # The donated buffers: state (`update`), params and state (`step`).
+    donated = ((2, 3) if step else (2,)) if donate else ()
+    return _entry, key, (opt, grads, first, second, extra), donated
+
+
+def _lowering(step: bool) -> Callable[..., Any]:
+    def lower(
+        opt: AbstractTransform,
+        grads: Grads,
+        state: State,
+        params: Params,
+        *,
+        donate: bool = False,
+        **extra: Any,
+    ) -> Any:
+        return _dispatch.lower(
+            *_entry_call(opt, step, grads, state, params, donate, extra)
+        )
+
+    return lower
+
+
+AbstractTransform.update.lower = _lowering(False)  # pyright: ignore
+AbstractTransform.step.lower = _lowering(True)  # pyright: ignore
 
 
 def _numbers_as_arrays(extra: dict[str, Any]) -> dict[str, Any]:
@@ -299,60 +359,29 @@ def _checked(
         return _typechecked(method)(opt, grads, state, params, **extra)
 
 
-# XLA pairs donated input buffers with outputs of the same shape in order, so each
+# XLA pairs donated input buffers with outputs of the same shape in order, so the
 # entry returns its outputs in the order of the donated inputs (state first for
 # `update`, params then state for `step`); otherwise a new `mu` could be written into
-# the buffer of the old `nu` and XLA would add full-size copies to undo it.
+# the buffer of the old `nu` and XLA would add full-size copies to undo it. It places
+# its outputs like the inputs they replace (`_placement.keep`), so that a state
+# sharded unlike its parameters (ZeRO-1) leaves every parameter's sharding alone and
+# donated buffers are reused.
 
 
-# Each entry tells the engine, through the seam, whether its outputs may overwrite
-# the donated inputs and (donated entries) where the inputs live: `native`, a pytree
-# without leaves whose static data keys the compiled step (the native kernels run per
-# shard). It places its outputs like the inputs they replace (`_placement.keep`;
-# `placement` holds the concrete inputs' shardings where they span several devices),
-# so that a state sharded unlike its parameters (ZeRO-1) leaves every parameter's
-# sharding alone and donated buffers are reused.
-
-
-def _entry(
-    opt,
-    grads,
-    first,
-    second,
-    extra,
-    native=None,
-    *,
-    step,
-    donated,
-    grads_given=False,
-    placement=None,
-):
-    # `first, second` are the donated inputs' order: `state, params` for `update`,
-    # `params, state` for `step`; the outputs come in the same order.
-    params, state = (first, second) if step else (second, first)
-    method = type(opt).transform_step if step else type(opt).transform
-    new, new_state = _seam.traced(
-        lambda: _checked(method, opt, grads, state, params, extra),
-        in_place=donated,
-        placement=native,
-        inputs=(grads, params, state),
-        grads_given=grads_given,
-    )
-    on_params, on_state = placement or (None, None)
+def _entry(key: _EntryKey, opt, grads, first, second, extra):
+    params, state = (first, second) if key.step else (second, first)
+    method = type(opt).transform_step if key.step else type(opt).transform
+    backend = _backend.active()
+    tracing = contextlib.nullcontext()
+    if backend is not None:
+        trace = _backend.EntryTrace(
+            key.donated, key.grads_given, key.backend_placement, (grads, params, state)
+        )
+        tracing = backend.tracing(trace)
+    with tracing:
+        new, new_state = _checked(method, opt, grads, state, params, extra)
+    on_params, on_state = key.shardings or (None, None)
     new_state = _placement.keep(new_state, state, on_state)
-    if step:
+    if key.step:
         return _placement.keep(new, params, on_params), new_state
     return new_state, _placement.keep(cast_like(new, params), params, on_params)
-
-
-# The entries, by (step, donated, gradients given as arrays): each its own object, so
-# each has its own compiled functions (the dispatcher's caches are keyed by the
-# entry). Donated ones come twice: for gradients computed in the caller's trace, and
-# for gradients passed in as arrays.
-_ENTRIES = {
-    (step, donated, given): functools.partial(
-        _entry, step=step, donated=donated, grads_given=given
-    )
-    for step in (False, True)
-    for donated, given in ((False, False), (True, False), (True, True))
-}

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Float32, Int, PyTree
 
-from .._native._compat import is_tracer
 from . import _jax_api
-from ._dispatch import static
+from ._dispatch import static_key
+from ._jax_api import is_tracer
 from ._structure import describe as _describe, structure_mismatch
 from ._tree import INT32_MAX, align_grads, is_float_leaf, leaf_paths
 
@@ -143,7 +143,7 @@ def _abstract_key(tree: PyTree) -> Hashable | None:
     kinds = tuple(
         _jax_api.abstract_type(x)
         if isinstance(x, (jax.Array, np.ndarray, np.generic))
-        else static(x)
+        else static_key(x)
         for x in leaves
     )
     x64 = jax.dtypes.canonicalize_dtype(jnp.float64) == jnp.float64

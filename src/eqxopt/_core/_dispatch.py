@@ -1,53 +1,38 @@
-"""A cheaper way into compiled code than `eqx.filter_jit`, for `update` and `step`.
+"""The one way into compiled code: `update`, `step` and `make_train_step` all call
+`call`.
 
-Two paths, both keyed so that new hyperparameter *values* (array leaves) reuse the
-compiled function, and neither waits for the result:
+It treats arguments as `eqx.filter_jit` does: array leaves are traced, every other
+leaf (an activation function, a Python number, a string) is part of the cache key,
+by type and value. New hyperparameter *values* (array leaves) therefore reuse the
+compiled function. It is cheaper per call than `eqx.filter_jit` (one flatten per
+argument, the first one remembered by identity, since it is usually the same
+optimizer call after call) and does not wait for the result. Inside someone else's
+trace it calls the function, and the enclosing `jit` compiles it.
 
-- The direct path, for the common case where every leaf is an array: the first
-  argument (the optimizer, usually the same object call after call) is flattened
-  once and remembered by identity, its scalar leaves stacked into one array per
-  dtype (fewer arrays to cross into the compiled code); the other arguments go to a
-  cached `jax.jit` as they are, so JAX's C++ code flattens them and unflattens the
-  outputs. A leaf that
-  is not an array (a function, a string) or may be a Python number makes the direct
-  path step aside, and those argument types then always take the general path.
-- The general path, as `eqx.filter_jit` treats arguments: the arguments are
-  flattened in Python; array leaves become the traced inputs and every other leaf
-  (activation functions, Python scalars, ...) becomes part of the cache key.
-
-For trees of thousands of leaves, `eqxopt.pack` is the way to keep both the step and
-its compile fast (`set_split_compilation` is a deprecated no-op).
-
-Inside someone else's trace the direct path simply nests in the outer `jit` (the
-general path calls the function), and the enclosing `jit` compiles it.
+Non-array outputs (a parameter that is a function, a Python number in `aux`) come
+back through the compiled function's output structure, which JAX records per
+compiled program, so each call gets the ones its own trace made; a non-array output
+that is one of the inputs is the caller's very object.
 """
 
 import dataclasses
-import functools
-import itertools
 import struct
 import warnings
-import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from .._native import _compat
+from . import _backend
+from ._jax_api import array_type, is_tracer
 
-_DYNAMIC = object()  # marks the position of an array leaf in a cache key
-
-
-@functools.cache
-def _all_arrays() -> frozenset[type]:
-    # Found on first use, not at import (see `_compat.array_type`).
-    return frozenset({_compat.array_type()})
+_DYNAMIC = object()  # marks the position of an array leaf
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Static:
-    """A non-array leaf in a cache key (`static(obj)`): equal only to a leaf of the
+    """A non-array leaf in a cache key (`static_key(obj)`): equal only to a leaf of the
     same type and the same value, bit for bit (`True`, `1`, `1.0` and an `IntEnum`
     member with value 1 compare equal in Python, as do `0.0` and `-0.0`, and NaN
     equals nothing); an unhashable leaf is equal only to itself. `obj` is the leaf."""
@@ -56,7 +41,7 @@ class Static:
     obj: Any = dataclasses.field(compare=False)
 
 
-def static(obj: Any) -> Static:
+def static_key(obj: Any) -> Static:
     try:
         hash(obj)
     except TypeError:
@@ -69,145 +54,159 @@ def static(obj: Any) -> Static:
 
 
 def _is_dynamic(leaf: Any) -> bool:
-    # NumPy scalars are arrays, as for `eqx.is_array` (and the direct path).
+    # NumPy arrays and scalars are arrays, as for `eqx.is_array`.
     return isinstance(leaf, (jax.Array, np.ndarray, np.generic))
 
 
+class _Outputs:
+    """The non-array outputs of one trace, carried in the compiled function's output
+    structure (a pytree node without children), which JAX keeps per compiled
+    program. `where`, per output leaf: `_DYNAMIC`, `("in", k)` for the `k`-th input
+    leaf, or `("new", obj)` for an object the function made."""
+
+    __slots__ = ("treedef", "where")
+
+    def __init__(self, treedef: Any, where: tuple | None):
+        self.treedef = treedef
+        self.where = where
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Outputs)
+            and self.treedef == other.treedef
+            and self.where == other.where
+        )
+
+    def __hash__(self) -> int:
+        return hash(self.treedef)
+
+
+jax.tree_util.register_pytree_node(
+    _Outputs,
+    lambda o: ((), (o.treedef, o.where)),
+    lambda aux, _: _Outputs(*aux),
+)
+
+# Every output leaf is an array: the compiled function returns its output as it is.
+_ALL_ARRAYS = _Outputs(None, None)
+
+
 @dataclasses.dataclass(eq=False)
-class _Compiled:
-    """One jitted program for one tree structure and one set of static leaves
-    (`statics`: per leaf, the leaf or `_DYNAMIC`; `None`: every leaf is an array).
+class _Program:
+    """One `jax.jit` of `fn(static, *args)` for one tree structure of the arguments
+    and one set of non-array leaves (`statics`, per argument: its leaves, with
+    `_DYNAMIC` at arrays): the general path."""
 
-    Static leaves stay out of the program: where an output is one of the input
-    leaves (a parameter passed through), each call returns the caller's own object
-    at that place, never the one seen when tracing, which is only equal to it."""
-
-    fn: Callable
-    treedef: Any
-    statics: list[Any] | None
+    fn: Callable[..., Any]
+    static: Hashable
+    treedefs: tuple[Any, ...]
+    statics: tuple[tuple[Any, ...], ...]
     donate: tuple[int, ...]
-    out_def: Any = None
-    # Per output leaf: `_DYNAMIC`, the index of the input leaf it is, or `(obj,)`
-    # for an object made by `fn`. `None`: every output is an array.
-    out_statics: list[Any] | None = None
+    compiler_options: tuple[tuple[str, Any], ...]
+    traces: int = 0
     jitted: Any = None
 
     def __post_init__(self) -> None:
-        self.jitted = jax.jit(self.flat_fn, donate_argnums=self.donate)
-
-    def flat_fn(self, *groups: list[Any]) -> list[Any]:
-        dynamic = [x for group in groups for x in group]
-        if self.statics is None:
-            leaves = dynamic
-        else:
-            it = iter(dynamic)
-            leaves = [next(it) if s is _DYNAMIC else s for s in self.statics]
-        out = self.fn(*jax.tree.unflatten(self.treedef, leaves))
-        out_leaves, self.out_def = jax.tree.flatten(out)
-        if all(isinstance(x, jax.Array) for x in out_leaves):
-            self.out_statics = None
-            return out_leaves
-        position: dict[int, int] = {}
-        for i, s in enumerate(self.statics or ()):
-            if s is not _DYNAMIC:
-                position.setdefault(id(s), i)
-        self.out_statics = [
-            _DYNAMIC if isinstance(x, jax.Array) else position.get(id(x), (x,))
-            for x in out_leaves
-        ]
-        return [x for x in out_leaves if isinstance(x, jax.Array)]
-
-    def __call__(self, groups: list[list[Any]], leaves: list[Any]) -> Any:
-        out = self.jitted(*groups)
-        if self.out_statics is None:
-            return self.out_def.unflatten(out)
-        it = iter(out)
-        return self.out_def.unflatten(
-            [
-                next(it) if s is _DYNAMIC else leaves[s] if type(s) is int else s[0]
-                for s in self.out_statics
-            ]
+        options = dict(self.compiler_options) or None
+        self.jitted = jax.jit(
+            self.flat_fn, donate_argnums=self.donate, compiler_options=options
         )
 
+    def flat_fn(self, *groups: list[Any]) -> tuple[Any, _Outputs]:
+        self.traces += 1
+        args = []
+        first_static: dict[int, int] = {}
+        offset = 0
+        for treedef, statics, group in zip(self.treedefs, self.statics, groups):
+            it = iter(group)
+            leaves = [next(it) if s is _DYNAMIC else s for s in statics]
+            for k, s in enumerate(statics):
+                if s is not _DYNAMIC:
+                    first_static.setdefault(id(s), offset + k)
+            offset += treedef.num_leaves
+            args.append(treedef.unflatten(leaves))
+        return _outputs(self.fn(self.static, *args), first_static)
 
-@dataclasses.dataclass(eq=False)
-class _Entry:
-    """Everything cached for one tree structure of the arguments: where each
-    argument's leaves are (`bounds`), the arguments' treedef, and the compiled
-    programs."""
 
-    bounds: list[slice]
-    treedef: Any
-    all_arrays: _Compiled | None = None
-    by_statics: dict[Hashable, _Compiled] = dataclasses.field(default_factory=dict)
-
-
-def _entry(first_def: Any, rest_def: Any) -> _Entry:
-    sizes = [first_def.num_leaves]
-    sizes += [child.num_leaves for child in rest_def.children()]
-    starts = np.cumsum([0, *sizes]).tolist()
-    treedef = jax.tree.structure(
-        (
-            first_def.unflatten([0] * first_def.num_leaves),
-            *rest_def.unflatten([0] * rest_def.num_leaves),
-        )
+def _outputs(out: Any, inputs: dict[int, int]) -> tuple[Any, "_Outputs"]:
+    """What a compiled function returns for `out`: `out` itself if its leaves are
+    all arrays, else its arrays, with where the others go (`_Outputs`); `inputs`
+    maps the ids of the static input leaves to their positions."""
+    out_leaves, out_def = jax.tree.flatten(out)
+    if all(isinstance(x, jax.Array) for x in out_leaves):
+        return out, _ALL_ARRAYS
+    where = tuple(
+        _DYNAMIC
+        if isinstance(x, jax.Array)
+        else ("in", inputs[id(x)])
+        if id(x) in inputs
+        else ("new", x)
+        for x in out_leaves
     )
-    return _Entry([slice(a, b) for a, b in itertools.pairwise(starts)], treedef)
+    arrays = [x for x in out_leaves if isinstance(x, jax.Array)]
+    return arrays, _Outputs(out_def, where)
 
 
-_cache: "weakref.WeakKeyDictionary[Callable, dict[Hashable, _Entry]]" = (
-    weakref.WeakKeyDictionary()
-)
+def _results(payload: Any, outputs: _Outputs, leaves: list[Any]) -> Any:
+    """The caller's result from what the compiled function returned (`_outputs`);
+    `leaves`: the call's input leaves."""
+    if outputs.where is None:
+        return payload
+    it = iter(payload)
+    return outputs.treedef.unflatten(
+        [
+            next(it) if w is _DYNAMIC else leaves[w[1]] if w[0] == "in" else w[1]
+            for w in outputs.where
+        ]
+    )
 
 
 @dataclasses.dataclass(eq=False)
 class _First:
-    """What is remembered of the first argument (the optimizer, usually the very
-    same immutable object call after call), by identity: its leaves and treedef;
-    for the direct path, which of its leaves are packed and how (`layout`), the
-    packed leaves themselves once made, and the `_Direct` (or `None`: the general
-    path) for each kind of call made with it."""
+    """What is remembered of the first argument (usually the same optimizer object
+    call after call), by identity: its leaves, treedef, whether every leaf is a
+    concrete array and, if so, how its scalars are packed (`layout`, `packed`)."""
 
     obj: Any
-    pack: bool = True
     leaves: list[Any] = dataclasses.field(init=False)
     treedef: Any = dataclasses.field(init=False)
+    all_arrays: bool = dataclasses.field(init=False)
     layout: tuple[Any, ...] | None = dataclasses.field(init=False)
     packed: Any = None
-    direct: "dict[Hashable, _Direct | None]" = dataclasses.field(default_factory=dict)
+    direct: dict[tuple, "_Direct"] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.leaves, self.treedef = jax.tree.flatten(self.obj)
-        self.layout = _layout(self.leaves, self.pack)
+        self.all_arrays = set(map(type, self.leaves)) <= {array_type()}
+        self.layout = _layout(self.leaves) if self.all_arrays else None
+
+    def pack(self) -> Any:
+        """The leaves as the compiled function takes them (`_pack`)."""
+        if self.packed is None:
+            self.packed = _pack(self.leaves, self.layout)
+        return self.packed
 
 
 # --- Packed hyperparameters -------------------------------------------------------
 #
-# Every array crossing the `jax.jit` boundary costs the direct call about half a
-# microsecond (AdamW has six scalar hyperparameters, more with a schedule). So the
-# optimizer's scalar leaves are stacked into one array per dtype, once per
+# The optimizer's scalar leaves are stacked into one array per dtype, once per
 # optimizer object, and indexed back inside the compiled function: the same values,
 # dtypes and shapes, and a new optimizer object with other values reuses the
-# compiled step (the stacked arrays have the same shapes). Only leaves whose
-# stacking changes nothing are packed: 0-d, not weak-typed (a stacked array would
-# not be weak), not committed to a device or sharding, and two or more of a dtype.
+# compiled step (the stacked arrays have the same shapes). Fewer arrays then cross
+# the `jax.jit` boundary, and every per-leaf kernel of the step reads one scalar
+# buffer instead of one per hyperparameter, which XLA:CPU pays for per kernel
+# (benchmarks/README.md). Only leaves whose stacking changes nothing are packed:
+# 0-d, not weak-typed (a stacked array would not be weak), not committed to a
+# device or sharding, and two or more of a dtype.
 
 
-def _layout(leaves: list[Any], pack: bool) -> tuple[Any, ...] | None:
-    """Per leaf of the first argument, the dtype it is packed with (`None`: passed
-    as it is); `None` when some leaf is not a concrete array (no direct path)."""
-    # (`leaves and`: no array made when eqxopt is imported, see `_all_arrays`.)
-    if leaves and not set(map(type, leaves)) <= _all_arrays():
-        return None
-    if not pack:
-        return (None,) * len(leaves)
+def _layout(leaves: list[Any]) -> tuple[Any, ...]:
+    """Per leaf, the dtype it is packed with (`None`: passed as it is)."""
     codes = [
         None if a.shape or a.weak_type or x.committed else a.dtype
         for x in leaves
         for a in (x.aval,)
     ]
-    if len(set(codes)) == len(codes):  # no dtype twice: nothing to pack
-        return (None,) * len(codes)
     lone = {c for c in codes if codes.count(c) == 1}
     return tuple(None if c in lone else c for c in codes)
 
@@ -217,104 +216,202 @@ def _stack(groups: list[list[Any]]) -> list[Any]:
     return [jax.numpy.stack(group) for group in groups]
 
 
-def _pack(record: _First) -> tuple[list[Any], list[Any]]:
-    """The first argument's leaves as the direct path passes them: the packed
-    arrays (one per dtype, in order of first appearance) and the other leaves."""
-    if record.packed is not None:
-        return record.packed
-    assert record.layout is not None
+def _pack(leaves: list[Any], layout: Any) -> tuple[list[Any], list[Any]]:
+    """The packed arrays (one per dtype, in order of first appearance) and the
+    other leaves."""
     groups: dict[Any, list[Any]] = {}
     others = []
-    for x, code in zip(record.leaves, record.layout):
+    for x, code in zip(leaves, layout):
         if code is None:
             others.append(x)
         else:
             groups.setdefault(code, []).append(x)
-    packed = (_stack(list(groups.values())) if groups else [], others)
-    if not any(map(_compat.is_tracer, packed[0])):
-        record.packed = packed  # (inside someone's trace it is made per call)
-    return packed
+    return (_stack(list(groups.values())) if groups else [], others)
 
 
-def _unpacker(layout: tuple[Any, ...]) -> Callable[[Any], list[Any]]:
-    """The inverse of `_pack` for one layout, for use inside the trace."""
-    groups = list(dict.fromkeys(c for c in layout if c is not None))
-    counters = dict.fromkeys(groups, 0)
-    where: list[tuple[int, int] | None] = []
+def _unpack(layout: tuple[Any, ...], first: Any) -> list[Any]:
+    """The inverse of `_pack`, inside the trace."""
+    packs, others = first
+    codes = list(dict.fromkeys(c for c in layout if c is not None))
+    counters = dict.fromkeys(codes, 0)
+    it = iter(others)
+    leaves = []
     for code in layout:
         if code is None:
-            where.append(None)
+            leaves.append(next(it))
         else:
-            where.append((groups.index(code), counters[code]))
+            leaves.append(packs[codes.index(code)][counters[code]])
             counters[code] += 1
-
-    def unpack(first: Any) -> list[Any]:
-        packs, others = first
-        it = iter(others)
-        return [next(it) if w is None else packs[w[0]][w[1]] for w in where]
-
-    return unpack
+    return leaves
 
 
-_last_first: list[_First] = [_First(None)]
+_last_first: list[_First | None] = [None]
 
 
-def _first(first: Any, pack: bool = True) -> _First:
+def _first(obj: Any) -> _First:
     record = _last_first[0]
-    if record.obj is not first or record.pack is not pack:
-        record = _last_first[0] = _First(first, pack)
+    if record is None or record.obj is not obj:
+        record = _First(obj)
+        if record.all_arrays:  # a first argument holding tracers is not kept
+            _last_first[0] = record
     return record
-
-
-class _NotPlain(Exception):
-    """Raised while tracing the direct path: a leaf may have been a Python number
-    (a weak-typed scalar; a weak-typed 0-d array lands here too, harmlessly) or,
-    where the caller says Python bools may be (`bools`), a Python bool (traced as
-    a 0-d bool array, which lands here too)."""
 
 
 @dataclasses.dataclass(eq=False)
 class _Direct:
-    """`jax.jit` over `(first, *rest)`, the rest passed as pytrees.
+    """One `jax.jit` of `fn(static, *args)` for calls whose leaves are all concrete
+    arrays, with the first argument's structure and packing (`treedef`, `layout`):
+    the other arguments go to `jax.jit` as the pytrees they are, so JAX's C++ code
+    flattens them (and keys its own cache by their structure)."""
 
-    JAX flattens the pytrees in C++ and unflattens the outputs, so nothing is done
-    per leaf in Python. This is only right when every leaf of the rest is an array:
-    a Python number would be traced (as a weak-typed scalar) where `eqx.filter_jit`
-    keeps it static, and a function or string is rejected by `jax.jit` with a
-    `TypeError`; a Python bool would come back as an array. These send the call to
-    the general path, which is then remembered for those argument types. `first` is
-    the first argument's leaves as `_pack` makes them. `kinds` is its key in
-    `_direct`.
-    """
-
-    fn: Callable
-    first_def: Any
+    fn: Callable[..., Any]
+    static: Hashable
+    treedef: Any
     layout: tuple[Any, ...]
     donate: tuple[int, ...]
-    bools: tuple[int, ...] = ()
-    kinds: tuple[Any, ...] = ()
+    compiler_options: tuple[tuple[str, Any], ...]
+    traces: int = 0
     jitted: Any = None
 
     def __post_init__(self) -> None:
-        self.unpack = _unpacker(self.layout)
-        self.jitted = jax.jit(self.run, donate_argnums=self.donate)
+        options = dict(self.compiler_options) or None
+        self.jitted = jax.jit(
+            self.run, donate_argnums=self.donate, compiler_options=options
+        )
 
-    def run(self, first: Any, *rest: Any) -> Any:
-        for i, arg in enumerate(rest, 1):
-            for leaf in jax.tree.leaves(arg):
-                if jax.numpy.ndim(leaf) == 0 and (
-                    getattr(leaf, "weak_type", False)
-                    or (i in self.bools and leaf.dtype == bool)
-                ):
-                    raise _NotPlain
-        return self.fn(self.first_def.unflatten(self.unpack(first)), *rest)
+    def run(self, first: Any, *rest: Any) -> tuple[Any, _Outputs]:
+        self.traces += 1
+        obj = self.treedef.unflatten(_unpack(self.layout, first))
+        return _outputs(self.fn(self.static, obj, *rest), {})
 
 
-_direct: dict[tuple[Any, ...], _Direct] = {}
-_general: set[tuple[Any, ...]] = set()  # argument kinds the direct path cannot take
+_programs: dict[tuple, _Program | _Direct] = {}
 
 
-_use_direct = [True]
+def clear_caches() -> None:
+    """Forgets every compiled program (the next call of each traces again): for
+    switches that change what a trace produces, such as the native kernels."""
+    _programs.clear()
+    _last_first[0] = None
+
+
+_backend.on_change(clear_caches)
+
+
+def _all_concrete(args: Sequence[Any]) -> bool:
+    concrete = {array_type()}
+    return all(set(map(type, jax.tree.leaves(a))) <= concrete for a in args)
+
+
+def _direct(
+    first: _First,
+    fn: Callable[..., Any],
+    static: Hashable,
+    donate: tuple[int, ...],
+    compiler_options: tuple[tuple[str, Any], ...],
+) -> _Direct:
+    """The `_Direct` for a call, found once per first argument object (a new
+    optimizer object of the same structure finds the same one)."""
+    local = (fn, static, donate, compiler_options)
+    found = first.direct.get(local)
+    if found is None:
+        assert first.layout is not None
+        key = ("direct", fn, static, first.treedef, first.layout, donate)
+        key += (compiler_options,)
+        found = _programs.get(key)
+        if found is None:
+            found = _programs[key] = _Direct(
+                fn, static, first.treedef, first.layout, donate, compiler_options
+            )
+        assert isinstance(found, _Direct)
+        first.direct[local] = found
+    return found
+
+
+def _general(
+    first: _First,
+    fn: Callable[..., Any],
+    static: Hashable,
+    args: Sequence[Any],
+    donate: tuple[int, ...],
+    compiler_options: tuple[tuple[str, Any], ...],
+) -> tuple[_Program, list[list[Any]], list[Any]] | None:
+    """The general path, as `eqx.filter_jit` treats arguments: the program for a
+    call with non-array leaves (part of its key), the arrays it takes (per
+    argument) and every input leaf; `None` when some leaf is a tracer (the call is
+    inside another trace)."""
+    flat = [(first.leaves, first.treedef)]
+    flat += [jax.tree.flatten(a) for a in args[1:]]
+    if any(is_tracer(x) for leaves, _ in flat for x in leaves):
+        return None
+    statics = tuple(
+        tuple(_DYNAMIC if _is_dynamic(x) else x for x in leaves) for leaves, _ in flat
+    )
+    key_statics = tuple(
+        tuple(s if s is _DYNAMIC else static_key(s) for s in group) for group in statics
+    )
+    treedefs = tuple(treedef for _, treedef in flat)
+    key = (fn, static, treedefs, key_statics, donate, compiler_options)
+    program = _programs.get(key)
+    if program is None:
+        program = _programs[key] = _Program(
+            fn, static, treedefs, statics, donate, compiler_options
+        )
+    assert isinstance(program, _Program)
+    groups = [[x for x in leaves if _is_dynamic(x)] for leaves, _ in flat]
+    leaves = [x for group, _ in flat for x in group]
+    return program, groups, leaves
+
+
+def call(
+    fn: Callable[..., Any],
+    static: Hashable,
+    args: Sequence[Any],
+    donate: tuple[int, ...] = (),
+    compiler_options: tuple[tuple[str, Any], ...] = (),
+) -> Any:
+    """`fn(static, *args)`, compiled: `static` (hashable) is part of the cache key;
+    `args` are pytrees, whose array leaves are traced and whose other leaves are
+    part of the cache key. `donate` lists positions in `args` whose array buffers
+    XLA may reuse for the outputs (the caller must not use them afterwards);
+    `compiler_options` are `jax.jit`'s, as items. Inside another trace, `fn` is
+    called as it is."""
+    first = _first(args[0])
+    if first.layout is not None and _all_concrete(args[1:]):
+        direct = _direct(first, fn, static, donate, compiler_options)
+        payload, outputs = direct.jitted(first.pack(), *args[1:])
+        return _results(payload, outputs, [])
+    general = _general(first, fn, static, args, donate, compiler_options)
+    if general is None:
+        return fn(static, *args)
+    program, groups, leaves = general
+    payload, outputs = program.jitted(*groups)
+    return _results(payload, outputs, leaves)
+
+
+def lower(
+    fn: Callable[..., Any],
+    static: Hashable,
+    args: Sequence[Any],
+    donate: tuple[int, ...] = (),
+    compiler_options: tuple[tuple[str, Any], ...] = (),
+) -> Any:
+    """The `jax.stages.Lowered` program that `call` with the same arguments runs:
+    `.compile()` it to read XLA's `memory_analysis()` or optimized HLO."""
+    first = _first(args[0])
+    if first.layout is not None and _all_concrete(args[1:]):
+        direct = _direct(first, fn, static, donate, compiler_options)
+        return direct.jitted.lower(first.pack(), *args[1:])
+    general = _general(first, fn, static, args, donate, compiler_options)
+    if general is None:
+        raise ValueError("lower takes concrete arrays, not the values of a trace")
+    program, groups, _ = general
+    return program.jitted.lower(*groups)
+
+
+def traces(fn: Callable[..., Any]) -> int:
+    """How many times `call` has traced `fn` (every trace compiles a program)."""
+    return sum(p.traces for p in _programs.values() if p.fn is fn)
 
 
 def set_split_compilation(enabled: bool) -> None:
@@ -336,134 +433,3 @@ def set_split_compilation(enabled: bool) -> None:
         DeprecationWarning,
         stacklevel=2,
     )
-
-
-def clear_caches() -> None:
-    """Forgets every compiled step (the next call of each traces again): for
-    switches that change what a trace produces, such as the native kernels."""
-    _cache.clear()
-    _direct.clear()
-    _general.clear()
-    _last_first[0] = _First(None)
-
-
-def use_direct_path(enabled: bool) -> None:
-    """Turns the direct path on (the default) or off, so that every call takes the
-    general path (for tests comparing the two, and for debugging)."""
-    _use_direct[0] = bool(enabled)
-
-
-def call(
-    fn: Callable,
-    args: tuple[Any, ...],
-    donate: tuple[int, ...] = (),
-    pack: bool = True,
-    bools: tuple[int, ...] = (),
-) -> Any:
-    """`fn(*args)`, compiled. `donate` lists positions of `args` whose array buffers
-    XLA may reuse for the outputs (the caller must not use them afterwards). `pack`
-    (for a first argument that is usually the same object call after call, such as
-    the optimizer) passes its scalar leaves packed; a first argument that is new
-    each call (a state) would pay for the packing every time. `bools` lists
-    positions of `args` that may hold Python bools (params, keyword arguments: not
-    a state): `jax.jit` would make them arrays, so a 0-d bool leaf there takes the
-    general path, which keeps every non-array leaf as the caller's very object."""
-    record = _first(args[0], pack)
-    if record.layout is not None and _use_direct[0]:
-        key = (fn, donate, *map(type, args))
-        try:
-            direct = record.direct[key]
-        except KeyError:
-            direct = record.direct[key] = _find_direct(fn, record, donate, bools, args)
-        if direct is not None:
-            try:
-                return direct.jitted(_pack(record), *args[1:])
-            except _NotPlain:
-                pass
-            except TypeError as error:
-                if not _compat.is_not_an_array_error(error):
-                    raise
-            _general.add(direct.kinds)
-            record.direct[key] = None
-    return _general_call(fn, args, donate, record)
-
-
-def _find_direct(
-    fn: Callable,
-    record: _First,
-    donate: tuple[int, ...],
-    bools: tuple[int, ...],
-    args: tuple[Any, ...],
-) -> "_Direct | None":
-    assert record.layout is not None
-    types = tuple(map(type, args))
-    kinds = (fn, record.treedef, record.layout, donate, bools, types)
-    if kinds in _general:
-        return None
-    direct = _direct.get(kinds)
-    if direct is None:
-        direct = _Direct(fn, record.treedef, record.layout, donate, bools, kinds)
-        _direct[kinds] = direct
-    return direct
-
-
-def _general_call(
-    fn: Callable, args: tuple[Any, ...], donate: tuple[int, ...], record: _First
-) -> Any:
-    first_leaves, first_def = record.leaves, record.treedef
-    rest_leaves, rest_def = jax.tree.flatten(args[1:])
-    leaves = first_leaves + rest_leaves
-    per_fn = _cache.get(fn)
-    if per_fn is None:
-        per_fn = _cache.setdefault(fn, {})
-    entry = per_fn.get((first_def, rest_def, donate))
-    if entry is None:
-        entry = per_fn[(first_def, rest_def, donate)] = _entry(first_def, rest_def)
-    if set(map(type, leaves)) <= _all_arrays():
-        compiled = entry.all_arrays
-        if compiled is None:
-            compiled = entry.all_arrays = _Compiled(fn, entry.treedef, None, donate)
-        return compiled([leaves[b] for b in entry.bounds], leaves)
-    if any(map(_compat.is_tracer, leaves)):
-        return fn(*args)  # inside a trace: the outer jit compiles this
-    statics = [_DYNAMIC if _is_dynamic(x) else x for x in leaves]
-    # Each static leaf by type and value, and which earlier leaf it is the very
-    # object of, so that an output leaf maps back to one input place.
-    first_place: dict[int, int] = {}
-    key = tuple(
-        _DYNAMIC if s is _DYNAMIC else (static(s), first_place.setdefault(id(s), i))
-        for i, s in enumerate(statics)
-    )
-    compiled = entry.by_statics.get(key)
-    if compiled is None:
-        compiled = entry.by_statics[key] = _Compiled(fn, entry.treedef, statics, donate)
-    groups = [[x for x in leaves[b] if _is_dynamic(x)] for b in entry.bounds]
-    return compiled(groups, leaves)
-
-
-def lower(
-    fn: Callable,
-    args: tuple[Any, ...],
-    donate: tuple[int, ...] = (),
-    pack: bool = True,
-) -> Any:
-    """The `jax.stages.Lowered` program that `call(fn, args, donate, pack)` runs when
-    every leaf is an array (for benchmarks: `.compile()` it, read
-    `memory_analysis()`)."""
-    record = _First(args[0], pack)
-    assert record.layout is not None, "some leaf of the first argument is no array"
-    direct = _Direct(fn, record.treedef, record.layout, donate)
-    return direct.jitted.lower(_pack(record), *args[1:])
-
-
-def cache_size(fn: Callable) -> int:
-    """How many compiled programs `call` holds for `fn` (for tests and benchmarks)."""
-    total = sum(
-        _compat.jit_cache_size(d.jitted) for k, d in _direct.items() if k[0] is fn
-    )
-    for entry in _cache.get(fn, {}).values():
-        compiled = [entry.all_arrays, *entry.by_statics.values()]
-        total += sum(
-            _compat.jit_cache_size(c.jitted) for c in compiled if c is not None
-        )
-    return total

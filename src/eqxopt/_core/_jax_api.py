@@ -1,14 +1,55 @@
-"""Public JAX APIs that moved or appeared between the oldest JAX that eqxopt supports
-(`jax>=0.4.38` in pyproject.toml) and the newest it is tested on (0.10.x): one place
-that picks the spelling this JAX has. Only public APIs live here; JAX internals are
-fenced in `eqxopt/_native/_compat.py`."""
+"""The core's compatibility module: public JAX APIs that moved or appeared between
+the oldest JAX that eqxopt supports (`jax>=0.4.38` in pyproject.toml) and the newest
+it is tested on (0.10.x), one place that picks the spelling this JAX has. Only public
+APIs live here (`jax.core.Tracer` is public); the core uses no JAX internals. (The
+native CPU backend fences the internals it needs in `eqxopt/_native/_compat.py`.)"""
 
 import functools
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.core
 import numpy as np
+
+_Tracer: Any = getattr(jax.core, "Tracer", None)
+
+
+@functools.cache
+def array_type() -> type:
+    """jaxlib's concrete array class, found on first use: making an array when
+    eqxopt is imported would start JAX's backends, after which
+    `jax.distributed.initialize` refuses to run. The first use may come while a
+    function is traced, where `jnp.zeros` would give a tracer."""
+    with jax.ensure_compile_time_eval():
+        return type(jax.numpy.zeros(()))
+
+
+def is_tracer(x: Any) -> bool:
+    """Whether `x` is an abstract value of some trace (no number to read now)."""
+    if _Tracer is not None:
+        return isinstance(x, _Tracer)
+    # Without `jax.core.Tracer`: every JAX array that is not a concrete one.
+    return isinstance(x, jax.Array) and not isinstance(x, array_type())
+
+
+@functools.cache
+def several_devices() -> bool:
+    """Whether this process sees more than one device (of any process)."""
+    return jax.device_count() > 1
+
+
+def split(flat: Any, sizes: Sequence[int]) -> list[Any]:
+    """`flat` (1-D) cut into consecutive pieces of `sizes` elements: `jax.lax.split`
+    (JAX >= 0.4.36), whose transpose is one concatenation, so the gradient of a
+    split buffer costs one copy however many pieces it has (the transpose of each
+    slice alone pads a full-size buffer); consecutive slices on an older JAX."""
+    new = getattr(jax.lax, "split", None)
+    if new is not None:
+        return list(new(flat, tuple(sizes)))
+    offsets = np.cumsum([0, *sizes]).tolist()
+    return [jax.lax.slice(flat, (a,), (b,)) for a, b in itertools.pairwise(offsets)]
 
 
 def shard_map(
@@ -113,28 +154,3 @@ def pvary(x: Any, axes: tuple) -> Any:
         return pcast(x, axes, to="varying")
     old = getattr(jax.lax, "pvary", None)
     return x if old is None else old(x, axes)
-
-
-# XLA's CPU scheduler that orders a program for the least memory (the default
-# orders it for the most concurrency), as a compile option: its newer spelling, then
-# the older one (JAX 0.4.38 knows only that one).
-_LOW_MEMORY_SCHEDULES = (
-    {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"},
-    {"xla_cpu_enable_concurrency_optimized_scheduler": False},
-)
-
-
-@functools.cache
-def low_memory_schedule() -> dict[str, Any]:
-    """`compiler_options` (for `jax.jit`) that make XLA:CPU schedule for the least
-    memory, in the spelling this XLA takes (tried once on a tiny program); `{}`
-    where it takes neither."""
-    for options in _LOW_MEMORY_SCHEDULES:
-        try:
-            jax.jit(lambda x: x + 1, compiler_options=options).lower(
-                np.float32(0)
-            ).compile()
-        except Exception:  # this XLA has no such option
-            continue
-        return options
-    return {}

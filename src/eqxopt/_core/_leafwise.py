@@ -12,12 +12,11 @@ Each leaf gets its own element-wise code, on purpose: XLA's CPU backend compiles
 identical per-leaf fusions once and reuses the kernel, whereas gathering leaves into
 flat or stacked buffers needs one slice per leaf to hand the results back, and every
 slice (a different offset) is a kernel of its own to compile (benchmarks/README).
-With `elementwise=True` and float32 leaves on CPU devices (on one device, or sharded
-alike over a mesh: the loop then runs on each device's shard), the rule instead
-runs as one native C loop per leaf (`_native._fused.Kernels`) in the steps that write
-in place: one pass, multi-threaded for large leaves, fused with the apply inside
-`step` (`map_leaves(..., apply=True)` returns the new parameters); results agree to
-rounding.
+With `elementwise=True`, a registered backend may run the rule on the leaves it
+takes (`_backend.AbstractBackend.leaf_kernels`): the native CPU kernels run it as
+one C loop per float32 leaf in the steps that write in place, fused with the apply
+inside `step` (`map_leaves(..., apply=True)` returns the new parameters); results
+agree to rounding.
 """
 
 import abc
@@ -30,12 +29,12 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Int, PyTree
 
-from .._native import _compat, _ffi, _fused, _quantized
-from . import _dispatch, _seam
+from . import _backend
 from ._base import AbstractTransform, Grads, Params
 from ._fields import values_at
+from ._jax_api import is_tracer
 from ._masks import decay_flags
-from ._storage import is_quantized, load, store
+from ._storage import load, store
 from ._tree import (
     align_grads,
     apply_update,
@@ -90,24 +89,11 @@ def map_leaves(
     moment_leaves = [param_def.flatten_up_to(m) for m in moments]
     updates: list[Any] = []
     new_moments: list[list[Any]] = [[] for _ in moments]
-    # Native kernels for steps that write in place: a step into new buffers is bound
-    # by their allocation (page faults), which XLA's passes pay no worse.
-    entry = _seam.current()
-    native = packed = None
-    if elementwise and entry is not None and entry.in_place and _ffi.usable():
-        # The gradients computed in this program, for the kernels to wait for
-        # (`_fused.waits`): none where they were passed in.
-        computed = [None] * len(grad_leaves) if entry.grads_given else grad_leaves
-        native = _fused.Kernels(
-            rule,
-            len(moments),
-            apply,
-            computed,
-            _fused.locator(entry.placement, entry.inputs),
-        )
-        # Leaves with 8-bit/4-bit moments: one native pass that dequantizes, steps
-        # and quantizes again (`_native/_quantized.py`).
-        packed = _quantized.Kernels(rule, len(moments), apply, computed)
+    # A backend's kernels (the native CPU kernels, in steps that write in place),
+    # for the leaves they take; XLA's code for the rest.
+    kernels = None
+    if elementwise and (backend := _backend.active()) is not None:
+        kernels = backend.leaf_kernels(rule, len(moments), apply, grad_leaves)
 
     def xla_leaf(g: Any, p: Any, old: list[Any], flag: Any) -> tuple[Any, list[Any]]:
         # XLA's code for one leaf: its update (or new parameter with `apply`) and
@@ -123,7 +109,6 @@ def map_leaves(
     # calls, so the program is the one a trace per leaf makes, which took most of a
     # step's trace and lowering. (Outside one, each map would compile it anew.)
     per_kind = jax.jit(xla_leaf, static_argnums=3)
-    native_open = True
     for i, (g, p) in enumerate(zip(grad_leaves, param_leaves)):
         old = [m[i] for m in moment_leaves]
         if g is None or not is_float_leaf(p):
@@ -131,43 +116,23 @@ def map_leaves(
             for column, value in zip(new_moments, old):
                 column.append(value)
             continue
-        quantized = any(is_quantized(m) for m in old)  # XLA's code dequantizes
-        if quantized and packed is not None and packed.takes(g, p, old):
+        flag = None if flags is None else flags[i]
+        if kernels is not None and kernels.takes(g, p, old):
             try:
-                packed.add(i, g, p, old, () if flags is None else (flags[i],))
-            except _fused.Unsupported:
-                pass  # XLA's code for this leaf (leaves already run stay run)
+                kernels.add(i, g, p, old, () if flags is None else (flag,))
+            except _backend.NotLowered as why:
+                _backend.report_not_lowered(rule, why)
             else:
-                updates.append(None)  # filled in from `packed.finish()` below
+                updates.append(None)  # filled in from `kernels.finish()` below
                 for column in new_moments:
                     column.append(None)
                 continue
-        if (
-            native_open
-            and native is not None
-            and not quantized
-            and native.takes(g, p, old)
-        ):
-            flag = () if flags is None else (flags[i],)
-            try:
-                native.add(i, g, p, old, flag)
-            except _fused.Unsupported:
-                # XLA's code for this rule on this and every later leaf; the leaves
-                # already queued still get their results from `native.finish()`.
-                native_open = False
-            else:
-                updates.append(None)  # filled in by `native.finish()` below
-                for column in new_moments:
-                    column.append(None)
-                continue
-        run = per_kind if _compat.is_tracer(g) else xla_leaf
-        out, new = run(g, p, old, None if flags is None else flags[i])
+        run = per_kind if is_tracer(g) else xla_leaf
+        out, new = run(g, p, old, flag)
         updates.append(out)
         for column, value in zip(new_moments, new):
             column.append(value)
-    for kernels in (native, packed):
-        if kernels is None:
-            continue
+    if kernels is not None:
         for i, result in kernels.finish().items():
             updates[i] = result.param if apply else result.update
             for column, value in zip(new_moments, result.moments):
@@ -176,10 +141,6 @@ def map_leaves(
         param_def.unflatten(updates),
         tuple(param_def.unflatten(column) for column in new_moments),
     )
-
-
-# Steps traced with the kernels on differ from those traced with them off.
-_ffi.on_switch(_dispatch.clear_caches)
 
 
 class AbstractEngineTransform(AbstractTransform):

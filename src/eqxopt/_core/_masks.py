@@ -8,7 +8,7 @@ import jax
 import numpy as np
 from jaxtyping import PyTree
 
-from .._native._compat import is_tracer
+from ._jax_api import is_tracer
 from ._structure import FrozenTree, is_none, structure_mismatch
 
 Mask = PyTree[bool] | Callable[[PyTree], PyTree[bool]] | None

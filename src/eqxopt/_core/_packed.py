@@ -7,12 +7,11 @@ already takes about 8 ms a call here). Packed, the same parameters are one buffe
 per dtype (and per label), so the optimizer sees a handful of large leaves.
 
 The model gets its tree back with `packed.unpack()` inside the loss function;
-`jax.grad` through it gives the gradients packed the same way. With the native
-kernels, cutting the buffer into leaves and gluing the gradients back are each one
-copy (`_native._ffi.split`/`concat`, linear, so every mode of differentiation
-works), so neither compile time nor run time grows with the number of leaves the way
-XLA's slices do; elsewhere, and in programs exported with `jax.export`, XLA's slices
-and concatenation are used (correct, but slow to compile for thousands of leaves).
+`jax.grad` through it gives the gradients packed the same way. Cutting a buffer into
+leaves is XLA's split, whose gradient is one concatenation (so a step's cost grows
+with the parameters, not with the square of the leaf count, as it would with the
+transposes of separate slices: each pads a zero buffer of the full size); a backend
+may do either copy itself (the native CPU kernels do, one copy each).
 """
 
 import dataclasses
@@ -25,8 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
-from .._native import _ffi
-from ._dispatch import static
+from . import _backend
+from ._dispatch import static_key
+from ._jax_api import split
 
 # One leaf of the original tree: ("array", buffer index, shape, dtype) or
 # ("static", key) for anything that is not an array (kept as it is in the key, which
@@ -70,9 +70,7 @@ class Packed(eqx.Module):
     def unpack(self) -> PyTree:
         """The tree this was packed from (leaves in their shapes and dtypes). Inside
         `jax.grad`, the gradient with respect to the `Packed` comes back packed."""
-        pieces = [
-            _ffi.split(b, self.layout.members(k)) for k, b in enumerate(self.buffers)
-        ]
+        pieces = [_split(b, self.layout.members(k)) for k, b in enumerate(self.buffers)]
         iterators = [iter(p) for p in pieces]
         leaves = [
             next(iterators[slot[1]]) if slot[0] == "array" else slot[1].obj
@@ -85,6 +83,28 @@ class Packed(eqx.Module):
         labels (see `pack`): with bool labels, a weight-decay mask for
         `AdamW(mask=...)` and the like."""
         return Packed(tuple(key[0] for key in self.layout.keys), self.layout)
+
+
+def _split(flat: Any, shapes: list[tuple[int, ...]]) -> list[Any]:
+    """`flat` cut into consecutive pieces of `shapes`: the backend's copy where it
+    has one, else XLA's split (`_jax_api.split`), whose gradient is one
+    concatenation however many pieces there are."""
+    if not shapes:
+        return []
+    shapes_key = tuple(tuple(s) for s in shapes)
+    backend = _backend.active()
+    pieces = None if backend is None else backend.split(flat, shapes_key)
+    if pieces is None:
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes_key]
+        pieces = [x.reshape(s) for x, s in zip(split(flat, sizes), shapes_key)]
+    return pieces
+
+
+def _concat(parts: list[Any]) -> Any:
+    """The 1-D concatenation of `parts`: the backend's copy where it has one."""
+    backend = _backend.active()
+    out = None if backend is None else backend.concat(parts)
+    return jnp.concatenate(parts) if out is None else out
 
 
 def _is_array(x: Any) -> bool:
@@ -116,7 +136,7 @@ def pack(tree: PyTree, labels: PyTree | Callable | None = None) -> Packed:
     slots: list[_Slot] = []
     for leaf, label in zip(leaves, label_leaves):
         if not _is_array(leaf):
-            slots.append(("static", static(leaf)))
+            slots.append(("static", static_key(leaf)))
             continue
         try:
             hash(label)
@@ -129,5 +149,5 @@ def pack(tree: PyTree, labels: PyTree | Callable | None = None) -> Packed:
         index = keys.index(key)
         grouped[index].append(leaf)
         slots.append(("array", index, tuple(np.shape(leaf)), jnp.dtype(leaf.dtype)))
-    buffers = tuple(_ffi.concat([jnp.ravel(x) for x in group]) for group in grouped)
+    buffers = tuple(_concat([jnp.ravel(x) for x in group]) for group in grouped)
     return Packed(buffers, _Layout(treedef, tuple(slots), tuple(keys)))

@@ -26,7 +26,7 @@ parameters came back split like the state, and donated buffers could not be reus
   process with several devices; the same reading serves the native backend's
   per-shard kernels) and the entry constrains each output to its input's sharding
   where that spans several devices (`signature`, part of the compiled function's
-  cache key: `entry_for`).
+  cache key).
 """
 
 import dataclasses
@@ -38,10 +38,8 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from .._native import _compat
-from .._native._compat import array_type
-from .._native._shard import several_devices
 from . import _jax_api
+from ._jax_api import array_type, is_tracer, several_devices
 from ._tree import leaf_paths
 
 
@@ -186,7 +184,7 @@ class Inputs:
 
 def _sharding(x: Any) -> Any:
     # A tracer (inside a user's trace) has no concrete sharding to read.
-    if isinstance(x, jax.Array) and not _compat.is_tracer(x):
+    if isinstance(x, jax.Array) and not is_tracer(x):
         return x.sharding
     return None
 
@@ -232,21 +230,6 @@ def signature(inputs: Inputs | None) -> tuple[tuple[Any, ...], ...] | None:
     if not any(s is not None for group in out for s in group):
         return None
     return out
-
-
-_entries: dict[tuple[Callable, Any], Callable] = {}
-
-
-def entry_for(entry: Callable, placement: Any) -> Callable:
-    """`entry` with `placement=` bound: one object per placement, so the compiled
-    functions are cached per placement as they are per entry."""
-    if placement is None:
-        return entry
-    key = (entry, placement)
-    fn = _entries.get(key)
-    if fn is None:
-        fn = _entries[key] = functools.partial(entry, placement=placement)
-    return fn
 
 
 def _is_none(x: Any) -> bool:

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Float32, Shaped
 
-from .._native._compat import is_tracer
+from ._jax_api import is_tracer
 
 # The 4-bit maps: two codes per byte.
 _PACKED = ("dynamic4_signed", "linear4_unsigned")

@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._native._compat import array_type
+from .._core._jax_api import array_type
 
 
 def sharded_deserialise_filter_spec(f: Any, x: Any) -> Any:

@@ -1,16 +1,15 @@
-"""Every JAX internal eqxopt relies on, in one place (listed in README.md here).
+"""Every JAX internal eqxopt relies on, in one place (listed in README.md here):
+only the native backend uses them; the core is public JAX alone.
 
-JAX's public API has no way to define a primitive with a lowering of its own, to
-read a jaxpr's equations back, or to count a `jax.jit`'s compiled programs; the
-native backend needs the first two, and eqxopt's dispatcher the tracer check, the
-wording of one `jax.jit` error and (for tests and benchmarks) the cache count. All
-of them go through this module, and nothing else in eqxopt imports `jax.core`,
-`jax.extend`, `jax.interpreters` or `jax._src`.
+JAX's public API has no way to define a primitive with a lowering of its own or to
+read a jaxpr's equations back, and the native backend needs both. All of them go
+through this module, and nothing else in eqxopt imports `jax.extend`,
+`jax.interpreters` or `jax._src` (the core's `_jax_api` reads `jax.core.Tracer`,
+which is public).
 
 `backend_supported()` says whether this JAX is one the backend was tested with
 (`TESTED`); outside that range the native backend turns itself off, with one
-warning, and every step runs XLA's own code (the same numbers). The other helpers
-here are written to work on any JAX that `pyproject.toml` allows.
+warning, and every step runs XLA's own code (the same numbers).
 """
 
 import functools
@@ -62,47 +61,6 @@ def backend_supported() -> bool:
         stacklevel=3,
     )
     return False
-
-
-# --------------------------------------------------------------------------------------
-# Used by all of eqxopt (written for every JAX version pyproject.toml allows).
-# --------------------------------------------------------------------------------------
-
-_Tracer: Any = getattr(jax.core, "Tracer", None)
-
-
-@functools.cache
-def array_type() -> type:
-    """jaxlib's concrete array class, found on first use: making an array when
-    eqxopt is imported would start JAX's backends, after which
-    `jax.distributed.initialize` refuses to run. The first use may come while a
-    function is traced, where `jnp.zeros` would give a tracer."""
-    with jax.ensure_compile_time_eval():
-        return type(jax.numpy.zeros(()))
-
-
-def is_tracer(x: Any) -> bool:
-    """Whether `x` is an abstract value of some trace (no number to read now)."""
-    if _Tracer is not None:
-        return isinstance(x, _Tracer)
-    # Without `jax.core.Tracer`: every JAX array that is not a concrete one.
-    return isinstance(x, jax.Array) and not isinstance(x, array_type())
-
-
-# How `jax.jit` words its refusal of an argument leaf that is not an array (a
-# function, a string): `... as an abstract array` (newer JAX), `... is not a valid
-# JAX type` (older).
-_NOT_AN_ARRAY = ("as an abstract array", "is not a valid JAX type")
-
-
-def is_not_an_array_error(error: TypeError) -> bool:
-    """Whether `jax.jit` raised `error` for an argument leaf that is no array."""
-    return any(words in str(error) for words in _NOT_AN_ARRAY)
-
-
-def jit_cache_size(jitted: Any) -> int:
-    """How many programs the `jax.jit` function `jitted` has compiled and cached."""
-    return jitted._cache_size()
 
 
 # --------------------------------------------------------------------------------------

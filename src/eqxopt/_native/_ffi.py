@@ -2,7 +2,7 @@
 switch), how they are made (`ffi_or_xla`, with XLA's own operations wherever a
 custom call cannot go) and the two copies of packed buffers (`split`/`concat`).
 
-The native path is used when it is switched on (`set_native_kernels`, the
+The native path is used when it is switched on (`eqxopt.set_native_kernels`, the
 environment variable `EQXOPT_NATIVE`), this JAX is one it was tested with
 (`_compat.TESTED`), the default backend is the CPU and the handler library could be
 built (`_build.handler`). How many devices the process sees does not matter: each
@@ -14,59 +14,25 @@ operands. `_shard` wraps the kernels of sharded leaves in such a `shard_map`.
 """
 
 import functools
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._core import _backend
 from . import _build, _compat
 
 _enabled = [_build.env_flag("EQXOPT_NATIVE", True)]
-# Called when the switch flips (eqxopt's compiled steps must then trace again).
-_on_switch: list[Callable[[], None]] = []
 
 
-def set_native_kernels(enabled: bool) -> None:
-    """Turns eqxopt's native CPU kernels on (the default) or off.
-
-    With them on, donated steps (`donate=True`) of element-wise optimizer rules on
-    float32 leaves run as one compiled C loop per leaf (single pass, in place,
-    multi-threaded for large leaves) when the default JAX backend is the CPU: on
-    the device that holds the parameters, or on each device's shard of parameters
-    sharded over a mesh (`NamedSharding`), with no gather. With them off, XLA's own
-    per-leaf code runs.
-    Results agree to rounding. eqxopt's own compiled steps are dropped, so the next
-    `opt.step`/`opt.update` traces again; a step inside your own `jax.jit` keeps the
-    code it was compiled with until that function traces again. The environment
-    variable `EQXOPT_NATIVE=0` (or `false`/`no`/`off`) sets the default to off.
-
-    **Arguments:**
-
-    - `enabled`: a bool.
-    """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+def set_enabled(enabled: bool) -> None:
+    """The switch behind `eqxopt.set_native_kernels`: compiled steps traced with
+    the kernels in the other state trace again (`_backend.changed`)."""
     if enabled != _enabled[0]:
         _enabled[0] = enabled
-        for callback in _on_switch:
-            callback()
-
-
-def on_switch(callback: Callable[[], None]) -> None:
-    """Calls `callback()` whenever `set_native_kernels` changes the switch."""
-    _on_switch.append(callback)
-
-
-def native_kernels_available() -> bool:
-    """Whether steps traced now would use the native CPU kernels: they are switched
-    on, this JAX is one they were tested with, the default backend is the CPU, and
-    the kernels could be built (this builds them on first call: a few seconds, once
-    per machine). Where a step's parameters live decides the rest, step by step:
-    on one device or sharded alike over a mesh of CPU devices, the kernels run
-    there; mixed placements run XLA's code."""
-    return usable()
+        _backend.changed()
 
 
 def usable() -> bool:
@@ -227,13 +193,10 @@ def _on_one_device(x: Any) -> bool:
     return mesh is None or mesh.empty or mesh.size == 1
 
 
-def split(flat: jax.Array, shapes: Sequence[Sequence[int]]) -> list[jax.Array]:
-    """`flat` cut into consecutive pieces of the given shapes: one native copy where
-    the backend is in use, XLA's slices elsewhere (slow to compile for thousands of
-    pieces, but correct)."""
-    if not shapes:
-        return []
-    shapes = tuple(tuple(s) for s in shapes)
+def split(flat: jax.Array, shapes: tuple[tuple[int, ...], ...]) -> list | None:
+    """`flat` cut into consecutive pieces of the given shapes as one native copy,
+    or `None` where the copy does not apply (XLA's split then): the backend off,
+    one piece, a `float0` buffer, or a sharded one."""
     if (
         usable()
         and len(shapes) > 1
@@ -241,12 +204,13 @@ def split(flat: jax.Array, shapes: Sequence[Sequence[int]]) -> list[jax.Array]:
         and _on_one_device(flat)
     ):
         return _copies()[0](flat, shapes)
-    return _split_xla(flat, static=shapes)
+    return None
 
 
-def concat(parts: list[jax.Array]) -> jax.Array:
-    """The 1-D concatenation of `parts` (all of one dtype)."""
+def concat(parts: list[jax.Array]) -> jax.Array | None:
+    """The 1-D concatenation of `parts` (all of one dtype) as one native copy, or
+    `None` where the copy does not apply."""
     if usable() and len(parts) > 1 and all(map(_on_one_device, parts)):
         arrays = [jnp.asarray(p) for p in parts]
         return _copies()[1](tuple(a.shape for a in arrays), *arrays)
-    return _concat_xla(*parts, static=())[0]
+    return None

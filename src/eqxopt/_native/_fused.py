@@ -55,6 +55,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._core._backend import LeafResult, NotLowered
+from .._core._jax_api import is_tracer
 from . import _build, _compat, _ffi, _shard
 
 # --------------------------------------------------------------------------------------
@@ -62,7 +64,7 @@ from . import _build, _compat, _ffi, _shard
 # --------------------------------------------------------------------------------------
 
 
-class Unsupported(Exception):
+class Unsupported(NotLowered):
     """The rule uses something the C translation does not handle."""
 
 
@@ -307,7 +309,12 @@ class _Lowering:
                 continue
             name = _OPS.get(eqn.primitive)
             if name is None:
-                raise Unsupported(f"primitive {eqn.primitive}")
+                raise Unsupported(
+                    f"it uses `{eqn.primitive}`, which the translation to C does "
+                    "not cover (it covers: "
+                    + ", ".join(sorted(set(_OPS.values())))
+                    + ")"
+                )
             (out,) = eqn.outvars
             dtype = np.dtype(out.aval.dtype)
             if out.aval.shape != () or dtype not in (_F32, _BOOL):
@@ -467,7 +474,7 @@ def _param(value: Any) -> Any:
 
 
 def _constant(value: Any) -> Any:
-    if _compat.is_tracer(value):
+    if is_tracer(value):
         return ("captured", id(value))
     value = np.asarray(value)
     return ("constant", value.dtype.str, value.shape, value.tobytes())
@@ -780,13 +787,8 @@ def runs_alone(size: int) -> bool:
     return size >= _GROUP_BELOW
 
 
-class Result(NamedTuple):
-    """One leaf's results: its update and its new parameter, one of them `None`
-    (the update where the kernel applied it: `applying`), and its new moments."""
-
-    update: jax.Array | None
-    param: jax.Array | None
-    moments: list[jax.Array]
+# One leaf's results (the update or the new parameter, and the moments).
+Result = LeafResult
 
 
 @contextlib.contextmanager

@@ -26,14 +26,8 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .._core._jax_api import shard_map
+from .._core._jax_api import several_devices, shard_map
 from . import _ffi
-
-
-@functools.cache
-def several_devices() -> bool:
-    """Whether this process sees more than one device (of any process)."""
-    return jax.device_count() > 1
 
 
 def _normal(spec: Any, ndim: int) -> PartitionSpec:

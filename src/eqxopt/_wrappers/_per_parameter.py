@@ -13,10 +13,10 @@ from jaxtyping import Array, Float, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, State, Updates
 from .._core._fields import checked_field
+from .._core._jax_api import is_tracer
 from .._core._masks import checked_leaves, is_kept_function
 from .._core._structure import is_none, structure_mismatch
 from .._core._tree import align_grads
-from .._native._compat import is_tracer
 from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
 
 Multipliers = PyTree[float | Float[Array, ""]] | Callable[[PyTree], PyTree[float]]

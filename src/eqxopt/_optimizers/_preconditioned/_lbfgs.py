@@ -656,14 +656,11 @@ class LBFGS(AbstractTransform):
         non-float leaves, each in its parameter's dtype.
         """
         return _dispatch.call(
-            _value_and_grad_entry,
-            (state, params, value_fn, fn_kwargs),
-            pack=False,
-            bools=(1, 3),
+            _value_and_grad_entry, None, (state, params, value_fn, fn_kwargs)
         )
 
 
-def _value_and_grad_entry(state, params, value_fn, fn_kwargs):
+def _value_and_grad_entry(_, state, params, value_fn, fn_kwargs):
     def compute(_):
         value, grads = eqx.filter_value_and_grad(value_fn)(params, **fn_kwargs)
         return jnp.asarray(value).astype(state.value.dtype), grads
