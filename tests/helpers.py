@@ -253,3 +253,19 @@ def trained_by_update(opt: Any) -> Callable[[Any, list[Any]], Any]:
         return params
 
     return train
+
+
+def in_place(fn: Callable[[], Any]) -> Any:
+    """`fn()` (a call of `eqxopt.map_leaves`, inside a `jax.jit`) traced as the
+    engine traces a donated step: the native backend, where it is on, then runs
+    element-wise rules as its kernels."""
+    from eqxopt._core import _backend
+
+    backend = _backend.active()
+    if backend is None:
+        return fn()
+    trace = _backend.EntryTrace(
+        in_place=True, grads_given=False, placement=None, inputs=((), (), ())
+    )
+    with backend.tracing(trace):
+        return fn()

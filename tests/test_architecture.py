@@ -1,7 +1,9 @@
 """The package's shape: every public module class is abstract or final, the top-level
-`__init__.py` only re-exports, no import cycles between eqxopt's modules (lazy imports
-inside functions included), and JAX's internals are reached from the native backend
-only. Everything here reads the source with `ast` or inspects the public classes."""
+`__init__.py` only re-exports (and loads the optional native backend), no import
+cycles between eqxopt's modules or between its subpackages (lazy imports inside
+functions included), nothing but the package's `__init__.py` imports the native
+backend, and JAX's internals are reached from the native backend only. Everything
+here reads the source with `ast` or inspects the public classes."""
 
 import ast
 import importlib
@@ -108,6 +110,10 @@ def test_init_only_reexports():
     for node in tree.body:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             continue  # the docstring
+        if isinstance(node, ast.Try) and ast.unparse(node.body[0]) == (
+            "from ._native import NativeBackend as _NativeBackend"
+        ):
+            continue  # the optional native backend, which registers itself
         if isinstance(node, ast.ImportFrom) and node.level == 1:
             if not (node.module or "").startswith("_"):
                 problems.append(f"line {node.lineno}: import from a public module")
@@ -193,6 +199,47 @@ def test_no_import_cycles():
         for c in cycles
     ]
     assert not cycles, "import cycles:\n" + "\n".join(described)
+
+
+def subpackage(module: str) -> str:
+    """The subpackage a module belongs to (`eqxopt._core._base` -> `eqxopt._core`);
+    a module directly under `eqxopt` is its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycles_between_subpackages():
+    graph: dict[str, set[str]] = {}
+    for name in MODULES:
+        if name == "eqxopt":
+            continue  # the package's __init__ re-exports everything
+        here = subpackage(name)
+        graph.setdefault(here, set())
+        graph[here] |= {
+            subpackage(m) for m in imported_modules(name) if m != "eqxopt"
+        } - {here}
+    cycles = find_cycles(graph)
+    assert not cycles, f"subpackages that import each other: {cycles}"
+
+
+def test_nothing_but_the_package_imports_the_native_backend():
+    """The core, the optimizers, transforms and wrappers work on public JAX alone;
+    the native CPU kernels plug in through `_core/_backend.py` when the package's
+    `__init__.py` imports them."""
+    importers = sorted(
+        name
+        for name in MODULES
+        if name != "eqxopt"
+        and subpackage(name) != "eqxopt._native"
+        and any(subpackage(m) == "eqxopt._native" for m in imported_modules(name))
+    )
+    assert importers == []
+
+
+def test_the_subpackage_check_sees_a_cycle():
+    assert subpackage("eqxopt._core._base") == "eqxopt._core"
+    assert subpackage("eqxopt._train_step") == "eqxopt._train_step"
+    graph = {"eqxopt._core": {"eqxopt._native"}, "eqxopt._native": {"eqxopt._core"}}
+    assert find_cycles(graph) == [["eqxopt._core", "eqxopt._native"]]
 
 
 def jax_internals_used(path: pathlib.Path) -> list[str]:

@@ -16,9 +16,8 @@ import pytest
 
 import eqxopt
 from catalog import all_cases, swept
-from eqxopt._core import _base, _dispatch, _seam
 from eqxopt._core._leafwise import map_leaves
-from helpers import assert_trees_close, nested_tree
+from helpers import assert_trees_close, compiles, in_place, nested_tree
 from test_catalog import extra_for, quadratic_loss
 
 CASES = all_cases()
@@ -60,8 +59,11 @@ def with_native(enabled, fn, *args):
         eqxopt.set_native_kernels(True)
 
 
-def native_calls(fn, *args):
-    return eqx.filter_jit(fn).lower(*args).as_text().count("eqxopt_elementwise")
+def native_calls(method, grads, params, state, extra=None, *, donate=True):
+    """How many native calls the program of `method` (`opt.step` or `opt.update`)
+    holds for these arguments."""
+    lowered = method.lower(grads, state, params, donate=donate, **(extra or {}))
+    return lowered.as_text().count("eqxopt_elementwise")
 
 
 @pytest.mark.needs_compiler
@@ -100,18 +102,15 @@ def test_catalog_matches_xla(case):
     params = nested_tree()
     grads = jax.grad(quadratic_loss)(params)
     extra = extra_for(case, quadratic_loss, params)
-    args = (opt, grads, params, opt.init(params), extra)
-    used = native_calls(_base._ENTRIES[True, True, False], *args)
+    args = (opt.step, grads, params, opt.init(params), extra)
+    used = native_calls(*args)
     if case.name in NOT_ELEMENTWISE:
         assert used == 0
     else:
         assert used > 0
-        assert (
-            with_native(False, native_calls, _base._ENTRIES[True, True, False], *args)
-            == 0
-        )
+        assert with_native(False, native_calls, *args) == 0
     # A step into new buffers keeps XLA's code (allocation-bound either way).
-    assert native_calls(_base._ENTRIES[True, False, False], *args) == 0
+    assert native_calls(*args, donate=False) == 0
 
 
 ORDINARY = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e-30, -1e-30, 3e38, -3e38, 7.25, 1e-3]
@@ -141,8 +140,8 @@ def test_every_translated_primitive_matches_xla():
 
     @jax.jit
     def run(g, p, m):
-        updates, (moment,) = _seam.traced(
-            lambda: map_leaves(many_ops, g, p, (m,), elementwise=True), in_place=True
+        updates, (moment,) = in_place(
+            lambda: map_leaves(many_ops, g, p, (m,), elementwise=True)
         )
         return updates, moment
 
@@ -167,9 +166,7 @@ def test_call_like_primitives_are_translated():
 
     @jax.jit
     def run(g, p):
-        return _seam.traced(
-            lambda: map_leaves(rule, g, p, elementwise=True)[0], in_place=True
-        )
+        return in_place(lambda: map_leaves(rule, g, p, elementwise=True)[0])
 
     assert "eqxopt_elementwise" in run.lower(g, p).as_text()
     np.testing.assert_allclose(run(g, p), jax.jit(rule)(g, p)[0], rtol=1e-6)
@@ -189,9 +186,8 @@ def test_untranslatable_rules_fall_back_to_xla(rule):
 
     @jax.jit
     def run(g, p):
-        return _seam.traced(
-            lambda: map_leaves(lambda g, p: rule(g, p), g, p, elementwise=True)[0],
-            in_place=True,
+        return in_place(
+            lambda: map_leaves(lambda g, p: rule(g, p), g, p, elementwise=True)[0]
         )
 
     assert "eqxopt_elementwise" not in run.lower(g, p).as_text()
@@ -215,9 +211,7 @@ def test_a_rule_that_reads_the_shape_is_not_taken_for_elementwise(rule):
 
     @jax.jit
     def run(g, p):
-        return _seam.traced(
-            lambda: map_leaves(rule, g, p, elementwise=True)[0], in_place=True
-        )
+        return in_place(lambda: map_leaves(rule, g, p, elementwise=True)[0])
 
     assert "eqxopt_elementwise" not in run.lower(g, p).as_text()
     np.testing.assert_array_equal(run(g, p), jax.jit(rule)(g, p)[0])
@@ -245,8 +239,7 @@ def test_a_donated_step_of_a_shape_reading_rule_gives_xla_numbers():
     params = {"w": jnp.linspace(-1.0, 1.0, 12).reshape(3, 4), "b": jnp.ones(5)}
     grads = jax.tree.map(lambda x: 0.5 * x + 1.0, params)
     opt = _SizeScaled()
-    args = (opt, grads, params, opt.init(params), {})
-    assert native_calls(_base._ENTRIES[True, True, False], *args) == 0
+    assert native_calls(opt.step, grads, params, opt.init(params)) == 0
 
     def run():
         return opt.step(grads, opt.init(params), fresh(params), donate=True)[0]
@@ -296,19 +289,8 @@ def test_donated_entries_write_in_place(native):
         params = {"a": jnp.zeros((256, 64)), "c": jnp.zeros(64)}
         opt = eqxopt.AdamW(1e-3)
         state = opt.init(params)
-        for entry, args, donate in [
-            (
-                _base._ENTRIES[True, True, False],
-                (opt, params, params, state, {}),
-                (2, 3),
-            ),
-            (
-                _base._ENTRIES[False, True, False],
-                (opt, params, state, params, {}),
-                (2,),
-            ),
-        ]:
-            compiled = _dispatch.lower(entry, args, donate).compile()
+        for method in (opt.step, opt.update):
+            compiled = method.lower(params, state, params, donate=True).compile()
             text = compiled.as_text()
             # Scalars and the custom calls' small result tables only.
             assert compiled.memory_analysis().temp_size_in_bytes < 1024
@@ -316,7 +298,7 @@ def test_donated_entries_write_in_place(native):
             assert ("eqxopt_elementwise" in text) == native
             # Both (small) leaves share one call; the update of `step` is only
             # made when something reads it.
-            if native and entry is _base._ENTRIES[True, True, False]:
+            if native and method == opt.step:
                 assert text.count("custom-call(") == 1
     finally:
         eqxopt.set_native_kernels(True)
@@ -358,11 +340,10 @@ def test_only_float32_leaves_take_the_kernel():
     }
     grads = {"f32": params["f32"] * 0.5, "bf16": params["bf16"] * 2, "int": None}
     for opt in [eqxopt.AdamW(1e-2), eqxopt.Adam(1e-2, mu_dtype=jnp.bfloat16)]:
-        args = (opt, grads, params, opt.init(params), {})
         # AdamW: one call, for the f32 leaf (its unused update call is dropped);
         # Adam with bf16 moments: no leaf has all-float32 inputs.
         expected = 1 if opt.mu_dtype is None else 0
-        assert native_calls(_base._ENTRIES[True, True, False], *args) == expected
+        assert native_calls(opt.step, grads, params, opt.init(params)) == expected
 
         def run(opt=opt):
             p = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
@@ -383,11 +364,15 @@ def test_set_native_kernels_takes_a_bool():
 def test_switching_recompiles_eqxopt_steps(xla_only):
     params = {"w": jnp.ones(4)}
     opt = eqxopt.SGD(0.1, momentum=0.9)
-    opt.step(params, opt.init(params), params)
+    state = opt.init(params)
+    opt.step(params, state, params)
+    with compiles() as log:
+        opt.step(params, state, params)
+    assert log == []
     eqxopt.set_native_kernels(True)
-    assert _dispatch.cache_size(_base._ENTRIES[True, False, False]) == 0
-    opt.step(params, opt.init(params), params)
-    assert _dispatch.cache_size(_base._ENTRIES[True, False, False]) == 1
+    with compiles() as log:
+        opt.step(params, state, params)
+    assert log
 
 
 def run_script(script, **env):

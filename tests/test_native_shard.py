@@ -20,7 +20,6 @@ PRELUDE = textwrap.dedent(
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     import eqxopt
-    from eqxopt._core import _base, _dispatch, _placement, _seam
     from helpers import assert_moved, assert_trees_close
 
     warnings.simplefilter("error")  # a donation XLA could not use warns
@@ -43,10 +42,7 @@ PRELUDE = textwrap.dedent(
         return {k: jax.device_put(v, where(k)) for k, v in tree.items()}
 
     def compiled_step(opt, grads, state, params):
-        inputs = _placement.read(grads, params, state, donated=True)
-        placed = _seam.placement(inputs)
-        args = (opt, grads, params, state, {}, placed)
-        lowered = _dispatch.lower(_base._ENTRIES[True, True, False], args, (2, 3))
+        lowered = opt.step.lower(grads, state, params, donate=True)
         return lowered.compile().as_text()
 
     def run(opt, where, native, state_where=None, in_place=True):
@@ -198,10 +194,7 @@ SLOW_SCRIPT = PRELUDE + textwrap.dedent(
     params = place(host, split)
     state = opt.init(params)
     grads = place(host_grads[0], split)
-    inputs = _placement.read(grads, params, state, donated=True)
-    args = (opt, grads, state, params, {}, _seam.placement(inputs))
-    entry = _base._ENTRIES[False, True, False]
-    text = _dispatch.lower(entry, args, (2,)).compile().as_text()
+    text = opt.update.lower(grads, state, params, donate=True).compile().as_text()
     assert "eqxopt_elementwise" in text
     assert not [op for op in COLLECTIVES if op in text]
     native = run_update(True)

@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import pytest
 
 import eqxopt
-from eqxopt._native import _build, _fused
 from helpers import assert_trees_close
+
+_build = pytest.importorskip("eqxopt._native._build")
+_fused = pytest.importorskip("eqxopt._native._fused")
 
 
 @pytest.mark.parametrize(

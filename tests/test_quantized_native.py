@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import eqxopt
-from eqxopt._core import _leafwise, _seam, _storage
-from eqxopt._native import _quantized
-from helpers import assert_moved
+from eqxopt._core import _leafwise, _storage
+from helpers import assert_moved, in_place
+
+_quantized = pytest.importorskip("eqxopt._native._quantized")
 
 MAPS = ["dynamic8_signed", "dynamic8_unsigned", "dynamic4_signed", "linear4_unsigned"]
 
@@ -54,18 +55,18 @@ def _exact_rule(g, p, m, v):
     return m - v, m, v
 
 
-def _run_leaves(moments, grads, params, in_place):
+def _run_leaves(moments, grads, params, donate):
     # The engine on a custom element-wise rule, as a donated step traces it
-    # (`in_place`: the native kernels may run) or not (XLA's code).
+    # (`donate`: the native kernels may run) or not (XLA's code).
     def run(grads, params, moments):
-        return _seam.traced(
-            lambda: _leafwise.map_leaves(
+        def engine():
+            return _leafwise.map_leaves(
                 _exact_rule, grads, params, moments, elementwise=True
-            ),
-            in_place=in_place,
-        )
+            )
 
-    fn = jax.jit(run, donate_argnums=(2,) if in_place else ())
+        return in_place(engine) if donate else engine()
+
+    fn = jax.jit(run, donate_argnums=(2,) if donate else ())
     return fn(grads, params, moments)
 
 

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from eqxopt._core import _storage
-from eqxopt._native import _build, _quantized
+
+_build = pytest.importorskip("eqxopt._native._build")
+_quantized = pytest.importorskip("eqxopt._native._quantized")
 
 MAPS = ["dynamic8_signed", "dynamic8_unsigned", "dynamic4_signed", "linear4_unsigned"]
 

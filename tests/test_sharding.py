@@ -16,7 +16,6 @@ SCRIPT = textwrap.dedent(
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     import eqxopt
-    from eqxopt._core import _base, _dispatch, _placement, _seam
 
     jax.config.update("jax_platforms", "cpu")
     assert len(jax.devices()) == 8, jax.devices()
@@ -89,11 +88,7 @@ SCRIPT = textwrap.dedent(
             assert "eqxopt_elementwise" not in text
         # A donated step runs the native kernels on each device's shards, with no
         # gather either (tests/test_native_shard.py checks the numbers).
-        inputs = _placement.read(grads, params, state, donated=True)
-        placed = _seam.placement(inputs)
-        entry = _base._ENTRIES[True, True, False]
-        lowered = _dispatch.lower(
-            entry, (opt, grads, params, state, {}, placed), (2, 3))
+        lowered = opt.step.lower(grads, state, params, donate=True)
         text = lowered.compile().as_text()
         for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
             assert op not in text, (type(opt).__name__, op, "donated")

@@ -324,8 +324,8 @@ from ._wrappers import (
 try:
     # The native CPU kernels, an optional backend: importing them registers them
     # with the engine (`_core/_backend.py`); without them every step runs XLA's code.
-    from . import _native as _native
-except ModuleNotFoundError as error:  # pragma: no cover - a checkout without them
+    from ._native import NativeBackend as _NativeBackend
+except ModuleNotFoundError as error:  # a checkout without them
     if error.name != f"{__name__}._native":
         raise
 

@@ -1,8 +1,8 @@
 """The core's compatibility module: public JAX APIs that moved or appeared between
 the oldest JAX that eqxopt supports (`jax>=0.4.38` in pyproject.toml) and the newest
 it is tested on (0.10.x), one place that picks the spelling this JAX has. Only public
-APIs live here (`jax.core.Tracer` is public); the core uses no JAX internals. (The
-native CPU backend fences the internals it needs in `eqxopt/_native/_compat.py`.)"""
+APIs live here: the core uses no JAX internals. (The native CPU backend fences the
+internals it needs in `eqxopt/_native/_compat.py`.)"""
 
 import functools
 import itertools
@@ -10,10 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.core
 import numpy as np
-
-_Tracer: Any = getattr(jax.core, "Tracer", None)
 
 
 @functools.cache
@@ -27,11 +24,9 @@ def array_type() -> type:
 
 
 def is_tracer(x: Any) -> bool:
-    """Whether `x` is an abstract value of some trace (no number to read now)."""
-    if _Tracer is not None:
-        return isinstance(x, _Tracer)
-    # Without `jax.core.Tracer`: every JAX array that is not a concrete one.
-    return isinstance(x, jax.Array) and not isinstance(x, array_type())
+    """Whether `x` is an abstract value of some trace (no number to read now): a
+    JAX array that is not a concrete one (tracers count as `jax.Array`s)."""
+    return isinstance(x, jax.Array) and type(x) is not array_type()
 
 
 @functools.cache
