@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: demo test test-slow test-oldest bench lint docs docs-serve clean
+.PHONY: demo test test-slow test-no-native test-oldest bench lint docs docs-serve clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,17 @@ test: $(STAMP)
 # The whole-catalog sweeps marked slow (CI runs them after make test).
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist load -m slow
+
+# The fast tier on a copy of the package without its native CPU backend
+# (src/eqxopt/_native deleted): the core must import and pass every test that does
+# not need the kernels (those marked needs_compiler skip).
+NO_NATIVE := .no-native
+test-no-native: $(STAMP)
+	rm -rf $(NO_NATIVE) && mkdir -p $(NO_NATIVE) && cp -r src/eqxopt $(NO_NATIVE)/
+	rm -rf $(NO_NATIVE)/eqxopt/_native
+	PYTHONPATH=$(NO_NATIVE) EQXOPT_TEST_WITHOUT_NATIVE=1 EQXOPT_TEST_REQUIRE_NATIVE=0 \
+		$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow" -p no:cacheprovider
+	rm -rf $(NO_NATIVE)
 
 # The oldest versions pyproject.toml allows: every runtime dependency pinned at its
 # floor (`>=` read as `==` from [project] dependencies), the test tools at the newest
@@ -75,4 +86,4 @@ docs-serve: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .hypothesis site
+	rm -rf $(VENV) $(OLDEST_VENV) $(NO_NATIVE) .pytest_cache .hypothesis site

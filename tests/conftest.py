@@ -16,6 +16,14 @@ STRICT_PROMOTION = os.environ.get("EQXOPT_TEST_STRICT_PROMOTION", "1") == "1"
 if STRICT_PROMOTION:
     jax.config.update("jax_numpy_dtype_promotion", "strict")
 
+# `make test-no-native`: the package under test is a copy without its native backend.
+if os.environ.get("EQXOPT_TEST_WITHOUT_NATIVE", "0") == "1":
+    import importlib.util
+
+    import eqxopt
+
+    assert importlib.util.find_spec("eqxopt._native") is None, eqxopt.__file__
+
 # Where the native kernels must be available (CI, on a machine with g++), a test
 # marked `needs_compiler` fails instead of skipping.
 REQUIRE_NATIVE = os.environ.get("EQXOPT_TEST_REQUIRE_NATIVE", "0") == "1"

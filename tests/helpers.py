@@ -206,6 +206,12 @@ def assert_histories_close(actual, expected, rtol=2e-5, atol=2e-6) -> None:
             raise AssertionError(f"step {step}: {err}") from None
 
 
+def package_path() -> str:
+    """The directory the eqxopt under test is imported from (the checkout's `src`,
+    or the copy `make test-no-native` makes), for the `PYTHONPATH` of subprocesses."""
+    return str(pathlib.Path(eqxopt.__file__).resolve().parents[1])
+
+
 def run_on_8_devices(script: str) -> str:
     """Runs `script` in a new Python process with 8 host CPU devices (the count must
     be set before JAX starts); its standard output, once it has exited cleanly."""
@@ -216,7 +222,7 @@ def run_on_8_devices(script: str) -> str:
     ).strip()
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(root / "src"), str(root / "tests"), env.get("PYTHONPATH", "")]
+        [package_path(), str(root / "tests"), env.get("PYTHONPATH", "")]
     )
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True

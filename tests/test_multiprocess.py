@@ -15,7 +15,7 @@ import os
 import pathlib
 import socket
 
-from helpers import load_script
+from helpers import load_script, package_path
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ def test_two_processes_train_like_one(monkeypatch, capsys):
     example = load_script("examples/multiprocess.py")
     # The workers import this checkout's eqxopt.
     path = os.environ.get("PYTHONPATH", "")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "src"), path]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([package_path(), path]))
     # The first coordinator port offered is one a socket here holds, as if another
     # program took it after it was found free: the launcher must notice and start
     # again on a fresh port (its retry, otherwise untested).

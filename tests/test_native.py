@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,8 +16,11 @@ import pytest
 import eqxopt
 from catalog import all_cases, swept
 from eqxopt._core._leafwise import map_leaves
-from helpers import assert_trees_close, compiles, in_place, nested_tree
+from helpers import assert_trees_close, compiles, in_place, nested_tree, package_path
 from test_catalog import extra_for, quadratic_loss
+
+# The native backend's own tests: skipped where the kernels are not available.
+pytestmark = pytest.mark.needs_compiler
 
 CASES = all_cases()
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -378,7 +380,7 @@ def test_switching_recompiles_eqxopt_steps(xla_only):
 def run_script(script, **env):
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env},
+        env={**os.environ, "PYTHONPATH": package_path(), **env},
         capture_output=True,
         text=True,
         timeout=300,

@@ -13,6 +13,9 @@ from test_catalog import extra_for
 from test_native import with_native
 from test_native_special import ELEMENTWISE
 
+# The native backend's own tests: skipped where the kernels are not available.
+pytestmark = pytest.mark.needs_compiler
+
 
 def tree():
     return {

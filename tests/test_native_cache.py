@@ -16,6 +16,9 @@ import eqxopt
 from conftest import skip_without_native_kernels
 from test_native import run_script
 
+# The native backend's own tests: skipped where the kernels are not available.
+pytestmark = pytest.mark.needs_compiler
+
 STEP = """
     import warnings
     with warnings.catch_warnings(record=True) as caught:

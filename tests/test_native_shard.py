@@ -10,6 +10,9 @@ import pytest
 
 from helpers import run_on_8_devices
 
+# The native backend's own tests: skipped where the kernels are not available.
+pytestmark = pytest.mark.needs_compiler
+
 PRELUDE = textwrap.dedent(
     """
     import warnings

@@ -14,6 +14,9 @@ from catalog import all_cases, swept
 from test_catalog import extra_for
 from test_native import NOT_ELEMENTWISE
 
+# The native backend's own tests: skipped where the kernels are not available.
+pytestmark = pytest.mark.needs_compiler
+
 # Quantized moments keep XLA's code (a block's scale is a reduction over it).
 ELEMENTWISE = [
     c

@@ -10,6 +10,9 @@ import pytest
 import eqxopt
 from helpers import assert_trees_close
 
+# The native backend's own tests: skipped where the kernels are not available.
+pytestmark = pytest.mark.needs_compiler
+
 _build = pytest.importorskip("eqxopt._native._build")
 _fused = pytest.importorskip("eqxopt._native._fused")
 

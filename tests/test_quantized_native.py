@@ -14,6 +14,9 @@ import eqxopt
 from eqxopt._core import _leafwise, _storage
 from helpers import assert_moved, in_place
 
+# The native backend's own tests: skipped where the kernels are not available.
+pytestmark = pytest.mark.needs_compiler
+
 _quantized = pytest.importorskip("eqxopt._native._quantized")
 
 MAPS = ["dynamic8_signed", "dynamic8_unsigned", "dynamic4_signed", "linear4_unsigned"]

@@ -16,6 +16,9 @@ import pytest
 
 from eqxopt._core import _storage
 
+# The native backend's own tests: skipped where the kernels are not available.
+pytestmark = pytest.mark.needs_compiler
+
 _build = pytest.importorskip("eqxopt._native._build")
 _quantized = pytest.importorskip("eqxopt._native._quantized")
 

@@ -50,10 +50,10 @@ class AbstractLeafKernels(abc.ABC):
     (`takes`, then `add`) and collects the results of every leaf taken (`finish`)."""
 
     @abc.abstractmethod
-    def takes(self, g: Any, p: Any, old: Sequence[Any]) -> bool:
-        """Whether these kernels would run the leaf with gradient `g`, parameter
-        `p` and moments `old` (shapes, dtypes and placement; the rule is checked
-        by `add`)."""
+    def refusal(self, g: Any, p: Any, old: Sequence[Any]) -> str | None:
+        """`None` if these kernels would run the leaf with gradient `g`, parameter
+        `p` and moments `old` (shapes, dtypes and placement; the rule is checked by
+        `add`), else why not, in words."""
 
     @abc.abstractmethod
     def add(self, index: int, g: Any, p: Any, old: Sequence[Any], flag: tuple) -> None:
@@ -99,6 +99,10 @@ class AbstractBackend(abc.ABC):
         """Whether the backend is switched on and can run here (platform, JAX
         version, what it needs built)."""
 
+    def why_unusable(self) -> str:
+        """Why `usable()` is false, in words."""
+        return "it is off"
+
     @abc.abstractmethod
     def set_enabled(self, enabled: bool) -> None:
         """Switches the backend on or off (`set_native_kernels`)."""
@@ -141,11 +145,6 @@ class AbstractBackend(abc.ABC):
         other array inputs (optimizer, batch), or `None`."""
         del model, others
         return None
-
-    def explain(self, rule: Callable[..., Any], n_moments: int, flag: tuple) -> str:
-        """Why `rule` does or does not run on this backend, in words."""
-        del rule, n_moments, flag
-        return f"{type(self).__name__} runs no per-leaf rules"
 
 
 _registered: list[AbstractBackend] = []
@@ -222,20 +221,38 @@ def native_kernels_available() -> bool:
 
 
 _reported: set[tuple[int, str]] = set()
+# While `explain_native` traces a step: per leaf the engine runs, `(rule name, the
+# parameter (a tracer), None or why XLA's code runs it)`.
+recording: list[list[tuple[str, Any, str | None]]] = []
 
 
-def report_not_lowered(rule: Callable[..., Any], why: NotLowered) -> None:
-    """Logs once per rule and reason (logger `"eqxopt"`, level DEBUG) that a rule
-    runs XLA's code instead of the backend's kernels, and why."""
-    key = (id(getattr(rule, "func", rule)), str(why))
-    if key in _reported:
+def report(rule: Callable[..., Any], p: Any, why: str | None) -> None:
+    """Tells `explain_native` (while it records) how the engine ran the leaf of
+    parameter `p` for a rule: on the backend's kernels (`why` is `None`) or XLA's
+    code, and why; a rule the kernels cannot run is logged too, once per rule and
+    reason (logger `"eqxopt"`, level DEBUG)."""
+    name = rule_name(rule)
+    for log in recording:
+        log.append((name, p, why))
+    if why is None or why.startswith(_NOT_ELEMENTWISE):
         return
-    _reported.add(key)
-    logger.debug("the native kernels do not run %s: %s", _rule_name(rule), why)
+    key = (id(getattr(rule, "func", rule)), why)
+    if key not in _reported:
+        _reported.add(key)
+        logger.debug("the native kernels do not run %s: %s", name, why)
 
 
-def _rule_name(rule: Callable[..., Any]) -> str:
+_NOT_ELEMENTWISE = "the rule is not declared element-wise"
+NOT_ELEMENTWISE = (
+    f"{_NOT_ELEMENTWISE} (it may read whole leaves: norms, factored or matrix "
+    "statistics)"
+)
+
+
+def rule_name(rule: Callable[..., Any]) -> str:
+    """A rule's name for messages: `AdamW.leaf` for an optimizer's `leaf`."""
     func = getattr(rule, "func", rule)
     owner = getattr(func, "__self__", None)
-    name = getattr(func, "__qualname__", repr(func))
-    return f"{type(owner).__name__}.leaf" if owner is not None else name
+    if owner is not None:
+        return f"{type(owner).__name__}.{func.__name__}"
+    return getattr(func, "__qualname__", repr(func))

@@ -92,8 +92,12 @@ def map_leaves(
     # A backend's kernels (the native CPU kernels, in steps that write in place),
     # for the leaves they take; XLA's code for the rest.
     kernels = None
-    if elementwise and (backend := _backend.active()) is not None:
+    no_kernels = _backend.NOT_ELEMENTWISE
+    if (backend := _backend.active()) is None:
+        no_kernels = "the native kernels are not in use"
+    elif elementwise:
         kernels = backend.leaf_kernels(rule, len(moments), apply, grad_leaves)
+        no_kernels = "the kernels run only in steps that write in place"
 
     def xla_leaf(g: Any, p: Any, old: list[Any], flag: Any) -> tuple[Any, list[Any]]:
         # XLA's code for one leaf: its update (or new parameter with `apply`) and
@@ -117,16 +121,22 @@ def map_leaves(
                 column.append(value)
             continue
         flag = None if flags is None else flags[i]
-        if kernels is not None and kernels.takes(g, p, old):
-            try:
-                kernels.add(i, g, p, old, () if flags is None else (flag,))
-            except _backend.NotLowered as why:
-                _backend.report_not_lowered(rule, why)
-            else:
-                updates.append(None)  # filled in from `kernels.finish()` below
-                for column in new_moments:
-                    column.append(None)
-                continue
+        if kernels is not None:
+            why = kernels.refusal(g, p, old)
+            if why is None:
+                try:
+                    kernels.add(i, g, p, old, () if flags is None else (flag,))
+                except _backend.NotLowered as error:
+                    why = str(error)
+                else:
+                    _backend.report(rule, p, None)
+                    updates.append(None)  # filled in from `kernels.finish()` below
+                    for column in new_moments:
+                        column.append(None)
+                    continue
+            _backend.report(rule, p, why)
+        elif _backend.recording:
+            _backend.report(rule, p, no_kernels)
         run = per_kind if is_tracer(g) else xla_leaf
         out, new = run(g, p, old, flag)
         updates.append(out)

@@ -43,6 +43,26 @@ def usable() -> bool:
     return _build.handler() is not None
 
 
+def why_unusable() -> str:
+    """Why `usable()` is false, in words."""
+    if not _enabled[0]:
+        return "they are switched off (set_native_kernels(False) or EQXOPT_NATIVE=0)"
+    if not _compat.backend_supported():
+        first, last = (".".join(map(str, v)) for v in _compat.TESTED)
+        return (
+            f"they are tested with JAX {first} to {last}.x and this is JAX "
+            f"{jax.__version__}"
+        )
+    if jax.default_backend() != "cpu":
+        return (
+            f"the default JAX backend is {jax.default_backend()!r}: the kernels are "
+            "for CPUs (XLA's own code is what runs on GPUs and TPUs)"
+        )
+    if _build.handler() is None:
+        return "they could not be built here (see the warning eqxopt gave)"
+    return "they are in use"
+
+
 # --------------------------------------------------------------------------------------
 # Custom calls, with XLA's code where one cannot go.
 # --------------------------------------------------------------------------------------

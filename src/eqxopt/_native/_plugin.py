@@ -67,11 +67,28 @@ class _LeafKernels(_backend.AbstractLeafKernels):
     def _for(self, old: Sequence[Any]) -> Any:
         return self.quantized if any(map(_storage.is_quantized, old)) else self.plain
 
-    def takes(self, g: Any, p: Any, old: Sequence[Any]) -> bool:
+    def refusal(self, g: Any, p: Any, old: Sequence[Any]) -> str | None:
         kernels = self._for(old)
-        if kernels is self.plain and not self.plain_open:
-            return False
-        return kernels.takes(g, p, old)
+        if kernels is self.quantized:
+            if kernels.takes(g, p, old):
+                return None
+            return (
+                "the kernels take float32 gradients and parameters whose quantized "
+                "moments are Blockwise8bit or Blockwise4bit and the others float32"
+            )
+        if not self.plain_open:
+            return "the rule could not run on the kernels for an earlier leaf"
+        if kernels.takes(g, p, old):
+            return None
+        dtypes = {np.dtype(x.dtype).name for x in (g, p, *old)}
+        if dtypes != {"float32"}:
+            found = ", ".join(sorted(dtypes))
+            return f"the kernels take float32 leaves and moments (this leaf: {found})"
+        return (
+            "the kernels do not take this leaf's placement (its moments or gradient "
+            "are sharded unlike it, it is inside a shard_map, or its sharding is "
+            "not known inside a jit on an Auto mesh)"
+        )
 
     def add(self, index: int, g: Any, p: Any, old: Sequence[Any], flag: tuple) -> None:
         kernels = self._for(old)
@@ -91,6 +108,9 @@ class NativeBackend(_backend.AbstractBackend):
 
     def usable(self) -> bool:
         return _ffi.usable()
+
+    def why_unusable(self) -> str:
+        return _ffi.why_unusable()
 
     def set_enabled(self, enabled: bool) -> None:
         _ffi.set_enabled(enabled)
@@ -149,11 +169,3 @@ class NativeBackend(_backend.AbstractBackend):
         ):
             return TrainStepPlan(low_memory_schedule(), _fused.small_waits)
         return None
-
-    def explain(self, rule: Callable[..., Any], n_moments: int, flag: tuple) -> str:
-        try:
-            program = _fused.Rule(rule, 2 + n_moments, flag).program("step")
-            _fused.load(program)
-        except NotLowered as why:
-            return f"runs XLA's code: {why}"
-        return "runs as a native kernel on float32 leaves in donated steps"
