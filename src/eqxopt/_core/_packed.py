@@ -104,6 +104,24 @@ def pack(tree: PyTree, labels: PyTree | Callable | None = None) -> Packed:
       and `Packed.labels()` gives the labels back in the packed structure.
 
     **Returns:** a `Packed`; `pack(tree).unpack()` equals `tree`.
+
+    **Example:**
+
+    ```python
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import eqxopt
+
+    model = eqx.nn.MLP(2, 1, width_size=8, depth=2, key=jax.random.key(0))
+    packed = eqxopt.pack(model)
+    assert len(jax.tree.leaves(packed)) == 1  # six float32 arrays in one buffer
+    opt = eqxopt.Adam(1e-3)
+    state = opt.init(packed)  # packed moments too
+    grads = jax.grad(lambda p: jnp.sum(p.unpack()(jnp.ones(2)) ** 2))(packed)
+    packed, state = opt.step(grads, state, packed)
+    model = packed.unpack()  # the model again
+    ```
     """
     leaves, treedef = jax.tree.flatten(tree)
     if labels is None:

@@ -380,11 +380,6 @@ class Blockwise8bit(AbstractStateStorage):
     element is at most $s_b$ times half the largest gap of the map ($s_b / 142$
     signed, $s_b / 284$ unsigned).
 
-    ```python
-    opt = eqxopt.AdamW(1e-3, mu_dtype=eqxopt.Blockwise8bit(),
-                       nu_dtype=eqxopt.Blockwise8bit())
-    ```
-
     **Arguments:**
 
     - `block_size`: elements per block (torchao's and bitsandbytes' 256 by
@@ -392,6 +387,24 @@ class Blockwise8bit(AbstractStateStorage):
       is not a multiple of the block in full precision instead).
     - `min_size`: leaves with fewer elements stay float32 (4096, as bitsandbytes
       and torchao: small leaves cost little and their scales would cost more).
+
+    **Example:**
+
+    ```python
+    import jax
+    import jax.numpy as jnp
+    import eqxopt
+
+    params = {"w": jax.random.normal(jax.random.key(0), (64, 128)), "b": jnp.zeros(128)}
+    opt = eqxopt.AdamW(
+        1e-3, mu_dtype=eqxopt.Blockwise8bit(), nu_dtype=eqxopt.Blockwise8bit()
+    )
+    state = opt.init(params)
+    assert isinstance(state.mu["w"], eqxopt.QuantizedArray)  # 8192 elements: 8-bit
+    assert state.mu["b"].dtype == jnp.float32  # under min_size: stays float32
+    grads = jax.tree.map(jnp.ones_like, params)
+    params, state = opt.step(grads, state, params)
+    ```
     """
 
     block_size: int = eqx.field(default=256, static=True)
