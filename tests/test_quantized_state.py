@@ -418,3 +418,35 @@ def test_wrappers_carry_quantized_inner_state():
         for _ in range(2):
             p, state = opt.step(grads, state, p, donate=True)
         assert float(p["w"][0, 0]) < 1.0, type(opt).__name__
+
+
+@pytest.mark.parametrize("donate", [False, True], ids=["xla", "donated"])
+@pytest.mark.parametrize("kind", ["8bit", "4bit", "fp8"])
+def test_zero_size_leaves_with_min_size_0_step_and_dequantize(kind, donate):
+    # `min_size=0` quantizes a leaf of no elements too: no blocks, nothing to read.
+    storage = type(STORAGE[kind])(min_size=0)
+    opt = eqxopt.AdamW(1e-2, mu_dtype=storage, nu_dtype=storage)
+    rng = np.random.default_rng(4)
+    params = {
+        "empty": jnp.ones((0, 4)),
+        "v": jnp.asarray(rng.standard_normal(300), jnp.float32),
+    }
+    grads = [
+        {"empty": jnp.ones((0, 4)), "v": jnp.asarray(rng.standard_normal(300))}
+        for _ in range(3)
+    ]
+    state = opt.init(params)
+    empty = state.mu["empty"]
+    assert isinstance(empty, eqxopt.QuantizedArray) and empty.codes.shape[0] == 0
+    assert empty.dequantize().shape == (0, 4)
+    # The empty leaf changes nothing: `v` steps as it does alone (on the same path).
+    alone = {"v": jnp.copy(params["v"])}
+    alone_state = opt.init(alone)
+    p = jax.tree.map(jnp.copy, params)
+    for g in grads:
+        p, state = opt.step(g, state, p, donate=donate)
+        alone, alone_state = opt.step({"v": g["v"]}, alone_state, alone, donate=donate)
+    assert p["empty"].shape == (0, 4) and p["empty"].dtype == jnp.float32
+    assert state.nu["empty"].dequantize().shape == (0, 4)
+    np.testing.assert_array_equal(np.asarray(p["v"]), np.asarray(alone["v"]))
+    assert not np.array_equal(np.asarray(p["v"]), np.asarray(params["v"]))

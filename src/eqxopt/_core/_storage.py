@@ -250,7 +250,9 @@ class QuantizedArray(eqx.Module):
         else:
             if self.block_size != codes.shape[-1]:  # 4-bit: unpack
                 codes = jnp.stack([codes >> 4, codes & 0xF], axis=-1)
-                codes = codes.reshape(codes.shape[0], -1)
+                # The width spelled out: a leaf of no elements has no blocks, and
+                # `-1` cannot be inferred next to a dimension of 0.
+                codes = codes.reshape(codes.shape[0], self.block_size)
             values = jnp.asarray(code_map(self.map_name))[codes.astype(jnp.int32)]
         values = values * self.absmax[:, None]
         return values.reshape(-1)[: self.size].reshape(self.shape)
