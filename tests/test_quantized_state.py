@@ -450,3 +450,77 @@ def test_zero_size_leaves_with_min_size_0_step_and_dequantize(kind, donate):
     assert state.nu["empty"].dequantize().shape == (0, 4)
     np.testing.assert_array_equal(np.asarray(p["v"]), np.asarray(alone["v"]))
     assert not np.array_equal(np.asarray(p["v"]), np.asarray(params["v"]))
+
+
+# One NaN, one inf and one -inf gradient element, each in a block of its own.
+NON_FINITE = [(0, 5, np.nan), (9, 100, np.inf), (20, 7, -np.inf)]
+
+
+def _steps_with_non_finite_gradients(opt, path):
+    """The parameters and state after each of 4 steps of `opt`, the second with
+    `NON_FINITE` gradient elements, by `path`: `"xla"` (a step that is not donated),
+    `"donated"` (native kernels off) or `"donated-native"`."""
+    rng = np.random.default_rng(5)
+    params = {"w": jnp.asarray(rng.standard_normal((32, 256)), jnp.float32)}
+    eqxopt.set_native_kernels(path == "donated-native")
+    try:
+        state = opt.init(params)
+        history = []
+        for i in range(4):
+            g = jnp.asarray(rng.standard_normal((32, 256)), jnp.float32)
+            if i == 1:
+                for row, col, value in NON_FINITE:
+                    g = g.at[row, col].set(value)
+            before = jax.tree.map(np.asarray, state)  # a donated step deletes it
+            params, state = opt.step({"w": g}, state, params, donate=path != "xla")
+            history.append((np.asarray(params["w"]), before, np.asarray(g)))
+        return history, state
+    finally:
+        eqxopt.set_native_kernels(True)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "xla",
+        "donated",
+        pytest.param("donated-native", marks=pytest.mark.needs_compiler),
+    ],
+)
+@pytest.mark.parametrize("kind", ["8bit", "4bit", "fp8"])
+def test_non_finite_gradient_elements_turn_only_their_parameters_nan(kind, path):
+    storage = STORAGE[kind]
+    b1 = 0.9
+    opt = eqxopt.AdamW(1e-2, b1=b1, mu_dtype=storage, nu_dtype=storage)
+    ours, state = _steps_with_non_finite_gradients(opt, path)
+    exact, _ = _steps_with_non_finite_gradients(eqxopt.AdamW(1e-2, b1=b1), "xla")
+    bad = np.zeros((32, 256), bool)
+    for row, col, _ in NON_FINITE:
+        bad[row, col] = True
+    # The same parameters turn NaN as with float32 moments: those three, from the
+    # step of the bad gradient on (not the blocks they lie in).
+    for step, ((p, _, _), (p32, _, _)) in enumerate(zip(ours, exact)):
+        np.testing.assert_array_equal(np.isnan(p), np.isnan(p32), f"step {step}")
+        np.testing.assert_array_equal(np.isnan(p), bad if step else np.zeros_like(bad))
+    # The moment of the step of the bad gradient, by plain arithmetic from the
+    # one before it: a value that is not finite is stored as 0, and each block's
+    # scale is the largest magnitude of its finite values.
+    _, before, g = ours[1]
+    after = ours[2][1]
+    mu = before.mu["w"].dequantize().reshape(-1)
+    new_mu = (b1 * mu + (1 - b1) * g.reshape(-1)).astype(np.float32)
+    new_mu = np.where(np.isfinite(new_mu), new_mu, 0.0).astype(np.float32)
+    blocks = new_mu.reshape(-1, storage.block_size)
+    absmax = np.maximum(np.abs(blocks).max(axis=1), 1e-12)
+    if kind == "fp8":
+        absmax = absmax / 448
+    np.testing.assert_allclose(after.mu["w"].absmax, absmax, rtol=1e-6)
+    stored = np.asarray(after.mu["w"].dequantize())
+    assert np.all(stored[bad] == 0.0)
+    resolution = 2.0**-4 if kind == "fp8" else 0.1125 if kind == "4bit" else 1 / 142
+    scale = np.repeat(np.abs(blocks).max(axis=1), storage.block_size)
+    assert np.all(np.abs(stored.reshape(-1) - new_mu) <= resolution * scale * 1.01)
+    # And the state holds finite numbers only, to the end.
+    for moment in (state.mu["w"], state.nu["w"]):
+        assert np.all(np.isfinite(np.asarray(moment.absmax)))
+        assert np.all(np.isfinite(np.asarray(moment.dequantize())))

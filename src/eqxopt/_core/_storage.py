@@ -214,7 +214,9 @@ class QuantizedArray(eqx.Module):
 
     (fp8: $x_i = \\text{float}(\\text{code}_i) \\cdot \\text{absmax}_b$, where
     `absmax` holds the block's absmax over 448). 4-bit codes are packed two to a
-    byte, the first in the high nibble. fp8 codes are held as the `uint8` bit
+    byte, the first in the high nibble. A value that is not finite (NaN, an
+    infinity) is stored as 0 and left out of its block's scale (`quantize` says
+    why). fp8 codes are held as the `uint8` bit
     patterns of their `float8_e4m3fn` values, so that every checkpoint format
     stores them as they are (NumPy's `.npy`, which `eqx.tree_serialise_leaves`
     writes, has no float8 type and reads one back as raw bytes).
@@ -274,8 +276,23 @@ def _from_fp8_bits(codes: Array) -> Array:
 
 
 def quantize(x: Array, map_name: str, block_size: int) -> QuantizedArray:
-    """`x` stored block-wise in the map `map_name` (see `QuantizedArray`)."""
+    """`x` stored block-wise in the map `map_name` (see `QuantizedArray`); a value
+    that is not finite is stored as 0 and left out of its block's scale."""
     blocks = _blocks(x.astype(jnp.float32), block_size)
+    # A NaN or infinity (from one bad gradient element) has no code in a map, and
+    # as its block's absmax it would make every element of the block read back NaN.
+    # torchao does that (bitsandbytes too): after one NaN gradient element, the
+    # next step turns the whole block NaN, 256 parameters (4-bit: 128) picked by
+    # the storage's layout, not by the model. What a user needs after a NaN
+    # gradient is to see it where it happened, and to keep what it did not touch:
+    # so it is stored as 0 here, and the block is scaled by its finite values.
+    # The parameter it reached is NaN already (a step forms its update from the
+    # new moment, in float32, before storing it), so the same parameters turn NaN
+    # as with float32 moments, whatever the block size, map or sharding, and the
+    # rest of the block keeps its values and resolution; the native kernel does
+    # the same (`_kernels/quantized.cc`, `Scale`). A quantized moment so only ever
+    # holds finite numbers.
+    blocks = jnp.where(jnp.isfinite(blocks), blocks, 0.0)
     absmax = jnp.maximum(jnp.max(jnp.abs(blocks), axis=-1), _TINY_SCALE)
     if map_name == "fp8_e4m3fn":
         scale = absmax / float(jnp.finfo(jnp.float8_e4m3fn).max)
