@@ -27,6 +27,7 @@ from jaxtyping import PyTree
 
 from .._native import _ffi
 from ._dispatch import static
+from ._storage import is_quantized
 
 # One leaf of the original tree: ("array", buffer index, shape, dtype) or
 # ("static", key) for anything that is not an array (kept as it is in the key, which
@@ -69,16 +70,28 @@ class Packed(eqx.Module):
 
     def unpack(self) -> PyTree:
         """The tree this was packed from (leaves in their shapes and dtypes). Inside
-        `jax.grad`, the gradient with respect to the `Packed` comes back packed."""
-        pieces = [
-            _ffi.split(b, self.layout.members(k)) for k, b in enumerate(self.buffers)
-        ]
+        `jax.grad`, the gradient with respect to the `Packed` comes back packed.
+
+        For a moment of the state (`state.mu`), each leaf's values: `None` at the
+        leaves that have no state (int and bool arrays, as `opt.init` of the tree
+        gives), and a block-wise quantized buffer (`Blockwise8bit()`, ...) read
+        back in float32."""
+        pieces = [self._leaves_of(k, b) for k, b in enumerate(self.buffers)]
         iterators = [iter(p) for p in pieces]
         leaves = [
             next(iterators[slot[1]]) if slot[0] == "array" else slot[1].obj
             for slot in self.layout.slots
         ]
         return jax.tree.unflatten(self.layout.treedef, leaves)
+
+    def _leaves_of(self, index: int, buffer: Any) -> list[Any]:
+        # A moment's buffers are stored as the optimizer keeps that moment.
+        shapes = self.layout.members(index)
+        if buffer is None:
+            return [None] * len(shapes)
+        if is_quantized(buffer):
+            buffer = buffer.dequantize()
+        return _ffi.split(buffer, shapes)
 
     def labels(self) -> "Packed":
         """A `Packed` with the same structure whose buffers are replaced by their
