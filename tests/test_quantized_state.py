@@ -4,8 +4,10 @@ against `torchao.optim.AdamW8bit`/`AdamW4bit`/`AdamWFp8`, round-trip bounds, the
 state's structure and size, and the errors."""
 
 import contextlib
+import dataclasses
 import functools
 import io
+import re
 import unittest.mock
 import warnings
 
@@ -377,6 +379,85 @@ def test_storage_where_state_is_not_a_moment_is_refused():
         eqxopt.ScheduleFreeSGD(1e-3, z_dtype=q)
     with pytest.raises(TypeError, match="dtype_momentum must be a float dtype or None"):
         eqxopt.Adafactor(1e-3, dtype_momentum=q)
+
+
+# How to build each public module that has a dtype option, given that option.
+def _with_dtype_option(cls, **option):
+    if cls in (eqxopt.ScaleByAdam, eqxopt.ScaleByRms):
+        return cls(**option)
+    if cls is eqxopt.Trace:
+        return cls(0.9, **option)
+    if cls is eqxopt.ScheduleFree:
+        return cls(eqxopt.SGD(1e-2), **option)
+    return cls(1e-2, **option)
+
+
+DTYPE_OPTIONS = [
+    (name, field.name)
+    for name in eqxopt.__all__
+    if isinstance(getattr(eqxopt, name), type)
+    and issubclass(getattr(eqxopt, name), eqx.Module)
+    and dataclasses.is_dataclass(getattr(eqxopt, name))
+    for field in dataclasses.fields(getattr(eqxopt, name))
+    if field.name.endswith("_dtype") or field.name.startswith("dtype_")
+]
+
+
+@pytest.mark.parametrize(
+    "name, option", DTYPE_OPTIONS, ids=[f"{n}-{o}" for n, o in DTYPE_OPTIONS]
+)
+def test_every_dtype_option_stores_a_storage_or_refuses_it_at_construction(
+    name, option
+):
+    # Either the option quantizes its state (init and a step run, and the state
+    # holds `QuantizedArray`s), or building the module raises, naming the option:
+    # never a failure inside `init` or a step.
+    q = eqxopt.Blockwise8bit(block_size=16, min_size=16)
+    cls = getattr(eqxopt, name)
+    # A matrix and a vector, both large enough to be quantized (Muon keeps its
+    # `nu` for the vector only).
+    params = {"w": jnp.ones((8, 8)), "b": jnp.ones(32)}
+    grads = {"w": jnp.full((8, 8), 0.1), "b": jnp.full(32, 0.1)}
+    # Sophia estimates the Hessian's diagonal from the loss.
+    extra = {"obj_fn": lambda p: sum(jnp.sum(x**2) for x in jax.tree.leaves(p))}
+    try:
+        opt = _with_dtype_option(cls, **{option: q})
+    except TypeError as error:
+        assert re.match(
+            rf"{option} (takes a float dtype or None, not a quantized storage "
+            rf"\(Blockwise8bit\)|must be a float dtype or None)",
+            str(error),
+        ), str(error)
+        assert name not in STORES_A_STORAGE, (name, str(error))
+        return
+    assert name not in REFUSES_A_STORAGE, name
+    state = opt.init(params)
+    updates, state = opt.update(
+        grads, state, params, **(extra if cls is eqxopt.Sophia else {})
+    )
+    assert any(
+        isinstance(x, eqxopt.QuantizedArray)
+        for x in jax.tree.leaves(
+            state, is_leaf=lambda x: isinstance(x, eqxopt.QuantizedArray)
+        )
+    ), name
+    assert all(bool(jnp.all(jnp.isfinite(u))) for u in jax.tree.leaves(updates))
+
+
+# Known answers of the sweep above: state kept in a form of its own refuses a
+# storage at construction (GaLore's projected moments, ScheduleFree's iterate);
+# the Adam family and the building blocks store one.
+REFUSES_A_STORAGE = {"GaLore", "ScheduleFree", "ScheduleFreeSGD", "Adafactor"}
+STORES_A_STORAGE = {"AdamW", "Lion", "SGD", "ScaleByAdam", "ScaleByRms", "Trace"}
+
+
+def test_storage_refused_at_construction_names_the_option():
+    q = eqxopt.Blockwise8bit()
+    message = r"takes a float dtype or None, not a quantized storage \(Blockwise8bit\)"
+    with pytest.raises(TypeError, match=rf"^mu_dtype {message}"):
+        eqxopt.GaLore(1e-2, mu_dtype=q)
+    with pytest.raises(TypeError, match=rf"^z_dtype {message}"):
+        eqxopt.ScheduleFree(eqxopt.SGD(1e-2), z_dtype=q)
 
 
 def test_bad_storage_options_are_refused():
