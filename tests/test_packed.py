@@ -204,3 +204,48 @@ def test_moments_unpack_to_the_params_shaped_tree(storage, native):
             if p.dtype == jnp.float32
         ]
         np.testing.assert_array_equal(jnp.concatenate(members), buffer.dequantize())
+
+
+def test_pack_refuses_prng_keys_naming_the_leaf():
+    tree = {"w": jnp.ones(3), "noise": {"key": jax.random.key(0)}}
+    with pytest.raises(
+        TypeError,
+        match=r"^pack: tree\['noise'\]\['key'\] holds PRNG keys \(key<fry>\), which "
+        r"cannot go into a flat buffer; keep it out of the packed tree",
+    ):
+        eqxopt.pack(tree)
+    # Its raw data packs.
+    raw = {
+        "w": jnp.ones(3),
+        "noise": {"key": jax.random.key_data(tree["noise"]["key"])},
+    }
+    assert eqxopt.pack(raw).unpack()["noise"]["key"].dtype == jnp.uint32
+
+
+def test_labels_of_another_structure_say_where_they_part():
+    tree = {"w": jnp.ones(3), "b": jnp.ones(2)}
+    with pytest.raises(
+        ValueError,
+        match=r"^labels does not have the tree structure of tree: tree has \['b'\] "
+        r"that labels lacks; labels has \['c'\] that tree lacks",
+    ):
+        eqxopt.pack(tree, labels={"w": True, "c": False})
+    with pytest.raises(ValueError, match=r"^labels does not have the tree structure"):
+        eqxopt.pack(tree, labels=lambda t: [True, False])
+
+
+def test_labels_may_be_a_prefix_as_masks_are():
+    params = nested_tree()
+    prefix = {"scale": False, "dense": {"w": True, "b": False}, "layers": True}
+    full = jax.tree.map(lambda _: True, params)
+    full["scale"], full["dense"]["b"] = False, False
+    by_prefix = eqxopt.pack(params, labels=prefix)
+    assert by_prefix.layout == eqxopt.pack(params, labels=full).layout
+    assert by_prefix.labels().unpack() == full
+    # The labels serve as the mask the prefix is for AdamW on the tree.
+    grads = jax.tree.map(lambda x: 0.3 * x, params)
+    tree_opt = eqxopt.AdamW(0.1, weight_decay=0.5, mask=prefix)
+    expected = tree_opt.step(grads, tree_opt.init(params), params)[0]
+    opt = eqxopt.AdamW(0.1, weight_decay=0.5, mask=by_prefix.labels())
+    got = opt.step(eqxopt.pack(grads, labels=prefix), opt.init(by_prefix), by_prefix)
+    assert_trees_close(got[0].unpack(), expected, rtol=1e-6)
