@@ -369,8 +369,8 @@ class Muon(AbstractTransform):
     adam_learning_rate: ScalarOrSchedule | None = learning_rate_field(
         None, optional=True, kw_only=True
     )
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
+    mu_dtype: DTypeLike = dtype_field(storage=True)
+    nu_dtype: DTypeLike = dtype_field(storage=True)
     # Static: mesh axis names, read while tracing.
     axis_name: tuple[str, ...] | None = checked_field(
         _axis_names, None, static=True, kw_only=True

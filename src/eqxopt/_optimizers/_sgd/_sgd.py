@@ -73,7 +73,7 @@ class SGD(AbstractLeafwiseOptimizer):
     learning_rate: ScalarOrSchedule = learning_rate_field()
     momentum: ScalarOrSchedule = hyper(0.0, low=0.0, high=1.0, high_open=True)
     nesterov: bool = flag_field(False, kw_only=False)
-    velocity_dtype: DTypeLike = dtype_field()
+    velocity_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = SGDState
     moments = ("velocity",)

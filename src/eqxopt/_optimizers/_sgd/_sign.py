@@ -96,7 +96,7 @@ class Signum(AbstractLeafwiseOptimizer):
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
     beta: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
-    mu_dtype: DTypeLike = dtype_field()
+    mu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = SignumState
     moments = ("mu",)
@@ -172,7 +172,7 @@ class Lion(AbstractLeafwiseOptimizer):
     b2: ScalarOrSchedule = hyper(0.99, low=0.0, high=1.0, high_open=True)
     weight_decay: ScalarOrSchedule = hyper(1e-3, low=0.0)
     mask: MaskLike = mask_field()
-    mu_dtype: DTypeLike = dtype_field()
+    mu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = LionState
     moments = ("mu",)
