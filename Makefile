@@ -4,18 +4,23 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-DOCS_STAMP := $(VENV)/.installed-docs
 
 .PHONY: demo test test-slow test-no-native test-oldest bench lint docs docs-serve clean
 
+# The docs extra too: tests/test_site.py builds the site.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e ".[test,examples,dev,checkpoint]"
+	$(PY) -m pip install --quiet -e ".[test,examples,dev,checkpoint,docs]"
 	touch $(STAMP)
 
-# The docs extra, on top of the same .venv.
-$(DOCS_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e ".[docs]"
+# The documentation site needs eqxopt (its docstrings are read by importing it) and
+# the docs extra only, in a venv of its own: not the test tools (torch, ...).
+DOCS_VENV := .venv-docs
+DOCS_PY := $(DOCS_VENV)/bin/python
+DOCS_STAMP := $(DOCS_VENV)/.installed
+$(DOCS_STAMP): pyproject.toml
+	test -x $(DOCS_PY) || $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_PY) -m pip install --quiet -e ".[docs]"
 	touch $(DOCS_STAMP)
 
 demo: $(STAMP)
@@ -80,10 +85,10 @@ lint: $(STAMP)
 
 # The documentation site, built into site/ (a broken link or reference fails it).
 docs: $(DOCS_STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(DOCS_PY) -m mkdocs build --strict
 
 docs-serve: $(DOCS_STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(DOCS_PY) -m mkdocs serve
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) $(NO_NATIVE) .pytest_cache .hypothesis site
+	rm -rf $(VENV) $(OLDEST_VENV) $(DOCS_VENV) $(NO_NATIVE) .pytest_cache .hypothesis site

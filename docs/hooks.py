@@ -1,25 +1,39 @@
-"""mkdocs hooks: pages that are files elsewhere in the repository.
+"""mkdocs hooks: pages that are files elsewhere in the repository, and the version.
 
-- The home page is README.md and the performance page is benchmarks/README.md, read
-  at build time so each has one source. Their relative links are rewritten to the
-  site's: `docs/x.md` -> `x.md`, `benchmarks/README.md` -> `performance.md`; an image
-  outside docs/ (the benchmark chart) is added to the site under its repository path;
-  a link to another file of the repository becomes that path in code.
+- The home page is README.md, the benchmark notes are benchmarks/README.md and the
+  changelog is CHANGELOG.md, read at build time so each has one source. Their
+  relative links are rewritten to the site's: `docs/x.md` -> `x.md`,
+  `benchmarks/README.md` -> `benchmarks.md`; an image outside docs/ (the benchmark
+  chart) is added to the site under its repository path; a link to another file of
+  the repository becomes that path in code.
+- The header shows the version of pyproject.toml next to the site's name.
 """
 
 import pathlib
 import posixpath
 import re
 
+import tomllib
 from mkdocs.structure.files import File
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # page in docs/ -> the repository file it shows (the page holds only a comment)
-INCLUDED = {"index.md": "README.md", "performance.md": "benchmarks/README.md"}
+INCLUDED = {
+    "index.md": "README.md",
+    "benchmarks.md": "benchmarks/README.md",
+    "changelog.md": "CHANGELOG.md",
+}
 PAGE_OF = {source: page for page, source in INCLUDED.items()}
 # files outside docs/ that included pages show (copied under their repository path)
 ASSETS = ["benchmarks/results.png", "examples/results/lowbit_lm.png"]
 _LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
+
+
+def on_config(config):
+    with open(ROOT / "pyproject.toml", "rb") as file:
+        version = tomllib.load(file)["project"]["version"]
+    config["site_name"] = f"{config['site_name']} {version}"
+    return config
 
 
 def on_files(files, config):

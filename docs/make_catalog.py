@@ -441,8 +441,8 @@ current step (a schedule is read at `state.step`), and `t = step + 1` where a bi
 correction needs it. Weight decay in an optimizer's own `weight_decay` is decoupled
 (`AdamW`'s) unless its entry says coupled.
 
-| optimizer | paper | tested against |
-| --- | --- | --- |
+| optimizer | paper | tested against | tolerance |
+| --- | --- | --- | --- |
 """
 
 
@@ -468,15 +468,20 @@ def _signature(obj: type) -> tuple[list[str], list[str]]:
     return required, defaults
 
 
+# The docstring's first formula: a displayed one ($$ ... $$, typeset on the site) or
+# a plain code block.
+_FORMULA = re.compile(r"^(\$\$\n.*?^\$\$|```\n.*?^```)$", re.S | re.M)
+
+
 def _formula_and_summary(obj: type) -> tuple[str, str]:
     doc = inspect.getdoc(obj) or ""
-    match = re.search(r"^```\n(.*?)^```", doc, re.S | re.M)
+    match = _FORMULA.search(doc)
     if match is None:
         return " ".join(doc.split("\n\n")[0].split()), ""
     # the paragraphs before the formula say what its symbols are
     before = doc[: match.start()].strip().split("\n\n")
     summary = "\n\n".join(" ".join(paragraph.split()) for paragraph in before)
-    return summary, match.group(1).rstrip()
+    return summary, match.group(1)
 
 
 def render() -> str:
@@ -497,10 +502,13 @@ def render() -> str:
             if year and year.group(0) not in authors
             else authors
         )
-        rows.append(f"| [`{name}`](#{anchor}) | {cite} | {reference.split(';')[0]} |")
+        rows.append(
+            f"| [`{name}`](#{anchor}) | {cite} | {reference.split(';')[0]}"
+            f" | {_short_tolerance(tolerance)} |"
+        )
         lines = [f"## {name}", "", summary, ""]
         if formula:
-            lines += ["```", formula, "```", ""]
+            lines += [formula, ""]
         lines += [
             f"- **Required:** {', '.join(required) if required else 'nothing'}.",
             f"- **Defaults:** {', '.join(defaults) if defaults else 'none'}.",
@@ -520,45 +528,17 @@ def render() -> str:
     )
 
 
-README = pathlib.Path(__file__).parent.parent / "README.md"
-README_START = "<!-- catalog table: written by docs/make_catalog.py -->"
-README_END = "<!-- end of the catalog table -->"
-
-
 def _short_tolerance(tolerance: str | None) -> str:
-    # README's row: the tolerance without the reasons (they are on the catalog page).
+    # The summary table's cell: the tolerance without the reasons (the entry has them).
     if not tolerance:
         return DEFAULT_TOL
     return re.sub(r"\s*\([^)]*\)", "", tolerance).replace("the default", DEFAULT_TOL)
 
 
-def readme_table() -> str:
-    """The table README shows: every optimizer, what it is tested against, and to
-    what tolerance, each linked to its catalog entry."""
-    rows = [
-        "| optimizer | tested against | tolerance |",
-        "| --- | --- | --- |",
-    ]
-    for name, _, _, reference, tolerance in CATALOG:
-        rows.append(
-            f"| [`{name}`](docs/catalog.md#{name.lower()}) | {reference.split(';')[0]}"
-            f" | {_short_tolerance(tolerance)} |"
-        )
-    return "\n".join(rows)
-
-
-def readme_with_table(text: str) -> str:
-    """README's text with the catalog table between its markers rewritten."""
-    start = text.index(README_START) + len(README_START)
-    end = text.index(README_END)
-    return text[:start] + "\n\n" + readme_table() + "\n\n" + text[end:]
-
-
 def main() -> None:
     out = pathlib.Path(__file__).parent / "catalog.md"
     out.write_text(render())
-    README.write_text(readme_with_table(README.read_text()))
-    print(f"wrote {out} ({len(CATALOG)} optimizers) and README's catalog table")
+    print(f"wrote {out} ({len(CATALOG)} optimizers)")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Draws every eqxopt schedule to docs/schedule_gallery.png (shown in README), and
 each one on its own to docs/schedules/<name>.png (shown in docs/schedules.md).
 
-Run from the repository root: `python docs/make_gallery.py` (needs `eqxopt[plot]`).
+Run from the repository root: `python docs/make_gallery.py` (needs matplotlib:
+`pip install ".[plot]"` in a checkout).
 """
 
 import pathlib

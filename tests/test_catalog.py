@@ -261,3 +261,68 @@ def test_step_counter_at_int32_max_stays_finite_and_saturated(case):
                 assert bool(jnp.all(jnp.isfinite(leaf))), jax.tree_util.keystr(path)
             elif counter_name(path) in SATURATING:
                 assert int(leaf) == INT32_MAX, jax.tree_util.keystr(path)
+
+
+def _after_a_nan_gradient(case, path):
+    """Parameters and state after two steps of `case` from `nested_tree()`, the first
+    with one NaN gradient element (in `['dense']['w']`, a block of its own in the
+    quantized cases), by `path`: `"update"` (`update` + `apply_updates`), `"step"`,
+    `"donated"` (`step(..., donate=True)`), each with the native kernels off, or
+    `"donated-native"` (on: the kernels run in donated steps)."""
+    eqxopt.set_native_kernels(path == "donated-native")
+    try:
+        opt = case.make()
+        params = jax.tree.map(jnp.copy, nested_tree())
+        state = opt.init(params)
+        for i in range(2):
+            grads = jax.grad(quadratic_loss)(params)
+            if i == 0:
+                grads["dense"]["w"] = grads["dense"]["w"].at[1, 2].set(jnp.nan)
+            extra = extra_for(case, quadratic_loss, params)
+            if path == "update":
+                updates, state = opt.update(grads, state, params, **extra)
+                params = eqxopt.apply_updates(params, updates)
+            else:
+                donate = path.startswith("donated")
+                params, state = opt.step(grads, state, params, donate=donate, **extra)
+        return params, state
+    finally:
+        eqxopt.set_native_kernels(True)
+
+
+@swept_params
+@pytest.mark.parametrize(
+    "path",
+    [
+        "update",
+        "donated",
+        pytest.param("donated-native", marks=pytest.mark.needs_compiler),
+    ],
+)
+def test_one_nan_gradient_element_every_path_agrees(case, path):
+    """Which parameters a NaN gradient element turns NaN, and the state it leaves,
+    do not depend on how the step is run: with or without donation, with the
+    native kernels or XLA's code, with float32 or quantized moments (where a value
+    that is not finite is stored as 0: `eqxopt.QuantizedArray`)."""
+    expected = _after_a_nan_gradient(case, "step")
+    got = _after_a_nan_gradient(case, path)
+    items = jax.tree.leaves_with_path(got)
+    assert jax.tree.structure(got) == jax.tree.structure(expected)
+    for (where, a), b in zip(items, jax.tree.leaves(expected)):
+        what = f"{path}: {'params' if where[0].idx == 0 else 'state'}"
+        what += jax.tree_util.keystr(where[1:])
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype, what
+        if not np.issubdtype(a.dtype, np.inexact):
+            np.testing.assert_array_equal(a, b, err_msg=what)
+            continue
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=what)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=what)
+
+    # And a quantized moment holds finite numbers only.
+    def is_quantized(x):
+        return isinstance(x, eqxopt.QuantizedArray)
+
+    for x in filter(is_quantized, jax.tree.leaves(got[1], is_leaf=is_quantized)):
+        assert np.all(np.isfinite(np.asarray(x.absmax))), path
+        assert np.all(np.isfinite(np.asarray(x.dequantize()))), path

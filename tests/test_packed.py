@@ -151,3 +151,101 @@ def test_a_new_pack_with_the_same_layout_reuses_the_compiled_step():
 def test_labels_must_be_hashable():
     with pytest.raises(TypeError, match=r"labels must be hashable, got \[1\]"):
         eqxopt.pack({"a": jnp.ones(2)}, labels={"a": [1]})
+
+
+@pytest.mark.parametrize(
+    "storage",
+    [None, eqxopt.Blockwise8bit(block_size=64, min_size=64)],
+    ids=["float32", "8bit"],
+)
+def test_moments_unpack_to_the_params_shaped_tree(storage, native):
+    # Int and bool leaves (no state there) and, with 8-bit moments, a quantized
+    # float32 buffer beside a bf16 one under `min_size` (kept in float32).
+    tree = mixed_tree()
+    tree["flag"] = jnp.array([True, False, True])
+    tree["big"] = jnp.linspace(-1.0, 1.0, 300)
+
+    def loss(t):
+        return sum(jnp.sum(jnp.sin(3 * x.astype(jnp.float32))) for x in floats(t))
+
+    def floats(t):
+        return [x for x in jax.tree.leaves(t) if jnp.issubdtype(x.dtype, jnp.floating)]
+
+    opt = eqxopt.AdamW(1e-2, mu_dtype=storage, nu_dtype=storage)
+    exact = eqxopt.AdamW(1e-2)
+    packed, tree_p = eqxopt.pack(tree), tree
+    state, tree_s = opt.init(packed), exact.init(tree)
+    for _ in range(3):
+        grads = eqx.filter_grad(lambda p: loss(p.unpack()))(packed)
+        packed, state = opt.step(grads, state, packed)
+        tree_p, tree_s = exact.step(eqx.filter_grad(loss)(tree_p), tree_s, tree_p)
+    quantized = [b for b in state.mu.buffers if isinstance(b, eqxopt.QuantizedArray)]
+    assert len(quantized) == (0 if storage is None else 1)
+    for got, want in ((state.mu.unpack(), tree_s.mu), (state.nu.unpack(), tree_s.nu)):
+        # None where the tree's state has None (the int and bool leaves).
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert a.shape == b.shape
+            if storage is None:
+                assert a.dtype == b.dtype
+                np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+            else:
+                # Read back in float32, within the 8-bit map's resolution.
+                assert a.dtype == jnp.float32
+                scale = float(jnp.max(jnp.abs(b.astype(jnp.float32))))
+                np.testing.assert_allclose(a, b.astype(jnp.float32), atol=scale / 20)
+    if storage is not None:
+        # The quantized buffer (all float32 leaves, in order) cut where they lie.
+        (buffer,) = quantized
+        unpacked = jax.tree.leaves(state.mu.unpack(), is_leaf=lambda x: x is None)
+        members = [
+            jnp.ravel(x)
+            for x, p in zip(unpacked, jax.tree.leaves(tree))
+            if p.dtype == jnp.float32
+        ]
+        np.testing.assert_array_equal(jnp.concatenate(members), buffer.dequantize())
+
+
+def test_pack_refuses_prng_keys_naming_the_leaf():
+    tree = {"w": jnp.ones(3), "noise": {"key": jax.random.key(0)}}
+    with pytest.raises(
+        TypeError,
+        match=r"^pack: tree\['noise'\]\['key'\] holds PRNG keys \(key<fry>\), which "
+        r"cannot go into a flat buffer; keep it out of the packed tree",
+    ):
+        eqxopt.pack(tree)
+    # Its raw data packs.
+    raw = {
+        "w": jnp.ones(3),
+        "noise": {"key": jax.random.key_data(tree["noise"]["key"])},
+    }
+    assert eqxopt.pack(raw).unpack()["noise"]["key"].dtype == jnp.uint32
+
+
+def test_labels_of_another_structure_say_where_they_part():
+    tree = {"w": jnp.ones(3), "b": jnp.ones(2)}
+    with pytest.raises(
+        ValueError,
+        match=r"^labels does not have the tree structure of tree: tree has \['b'\] "
+        r"that labels lacks; labels has \['c'\] that tree lacks",
+    ):
+        eqxopt.pack(tree, labels={"w": True, "c": False})
+    with pytest.raises(ValueError, match=r"^labels does not have the tree structure"):
+        eqxopt.pack(tree, labels=lambda t: [True, False])
+
+
+def test_labels_may_be_a_prefix_as_masks_are():
+    params = nested_tree()
+    prefix = {"scale": False, "dense": {"w": True, "b": False}, "layers": True}
+    full = jax.tree.map(lambda _: True, params)
+    full["scale"], full["dense"]["b"] = False, False
+    by_prefix = eqxopt.pack(params, labels=prefix)
+    assert by_prefix.layout == eqxopt.pack(params, labels=full).layout
+    assert by_prefix.labels().unpack() == full
+    # The labels serve as the mask the prefix is for AdamW on the tree.
+    grads = jax.tree.map(lambda x: 0.3 * x, params)
+    tree_opt = eqxopt.AdamW(0.1, weight_decay=0.5, mask=prefix)
+    expected = tree_opt.step(grads, tree_opt.init(params), params)[0]
+    opt = eqxopt.AdamW(0.1, weight_decay=0.5, mask=by_prefix.labels())
+    got = opt.step(eqxopt.pack(grads, labels=prefix), opt.init(by_prefix), by_prefix)
+    assert_trees_close(got[0].unpack(), expected, rtol=1e-6)

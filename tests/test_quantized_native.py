@@ -122,7 +122,8 @@ def test_native_codes_scales_and_updates_equal_xlas():
     # The moments moved: codes of every kind, not all zero.
     codes = np.asarray(state["native"][0]["a"].codes)
     assert len(np.unique(codes)) > 100
-    assert np.isnan(np.asarray(state["native"][1]["c"].absmax)).sum() == 1
+    # The NaN was stored as 0, and its block scaled by its finite values.
+    assert np.all(np.isfinite(np.asarray(state["native"][1]["c"].absmax)))
 
 
 @pytest.mark.needs_compiler

@@ -3,7 +3,8 @@ subprocess): each leaf split along its leading dimension into shards whose eleme
 count divides by the block size gets its `codes`/`absmax` split over the same mesh
 axis (no block straddles two shards), a compiled step holds no collective, and the
 numbers equal the single-device run's bit for bit (the leaves whose blocks are
-whole per shard; the others to one float32 rounding)."""
+whole per shard; the others to one float32 rounding), a NaN or infinite gradient
+element included."""
 
 import textwrap
 
@@ -27,11 +28,17 @@ SCRIPT = textwrap.dedent(
               for k, s in shapes.items()}
     grads = [{k: jnp.asarray(rng.normal(size=s), jnp.float32)
               for k, s in shapes.items()} for _ in range(5)]
+    # A NaN and an infinity among the gradients: stored as 0 on every path, so the
+    # sharded run still equals the single-device one, and only their own
+    # parameters turn NaN.
+    grads[1]["w"] = grads[1]["w"].at[3, 5].set(jnp.nan)
+    grads[2]["e"] = grads[2]["e"].at[70, 1].set(jnp.inf)
     sh = {k: NamedSharding(mesh, P("fsdp") if split[k] else P()) for k in shapes}
     row = NamedSharding(mesh, P("fsdp"))
 
     for storage in (eqxopt.Blockwise8bit(min_size=1024),
-                    eqxopt.Blockwise4bit(min_size=1024)):
+                    eqxopt.Blockwise4bit(min_size=1024),
+                    eqxopt.BlockwiseFp8(min_size=1024)):
         opt = eqxopt.AdamW(1e-2, mu_dtype=storage, nu_dtype=storage)
 
         def train(params, grads, donate):
@@ -70,6 +77,10 @@ SCRIPT = textwrap.dedent(
             q, q1 = out_state.mu[k], single_state.mu[k]
             np.testing.assert_array_equal(np.asarray(q.codes), np.asarray(q1.codes))
             assert q.codes.sharding.is_equivalent_to(row, 2), q.codes.sharding
+            for moment in (q, out_state.nu[k]):
+                assert np.all(np.isfinite(np.asarray(moment.absmax))), k
+        assert [int(np.isnan(np.asarray(out[k])).sum()) for k in shapes] == [
+            1, 1, 0, 0], type(storage).__name__
         print("ok", type(storage).__name__)
     print("QUANTIZED-SHARDED-OK")
     """

@@ -1,6 +1,7 @@
-"""User-facing text (README, benchmark notes, docstrings) speaks of the library, not of
-how the project is run: every issue or PR number it cites belongs to a named project
-(optax, equinox, ...), and no internal task names appear."""
+"""User-facing text (README, benchmark notes, docs, docstrings) speaks of the library,
+not of how the project is run: every issue or PR number it cites belongs to a named
+project (optax, equinox, ...), no internal task names appear, and no sentence tells
+the story of its development ("this stop", "the stop before")."""
 
 import inspect
 import pathlib
@@ -14,10 +15,17 @@ ROOT = pathlib.Path(__file__).parent.parent
 _PROJECTS = ("optax", "equinox", "jax", "torch", "pytorch", "flax")
 _CITATION = re.compile(r"(\w+)\s+(?:issues?|PRs?)\s+#?\d+", re.I)
 _INTERNAL = re.compile(r"\bseed[\s-]+0\d\d\b|\bissue\s+\d+\b", re.I)
+# A "stop" is a stretch of development work: a reader of the docs has none.
+_NARRATIVE = re.compile(
+    r"\b(?:this|that|the|last|previous|later|earlier|an earlier)\s+stop(?:'s)?\b"
+    r"|\bstops?\s+before\b",
+    re.I,
+)
 
 
 def _texts() -> list[tuple[str, str]]:
-    files = [ROOT / "README.md", ROOT / "benchmarks" / "README.md"]
+    files = [ROOT / name for name in ("README.md", "CHANGELOG.md", "ARCHITECTURE.md")]
+    files.append(ROOT / "benchmarks" / "README.md")
     files += sorted((ROOT / "docs").glob("**/*.md"))
     texts = [(str(f.relative_to(ROOT)), f.read_text()) for f in files if f.exists()]
     for name in dir(eqxopt):
@@ -38,3 +46,12 @@ def test_no_internal_issue_or_task_names(where, text):
         assert owner is not None and owner.group(1).lower() in _PROJECTS, (
             f"{where}: {text[max(0, match.start() - 40) : match.end() + 20]!r}"
         )
+
+
+@pytest.mark.parametrize(("where", "text"), _texts(), ids=lambda x: x[:40])
+def test_no_development_narrative(where, text):
+    found = [
+        text[max(0, match.start() - 40) : match.end() + 20]
+        for match in _NARRATIVE.finditer(text)
+    ]
+    assert found == [], where

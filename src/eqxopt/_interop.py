@@ -113,5 +113,20 @@ def from_optax(tx: Any) -> FromOptax:
     **Arguments:**
 
     - `tx`: an `optax.GradientTransformation`.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import optax
+    import eqxopt
+
+    opt = eqxopt.Chain(eqxopt.from_optax(optax.clip(1.0)), eqxopt.SGD(0.1))
+    params = {"w": jnp.zeros(2)}
+    grads = {"w": jnp.array([5.0, -0.5])}
+    state = opt.init(params)
+    params, state = opt.step(grads, state, params)
+    assert jnp.allclose(params["w"], jnp.array([-0.1, 0.05]))  # clipped to [-1, 1]
+    ```
     """
     return FromOptax(tx)

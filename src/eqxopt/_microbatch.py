@@ -38,6 +38,28 @@ def microbatch(
       first axis.
 
     **Returns:** a function with `fn`'s arguments and result.
+
+    **Example:**
+
+    ```python
+    import jax
+    import jax.numpy as jnp
+    import eqxopt
+
+
+    def loss(w, x, y):
+        return jnp.mean((x @ w - y) ** 2)
+
+
+    w = jnp.ones(3)
+    x = jax.random.normal(jax.random.key(0), (8, 3))
+    y = jnp.arange(8.0)
+    value, grad = jax.value_and_grad(loss)(w, x, y)
+    # the same, as 4 microbatches of 2 rows: x and y (arguments 1 and 2) are split
+    in_four = eqxopt.microbatch(jax.value_and_grad(loss), 4, batch_argnums=(1, 2))
+    value4, grad4 = in_four(w, x, y)
+    assert jnp.allclose(value, value4) and jnp.allclose(grad, grad4, atol=1e-6)
+    ```
     """
     if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int):
         raise TypeError(

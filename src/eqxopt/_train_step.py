@@ -95,13 +95,6 @@ def make_train_step(
     donate=True)`, in one `jit` that donates the model and the state, so the
     optimizer writes them in place.
 
-    ```python
-    train_step = eqxopt.make_train_step(loss_fn, opt)
-    state = opt.init(model)
-    for x, y in batches:
-        model, state, loss = train_step(model, state, x, y)
-    ```
-
     The optimizer's arrays (learning rate, schedule values, ...) are arguments of
     the compiled program, never constants: `train_step(model, state, x, y,
     opt=new_opt)` with an optimizer of the same structure and other values, or a
@@ -127,6 +120,34 @@ def make_train_step(
     **Returns:** a `TrainStep`: call it as `step(model, state, *batch, opt=None)`.
     The model and state passed in are donated (their buffers are reused for the
     results): use the ones it returns.
+
+    **Example:**
+
+    ```python
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import eqxopt
+
+    model = eqx.nn.MLP(2, 1, width_size=16, depth=1, key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (32, 2))
+    y = x.sum(axis=1, keepdims=True)
+
+
+    def loss_fn(model, x, y):
+        return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+
+    opt = eqxopt.AdamW(1e-2)
+    train_step = eqxopt.make_train_step(loss_fn, opt)
+    state = opt.init(model)
+    first = loss_fn(model, x, y)
+    for _ in range(50):
+        model, state, loss = train_step(model, state, x, y)  # use the returned ones
+    assert loss < first
+    # another learning rate, the same compiled step
+    model, state, loss = train_step(model, state, x, y, opt=eqxopt.AdamW(1e-3))
+    ```
     """
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")

@@ -221,13 +221,13 @@ def native_kernels_available() -> bool:
 
 
 _reported: set[tuple[int, str]] = set()
-# While `explain_native` traces a step: per leaf the engine runs, `(rule name, the
+# While `explain_kernels` traces a step: per leaf the engine runs, `(rule name, the
 # parameter (a tracer), None or why XLA's code runs it)`.
 recording: list[list[tuple[str, Any, str | None]]] = []
 
 
 def report(rule: Callable[..., Any], p: Any, why: str | None) -> None:
-    """Tells `explain_native` (while it records) how the engine ran the leaf of
+    """Tells `explain_kernels` (while it records) how the engine ran the leaf of
     parameter `p` for a rule: on the backend's kernels (`why` is `None`) or XLA's
     code, and why; a rule the kernels cannot run is logged too, once per rule and
     reason (logger `"eqxopt"`, level DEBUG)."""

@@ -1,4 +1,4 @@
-"""`explain_native`: which leaves of a step the native CPU kernels run, and why the
+"""`explain_kernels`: which leaves of a step the native CPU kernels run, and why the
 others run XLA's code."""
 
 from typing import Any
@@ -11,7 +11,7 @@ from ._base import AbstractTransform, Params
 from ._tree import leaf_paths
 
 
-def explain_native(opt: AbstractTransform, params: Params, **extra: Any) -> str:
+def explain_kernels(opt: AbstractTransform, params: Params, **extra: Any) -> str:
     """Says, leaf by leaf, whether a donated `opt.step` on `params` runs the native
     CPU kernels or XLA's code, and why (a rule that uses an operation the kernels
     do not translate, a leaf that is not float32, a rule that reads whole leaves,
@@ -36,7 +36,7 @@ def explain_native(opt: AbstractTransform, params: Params, **extra: Any) -> str:
     import eqxopt.extend
 
     params = {"w": jnp.zeros((3, 4)), "h": jnp.zeros(4, jnp.bfloat16)}
-    print(eqxopt.extend.explain_native(eqxopt.AdamW(1e-3), params))
+    print(eqxopt.extend.explain_kernels(eqxopt.AdamW(1e-3), params))
     ```
     """
     backend = _backend.registered()

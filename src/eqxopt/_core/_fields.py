@@ -89,8 +89,10 @@ class _DType(NamedConverter):
                 return value
             raise TypeError(
                 f"{self.name} takes a float dtype or None, not a quantized storage "
-                f"({type(value).__name__}): this state is not stored through the "
-                "per-leaf engine"
+                f"({type(value).__name__}): block-wise storage holds a moment kept "
+                "element by element for each parameter (AdamW's mu_dtype and "
+                "nu_dtype, Lion's mu_dtype, SGD's velocity_dtype, ...), and this "
+                "state is not one"
             )
         return float_dtype_or_none(self.name, value)
 
@@ -168,14 +170,17 @@ def mask_field(default: Any = None, *, kw_only: bool = True) -> Any:
     return eqx.field(default=default, converter=_Mask(), static=True, kw_only=kw_only)
 
 
-def dtype_field(*, kw_only: bool = True, storage: bool = True) -> Any:
+def dtype_field(*, kw_only: bool = True, storage: bool = False) -> Any:
     """A float dtype to store a piece of state in, or `None` (each parameter's).
 
-    With `storage=True` (a moment that `map_leaves` loads and stores, created by
-    `float_leaves_like`) it may also be a block-wise quantized storage such as
-    `Blockwise8bit()`; otherwise that is a `TypeError` naming the field. Floats of
-    under 16 bits (`float8_*`, `float4_*`) are a `ValueError`: without a scale
-    they round small moments to 0."""
+    Declare `storage=True` for a moment that `map_leaves` loads and stores (created
+    by `float_leaves_like`): then it may also be a block-wise quantized storage
+    such as `Blockwise8bit()`. Everywhere else (state kept in a form of its own:
+    projected, factored, an iterate) a storage is refused at construction, a
+    `TypeError` naming the field, rather than failing inside `init` or a step; so
+    a new optimizer takes a storage only where it says so. Floats of under 16 bits
+    (`float8_*`, `float4_*`) are a `ValueError`: without a scale they round small
+    moments to 0."""
     converter = _DType(storage)
     return eqx.field(default=None, converter=converter, static=True, kw_only=kw_only)
 

@@ -2,7 +2,7 @@
 the oldest JAX that eqxopt supports (`jax>=0.4.38` in pyproject.toml) and the newest
 it is tested on (0.10.x), one place that picks the spelling this JAX has. Only public
 APIs live here: the core uses no JAX internals. (The native CPU backend fences the
-internals it needs in `eqxopt/_native/_compat.py`.)"""
+internals it needs in a compatibility module of its own.)"""
 
 import functools
 import itertools

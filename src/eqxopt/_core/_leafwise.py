@@ -196,7 +196,8 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
     - `state_type`: its state module, with a `step` field and one field per moment;
     - `moments`: the names of the moment fields, in the order `leaf` takes them;
       each is stored in the dtype of the field `<name>_dtype` if there is one (else
-      each parameter's dtype);
+      each parameter's dtype), declared `dtype_field(storage=True)` to take a
+      block-wise storage too;
     - `nonnegative_moments` (optional): the moments that are never negative,
       which a quantized storage then keeps in its unsigned map;
     - `elementwise`: whether `leaf` treats every element on its own (no reductions

@@ -27,6 +27,8 @@ from jaxtyping import PyTree
 from . import _backend
 from ._dispatch import static_key
 from ._jax_api import split
+from ._storage import is_quantized
+from ._structure import is_none, structure_mismatch
 
 # One leaf of the original tree: ("array", buffer index, shape, dtype) or
 # ("static", key) for anything that is not an array (kept as it is in the key, which
@@ -69,14 +71,29 @@ class Packed(eqx.Module):
 
     def unpack(self) -> PyTree:
         """The tree this was packed from (leaves in their shapes and dtypes). Inside
-        `jax.grad`, the gradient with respect to the `Packed` comes back packed."""
-        pieces = [_split(b, self.layout.members(k)) for k, b in enumerate(self.buffers)]
+        `jax.grad`, the gradient with respect to the `Packed` comes back packed.
+
+        For a moment of the state (`state.mu`), each leaf's values: `None` at the
+        leaves that have no state (int and bool arrays, as `opt.init` of the tree
+        gives), and a block-wise quantized buffer (`Blockwise8bit()`, ...) read
+        back in float32."""
+        pieces = [self._leaves_of(k, b) for k, b in enumerate(self.buffers)]
         iterators = [iter(p) for p in pieces]
         leaves = [
             next(iterators[slot[1]]) if slot[0] == "array" else slot[1].obj
             for slot in self.layout.slots
         ]
         return jax.tree.unflatten(self.layout.treedef, leaves)
+
+    def _leaves_of(self, index: int, buffer: Any) -> list[Any]:
+        # A moment's buffers are stored as the optimizer keeps that moment; what is
+        # no array (None, the labels of `labels()`) stands for each of its leaves.
+        shapes = self.layout.members(index)
+        if is_quantized(buffer):
+            buffer = buffer.dequantize()
+        if not _is_array(buffer):
+            return [buffer] * len(shapes)
+        return _split(buffer, shapes)
 
     def labels(self) -> "Packed":
         """A `Packed` with the same structure whose buffers are replaced by their
@@ -111,6 +128,24 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
 
 
+def _labels_of_prefix(label_tree: PyTree, tree: PyTree) -> list[Any]:
+    # As a mask: a label covers the whole subtree below it.
+    prefix, label_def = jax.tree.flatten(label_tree, is_leaf=is_none)
+    try:
+        subtrees = label_def.flatten_up_to(tree)
+    except (ValueError, TypeError):
+        raise structure_mismatch(label_tree, "labels", tree, "tree") from None
+    return [
+        label
+        for label, subtree in zip(prefix, subtrees)
+        for _ in jax.tree.leaves(subtree)
+    ]
+
+
+def _is_key(x: Any) -> bool:
+    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
 def pack(tree: PyTree, labels: PyTree | Callable | None = None) -> Packed:
     """Packs the arrays of `tree` into one flat buffer per dtype (and per label).
 
@@ -118,26 +153,62 @@ def pack(tree: PyTree, labels: PyTree | Callable | None = None) -> Packed:
 
     - `tree`: any pytree (an Equinox model included); its non-array leaves
       (activation functions, ...) are kept as they are, outside the buffers.
-    - `labels`: optional: a tree with the structure of `tree` (or a function of
-      `tree` returning one) holding a hashable label per array leaf, such as a bool
-      for "gets weight decay"; leaves with different labels go to different buffers,
-      and `Packed.labels()` gives the labels back in the packed structure.
+    - `labels`: optional: a tree with the structure of `tree` or a prefix of it (a
+      label covers the whole subtree below it, as in a mask), or a function of
+      `tree` returning one, holding hashable labels, such as a bool for "gets
+      weight decay"; leaves with different labels go to different buffers, and
+      `Packed.labels()` gives the labels back in the packed structure. A tree of
+      another structure is a `ValueError` saying where the two part.
+
+    Arrays of PRNG keys (`jax.random.key`) have no flat numeric form: a tree
+    holding one is a `TypeError` naming the leaf.
 
     **Returns:** a `Packed`; `pack(tree).unpack()` equals `tree`.
+
+    **Example:**
+
+    ```python
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import eqxopt
+
+    model = eqx.nn.MLP(2, 1, width_size=8, depth=2, key=jax.random.key(0))
+    packed = eqxopt.pack(model)
+    assert len(jax.tree.leaves(packed)) == 1  # six float32 arrays in one buffer
+    opt = eqxopt.Adam(1e-3)
+    state = opt.init(packed)  # packed moments too
+    grads = jax.grad(lambda p: jnp.sum(p.unpack()(jnp.ones(2)) ** 2))(packed)
+    packed, state = opt.step(grads, state, packed)
+    model = packed.unpack()  # the model again
+    ```
     """
-    leaves, treedef = jax.tree.flatten(tree)
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
     if labels is None:
-        label_leaves: list[Hashable] = [None] * len(leaves)
+        label_leaves: list[Hashable] = [None] * len(with_paths)
     else:
         label_tree = labels(tree) if callable(labels) else labels
-        label_leaves = treedef.flatten_up_to(label_tree)
+        try:  # a label at each leaf (whatever it is: it must hash, below)
+            label_leaves = treedef.flatten_up_to(label_tree)
+        except (ValueError, TypeError):
+            label_leaves = _labels_of_prefix(label_tree, tree)
     keys: list[tuple] = []
     grouped: list[list[Any]] = []
     slots: list[_Slot] = []
-    for leaf, label in zip(leaves, label_leaves):
+    for (path, leaf), label in zip(with_paths, label_leaves):
         if not _is_array(leaf):
             slots.append(("static", static_key(leaf)))
             continue
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
+            # Typed PRNG keys (and other extended dtypes) have no flat form that a
+            # buffer of numbers could hold.
+            what = "PRNG keys" if _is_key(leaf) else "an extended dtype"
+            raise TypeError(
+                f"pack: tree{jax.tree_util.keystr(path)} holds {what} "
+                f"({leaf.dtype}), which cannot go into a flat buffer; keep it out "
+                "of the packed tree (eqx.partition), or pack its raw data "
+                "(jax.random.key_data for keys)"
+            )
         try:
             hash(label)
         except TypeError:

@@ -214,12 +214,17 @@ class QuantizedArray(eqx.Module):
 
     (fp8: $x_i = \\text{float}(\\text{code}_i) \\cdot \\text{absmax}_b$, where
     `absmax` holds the block's absmax over 448). 4-bit codes are packed two to a
-    byte, the first in the high nibble.
+    byte, the first in the high nibble. A value that is not finite (NaN, an
+    infinity) is stored as 0 and left out of its block's scale (`quantize` says
+    why). fp8 codes are held as the `uint8` bit
+    patterns of their `float8_e4m3fn` values, so that every checkpoint format
+    stores them as they are (NumPy's `.npy`, which `eqx.tree_serialise_leaves`
+    writes, has no float8 type and reads one back as raw bytes).
 
     **Arguments:**
 
-    - `codes`: `uint8` `(n_blocks, block_size)` (4-bit: `block_size // 2`), or
-      `float8_e4m3fn` `(n_blocks, block_size)` for fp8.
+    - `codes`: `uint8` `(n_blocks, block_size)` (4-bit: `block_size // 2`; fp8:
+      the bits of `float8_e4m3fn` values).
     - `absmax`: float32 `(n_blocks,)`: each block's scale.
     - `shape`: the leaf's shape (static).
     - `dtype`: the dtype the values are read in (float32; static).
@@ -246,11 +251,13 @@ class QuantizedArray(eqx.Module):
         """The stored values, as a float32 array of `shape`."""
         codes = self.codes
         if self.map_name == "fp8_e4m3fn":
-            values = codes.astype(jnp.float32)
+            values = _from_fp8_bits(codes).astype(jnp.float32)
         else:
             if self.block_size != codes.shape[-1]:  # 4-bit: unpack
                 codes = jnp.stack([codes >> 4, codes & 0xF], axis=-1)
-                codes = codes.reshape(codes.shape[0], -1)
+                # The width spelled out: a leaf of no elements has no blocks, and
+                # `-1` cannot be inferred next to a dimension of 0.
+                codes = codes.reshape(codes.shape[0], self.block_size)
             values = jnp.asarray(code_map(self.map_name))[codes.astype(jnp.int32)]
         values = values * self.absmax[:, None]
         return values.reshape(-1)[: self.size].reshape(self.shape)
@@ -260,13 +267,36 @@ class QuantizedArray(eqx.Module):
         return quantize(x, self.map_name, self.block_size)
 
 
+def _to_fp8_bits(codes: Array) -> Array:
+    return jax.lax.bitcast_convert_type(codes, jnp.uint8)
+
+
+def _from_fp8_bits(codes: Array) -> Array:
+    return jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
+
+
 def quantize(x: Array, map_name: str, block_size: int) -> QuantizedArray:
-    """`x` stored block-wise in the map `map_name` (see `QuantizedArray`)."""
+    """`x` stored block-wise in the map `map_name` (see `QuantizedArray`); a value
+    that is not finite is stored as 0 and left out of its block's scale."""
     blocks = _blocks(x.astype(jnp.float32), block_size)
+    # A NaN or infinity (from one bad gradient element) has no code in a map, and
+    # as its block's absmax it would make every element of the block read back NaN.
+    # torchao does that (bitsandbytes too): after one NaN gradient element, the
+    # next step turns the whole block NaN, 256 parameters (4-bit: 128) picked by
+    # the storage's layout, not by the model. What a user needs after a NaN
+    # gradient is to see it where it happened, and to keep what it did not touch:
+    # so it is stored as 0 here, and the block is scaled by its finite values.
+    # The parameter it reached is NaN already (a step forms its update from the
+    # new moment, in float32, before storing it), so the same parameters turn NaN
+    # as with float32 moments, whatever the block size, map or sharding, and the
+    # rest of the block keeps its values and resolution; the native kernel does
+    # the same (`_kernels/quantized.cc`, `Scale`). A quantized moment so only ever
+    # holds finite numbers.
+    blocks = jnp.where(jnp.isfinite(blocks), blocks, 0.0)
     absmax = jnp.maximum(jnp.max(jnp.abs(blocks), axis=-1), _TINY_SCALE)
     if map_name == "fp8_e4m3fn":
         scale = absmax / float(jnp.finfo(jnp.float8_e4m3fn).max)
-        codes = (blocks / scale[:, None]).astype(jnp.float8_e4m3fn)
+        codes = _to_fp8_bits((blocks / scale[:, None]).astype(jnp.float8_e4m3fn))
         return QuantizedArray(codes, scale, tuple(x.shape), jnp.float32, map_name)
     # The reciprocal, as XLA rewrites `blocks / absmax` anyway: one rounding more
     # than torch's division, spelled out so that the native kernel does the same.
@@ -284,8 +314,7 @@ def _zeros(shape: tuple[int, ...], map_name: str, block_size: int) -> QuantizedA
     size = int(np.prod(shape, dtype=np.int64))
     n_blocks = -(-size // block_size)
     width = block_size // 2 if map_name in _PACKED else block_size
-    dtype = jnp.float8_e4m3fn if map_name == "fp8_e4m3fn" else jnp.uint8
-    codes = jnp.zeros((n_blocks, width), dtype)
+    codes = jnp.zeros((n_blocks, width), jnp.uint8)  # fp8's bits of 0.0 too
     absmax = jnp.zeros((n_blocks,), jnp.float32)
     return QuantizedArray(codes, absmax, shape, jnp.float32, map_name)
 
@@ -380,11 +409,6 @@ class Blockwise8bit(AbstractStateStorage):
     element is at most $s_b$ times half the largest gap of the map ($s_b / 142$
     signed, $s_b / 284$ unsigned).
 
-    ```python
-    opt = eqxopt.AdamW(1e-3, mu_dtype=eqxopt.Blockwise8bit(),
-                       nu_dtype=eqxopt.Blockwise8bit())
-    ```
-
     **Arguments:**
 
     - `block_size`: elements per block (torchao's and bitsandbytes' 256 by
@@ -392,6 +416,24 @@ class Blockwise8bit(AbstractStateStorage):
       is not a multiple of the block in full precision instead).
     - `min_size`: leaves with fewer elements stay float32 (4096, as bitsandbytes
       and torchao: small leaves cost little and their scales would cost more).
+
+    **Example:**
+
+    ```python
+    import jax
+    import jax.numpy as jnp
+    import eqxopt
+
+    params = {"w": jax.random.normal(jax.random.key(0), (64, 128)), "b": jnp.zeros(128)}
+    opt = eqxopt.AdamW(
+        1e-3, mu_dtype=eqxopt.Blockwise8bit(), nu_dtype=eqxopt.Blockwise8bit()
+    )
+    state = opt.init(params)
+    assert isinstance(state.mu["w"], eqxopt.QuantizedArray)  # 8192 elements: 8-bit
+    assert state.mu["b"].dtype == jnp.float32  # under min_size: stays float32
+    grads = jax.tree.map(jnp.ones_like, params)
+    params, state = opt.step(grads, state, params)
+    ```
     """
 
     block_size: int = eqx.field(default=256, static=True)

@@ -129,9 +129,11 @@ def stored_dtype(dtype: Any, param_dtype: Any) -> Any:
     if dtype is None:
         return jnp.dtype(param_dtype)
     if isinstance(dtype, AbstractStateStorage):
+        # Options that take a storage say so (`dtype_field(storage=True)`), and
+        # store it with `float_leaves_like`; every other option refuses it.
         raise TypeError(
-            f"{type(dtype).__name__} storage is for moments the per-leaf engine "
-            "stores (float_leaves_like and map_leaves), not for this state"
+            f"{type(dtype).__name__}() is a block-wise storage for an optimizer's "
+            "element-wise moments, not a dtype for this state"
         )
     if jnp.issubdtype(param_dtype, jnp.complexfloating) and jnp.issubdtype(
         dtype, jnp.floating

@@ -128,13 +128,6 @@ def shard_state(
     `axis`), and each step adds one all-gather of the new parameters (each device
     computes its slice of every update).
 
-    ```python
-    mesh = jax.make_mesh((8,), ("data",))
-    params = jax.device_put(params, NamedSharding(mesh, P()))  # replicated
-    state = eqxopt.shard_state(opt.init(params), mesh, "data")
-    params, state = opt.step(grads, state, params, donate=True)
-    ```
-
     To avoid building the state replicated first, create it sharded:
     `jax.jit(lambda p: opt.init(p), out_shardings=eqxopt.state_shardings(...))` (see
     `state_shardings`).
@@ -148,6 +141,24 @@ def shard_state(
     **Returns:** the state, placed (a copy; `state` itself is unchanged).
 
     **Raises:** as `state_shardings`.
+
+    **Example:**
+
+    ```python
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import eqxopt
+
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))  # every device
+    params = {"w": jnp.ones((8 * jax.device_count(), 4))}
+    params = jax.device_put(params, NamedSharding(mesh, P()))  # replicated
+    opt = eqxopt.Adam(1e-3)
+    state = eqxopt.shard_state(opt.init(params), mesh, "data")  # the moments split
+    grads = jax.tree.map(jnp.ones_like, params)
+    params, state = opt.step(grads, state, params)
+    assert params["w"].sharding.is_fully_replicated  # the parameters stay replicated
+    ```
     """
     names, size = _axes(mesh, axis)
     leaves, treedef = jax.tree.flatten(state)

@@ -155,13 +155,15 @@ class ExponentialDecay(AbstractSchedule):
 
 
 class CosineDecay(AbstractSchedule):
-    """Half-cosine decay from `init_value` to `alpha * init_value` over `decay_steps`.
+    r"""Half-cosine decay from `init_value` to `alpha * init_value` over `decay_steps`.
 
-    ```
-    c = min(s, decay_steps)
-    k = 0.5 * (1 + cos(pi * c / decay_steps))
-    f(s) = init_value * ((1 - alpha) * k ** exponent + alpha)
-    ```
+    With $D$ = `decay_steps`:
+
+    $$
+    c = \min(s, D), \qquad k = \tfrac{1}{2} \left(1 + \cos \frac{\pi c}{D}\right),
+    \qquad f(s) = \mathrm{init\_value} \cdot
+        \left((1 - \alpha)\, k^{\mathrm{exponent}} + \alpha\right)
+    $$
 
     Equal to `optax.cosine_decay_schedule` (which returns `inf` at the end for an
     `exponent <= 0`; rejected here); torch's `CosineAnnealingLR` (without
@@ -174,6 +176,17 @@ class CosineDecay(AbstractSchedule):
     - `decay_steps`: the step at which the floor is reached, `>= 1`.
     - `alpha`: the floor as a fraction of `init_value`, `>= 0`.
     - `exponent`: power applied to the cosine factor, `> 0`.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxopt
+
+    schedule = eqxopt.CosineDecay(init_value=1.0, decay_steps=100, alpha=0.1)
+    values = schedule(jnp.array([0, 50, 100, 150]))
+    assert jnp.allclose(values, jnp.array([1.0, 0.55, 0.1, 0.1]))
+    ```
     """
 
     init_value: Value = value_field()

@@ -28,15 +28,18 @@ from ._common import (
 
 
 class WarmupCosine(AbstractSchedule):
-    """Linear warmup from 0 to `peak_lr`, then a half cosine down to `min_lr`.
+    r"""Linear warmup from 0 to `peak_lr`, then a half cosine down to `min_lr`.
 
-    With `W = warmup_steps`, `S = total_steps`:
+    With $W$ = `warmup_steps`, $S$ = `total_steps` and
+    $p = \min\left(\frac{s - W}{S - W}, 1\right)$:
 
-    ```
-    f(s) = peak_lr * s / W                                           for s < W
-    f(s) = min_lr + (peak_lr - min_lr) / 2 * (1 + cos(pi * p))       for s >= W
-           where p = min((s - W) / (S - W), 1)
-    ```
+    $$
+    f(s) = \begin{cases}
+    \mathrm{peak\_lr} \cdot s / W & s < W \\
+    \mathrm{min\_lr} + \frac{1}{2} (\mathrm{peak\_lr} - \mathrm{min\_lr})
+        \left(1 + \cos(\pi p)\right) & s \ge W
+    \end{cases}
+    $$
 
     Equal to `optax.warmup_cosine_decay_schedule(0.0, peak_lr, W, S, min_lr)`, but
     all four values are array fields: changing any of them does not recompile, and
@@ -50,6 +53,20 @@ class WarmupCosine(AbstractSchedule):
     - `min_lr`: the floor after `total_steps`, `0 <= min_lr <= peak_lr`.
     - `warmup_steps`: length of the linear ramp, `>= 0`.
     - `total_steps`: the step at which the floor is reached, `> warmup_steps`.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxopt
+
+    schedule = eqxopt.WarmupCosine(
+        peak_lr=1.0, min_lr=0.1, warmup_steps=10, total_steps=110
+    )
+    values = schedule(jnp.array([0, 5, 10, 60, 110, 200]))
+    assert jnp.allclose(values, jnp.array([0.0, 0.5, 1.0, 0.55, 0.1, 0.1]))
+    opt = eqxopt.AdamW(learning_rate=schedule)  # read at state.step at every step
+    ```
     """
 
     # Numbers only, as every schedule's values (`_common`).
@@ -196,20 +213,24 @@ def _decay_steps(decay_steps: Any, decay_fraction: Any, total_steps: Array) -> A
 
 
 class WarmupStableDecay(AbstractWarmup):
-    """Warmup-stable-decay ("WSD", trapezoidal): a linear warmup, a constant plateau
+    r"""Warmup-stable-decay ("WSD", trapezoidal): a linear warmup, a constant plateau
     at `peak_value`, then a decay to `end_value` over the last `decay_steps` of
     `total_steps`, held afterwards.
 
-    With `W = warmup_steps`, `T = total_steps`, `D = decay_steps`, `p = clip((s - (T -
-    D)) / D, 0, 1)`:
+    With $W$ = `warmup_steps`, $T$ = `total_steps`, $D$ = `decay_steps`,
+    $p = \operatorname{clip}\left(\frac{s - (T - D)}{D}, 0, 1\right)$, and `init`,
+    `peak`, `end` for `init_value`, `peak_value`, `end_value`:
 
-    ```
-    f(s) = init_value + (peak_value - init_value) * s / W      for s < W
-    f(s) = end_value + (peak_value - end_value) * shape(p)      otherwise
-    shape(p) = 1 - p                    ("linear")
-             = (1 + cos(pi * p)) / 2    ("cosine")
-             = 1 - sqrt(p)              ("1-sqrt", Hägele et al. 2024)
-    ```
+    $$
+    \begin{aligned}
+    f(s) &= \mathrm{init} + (\mathrm{peak} - \mathrm{init}) \, s / W && s < W \\
+    f(s) &= \mathrm{end} + (\mathrm{peak} - \mathrm{end}) \operatorname{shape}(p)
+        && \text{otherwise} \\
+    \operatorname{shape}(p) &= 1 - p && \text{("linear")} \\
+    \operatorname{shape}(p) &= \tfrac{1}{2} (1 + \cos \pi p) && \text{("cosine")} \\
+    \operatorname{shape}(p) &= 1 - \sqrt{p} && \text{("1-sqrt", Hägele et al. 2024)}
+    \end{aligned}
+    $$
 
     Neither optax nor torch has it as one object (it is a `Join` of a warmup, a
     constant and a decay; the tests check it against that join and a NumPy formula).
@@ -226,6 +247,19 @@ class WarmupStableDecay(AbstractWarmup):
     - `init_value`: the value at step 0, `>= 0`.
     - `end_value`: the floor, `>= 0`.
     - `decay_shape`: `"linear"`, `"cosine"` or `"1-sqrt"` (static).
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxopt
+
+    schedule = eqxopt.WarmupStableDecay(
+        peak_value=1.0, warmup_steps=10, total_steps=100, decay_steps=20
+    )
+    values = schedule(jnp.array([0, 5, 10, 50, 80, 90, 100]))
+    assert jnp.allclose(values, jnp.array([0.0, 0.5, 1.0, 1.0, 1.0, 0.5, 0.0]))
+    ```
     """
 
     total_steps: Int[Array, ""]

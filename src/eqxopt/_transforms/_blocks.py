@@ -96,9 +96,9 @@ class ScaleByAdam(AbstractBlock):
     )
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
     eps_root: ScalarOrSchedule = hyper(0.0, low=0.0)
-    mu_dtype: DTypeLike = dtype_field(kw_only=False)
+    mu_dtype: DTypeLike = dtype_field(storage=True, kw_only=False)
     nesterov: bool = flag_field(False)
-    nu_dtype: DTypeLike = dtype_field()
+    nu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = ScaleByAdamState
     moments = ("mu", "nu")
@@ -175,7 +175,7 @@ class ScaleByRms(AbstractBlock):
     initial_scale: float = checked_field(_initial_scale, 0.0, static=True)
     eps_in_sqrt: bool = flag_field(True, kw_only=False)
     bias_correction: bool = flag_field(False, kw_only=False)
-    nu_dtype: DTypeLike = dtype_field()
+    nu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = ScaleByRmsState
     moments = ("nu",)
@@ -311,7 +311,7 @@ class Trace(AbstractBlock):
 
     decay: ScalarOrSchedule = hyper(low=0.0, high=1.0)
     nesterov: bool = flag_field(False, kw_only=False)
-    trace_dtype: DTypeLike = dtype_field()
+    trace_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = TraceState
     moments = ("trace",)

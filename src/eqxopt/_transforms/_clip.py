@@ -168,13 +168,15 @@ class GlobalNormState(eqx.Module):
 
 
 class ClipByGlobalNorm(AbstractTransform):
-    """Scales all gradients together so their global norm is at most `max_norm`:
+    r"""Scales all gradients together so their global norm is at most `max_norm`:
 
-    ```
-    n = sqrt(sum over leaves of sum(g**2))
-    u = g                    if n < max_norm
-    u = (g / n) * max_norm   otherwise
-    ```
+    $$
+    n = \sqrt{\textstyle\sum_\text{leaves} \sum g^2}, \qquad
+    u = \begin{cases}
+    g & n < \mathrm{max\_norm} \\
+    (g / n) \cdot \mathrm{max\_norm} & \text{otherwise}
+    \end{cases}
+    $$
 
     The same as `optax.clip_by_global_norm` and `torch.nn.utils.clip_grad_norm_`
     (torch divides by `n + 1e-6`), except that all-zero gradients give zeros and
@@ -190,6 +192,19 @@ class ClipByGlobalNorm(AbstractTransform):
       norm of the whole model, each leaf summed over the named axes it is split
       over (and counted once where replicated), so every device clips alike, as
       the unsharded run. `None` (default): this device's gradients only.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxopt
+
+    clip = eqxopt.ClipByGlobalNorm(max_norm=1.0)
+    grads = {"a": jnp.array([3.0]), "b": jnp.array([4.0])}  # global norm 5
+    updates, _ = clip.update(grads, clip.init(grads), grads)
+    assert jnp.allclose(eqxopt.global_norm(updates), 1.0)
+    assert jnp.allclose(updates["a"], 0.6) and jnp.allclose(updates["b"], 0.8)
+    ```
     """
 
     max_norm: ScalarOrSchedule = hyper(low=0.0, low_open=True)

@@ -41,14 +41,19 @@ class MultiStepsState(eqx.Module):
 
 
 class MultiSteps(AbstractSingleWrapper):
-    """Gradient accumulation: averages the gradients of `every_k` micro-steps and
+    r"""Gradient accumulation: averages the gradients of `every_k` micro-steps and
     makes one update of `inner` with the mean, as `optax.MultiSteps`.
 
-    ```
-    acc = acc + (g - acc) / (mini_step + 1)         every call (running mean)
-    u   = inner(acc)  and acc = 0                    when mini_step >= every_k - 1
-    u   = 0                                          otherwise
-    ```
+    $$
+    \begin{aligned}
+    \mathrm{acc} &\leftarrow
+        \mathrm{acc} + \frac{g - \mathrm{acc}}{\mathrm{mini\_step} + 1}
+        && \text{(every call: a running mean)} \\
+    u &= \mathrm{inner}(\mathrm{acc}), \quad \mathrm{acc} \leftarrow 0
+        && \text{(when mini\_step} \ge \text{every\_k} - 1 \text{)} \\
+    u &= 0 && \text{(otherwise)}
+    \end{aligned}
+    $$
 
     `every_k` may change between calls (a new `MultiSteps` with another value
     reuses the compiled step). Raised, the micro-steps already taken count towards
@@ -73,6 +78,21 @@ class MultiSteps(AbstractSingleWrapper):
     - `every_k`: the number of micro-steps per update, an int `>= 1` (an array field:
       changing it does not recompile).
     - `mean`: average the gradients (default); `False` sums them.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxopt
+
+    opt = eqxopt.MultiSteps(eqxopt.SGD(1.0), every_k=2)
+    params = {"w": jnp.zeros(1)}
+    state = opt.init(params)
+    params, state = opt.step({"w": jnp.array([1.0])}, state, params)  # accumulated
+    assert jnp.allclose(params["w"], 0.0)
+    params, state = opt.step({"w": jnp.array([3.0])}, state, params)  # the mean applied
+    assert jnp.allclose(params["w"], -2.0)
+    ```
     """
 
     inner: AbstractTransform = inner_field()

@@ -54,12 +54,13 @@ def _names(names: Sequence[str], links: Sequence[Any]) -> tuple[str, ...]:
 
 
 class Chain(AbstractComposite):
-    """Transforms applied one after another: the updates of each link are the
+    r"""Transforms applied one after another: the updates of each link are the
     gradients of the next, as in `optax.chain`.
 
-    ```
-    u_0 = grads;  u_i, s_i = links[i].transform(u_{i-1}, s_i, params)
-    ```
+    $$
+    u_0 = \mathrm{grads}, \qquad
+    (u_i, s_i) = \mathrm{links}[i].\mathrm{transform}(u_{i-1}, s_i, \mathrm{params})
+    $$
 
     The last link is usually an optimizer (its updates include the learning rate);
     links before it transform gradients (clipping, noise, ...), links after it
@@ -73,6 +74,21 @@ class Chain(AbstractComposite):
       name (`"ClipByGlobalNorm"`, `"AdamW"`), with `_1`, `_2`, ... on repeats.
 
     The state is a `ChainState`: `state["AdamW"].mu` reads the Adam moments.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxopt
+
+    opt = eqxopt.Chain(eqxopt.ClipByGlobalNorm(1.0), eqxopt.SGD(0.1))
+    params = {"w": jnp.zeros(2)}
+    grads = {"w": jnp.array([3.0, 4.0])}  # norm 5, clipped to norm 1
+    state = opt.init(params)
+    params, state = opt.step(grads, state, params)
+    assert jnp.allclose(params["w"], -0.1 * jnp.array([0.6, 0.8]))
+    assert int(state["SGD"].step) == 1  # each link's state, by name
+    ```
     """
 
     links: tuple[AbstractTransform, ...]

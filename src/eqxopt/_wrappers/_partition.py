@@ -126,6 +126,24 @@ class Partition(AbstractComposite):
       rather than a new lambda for every optimizer you build.
 
     Keyword arguments of `update`/`step` go to the transforms that take them.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxopt
+
+    params = {"w": jnp.ones(2), "b": jnp.ones(2)}
+    grads = {"w": jnp.ones(2), "b": jnp.ones(2)}
+    opt = eqxopt.Partition(
+        {"fast": eqxopt.SGD(0.1), "slow": eqxopt.SGD(0.01)},
+        labels={"w": "fast", "b": "slow"},
+    )
+    state = opt.init(params)
+    params, state = opt.step(grads, state, params)
+    assert jnp.allclose(params["w"], 0.9) and jnp.allclose(params["b"], 0.99)
+    print(state["slow"])  # each group's state, by label
+    ```
     """
 
     transforms: dict[Any, AbstractTransform] = checked_field(_transforms)

@@ -773,16 +773,23 @@ void Load(const QuantizedMoment& m, float* out, int64_t begin, int64_t valid) {
 // elements [begin, begin + valid) (the chunk's `values`; the rest of the chunk's
 // last block is the zero padding of the leaf's last block), and its reciprocal in
 // `inverses` for `Store`. (All blocks of a chunk first, so that their reductions
-// and divisions overlap.)
-void Scale(const QuantizedMoment& m, const float* values, int64_t begin,
-           int64_t valid, int64_t chunk, float* inverses) {
+// and divisions overlap.) A value that is not finite is first set to 0 in
+// `values`, as `_storage.quantize` stores it (its comment says why).
+void Scale(const QuantizedMoment& m, float* values, int64_t begin, int64_t valid,
+           int64_t chunk, float* inverses) {
   const int64_t block = m.block;
   for (int64_t start = 0; start < chunk; start += block) {
     const int64_t b = (begin + start) / block;
     if (b >= m.n_blocks) break;
     const int64_t real = std::min<int64_t>(block, valid - start);
-    // The largest |x| (a NaN if there is one), as XLA's maximum.
-    const int32_t largest = Largest(values + start, real);
+    // The largest |x| as its bits: at least an infinity's if the block holds a
+    // value that is not finite, which is rare, so only then a second pass.
+    int32_t largest = Largest(values + start, real);
+    if (largest >= 0x7F800000) {
+      float* x = values + start;
+      for (int64_t i = 0; i < real; ++i) x[i] = std::isfinite(x[i]) ? x[i] : 0.0f;
+      largest = Largest(x, real);
+    }
     float amax;
     std::memcpy(&amax, &largest, sizeof amax);
     amax = NanMax(amax, 1e-12f);

@@ -98,18 +98,24 @@ class AbstractAdamStep(AbstractAdamLike):
 
 
 class Adam(AbstractAdamStep):
-    """Adam (Kingma & Ba, 2015).
+    r"""Adam (Kingma & Ba, 2015).
 
-    For each leaf, with `t = step + 1` and `lr` the learning rate at `step`:
+    For each leaf, with $t = \mathrm{step} + 1$, `lr` the learning rate at `step`,
+    $\mu$, $\nu$ the moments (`state.mu`, `state.nu`) and $\epsilon$,
+    $\epsilon_\mathrm{root}$ `eps`, `eps_root`:
 
-    ```
-    mu = b1 * mu + (1 - b1) * g
-    nu = b2 * nu + (1 - b2) * g**2
-    p  = p - lr * (mu / (1 - b1**t)) / (sqrt(nu / (1 - b2**t) + eps_root) + eps)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    p &\leftarrow p - \mathrm{lr} \cdot
+        \frac{\mu / (1 - b_1^t)}
+            {\sqrt{\nu / (1 - b_2^t) + \epsilon_\mathrm{root}} + \epsilon}
+    \end{aligned}
+    $$
 
     With `nesterov=True` the first moment is replaced by Dozat's (2016) Nesterov
-    estimate `b1 * mu / (1 - b1**(t+1)) + (1 - b1) * g / (1 - b1**t)`, as in
+    estimate $\frac{b_1 \mu}{1 - b_1^{t+1}} + \frac{(1 - b_1)\, g}{1 - b_1^t}$, as in
     `optax.adam(..., nesterov=True)` (= `optax.nadam`; see also `NAdam`).
 
     The same as `optax.adam` and `torch.optim.Adam` (no weight decay).
@@ -125,23 +131,45 @@ class Adam(AbstractAdamStep):
     - `mu_dtype`, `nu_dtype`: dtypes to store the moments in; `None` keeps each
       parameter's dtype. `nu_dtype=jnp.float32` keeps the second moment of bf16
       parameters accurate (optax has no such option).
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxopt
+
+    params = {"w": jnp.ones(3)}
+    grads = {"w": jnp.array([0.1, -0.2, 0.3])}
+    opt = eqxopt.Adam(learning_rate=1e-2)
+    state = opt.init(params)
+    params, state = opt.step(grads, state, params)
+    # the first step is lr * g / |g| (the bias corrections cancel the decays)
+    assert jnp.allclose(params["w"], 1.0 - 1e-2 * jnp.sign(grads["w"]), atol=1e-6)
+    assert jnp.allclose(state.mu["w"], 0.1 * grads["w"])  # (1 - b1) * g
+    assert int(state.step) == 1
+    ```
     """
 
     eps_root: ScalarOrSchedule = nonnegative_field()
 
 
 class AdamW(AbstractAdamW, AbstractAdamStep):
-    """AdamW: Adam with decoupled weight decay (Loshchilov & Hutter, 2019).
+    r"""AdamW: Adam with decoupled weight decay (Loshchilov & Hutter, 2019).
 
-    For each leaf, with `t = step + 1` and `lr`, `wd` the learning rate and weight
-    decay at `step`:
+    For each leaf, with $t = \mathrm{step} + 1$, `lr`, `wd` the learning rate and
+    weight decay at `step`, $\mu$, $\nu$ the moments (`state.mu`, `state.nu`) and
+    $\epsilon$, $\epsilon_\mathrm{root}$ `eps`, `eps_root`:
 
-    ```
-    mu = b1 * mu + (1 - b1) * g
-    nu = b2 * nu + (1 - b2) * g**2
-    p  = p - lr * ((mu / (1 - b1**t)) / (sqrt(nu / (1 - b2**t) + eps_root) + eps)
-                   + wd * p)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    p &\leftarrow p - \mathrm{lr} \left(
+        \frac{\mu / (1 - b_1^t)}
+            {\sqrt{\nu / (1 - b_2^t) + \epsilon_\mathrm{root}} + \epsilon}
+        + \mathrm{wd} \cdot p \right)
+    \end{aligned}
+    $$
 
     The decay uses the parameter from before the update and applies to every leaf
     with a gradient, unless `mask` leaves it out. The same as `optax.adamw` and
@@ -165,6 +193,22 @@ class AdamW(AbstractAdamW, AbstractAdamStep):
       function of params returning one. An Equinox module given as the mask is
       always read as the tree of bools, never called (unlike `optax.masked`).
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxopt
+
+    params = {"w": jnp.array([1.0, -2.0])}
+    grads = {"w": jnp.array([0.5, 0.5])}
+    opt = eqxopt.AdamW(learning_rate=0.1, weight_decay=0.01)
+    state = opt.init(params)
+    params, state = opt.step(grads, state, params)
+    # step 1: lr * (g / |g| + wd * p), the decay on the parameter before the step
+    expected = jnp.array([1.0, -2.0]) - 0.1 * (1.0 + 0.01 * jnp.array([1.0, -2.0]))
+    assert jnp.allclose(params["w"], expected, atol=1e-6)
+    ```
     """
 
 

@@ -138,8 +138,8 @@ class AbstractAdamOptions(AbstractLeafwiseOptimizer):
     b1: ScalarOrSchedule = b1_field()
     b2: ScalarOrSchedule = b2_field()
     eps: ScalarOrSchedule = eps_field()
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
+    mu_dtype: DTypeLike = dtype_field(storage=True)
+    nu_dtype: DTypeLike = dtype_field(storage=True)
 
 
 class AbstractAdamLike(AbstractAdamOptions):

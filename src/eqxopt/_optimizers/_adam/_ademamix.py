@@ -81,8 +81,8 @@ class AdEMAMix(AbstractLeafwiseOptimizer):
     eps_root: ScalarOrSchedule = nonnegative_field()
     weight_decay: ScalarOrSchedule = nonnegative_field()
     mask: MaskLike = mask_field()
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
+    mu_dtype: DTypeLike = dtype_field(storage=True)
+    nu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = AdEMAMixState
     moments = ("m1", "m2", "nu")

@@ -131,7 +131,7 @@ class Sophia(AbstractTransform):
     update_interval: Int[Array, ""] = count_field(10)
     seed: UInt32[Array, " 2"] = checked_field(_seed_key, 0, kw_only=True)
     mask: MaskLike = mask_field()
-    mu_dtype: DTypeLike = dtype_field()
+    mu_dtype: DTypeLike = dtype_field(storage=True)
 
     real_only = RealOnly("its clip compares magnitudes", trees=("params", "grads"))
 

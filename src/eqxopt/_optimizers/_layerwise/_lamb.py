@@ -38,18 +38,23 @@ class LAMBState(eqx.Module):
 
 
 class LAMB(AbstractTrustRatioOptimizer):
-    """LAMB: Adam with a layer-wise trust ratio (You et al., 2020).
+    r"""LAMB: Adam with a layer-wise trust ratio (You et al., 2020).
 
-    For each leaf, with `t = step + 1`, `lr` the learning rate at `step` and `|x|`
-    the Frobenius norm of the whole leaf:
+    For each leaf, with $t = \mathrm{step} + 1$, `lr` the learning rate at `step`,
+    `wd` the weight decay and $\lVert x \rVert$ the Frobenius norm of the whole leaf:
 
-    ```
-    mu = b1 * mu + (1 - b1) * g
-    nu = b2 * nu + (1 - b2) * g**2
-    r  = (mu / (1 - b1**t)) / (sqrt(nu / (1 - b2**t) + eps_root) + eps)
-         + weight_decay * p                      (weight decay only where `mask`)
-    p  = p - lr * (|p| / |r|) * r                (ratio 1 where |p| or |r| is 0)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    r &= \frac{\mu / (1 - b_1^t)}
+        {\sqrt{\nu / (1 - b_2^t) + \epsilon_\mathrm{root}} + \epsilon}
+        + \mathrm{wd} \cdot p && \text{(weight decay only where mask)} \\
+    p &\leftarrow p - \mathrm{lr} \, \frac{\lVert p \rVert}{\lVert r \rVert} \, r
+        && \text{(ratio 1 where }
+            \lVert p \rVert \text{ or } \lVert r \rVert \text{ is 0)}
+    \end{aligned}
+    $$
 
     The same as `optax.lamb`. The trust ratio is per leaf, so it is computed on each
     parameter array as a whole.
@@ -69,6 +74,22 @@ class LAMB(AbstractTrustRatioOptimizer):
       norms in the trust ratio are those of whole leaves, summed over the named
       axes a leaf is split over, as the unsharded run. `None` (default): this
       device's block of each leaf.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxopt
+
+    params = {"w": jnp.full((2, 2), 3.0)}
+    grads = {"w": jnp.array([[1.0, -1.0], [1.0, -1.0]])}
+    opt = eqxopt.LAMB(learning_rate=0.1)
+    state = opt.init(params)
+    new, state = opt.step(grads, state, params)
+    # the trust ratio scales each leaf's step to lr times the leaf's own norm
+    step_norm = jnp.linalg.norm(new["w"] - params["w"])
+    assert jnp.allclose(step_norm, 0.1 * jnp.linalg.norm(params["w"]), rtol=1e-5)
+    ```
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field()

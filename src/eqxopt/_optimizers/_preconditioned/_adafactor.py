@@ -81,28 +81,37 @@ class AdafactorState(eqx.Module):
 
 
 class Adafactor(AbstractTransform):
-    """Adafactor (Shazeer & Stern, 2018), as `optax.adafactor`.
+    r"""Adafactor (Shazeer & Stern, 2018), as `optax.adafactor`.
 
     A leaf of rank `>= 2` whose second-largest axis has at least
     `min_dim_size_to_factor` entries is *factored*: its second moment is stored as
     two vectors (more generally, two arrays with one axis fewer), averages over its
     largest axis `a` and its second-largest axis `b`. Other leaves keep a full
-    second moment. With `lr` the learning rate at `step`,
-    `beta = 1 - (max(step - decay_offset, 0) + 1) ** -decay_rate` and
-    `G = g**2 + eps`:
+    second moment. With `lr` the learning rate at `step` $s$, $G = g^2 + \epsilon$
+    and $\beta = 1 - (\max(s - o, 0) + 1)^{-d}$ ($o$ = `decay_offset`, $d$ =
+    `decay_rate`):
 
-    ```
-    factored:   r = beta * r + (1 - beta) * mean_a(G)        (v_row)
-                c = beta * c + (1 - beta) * mean_b(G)        (v_col)
-                u = g / sqrt(r / mean_b(r)) / sqrt(c)        (broadcast back)
-    otherwise:  v = beta * v + (1 - beta) * G
-                u = g / sqrt(v)
-    u = u / max(1, rms(u) / clipping_threshold)              (if clipping_threshold)
-    u = lr * u
-    u = u * max(rms(p), 1e-3)                                (if multiply_by_param...)
-    m = momentum * m + (1 - momentum) * u;  u = m            (if momentum)
-    p = p - (u + weight_decay_rate * p)                      (decay where the mask says)
-    ```
+    $$
+    \begin{aligned}
+    r &\leftarrow \beta r + (1 - \beta) \operatorname{mean}_a(G),
+        \quad c \leftarrow \beta c + (1 - \beta) \operatorname{mean}_b(G)
+        && \text{(factored: v\_row, v\_col)} \\
+    u &= g \big/ \left( \sqrt{r / \operatorname{mean}_b(r)} \, \sqrt{c} \right)
+        && \text{(factored, broadcast back)} \\
+    v &\leftarrow \beta v + (1 - \beta)\, G, \quad u = g / \sqrt{v}
+        && \text{(otherwise)} \\
+    u &\leftarrow u \big/
+        \max\left(1, \operatorname{rms}(u) / \mathrm{clipping\_threshold}\right)
+        && \text{(if clipping\_threshold)} \\
+    u &\leftarrow \mathrm{lr} \cdot u \\
+    u &\leftarrow u \cdot \max(\operatorname{rms}(p), 10^{-3})
+        && \text{(if multiply\_by\_parameter\_scale)} \\
+    m &\leftarrow \mathrm{momentum} \cdot m + (1 - \mathrm{momentum})\, u, \quad u = m
+        && \text{(if momentum)} \\
+    p &\leftarrow p - (u + \mathrm{weight\_decay\_rate} \cdot p)
+        && \text{(decay where the mask says)}
+    \end{aligned}
+    $$
 
     `rms` is the root mean square over the whole leaf. Differences from optax:
 
@@ -147,6 +156,23 @@ class Adafactor(AbstractTransform):
       dimension then needs its spec here, since inside `shard_map` nothing else
       says which dimension is split. A spec that disagrees with the axes a leaf
       varies over is an error naming the leaf.
+
+    **Example:**
+
+    ```python
+    import jax
+    import jax.numpy as jnp
+    import eqxopt
+
+    params = {"w": jnp.ones((256, 128)), "b": jnp.zeros(128)}
+    opt = eqxopt.Adafactor(learning_rate=1e-2)
+    state = opt.init(params)
+    # the matrix keeps a row and a column of statistics (256 + 128 numbers), not
+    # 256 * 128; the vector keeps a full second moment
+    assert sum(leaf.size for leaf in jax.tree.leaves(state)) < 1000
+    grads = jax.tree.map(jnp.ones_like, params)
+    params, state = opt.step(grads, state, params)
+    ```
     """
 
     learning_rate: ScalarOrSchedule | None = learning_rate_field(None, optional=True)

@@ -246,32 +246,43 @@ def _ns_coeffs(name: str, value: Any) -> Array:
 
 
 class Muon(AbstractTransform):
-    """Muon (Jordan et al., 2024): Newton-Schulz orthogonalised momentum for matrix
+    r"""Muon (Jordan et al., 2024): Newton-Schulz orthogonalised momentum for matrix
     weights, AdamW for every other leaf.
 
     For a Muon leaf (by default every float leaf with `ndim == 2`; a leaf with more
     dimensions that `muon_mask` selects is a stack of matrices in its last two axes),
-    with `t = step + 1`, `lr` the learning rate at `step` and shape `(..., m, n)`:
+    with $t = \mathrm{step} + 1$, `lr` and `wd` the learning rate and weight decay at
+    `step`, $\mu$ the momentum and shape `(..., m, n)`:
 
-    ```
-    mu = beta * mu + (1 - beta) * g
-    mu_hat = beta * mu / (1 - beta**(t+1)) + (1 - beta) * g / (1 - beta**t)  (nesterov)
-    mu_hat = mu / (1 - beta**t)                                        (otherwise)
-    O = newton_schulz(mu_hat)           (ns_steps quintic steps, coeffs ns_coeffs)
-    p = p - lr * (scale * O + weight_decay * p)
-    scale = sqrt(max(1, n / m))                  (consistent_rms=None)
-    scale = sqrt(max(m, n)) * consistent_rms     (otherwise)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow \beta \mu + (1 - \beta)\, g \\
+    \hat\mu &= \frac{\beta \mu}{1 - \beta^{t+1}} + \frac{(1 - \beta)\, g}{1 - \beta^t}
+        && \text{(nesterov)} \\
+    \hat\mu &= \mu / (1 - \beta^t) && \text{(otherwise)} \\
+    O &= \operatorname{NewtonSchulz}(\hat\mu)
+        && \text{(ns\_steps quintic steps, coefficients ns\_coeffs)} \\
+    p &\leftarrow p - \mathrm{lr} \left( s \, O + \mathrm{wd} \cdot p \right) \\
+    s &= \sqrt{\max(1, n / m)} && \text{(consistent\_rms=None)} \\
+    s &= \sqrt{\max(m, n)} \cdot \mathrm{consistent\_rms} && \text{(otherwise)}
+    \end{aligned}
+    $$
 
     Every other float leaf gets AdamW (`optax.adamw` with the same `nesterov`) with
     `adam_b1`, `adam_b2`, `eps`, `adam_eps_root`, `adam_weight_decay` and
-    `adam_learning_rate`:
+    `adam_learning_rate` (written $b_1$, $b_2$, $\epsilon$, $\epsilon_\mathrm{root}$,
+    $\mathrm{wd}_A$, $\mathrm{lr}_A$ here; $\hat\mu$ is the first moment's estimate, as
+    above with $b_1$ for $\beta$):
 
-    ```
-    mu = adam_b1 * mu + (1 - adam_b1) * g;  nu = adam_b2 * nu + (1 - adam_b2) * g**2
-    p = p - adam_lr * (mu_hat / (sqrt(nu / (1 - adam_b2**t) + adam_eps_root) + eps)
-                       + adam_weight_decay * p)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g,
+        \qquad \nu \leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    p &\leftarrow p - \mathrm{lr}_A \left(
+        \frac{\hat\mu}{\sqrt{\nu / (1 - b_2^t) + \epsilon_\mathrm{root}} + \epsilon}
+        + \mathrm{wd}_A \cdot p \right)
+    \end{aligned}
+    $$
 
     The same as `optax.contrib.muon` with its default `'frobenius'`
     preconditioning. Differences: `weight_decay_mask`
@@ -314,6 +325,24 @@ class Muon(AbstractTransform):
     its long side and that side is over `2 * ns_steps` times the short one (then
     each step's small Gram matrix is all-reduced instead, fewer bytes); updates and
     state keep the parameter's sharding.
+
+    **Example:**
+
+    ```python
+    import jax
+    import jax.numpy as jnp
+    import eqxopt
+
+    params = {"w": jax.random.normal(jax.random.key(0), (4, 3)), "b": jnp.zeros(3)}
+    grads = {"w": jax.random.normal(jax.random.key(1), (4, 3)), "b": jnp.ones(3)}
+    opt = eqxopt.Muon(learning_rate=0.02)  # Muon for the matrix, AdamW for the vector
+    state = opt.init(params)
+    new, state = opt.step(grads, state, params)
+    # the matrix's step is orthogonalised: its singular values are close together
+    singular_values = jnp.linalg.svd(new["w"] - params["w"], compute_uv=False)
+    assert singular_values.max() / singular_values.min() < 2
+    assert bool((new["b"] < 0).all())  # AdamW moves against the gradient
+    ```
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
@@ -340,8 +369,8 @@ class Muon(AbstractTransform):
     adam_learning_rate: ScalarOrSchedule | None = learning_rate_field(
         None, optional=True, kw_only=True
     )
-    mu_dtype: DTypeLike = dtype_field()
-    nu_dtype: DTypeLike = dtype_field()
+    mu_dtype: DTypeLike = dtype_field(storage=True)
+    nu_dtype: DTypeLike = dtype_field(storage=True)
     # Static: mesh axis names, read while tracing.
     axis_name: tuple[str, ...] | None = checked_field(
         _axis_names, None, static=True, kw_only=True

@@ -155,7 +155,7 @@ class ScheduleFreeSGD(AbstractScheduleFree):
     b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, low_open=True, schedule=False)
     weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
     weight_lr_power: ScalarOrSchedule = hyper(2.0, low=0.0)
-    z_dtype: DTypeLike = dtype_field(storage=False)  # z is not a moment
+    z_dtype: DTypeLike = dtype_field()  # z is not a moment
 
     def nu_init(self, params: Params) -> None:
         return None
@@ -204,8 +204,8 @@ class ScheduleFreeAdamW(AbstractScheduleFree):
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
     weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
     weight_lr_power: ScalarOrSchedule = hyper(2.0, low=0.0)
-    z_dtype: DTypeLike = dtype_field(storage=False)  # z is not a moment
-    nu_dtype: DTypeLike = dtype_field()
+    z_dtype: DTypeLike = dtype_field()  # z is not a moment
+    nu_dtype: DTypeLike = dtype_field(storage=True)
 
     def nu_init(self, params: Params) -> PyTree:
         return float_leaves_like(params, self.nu_dtype, nonnegative=True)

@@ -29,15 +29,18 @@ class SGDState(eqx.Module):
 
 
 class SGD(AbstractLeafwiseOptimizer):
-    """Stochastic gradient descent, optionally with heavy-ball or Nesterov momentum.
+    r"""Stochastic gradient descent, optionally with heavy-ball or Nesterov momentum.
 
     For each leaf, with `lr` the learning rate at the current step:
 
-    ```
-    v = momentum * v + g
-    p = p - lr * v                         (nesterov=False)
-    p = p - lr * (g + momentum * v)        (nesterov=True)
-    ```
+    $$
+    \begin{aligned}
+    v &\leftarrow \mathrm{momentum} \cdot v + g \\
+    p &\leftarrow p - \mathrm{lr} \cdot v && \text{(nesterov=False)} \\
+    p &\leftarrow p - \mathrm{lr} \cdot (g + \mathrm{momentum} \cdot v)
+        && \text{(nesterov=True)}
+    \end{aligned}
+    $$
 
     The same as `optax.sgd` and as `torch.optim.SGD` with `dampening=0`.
 
@@ -49,12 +52,28 @@ class SGD(AbstractLeafwiseOptimizer):
     - `velocity_dtype`: dtype to store the momentum buffer in; `None` keeps each
       parameter's dtype (optax's `accumulator_dtype`; `jnp.float32` keeps the
       buffer of bf16 parameters accurate).
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxopt
+
+    params = {"w": jnp.ones(3)}
+    grads = {"w": jnp.full(3, 0.5)}
+    opt = eqxopt.SGD(learning_rate=0.1, momentum=0.9)
+    state = opt.init(params)
+    params, state = opt.step(grads, state, params)  # v = 0.5, p = 1 - 0.1 * 0.5
+    params, state = opt.step(grads, state, params)  # v = 0.9 * 0.5 + 0.5 = 0.95
+    assert jnp.allclose(params["w"], 0.95 - 0.1 * 0.95)
+    assert jnp.allclose(state.velocity["w"], 0.95)
+    ```
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
     momentum: ScalarOrSchedule = hyper(0.0, low=0.0, high=1.0, high_open=True)
     nesterov: bool = flag_field(False, kw_only=False)
-    velocity_dtype: DTypeLike = dtype_field()
+    velocity_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = SGDState
     moments = ("velocity",)

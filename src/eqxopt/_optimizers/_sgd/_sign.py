@@ -96,7 +96,7 @@ class Signum(AbstractLeafwiseOptimizer):
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
     beta: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
-    mu_dtype: DTypeLike = dtype_field()
+    mu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = SignumState
     moments = ("mu",)
@@ -119,15 +119,20 @@ class LionState(AbstractMomentumState):
 
 
 class Lion(AbstractLeafwiseOptimizer):
-    """Lion (Chen et al., 2023, "Symbolic Discovery of Optimization Algorithms").
+    r"""Lion (Chen et al., 2023, "Symbolic Discovery of Optimization Algorithms").
 
-    For each element, with `lr` the learning rate at the current step:
+    For each element, with `lr` the learning rate at the current step, `wd` the
+    weight decay and $\mu$ the momentum (`state.mu`):
 
-    ```
-    c  = b1 * mu + (1 - b1) * g
-    p  = p - lr * (sign(c) + weight_decay * p)     (decay only where `mask`)
-    mu = b2 * mu + (1 - b2) * g
-    ```
+    $$
+    \begin{aligned}
+    c &= b_1 \mu + (1 - b_1)\, g \\
+    p &\leftarrow p - \mathrm{lr}
+        \left( \operatorname{sign}(c) + \mathrm{wd} \cdot p \right)
+        && \text{(decay only where mask)} \\
+    \mu &\leftarrow b_2 \mu + (1 - b_2)\, g
+    \end{aligned}
+    $$
 
     The decay uses the parameter from before the update and is multiplied by the
     learning rate, as in `optax.lion` (which this matches) and the paper's code.
@@ -145,6 +150,21 @@ class Lion(AbstractLeafwiseOptimizer):
       Equinox module is always read as a tree of bools, never called.
     - `mu_dtype`: dtype to store the momentum in; `None` keeps each parameter's
       dtype.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxopt
+
+    params = {"w": jnp.array([1.0, 1.0])}
+    grads = {"w": jnp.array([0.3, -0.01])}
+    opt = eqxopt.Lion(learning_rate=1e-3, weight_decay=0.0)
+    state = opt.init(params)
+    params, state = opt.step(grads, state, params)
+    # every element moves by lr, in the direction of the interpolated sign
+    assert jnp.allclose(params["w"], jnp.array([1.0 - 1e-3, 1.0 + 1e-3]))
+    ```
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
@@ -152,7 +172,7 @@ class Lion(AbstractLeafwiseOptimizer):
     b2: ScalarOrSchedule = hyper(0.99, low=0.0, high=1.0, high_open=True)
     weight_decay: ScalarOrSchedule = hyper(1e-3, low=0.0)
     mask: MaskLike = mask_field()
-    mu_dtype: DTypeLike = dtype_field()
+    mu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = LionState
     moments = ("mu",)
