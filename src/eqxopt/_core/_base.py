@@ -149,9 +149,9 @@ class AbstractTransform(eqx.Module):
         - `params`: the current parameters.
         - `donate`: let XLA reuse the buffers of `state` for the new state. The
           state passed in must not be used afterwards. Such in-place steps of
-          element-wise optimizers run eqxopt's native CPU kernels (see
-          `set_native_kernels`). Inside your own `jit`, donate its arguments too, or
-          XLA copies them first.
+          element-wise optimizers run eqxopt's native CPU kernels where they are
+          available (`eqxopt.native_kernels_available()`). Inside your own `jit`,
+          donate its arguments too, or XLA copies them first.
         - `**extra`: keyword arguments for rules that need more than gradients, such
           as `value=` (the loss) for `PolyakSGD`; see each optimizer. Others reject
           them with a `TypeError`.
