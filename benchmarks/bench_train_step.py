@@ -281,21 +281,25 @@ def eqxopt_variants(
     """eqxopt's variants of one model on `path` (built and run inside
     `kernel_path(path)`): `kinds` of `KINDS`."""
     model, loss_fn, batch = cfg["model"], cfg["loss"], cfg["batch"]
-    helper = eqxopt.make_train_step(loss_fn, opt)
-    step = hand_written(loss_fn)
-    found = {
-        "helper": Variant(
-            lambda c: helper(c[0], c[1], *batch)[:2],
+
+    def helper() -> Variant:
+        step = eqxopt.make_train_step(loss_fn, opt)
+        return Variant(
+            lambda c: step(c[0], c[1], *batch)[:2],
             (fresh(model), opt.init(model)),
-            lambda c: helper.lower(c[0], c[1], *batch).compile(),
-        ),
-        "by hand": Variant(
+            lambda c: step.lower(c[0], c[1], *batch).compile(),
+        )
+
+    def by_hand() -> Variant:
+        step = hand_written(loss_fn)
+        return Variant(
             lambda c: step(opt, *c, batch)[:2],
             (fresh(model), opt.init(model)),
             lambda c: step.lower(opt, *c, batch).compile(),
-        ),
-    }
-    return {f"eqxopt {kind} {path}": found[kind] for kind in kinds}
+        )
+
+    builders = {"helper": helper, "by hand": by_hand}
+    return {f"eqxopt {kind} {path}": builders[kind]() for kind in kinds}
 
 
 def optax_variant(cfg: dict, tx) -> Variant:
