@@ -1,15 +1,18 @@
 """Case 2: many leaves. AdamW on 2000 leaves of 1000 floats, and on a
 transformer-shaped tree (12 blocks of attention/MLP weights, biases and norm scales,
-plus embeddings: 148 leaves, 24.4M parameters).
+plus embeddings: 148 leaves, 24.4M parameters), as a tree and packed
+(`eqxopt.pack`), on each path eqxopt's steps can run (its native CPU kernels, XLA's
+own code), against optax under `jax.jit`.
 
 Compile cost is split into tracing + lowering to StableHLO and the XLA backend
 compile, read from JAX's own compile events during the first call (so nothing is
-compiled twice), each after a full garbage collection. Step times are medians of
-interleaved calls.
+compiled twice), each after a full garbage collection. Each path is a phase (the
+switch drops eqxopt's compiled steps): its variants' first calls, then interleaved
+calls of its variants and optax; step / optax is the median of the per-round
+ratios.
 """
 
-import gc
-from typing import Any, ClassVar
+import statistics
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +20,19 @@ import numpy as np
 import optax
 
 import eqxopt
-from _common import Stepper, interleaved, ms, rounds, save, table
+from _common import (
+    CompileEvents,
+    Stepper,
+    first_call_ratios,
+    interleaved,
+    kernel_path,
+    kernel_paths,
+    ms,
+    rounds,
+    save,
+    table,
+    warm_up,
+)
 
 LR, WD = 1e-3, 1e-2
 
@@ -62,38 +77,6 @@ def transformer(blocks=12, d=384, vocab=8192, seq=512):
     return tree
 
 
-class CompileEvents:
-    """Sums JAX's compile-phase durations while active."""
-
-    NAMES: ClassVar[dict[str, str]] = {
-        "/jax/core/compile/jaxpr_trace_duration": "trace_s",
-        "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
-        "/jax/core/compile/backend_compile_duration": "compile_s",
-    }
-
-    def __init__(self):
-        self.active = False
-        self.totals = dict.fromkeys(self.NAMES.values(), 0.0)
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-
-    def _listen(self, event: str, duration_secs: float, **kwargs: Any) -> None:
-        if self.active and event in self.NAMES:
-            self.totals[self.NAMES[event]] += duration_secs
-
-    def measure(self, fn):
-        # A full collection of Python's garbage (the earlier variants' traces) would
-        # land in whichever variant happened to trigger it: half a second after
-        # the 2000-leaf case, more than a whole trace.
-        gc.collect()
-        self.totals = dict.fromkeys(self.NAMES.values(), 0.0)
-        self.active = True
-        try:
-            jax.block_until_ready(fn())
-        finally:
-            self.active = False
-        return dict(self.totals)
-
-
 def optax_step(tx, donate):
     def step(p, s, g):
         u, s = tx.update(g, s, p)
@@ -102,87 +85,89 @@ def optax_step(tx, donate):
     return jax.jit(step, donate_argnums=(0, 1) if donate else ())
 
 
-def xla_only_step(opt, donate):
-    """eqxopt's step with the native kernels off, as XLA compiled it: a `jax.jit`
-    traced while they are off keeps that code afterwards."""
-
-    def step(p, s, g):
-        return opt.step(g, s, p)
-
-    return jax.jit(step, donate_argnums=(0, 1) if donate else ())
-
-
-def run_tree(label, params, donated, events, n_rounds):
+def run_tree(label, params, donated, events, n_rounds, paths):
     grads = jax.tree.map(lambda x: x * 0.01, params)
     opt = eqxopt.AdamW(LR, weight_decay=WD)
     tx = optax.adamw(LR, weight_decay=WD)
     copy = lambda: jax.tree.map(lambda x: jnp.array(x, copy=True), params)  # noqa: E731
-    steppers, compile_rows = {}, {}
-    variants = [(False, "")] + ([(True, " donate")] if donated else [])
     packed_grads = eqxopt.pack(grads)
-    for donate, suffix in variants:
-        # The same parameters packed into one buffer (eqxopt.pack, opt-in layout).
-        name = "eqxopt packed" + suffix
-        pp, ps = eqxopt.pack(copy()), opt.init(eqxopt.pack(params))
-        compile_rows[name] = events.measure(
-            lambda pp=pp, ps=ps, d=donate: opt.step(packed_grads, ps, pp, donate=d)
-        )
-        steppers[name] = Stepper(
-            lambda s, d=donate: opt.step(packed_grads, s[1], s[0], donate=d),
-            (eqxopt.pack(copy()), opt.init(eqxopt.pack(params))),
-        )
-        # XLA's own code for the same tree step (native kernels off).
-        name = "eqxopt step xla" + suffix
-        eqxopt.set_native_kernels(False)
-        try:
-            f = xla_only_step(opt, donate)
-            os0, p1 = opt.init(params), copy()
-            compile_rows[name] = events.measure(
-                lambda f=f, os0=os0, p1=p1: f(p1, os0, grads)
-            )
-        finally:
-            eqxopt.set_native_kernels(True)
-        steppers[name] = Stepper(
-            lambda s, f=f: f(s[0], s[1], grads), (copy(), opt.init(params))
-        )
-        name = "eqxopt step" + suffix
-        st, p0 = opt.init(params), copy()
-        compile_rows[name] = events.measure(
-            lambda st=st, p0=p0, d=donate: opt.step(grads, st, p0, donate=d)
-        )
-        steppers[name] = Stepper(
-            lambda s, d=donate: opt.step(grads, s[1], s[0], donate=d),
-            (copy(), opt.init(params)),
-        )
+    suffixes = {False: ""} | ({True: " donate"} if donated else {})
+    compile_rows, steps, ratios = {}, {}, {}
+    # optax first (its programs keep their code whatever the path), then each path:
+    # switching it drops eqxopt's compiled steps, so each phase compiles its own.
+    references = {}
+    for donate, suffix in suffixes.items():
         f = optax_step(tx, donate)
-        os0, p1 = tx.init(params), copy()
-        compile_rows["optax jit" + suffix] = events.measure(
-            lambda f=f, os0=os0, p1=p1: f(p1, os0, grads)
+        args = (copy(), tx.init(params), grads)
+        _, compile_rows["optax jit" + suffix] = events.measure(
+            lambda f=f, args=args: f(*args)
         )
-        steppers["optax jit" + suffix] = Stepper(
+        references[donate] = Stepper(
             lambda s, f=f: f(s[0], s[1], grads), (copy(), tx.init(params))
         )
-    med = interleaved(steppers, n_rounds)
+    reference_times = {donate: [] for donate in suffixes}
+    for path in paths:
+        with kernel_path(path):
+            steppers, which = {}, {}
+            for donate, suffix in suffixes.items():
+                # The same parameters packed into one buffer (eqxopt.pack).
+                name = f"eqxopt packed {path}{suffix}"
+                pp, ps = eqxopt.pack(copy()), opt.init(eqxopt.pack(params))
+                _, compile_rows[name] = events.measure(
+                    lambda pp=pp, ps=ps, d=donate: opt.step(
+                        packed_grads, ps, pp, donate=d
+                    )
+                )
+                steppers[name] = Stepper(
+                    lambda s, d=donate: opt.step(packed_grads, s[1], s[0], donate=d),
+                    (eqxopt.pack(copy()), opt.init(eqxopt.pack(params))),
+                )
+                name = f"eqxopt step {path}{suffix}"
+                st, p0 = opt.init(params), copy()
+                _, compile_rows[name] = events.measure(
+                    lambda st=st, p0=p0, d=donate: opt.step(grads, st, p0, donate=d)
+                )
+                steppers[name] = Stepper(
+                    lambda s, d=donate: opt.step(grads, s[1], s[0], donate=d),
+                    (copy(), opt.init(params)),
+                )
+                which.update({n: donate for n in list(steppers)[-2:]})
+            for donate, suffix in suffixes.items():
+                steppers["optax jit" + suffix] = references[donate]
+            med = interleaved(steppers, n_rounds)
+            for name, donate in which.items():
+                ref = references[donate].times
+                steps[name] = med[name]
+                ratios[name] = statistics.median(
+                    t / r for t, r in zip(steppers[name].times, ref)
+                )
+            for donate in suffixes:
+                reference_times[donate] += references[donate].times
+    for donate, suffix in suffixes.items():
+        steps["optax jit" + suffix] = statistics.median(reference_times[donate])
+        ratios["optax jit" + suffix] = 1.0
     n_leaves = len(jax.tree.leaves(params))
     n_params = sum(x.size for x in jax.tree.leaves(params))
     rows = []
-    for name, t in med.items():
+    compile_ratios = {}
+    for name, t in steps.items():
         ref = "optax jit" + (" donate" if name.endswith(" donate") else "")
         c, cref = compile_rows[name], compile_rows[ref]
+        compile_ratios[name] = first_call_ratios(c, cref)
         rows.append(
             (
                 name,
                 ms(t),
-                t / med[ref],
+                ratios[name],
                 c["trace_s"] + c["lower_s"],
                 c["compile_s"],
-                c["compile_s"] / cref["compile_s"],
-                (c["trace_s"] + c["lower_s"] + c["compile_s"])
-                / (cref["trace_s"] + cref["lower_s"] + cref["compile_s"]),
+                compile_ratios[name]["compile"],
+                compile_ratios[name]["first_call"],
             )
         )
     table(
-        f"Case 2: {label} ({n_leaves} leaves, {n_params / 1e6:.1f}M params), AdamW",
+        f"Case 2: {label} ({n_leaves} leaves, {n_params / 1e6:.1f}M params), AdamW"
+        " (step / optax: the median of the per-round ratios, in the path's rounds)",
         rows,
         (
             "variant",
@@ -191,31 +176,30 @@ def run_tree(label, params, donated, events, n_rounds):
             "trace+lower s",
             "compile s",
             "compile / optax",
-            "all compile / optax",
+            "first call / optax",
         ),
     )
     return {
         "leaves": n_leaves,
         "params": int(n_params),
-        "step_ms": {k: ms(v) for k, v in med.items()},
+        "paths": list(paths),
+        "step_ms": {k: ms(v) for k, v in steps.items()},
+        "step_vs_optax": ratios,
         "compile": compile_rows,
+        "compile_vs_optax": compile_ratios,
     }
 
 
 def main():
     events = CompileEvents()
-    # A first use on a new machine builds the native kernels (about 5 s, plus a
-    # fraction of a second per optimizer rule; cached on disk after that): do it
-    # before timing, as every later run would find them built.
-    warm = {"w": jnp.ones(3)}
-    opt = eqxopt.AdamW(LR, weight_decay=WD)
-    jax.block_until_ready(opt.step(warm, opt.init(warm), warm))
+    warm_up()
+    paths = kernel_paths()
     results = {
         "many_2000x1000": run_tree(
-            "2000 x 1000 leaves", many_leaves(), False, events, rounds(11)
+            "2000 x 1000 leaves", many_leaves(), False, events, rounds(11), paths
         ),
         "transformer": run_tree(
-            "transformer-shaped tree", transformer(), True, events, rounds(11)
+            "transformer-shaped tree", transformer(), True, events, rounds(11), paths
         ),
     }
     save("many_leaves", results)

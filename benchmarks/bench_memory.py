@@ -1,16 +1,16 @@
 """Case 5: memory of the compiled step, from XLA's memory analysis: bytes of
 temporaries, of outputs, and of outputs written into donated inputs (aliased), for
 AdamW on one 16M-float32 leaf and on the transformer-shaped tree, with and without
-donation, eqxopt vs optax."""
+donation, eqxopt (the program `opt.step` runs, `opt.step.lower`, on each path: its
+native CPU kernels and XLA's own code) vs optax."""
 
 import jax
 import jax.numpy as jnp
 import optax
 
 import eqxopt
-from _common import save, table
+from _common import kernel_path, kernel_paths, save, table
 from bench_many_leaves import transformer
-from eqxopt._core import _base, _dispatch
 
 LR, WD = 1e-3, 1e-2
 MB = 2**20
@@ -43,20 +43,20 @@ def main():
 
         for donate in (False, True):
             d = " donate" if donate else ""
-            low = _dispatch.lower(
-                _base._ENTRIES[True, donate, False],
-                (opt, grads, params, opt.init(params), {}),
-                (2, 3) if donate else (),
-            )
-            e = analysis(low.compile())
-            o = analysis(
+            found = {}
+            for path in kernel_paths():
+                with kernel_path(path):
+                    lowered = opt.step.lower(
+                        grads, opt.init(params), params, donate=donate
+                    )
+                    found[f"eqxopt step {path}{d}"] = analysis(lowered.compile())
+            found[f"optax jit{d}"] = analysis(
                 jax.jit(optax_step, donate_argnums=(0, 1) if donate else ())
                 .lower(params, tx.init(params), grads)
                 .compile()
             )
-            results[f"{label}, eqxopt step{d}"] = e
-            results[f"{label}, optax jit{d}"] = o
-            for name, r in ((f"eqxopt step{d}", e), (f"optax jit{d}", o)):
+            for name, r in found.items():
+                results[f"{label}, {name}"] = r
                 rows.append(
                     (
                         label,

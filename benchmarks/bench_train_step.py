@@ -1,33 +1,41 @@
 """Case 6: whole train steps (forward, backward and the optimizer step in one `jit`) of
-Equinox models, eqxopt's recommended way against optax's documented way.
+Equinox models, eqxopt's recommended way against optax's documented way, on each
+path eqxopt's steps can run: its native CPU kernels and XLA's own code (what GPUs
+and TPUs run).
 
-Variants, interleaved in one process (one call of each per round, medians):
+Variants, per path (`native`, `xla`):
 
-- `eqxopt helper`: `eqxopt.make_train_step(loss_fn, opt)` (donates model and state,
-  `opt.step(..., donate=True)` inside).
-- `eqxopt by hand`: `eqx.filter_jit(donate="all-except-first")` around
+- `eqxopt helper <path>`: `eqxopt.make_train_step(loss_fn, opt)` (donates model and
+  state, `opt.step(..., donate=True)` inside).
+- `eqxopt by hand <path>`: `eqx.filter_jit(donate="all-except-first")` around
   `eqx.filter_value_and_grad` and `opt.step(grads, state, model, donate=True)`, the
   optimizer passed as the first (not donated) argument.
-- `eqxopt native` / `eqxopt xla`: the hand-written step traced with eqxopt's native
-  kernels forced on / off (`set_native_kernels`), whatever the default is.
 - `optax`: `eqx.filter_jit(donate="all")`, `tx.update(grads, opt_state,
   eqx.filter(model, eqx.is_array))`, `eqx.apply_updates`, as optax's and Equinox's
   docs show.
 
-Reports examples (or tokens) per second, the ratios eqxopt / optax (of wall-clock
-time, and of the process's CPU time, which other jobs on a shared machine move less),
-XLA's memory analysis of each compiled step (temporaries; parameter-sized copies in
-its HLO), and a table of issue 15's targets per model.
+Each path is a phase (switching the kernels drops eqxopt's compiled steps): the
+first call of each of its variants, then interleaved rounds (one call of each per
+round, medians) of its variants and optax, so that every ratio to optax comes from
+rounds under the same load. The native path runs where the kernels do (the CPU,
+with a C++ compiler, unless `EQXOPT_NATIVE=0`); `--paths xla` runs XLA's code only.
+
+Reports examples (or tokens) per second, the ratios to optax (of throughput, and of
+the process's CPU time, which other jobs on a shared machine move less), the first
+call's trace + lowering and backend compile against optax's, XLA's memory analysis
+of each compiled step (peak, temporaries; parameter-sized copies in its HLO), and a
+table of the targets per model and path.
 `--quick` (or EQXOPT_BENCH_QUICK=1): two rounds of every model (every target in one
 run; the compiles take most of it).
 """
 
 import argparse
-import os
 import re
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -35,7 +43,21 @@ import jax.numpy as jnp
 import optax
 
 import eqxopt
-from _common import QUICK, Stepper, interleaved, rounds, save, table
+from _common import (
+    PATHS,
+    QUICK,
+    CompileEvents,
+    Stepper,
+    first_call_ratios,
+    interleaved,
+    kernel_path,
+    kernel_paths,
+    memory,
+    rounds,
+    save,
+    table,
+    warm_up,
+)
 
 # ------------------------------------------------------------------------- models
 
@@ -240,188 +262,261 @@ def round_ratios(reference: list[float], times: list[float]) -> float:
     return statistics.median(o / t for o, t in zip(reference, times))
 
 
-_OFF = ("0", "false", "no", "off")
+class Variant(NamedTuple):
+    """One way to run a train step: `call(carry) -> carry` (the carry: model and
+    optimizer state), the first `carry`, and `lower(carry)`: the compiled program
+    `call` runs (for XLA's memory analysis and its HLO)."""
+
+    call: Callable[[Any], Any]
+    carry: Any
+    lower: Callable[[Any], Any]
 
 
-def variants(cfg: dict) -> dict:
-    """name -> (call(carry) -> carry, carry, lower(carry) -> compiled)."""
+KINDS = ("helper", "by hand")
+
+
+def eqxopt_variants(
+    cfg: dict, opt, path: str, kinds: Sequence[str] = KINDS
+) -> dict[str, Variant]:
+    """eqxopt's variants of one model on `path` (built and run inside
+    `kernel_path(path)`): `kinds` of `KINDS`."""
     model, loss_fn, batch = cfg["model"], cfg["loss"], cfg["batch"]
-    opt = eqxopt.AdamW(LR, weight_decay=1e-4)
-    tx = optax.adamw(LR, weight_decay=1e-4)
-    out = {}
-    # The switch as the environment left it (README's EQXOPT_NATIVE spellings).
-    default = os.environ.get("EQXOPT_NATIVE", "1").lower() not in _OFF
 
-    if hasattr(eqxopt, "make_train_step"):
-        helper = eqxopt.make_train_step(loss_fn, opt)
-        out["eqxopt helper"] = (
-            lambda c: helper(c[0], c[1], *batch)[:2],
+    def helper() -> Variant:
+        step = eqxopt.make_train_step(loss_fn, opt)
+        return Variant(
+            lambda c: step(c[0], c[1], *batch)[:2],
             (fresh(model), opt.init(model)),
-            lambda c: helper.lower(c[0], c[1], *batch).compile(),
+            lambda c: step.lower(c[0], c[1], *batch).compile(),
         )
-    for name, native in (
-        ("eqxopt by hand", None),
-        ("eqxopt native", True),
-        ("eqxopt xla", False),
-    ):
+
+    def by_hand() -> Variant:
         step = hand_written(loss_fn)
-        if native is not None:
-            eqxopt.set_native_kernels(native)
-        carry = (fresh(model), opt.init(model))
-        # Trace (and compile) now, under the switch; later calls reuse the program.
-        carry = step(opt, *carry, batch)[:2]
-        compiled = step.lower(opt, *carry, batch).compile()
-        eqxopt.set_native_kernels(default)
-        out[name] = (
-            lambda c, step=step: step(opt, *c, batch)[:2],
-            carry,
-            lambda c, compiled=compiled: compiled,
+        return Variant(
+            lambda c: step(opt, *c, batch)[:2],
+            (fresh(model), opt.init(model)),
+            lambda c: step.lower(opt, *c, batch).compile(),
         )
-    ostep = optax_step(loss_fn, tx)
-    out["optax"] = (
-        lambda c: ostep(*c, batch)[:2],
+
+    builders = {"helper": helper, "by hand": by_hand}
+    return {f"eqxopt {kind} {path}": builders[kind]() for kind in kinds}
+
+
+def optax_variant(cfg: dict, tx) -> Variant:
+    model, batch = cfg["model"], cfg["batch"]
+    step = optax_step(cfg["loss"], tx)
+    return Variant(
+        lambda c: step(*c, batch)[:2],
         (fresh(model), tx.init(eqx.filter(model, eqx.is_array))),
-        lambda c: ostep.lower(*c, batch).compile(),
+        lambda c: step.lower(*c, batch).compile(),
     )
+
+
+def _analysis(compiled) -> dict:
+    text = getattr(compiled, "compiled", compiled).as_text()
+    return {**memory(compiled), "weight_copies": weight_copies(text)}
+
+
+def run_paths(
+    reference: Variant,
+    variants_for: Callable[[str], dict[str, Variant]],
+    paths: Sequence[str],
+    n_rounds: int,
+    events: CompileEvents,
+) -> dict[str, dict]:
+    """Every path's phase: the first call of each of its variants (`variants_for(
+    path)`) and XLA's memory analysis of its program, then interleaved rounds of the
+    path's variants and the reference (optax, first called before the others).
+
+    Returns, per variant (and `"optax"` for the reference): `path`, `first_call`
+    (JAX's compile events and the whole call, seconds), `first_call_vs_optax`
+    (variant / optax), `memory` (XLA's memory analysis and copies of inputs),
+    `step_s` and `cpu_s` (medians per call), `ratio` and `cpu_ratio` (optax's time /
+    the variant's, the median of the per-round ratios in the path's phase: above 1
+    is faster than optax)."""
+    out: dict[str, dict] = {}
+    carry, first = events.measure(lambda: reference.call(reference.carry))
+    optax_record = {
+        "path": "-",
+        "first_call": first,
+        "first_call_vs_optax": first_call_ratios(first, first),
+        "memory": _analysis(reference.lower(carry)),
+    }
+    reference_times: list[float] = []
+    reference_cpu: list[float] = []
+    for path in paths:
+        with kernel_path(path):
+            found = variants_for(path)
+            steppers = {}
+            for name, variant in found.items():
+                after, first_call = events.measure(
+                    lambda variant=variant: variant.call(variant.carry)
+                )
+                out[name] = {
+                    "path": path,
+                    "first_call": first_call,
+                    "first_call_vs_optax": first_call_ratios(first_call, first),
+                    "memory": _analysis(variant.lower(after)),
+                }
+                steppers[name] = CpuStepper(variant.call, after)
+            steppers["optax"] = CpuStepper(reference.call, carry)
+            interleaved(steppers, n_rounds, warmup=2)
+            for s in steppers.values():
+                s.cpu = s.cpu[-n_rounds:]  # the timed rounds, not the warm-up
+            ref = steppers.pop("optax")
+            carry = ref.state
+            for name, s in steppers.items():
+                out[name].update(
+                    step_s=statistics.median(s.times),
+                    cpu_s=statistics.median(s.cpu),
+                    ratio=round_ratios(ref.times, s.times),
+                    cpu_ratio=round_ratios(ref.cpu, s.cpu),
+                )
+            reference_times += ref.times
+            reference_cpu += ref.cpu
+    optax_record.update(
+        step_s=statistics.median(reference_times),
+        cpu_s=statistics.median(reference_cpu),
+        ratio=1.0,
+        cpu_ratio=1.0,
+    )
+    out["optax"] = optax_record
     return out
 
 
 def target_rows(results: dict) -> list[tuple]:
-    """One row per model: what issue 15's targets ask for (>= 1.0x optax's
-    throughput, the helper within 5% of the best step by hand, peak memory no
-    higher than optax's, no copy of a weight)."""
+    """One row per model and path: the helper against optax (throughput and CPU
+    time: at least 1.0; first call: at most 1.0; peak memory: at most 1.0; no copy
+    of an input), and against the step by hand on its path (within 5%)."""
     rows = []
     for model, r in results.items():
-        ratio, memory = r["ratio_vs_optax"], r["memory"]
-        if "eqxopt helper" not in ratio:
-            continue
-        by_hand = {
-            k: v for k, v in ratio.items() if k not in ("eqxopt helper", "optax")
-        }
-        best = max(by_hand, key=by_hand.__getitem__)
-        cpu = r["cpu_ratio_vs_optax"]
-        best_cpu = max(cpu[k] for k in by_hand)
-        helper = memory["eqxopt helper"]
-        rows.append(
-            (
-                model,
-                f"{ratio['eqxopt helper']:.2f}",
-                f"{cpu['eqxopt helper']:.2f}",
-                f"{by_hand[best]:.2f} ({best.removeprefix('eqxopt ')})",
-                f"{ratio['eqxopt helper'] / by_hand[best]:.2f}"
-                f" (CPU time {cpu['eqxopt helper'] / best_cpu:.2f})",
-                f"{helper['peak_MB'] / memory['optax']['peak_MB']:.3f}",
-                f"{helper['weight_copies']} ({memory['optax']['weight_copies']})",
+        variants = r["variants"]
+        optax_copies = variants["optax"]["memory"]["weight_copies"]
+        optax_peak = variants["optax"]["memory"]["peak_MB"]
+        for path in r["paths"]:
+            helper = variants[f"eqxopt helper {path}"]
+            by_hand = variants.get(f"eqxopt by hand {path}")
+            first = helper["first_call_vs_optax"]
+            rows.append(
+                (
+                    model,
+                    path,
+                    f"{helper['ratio']:.2f}",
+                    f"{helper['cpu_ratio']:.2f}",
+                    "-"
+                    if by_hand is None
+                    else f"{helper['ratio'] / by_hand['ratio']:.2f}"
+                    f" (CPU time {helper['cpu_ratio'] / by_hand['cpu_ratio']:.2f})",
+                    f"{first['first_call']:.2f} (compile {first['compile']:.2f})",
+                    f"{helper['memory']['peak_MB'] / optax_peak:.3f}",
+                    f"{helper['memory']['weight_copies']} ({optax_copies})",
+                )
             )
-        )
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="two rounds")
-    parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument(
-        "--only", default="", help="run the models whose name contains this"
-    )
-    args = parser.parse_args()
-    quick = args.quick or QUICK
-    n_rounds = args.rounds or (2 if quick else rounds(15))
+TARGET_HEADER = (
+    "model",
+    "path",
+    "helper / optax",
+    "helper / optax, CPU time",
+    "helper / by hand",
+    "first call / optax",
+    "peak / optax",
+    "copies of inputs (optax)",
+)
+
+
+def run(
+    cfgs: list[dict],
+    paths: Sequence[str],
+    n_rounds: int,
+    events: CompileEvents,
+    kinds: Sequence[str] = KINDS,
+) -> dict:
+    """Every model of `cfgs` on `paths` (eqxopt's `kinds` of variants), with the
+    tables; the results per model."""
     results = {}
-    rows, mem_rows = [], []
-    for cfg in configs():
-        if args.only not in cfg["name"]:
-            continue
+    rows, first_rows, mem_rows = [], [], []
+    for cfg in cfgs:
         model = cfg["model"]
-        n_params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
-        found = variants(cfg)
-        memory = {}
-        for name, (_, carry, lower) in found.items():
-            compiled = lower(carry)
-            compiled = getattr(compiled, "compiled", compiled)  # eqx.filter_jit's
-            analysis = compiled.memory_analysis()
-            # Live at once: the arguments, new outputs not written over an
-            # argument, and the temporaries (deterministic: XLA's buffer assignment).
-            peak = (
-                analysis.argument_size_in_bytes
-                + analysis.output_size_in_bytes
-                - analysis.alias_size_in_bytes
-                + analysis.temp_size_in_bytes
-            )
-            memory[name] = {
-                "peak_bytes": int(peak),
-                "temp_bytes": int(analysis.temp_size_in_bytes),
-                "peak_MB": peak / 1e6,
-                "temp_MB": analysis.temp_size_in_bytes / 1e6,
-                "output_MB": analysis.output_size_in_bytes / 1e6,
-                "aliased_MB": analysis.alias_size_in_bytes / 1e6,
-                "weight_copies": weight_copies(compiled.as_text()),
-            }
-        steppers = {
-            name: CpuStepper(fn, carry) for name, (fn, carry, _) in found.items()
-        }
-        times = interleaved(steppers, n_rounds, warmup=2)
-        for s in steppers.values():
-            s.cpu = s.cpu[-n_rounds:]  # the timed rounds, not the warm-up
-        rate = {name: cfg["examples"] / t for name, t in times.items()}
-        ref = steppers["optax"]
-        ratio = {name: round_ratios(ref.times, s.times) for name, s in steppers.items()}
-        cpu_ratio = {name: round_ratios(ref.cpu, s.cpu) for name, s in steppers.items()}
-        for name in found:
+        arrays = jax.tree.leaves(eqx.filter(model, eqx.is_array))
+        opt = eqxopt.AdamW(LR, weight_decay=1e-4)
+        tx = optax.adamw(LR, weight_decay=1e-4)
+        found = run_paths(
+            optax_variant(cfg, tx),
+            lambda path, cfg=cfg, opt=opt: eqxopt_variants(cfg, opt, path, kinds),
+            paths,
+            n_rounds,
+            events,
+        )
+        optax_memory = found["optax"]["memory"]
+        for name, v in found.items():
             rows.append(
                 (
                     cfg["name"],
                     name,
-                    f"{rate[name]:.4g} {cfg['unit']}",
-                    f"{times[name] * 1e3:.2f} ms",
-                    f"{ratio[name]:.2f}",
-                    f"{statistics.median(steppers[name].cpu) * 1e3:.2f} ms",
-                    f"{cpu_ratio[name]:.2f}",
+                    f"{cfg['examples'] / v['step_s']:.4g} {cfg['unit']}",
+                    f"{v['step_s'] * 1e3:.2f} ms",
+                    f"{v['ratio']:.2f}",
+                    f"{v['cpu_s'] * 1e3:.2f} ms",
+                    f"{v['cpu_ratio']:.2f}",
                 )
             )
-            m = memory[name]
+            c, cr = v["first_call"], v["first_call_vs_optax"]
+            first_rows.append(
+                (
+                    cfg["name"],
+                    name,
+                    f"{c['trace_s'] + c['lower_s']:.2f}",
+                    f"{c['compile_s']:.2f}",
+                    f"{c['first_call_s']:.2f}",
+                    f"{cr['trace_lower']:.2f}",
+                    f"{cr['compile']:.2f}",
+                    f"{cr['first_call']:.2f}",
+                )
+            )
+            m = v["memory"]
             mem_rows.append(
                 (
                     cfg["name"],
                     name,
                     f"{m['peak_MB']:.1f}",
-                    f"{m['peak_MB'] / memory['optax']['peak_MB']:.3f}",
+                    f"{m['peak_MB'] / optax_memory['peak_MB']:.3f}",
                     f"{m['temp_MB']:.2f}",
-                    f"{m['temp_MB'] / memory['optax']['temp_MB']:.2f}"
-                    if memory["optax"]["temp_MB"]
+                    f"{m['temp_MB'] / optax_memory['temp_MB']:.2f}"
+                    if optax_memory["temp_MB"]
                     else "-",
                     m["weight_copies"],
                 )
             )
         results[cfg["name"]] = {
-            "params": int(n_params),
-            "leaves": len(jax.tree.leaves(eqx.filter(model, eqx.is_array))),
+            "params": int(sum(x.size for x in arrays)),
+            "leaves": len(arrays),
             "unit": cfg["unit"],
-            "rate": rate,
-            "step_ms": {k: v * 1e3 for k, v in times.items()},
-            "ratio_vs_optax": ratio,
-            "cpu_ms": {k: statistics.median(s.cpu) * 1e3 for k, s in steppers.items()},
-            "cpu_ratio_vs_optax": cpu_ratio,
-            "memory": memory,
+            "paths": list(paths),
+            "variants": found,
         }
     table(
-        f"Train step, {n_rounds} interleaved rounds (ratio: eqxopt / optax throughput,"
-        " median over rounds; CPU: process CPU time per step, all threads)",
+        f"Train step, {n_rounds} interleaved rounds per path (ratio: eqxopt / optax"
+        " throughput, median over rounds; CPU: process CPU time per step, all"
+        " threads)",
         rows,
         ("model", "variant", "throughput", "step", "ratio", "CPU", "CPU ratio"),
     )
     table(
-        "Train step, the targets (recommended: the helper; best by hand: the fastest"
-        " hand-written variant; memory and copies of the helper's compiled step)",
-        target_rows(results),
+        "Train step, the first call (trace + lowering to StableHLO, XLA's compile,"
+        " the whole call; seconds, and / optax)",
+        first_rows,
         (
             "model",
-            "helper / optax",
-            "helper / optax, CPU time",
-            "best by hand / optax",
-            "helper / best by hand",
-            "peak / optax",
-            "copies of inputs (optax)",
+            "variant",
+            "trace+lower s",
+            "compile s",
+            "first call s",
+            "trace+lower / optax",
+            "compile / optax",
+            "first call / optax",
         ),
     )
     table(
@@ -437,6 +532,37 @@ def main() -> None:
             "copies of inputs",
         ),
     )
+    table(
+        "Train step, the targets (the helper, make_train_step, per path; by hand: the"
+        " step written out with eqx.filter_jit on the same path)",
+        target_rows(results),
+        TARGET_HEADER,
+    )
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two rounds")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument(
+        "--only", default="", help="run the models whose name contains this"
+    )
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=PATHS,
+        default=list(PATHS),
+        help="eqxopt's paths to measure (native: where the kernels can run)",
+    )
+    args = parser.parse_args()
+    quick = args.quick or QUICK
+    n_rounds = args.rounds or (2 if quick else rounds(15))
+    paths = kernel_paths(tuple(args.paths))
+    events = CompileEvents()
+    warm_up()
+    cfgs = [cfg for cfg in configs() if args.only in cfg["name"]]
+    results = run(cfgs, paths, n_rounds, events)
     save("train_step", {"rounds": n_rounds, **results})
     sys.stdout.flush()
 

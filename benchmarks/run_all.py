@@ -1,5 +1,7 @@
 """Runs the benchmark cases (`make bench`), each in its own process, then draws
-benchmarks/results.png from benchmarks/results.json.
+benchmarks/results.png from benchmarks/results.json and prints one line per ratio
+of the train-step cases (eqxopt on each path, native kernels and XLA's own code,
+against optax).
 
 Set EQXOPT_BENCH_QUICK=1 for two rounds per case instead of the default repeats.
 """
@@ -10,11 +12,12 @@ import subprocess
 import sys
 import time
 
-from _common import HERE, RESULTS
+from _common import HERE, RESULTS, summary
 
 MOF_FLAG = "--xla_backend_extra_options=xla_cpu_use_multi_output_fusion"
 CASES = [
     "bench_train_step.py",
+    "bench_packed_layers.py",
     "bench_big_leaf.py",
     "bench_big_leaf.py+mof",
     "bench_many_leaves.py",
@@ -75,14 +78,13 @@ def chart() -> None:
             ("transformer", "transformer"),
         ):
             r = many[key]
-            for name, t in r["step_ms"].items():
+            for name, ratio in r.get("step_vs_optax", {}).items():
                 if name.startswith("eqxopt"):
-                    ref = "optax jit" + (" donate" if name.endswith(" donate") else "")
                     variant = name[len("eqxopt ") :]
-                    ratios[f"{label} {variant}: step"] = t / r["step_ms"][ref]
-                    ratios[f"{label} {variant}: compile"] = (
-                        r["compile"][name]["compile_s"] / r["compile"][ref]["compile_s"]
-                    )
+                    ratios[f"{label} {variant}: step"] = ratio
+                    ratios[f"{label} {variant}: compile"] = r["compile_vs_optax"][name][
+                        "compile"
+                    ]
         bars(
             axes[0, 1],
             ratios,
@@ -129,11 +131,13 @@ def chart() -> None:
     if train:
         ratios = {}
         for label, r in train.items():
-            if not isinstance(r, dict) or "ratio_vs_optax" not in r:
+            if not isinstance(r, dict) or "variants" not in r:
                 continue
-            for name, ratio in r["ratio_vs_optax"].items():
+            for name, v in r["variants"].items():
                 if name != "optax":
-                    ratios[f"{label.split(',')[0]}: {name[len('eqxopt ') :]}"] = ratio
+                    ratios[f"{label.split(',')[0]}: {name[len('eqxopt ') :]}"] = v[
+                        "ratio"
+                    ]
         bars(
             axes[0, 3],
             ratios,
@@ -142,7 +146,27 @@ def chart() -> None:
             colour="tab:blue",
         )
         axes[0, 3].axvline(1.0, color="k", lw=0.8)
-    axes[1, 3].axis("off")
+    layers = data.get("packed_layers", {}).get("models", {})
+    if layers:
+        ratios = {}
+        for r in layers.values():
+            for name, v in r["variants"].items():
+                if name != "optax":
+                    variant = f"{r['leaves']} leaves, {name[len('eqxopt ') :]}"
+                    ratios[f"{variant}: step"] = v["ratio"]
+                    ratios[f"{variant}: first call"] = (
+                        1 / v["first_call_vs_optax"]["first_call"]
+                    )
+        bars(
+            axes[1, 3],
+            ratios,
+            "12. N layers of 64x64: optax / eqxopt time",
+            "ratio (1 = optax; higher is faster)",
+            colour="tab:blue",
+        )
+        axes[1, 3].axvline(1.0, color="k", lw=0.8)
+    else:
+        axes[1, 3].axis("off")
     fig.tight_layout()
     fig.savefig(HERE / "results.png", dpi=90)
     print(f"wrote {HERE / 'results.png'}")
@@ -174,6 +198,7 @@ def main() -> None:
         if rc:
             failed.append(case)
     chart()
+    print("\n" + "\n".join(summary(json.loads(RESULTS.read_text()))))
     print(f"\nall cases: {time.time() - start:.0f} s; results in {RESULTS}")
     print(
         "Note: the machine is shared with other jobs (see loadavg in results.json);"

@@ -3,9 +3,20 @@ import os
 import jax
 import pytest
 
-# Reference comparisons run in float32 on the CPU; keep JAX from grabbing other
-# backends and make every failure reproducible.
-jax.config.update("jax_platforms", "cpu")
+# The platform the tests run on: the CPU, unless EQXOPT_TEST_PLATFORM names another
+# in `jax_platforms`' terms ("cuda", "tpu"; "cuda,cpu" keeps the CPU beside it).
+# The CPU by default keeps JAX from grabbing other backends and makes every failure
+# reproducible; tests that need the native CPU kernels are marked `needs_compiler`
+# and skip elsewhere.
+TEST_PLATFORM = os.environ.get("EQXOPT_TEST_PLATFORM", "cpu")
+jax.config.update("jax_platforms", TEST_PLATFORM)
+if TEST_PLATFORM != "cpu":
+    # The references (optax, torch and NumPy on the CPU) multiply float32 matrices
+    # in float32; XLA on a GPU would use TF32 by default.
+    jax.config.update("jax_default_matmul_precision", "highest")
+# The processes tests start (8 host devices, the native kernels' switches, training
+# across processes) test the CPU, whatever platform this one tests.
+os.environ["JAX_PLATFORMS"] = "cpu"
 
 # JAX's strict dtype promotion, as equinox's tests run: every implicit promotion
 # between dtypes raises, so eqxopt never promotes behind a user's back. References

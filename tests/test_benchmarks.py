@@ -1,0 +1,66 @@
+"""benchmarks/bench_gpu.py, the XLA path against optax on whatever device JAX finds,
+runs as it is in its quick mode: here on the CPU, the code path a GPU runs, with
+neither torch nor eqxopt's native kernels importable."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Runs the script with torch and eqxopt's native backend made unimportable.
+RUN_WITHOUT_TORCH_OR_KERNELS = textwrap.dedent(
+    """
+    import importlib.abc, runpy, sys
+
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] == "torch" or name.startswith("eqxopt._native"):
+                raise ModuleNotFoundError(f"blocked: {name}", name=name)
+
+    sys.meta_path.insert(0, Block())
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    """
+)
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_runs_in_quick_mode_on_the_cpu(tmp_path):
+    results = tmp_path / "results.json"
+    script = ROOT / "benchmarks" / "bench_gpu.py"
+    args = ["--quick", "--platform", "cpu", "--results", str(results)]
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_WITHOUT_TORCH_OR_KERNELS, str(script), *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads(results.read_text())["gpu"]
+    assert data["quick"] is True and data["machine"]["backend"] == "cpu"
+    models = data["train_step"]
+    assert len(models) == 4
+    for r in models.values():
+        assert r["paths"] == ["xla"]
+        assert set(r["variants"]) == {"eqxopt helper xla", "optax"}
+        helper = r["variants"]["eqxopt helper xla"]
+        assert helper["ratio"] > 0 and helper["first_call_vs_optax"]["compile"] > 0
+        assert helper["memory"]["peak_MB"] > 0
+    layers = data["packed_layers"]["models"]
+    assert sorted(r["leaves"] for r in layers.values()) == [50, 300]
+    for r in layers.values():
+        assert set(r["variants"]) == {"eqxopt tree xla", "eqxopt packed xla", "optax"}
+    # The summary: one line per ratio, printed last (after its heading).
+    summary = done.stdout.split("### Summary")[1].split("\n\n")[1].splitlines()
+    assert summary == data["summary"]
+    # Per model, three ratios of the helper; per size, three of each layout, two
+    # of packed against the tree; per layout, its growth against optax's.
+    assert len(summary) == 4 * 3 + 2 * (2 * 3 + 2) + 2
+    assert all(line.endswith(")") and "x (target" in line for line in summary)
