@@ -32,7 +32,8 @@ def mesh_and_spec(x: Any) -> tuple[Any, Any] | None:
     `x` lies on no mesh with named axes. The spec names only Explicit axes: Auto
     axes are the compiler's to decide and read as unsharded (`axis_kinds` tells
     them apart). The one reader of a type's sharding: the entries place their
-    outputs by it (`_placement.keep`), Muon and SOAP find a leaf's mesh by it."""
+    outputs by it (`_placement.keep`), state made at `init` follows its parameter
+    by it (`_param_sharding`), and Muon and SOAP find a leaf's mesh by it."""
     typeof = getattr(jax, "typeof", None)
     if typeof is None:
         return None
