@@ -2,7 +2,8 @@
 
 State shaped like its parameter is made like it (`_tree.full_like_leaf`), so it is
 placed like it by construction. State made from a parameter but shaped otherwise
-(quantized blocks) is placed by `where` it lies: its concrete sharding or, traced
+(quantized blocks, a statistic with one of the parameter's dimensions reduced away:
+`reduced_like`) is placed by `where` it lies: its concrete sharding or, traced
 (`jax.jit` or `jax.eval_shape` of `init`) on a mesh of Explicit axes, the sharding
 in its type. So a state that follows FSDP-sharded parameters is split from the
 start, and `jax.eval_shape(opt.init, params)` records where each leaf lies (on the
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .._native._compat import is_tracer
 from . import _jax_api
@@ -50,3 +51,15 @@ def where(p: Any) -> Where | None:
         put = jax.device_put
     spec = tuple(spec) + (None,) * (p.ndim - len(spec))
     return Where(mesh, spec, put)
+
+
+def reduced_like(x: Any, p: Any, axis: int) -> Any:
+    """`x`, a statistic of the parameter `p` over its dimension `axis` (shaped like
+    `p` without it), placed like `p` along the dimensions it keeps (replicated on
+    `p`'s mesh where it splits none of them). As it is where `where` finds no
+    mesh."""
+    found = where(p)
+    if found is None:
+        return x
+    kept = found.spec[:axis] + found.spec[axis + 1 :]
+    return found.put(x, NamedSharding(found.mesh, PartitionSpec(*kept)))
