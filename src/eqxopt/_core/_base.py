@@ -341,6 +341,8 @@ def _entry(
             grads_given=grads_given,
         )
 
+    # On a mesh of Explicit axes the maths runs with them made Auto, and a donated
+    # step inside a user's jit reads where its inputs lie from their types.
     mesh = _placement.explicit_mesh((grads, params, state))
     if mesh is None:
         new, new_state = run(opt, grads, params, state, extra, native)
