@@ -331,13 +331,27 @@ def _entry(
     # `params, state` for `step`; the outputs come in the same order.
     params, state = (first, second) if step else (second, first)
     method = type(opt).transform_step if step else type(opt).transform
-    new, new_state = _seam.traced(
-        lambda: _checked(method, opt, grads, state, params, extra),
-        in_place=donated,
-        placement=native,
-        inputs=(grads, params, state),
-        grads_given=grads_given,
-    )
+
+    def run(opt, grads, params, state, extra, native):
+        return _seam.traced(
+            lambda: _checked(method, opt, grads, state, params, extra),
+            in_place=donated,
+            placement=native,
+            inputs=(grads, params, state),
+            grads_given=grads_given,
+        )
+
+    # On a mesh of Explicit axes the maths runs with them made Auto, and a donated
+    # step inside a user's jit reads where its inputs lie from their types.
+    mesh = _placement.explicit_mesh((grads, params, state))
+    if mesh is None:
+        new, new_state = run(opt, grads, params, state, extra, native)
+    else:
+        if donated and native is None:
+            native = _seam.typed_placement((grads, params, state), mesh)
+        new, new_state = _placement.on_auto_axes(
+            run, mesh, opt, grads, params, state, extra, native
+        )
     on_params, on_state = placement or (None, None)
     new_state = _placement.keep(new_state, state, on_state)
     if step:

@@ -14,6 +14,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import jax
+
 from .._native import _shard
 from ._placement import Inputs
 
@@ -57,6 +59,13 @@ def placement(inputs: Inputs | None) -> Any:
     if inputs is None or not inputs.donated:
         return None
     return _shard.placement(inputs.leaves, inputs.shardings)
+
+
+def typed_placement(inputs: Any, mesh: Any) -> Any:
+    """`placement` for a donated entry inside a user's own `jit` on a mesh of
+    Explicit axes (`mesh`), read from the types of `inputs` (its grads, params and
+    state, traced)."""
+    return _shard.typed_placement(jax.tree.leaves(inputs), mesh)
 
 
 def traced(
