@@ -78,16 +78,17 @@ def main():
     opt = eqxopt.AdamW(1e-3, weight_decay=1e-2)
     n_params = sum(x.size for x in jax.tree.leaves(params))
 
-    # Bytes: the compiled `init` per device, replicated vs ZeRO-1.
-    abstract = jax.eval_shape(opt.init, params)
-    zero1 = eqxopt.state_shardings(abstract, mesh, "data")
+    # Bytes: the compiled `init` per device, replicated vs ZeRO-1 (the shardings
+    # from the state itself: on Auto axes `jax.eval_shape` records none).
+    full = opt.init(params)
+    zero1 = eqxopt.state_shardings(full, mesh, "data")
 
     def init_bytes(shardings):
         compiled = jax.jit(lambda p: opt.init(p), out_shardings=shardings)
         analysis = compiled.lower(params).compile().memory_analysis()
         return analysis.output_size_in_bytes
 
-    whole = init_bytes(jax.tree.map(lambda _: replicated, abstract))
+    whole = init_bytes(jax.tree.map(lambda _: replicated, full))
     split = init_bytes(zero1)
     state = {
         "replicated": jax.device_put(opt.init(params), replicated),

@@ -235,6 +235,40 @@ def test_sophia_h_matches_optax_sophia_with_the_same_signs():
     assert float(loss(history[-1])) < 0.25 * float(loss(PARAMS))
 
 
+def test_sophia_h_steps_leaves_the_loss_ignores_or_is_linear_in_as_optax():
+    # The Hessian-vector product of such leaves is a symbolic zero: their estimate
+    # is 0 (optax's too), so `nu` stays 0 and the clip bounds their steps.
+    params = {
+        "quartic": jnp.array([[1.0, -2.0], [0.5, 3.0]]),
+        "linear": jnp.array([1.5, -1.0, 0.25]),
+        "ignored": jnp.array([0.5, 0.25]),
+    }
+
+    def partial_loss(p):
+        return jnp.sum((p["quartic"] - 1.0) ** 4) + jnp.sum(3.0 * p["linear"])
+
+    partial_grad = jax.jit(jax.grad(partial_loss))
+    ours = eqxopt.Sophia(0.05, weight_decay=0.01, update_interval=2)
+    ref = optax.contrib.sophia(0.05, weight_decay=0.01, update_interval=2)
+    ref_update = jax.jit(functools.partial(ref.update, obj_fn=partial_loss))
+    state, ref_state = ours.init(params), ref.init(params)
+    ours_params, ref_params = params, params
+    history, expected = [], Trajectory(params)
+    for _ in range(6):
+        g = partial_grad(ours_params)
+        ours_params, state = ours.step(g, state, ours_params, obj_fn=partial_loss)
+        with OPTAX_PROMOTION:
+            updates, ref_state = ref_update(
+                partial_grad(ref_params), ref_state, ref_params
+            )
+            ref_params = optax.apply_updates(ref_params, updates)
+        history.append(ours_params)
+        expected.append(ref_params)
+    assert_histories_close(history, expected)
+    assert float(jnp.max(state.nu["linear"])) == 0.0
+    assert float(jnp.max(state.nu["ignored"])) == 0.0
+
+
 def exact_diagonal(params):
     """The Hessian's diagonal of `loss`: 2 + 1.2 * p**2."""
     return jax.tree.map(lambda p: 2.0 + 1.2 * p**2, params)

@@ -92,9 +92,9 @@ SCRIPT = textwrap.dedent(
         assert split_leaves(state0), (name, "nothing split")
         for x in jax.tree.leaves(state0):  # every leaf on the mesh, 0-d included
             assert isinstance(x.sharding, NamedSharding), (name, x.sharding)
-        # The state built sharded from the start: the same placement and values.
-        abstract = jax.eval_shape(opt.init, params)
-        shardings = eqxopt.state_shardings(abstract, mesh, "data")
+        # The state built sharded from the start: the same placement and values
+        # (on Auto axes `jax.eval_shape` records no sharding: from the state).
+        shardings = eqxopt.state_shardings(opt.init(params), mesh, "data")
         built = jax.jit(lambda p: opt.init(p), out_shardings=shardings)(params)
         same_place(built, state0, (name, "jit init"))
         equal(built, state0, (name, "jit init"))
@@ -179,12 +179,11 @@ SCRIPT = textwrap.dedent(
         )
         assert here / total <= 1 / 8 * 1.01, (d, here, total)
     # The same from XLA's memory analysis of the program creating the state.
-    abstract = jax.eval_shape(opt.init, big)
     def out(sh):
         return jax.jit(lambda p: opt.init(p), out_shardings=sh).lower(big).compile()
 
-    per_device = out(eqxopt.state_shardings(abstract, mesh, "data"))
-    whole = out(jax.tree.map(lambda _: replicated, abstract))
+    per_device = out(eqxopt.state_shardings(full, mesh, "data"))
+    whole = out(jax.tree.map(lambda _: replicated, full))
     ratio = (per_device.memory_analysis().output_size_in_bytes
              / whole.memory_analysis().output_size_in_bytes)
     assert ratio <= 1 / 8 * 1.01, ratio
@@ -203,25 +202,40 @@ SCRIPT = textwrap.dedent(
         eqxopt.AdamW(1e-3).init({"w": jnp.ones((16, 3))}), mesh2, ("data", "model"))
     assert st.mu["w"].sharding.spec[0] == ("data", "model"), st.mu["w"].sharding
 
-    # Explicit axes (jax.make_mesh's default on new JAX): the same, from the types.
+    # Explicit axes (jax.make_mesh's default on new JAX): the same, from the types,
+    # and the state can be built split from `jax.eval_shape` (README's recipe),
+    # 8-bit moments included.
     if hasattr(jax.sharding, "AxisType"):
         mesh3 = jax.make_mesh((8,), ("data",),
                               axis_types=(jax.sharding.AxisType.Explicit,))
         rep3 = NamedSharding(mesh3, P())
         p3 = jax.device_put(host, rep3)
-        opt = eqxopt.AdamW(1e-2)
-        s3 = eqxopt.shard_state(opt.init(p3), mesh3, "data")
         g3 = jax.device_put(grads[0], rep3)
-        new_p, new_s = opt.step(g3, s3, p3)
-        same_place(new_p, p3, "explicit params")
-        same_place(new_s, s3, "explicit state")
-        close(new_p, opt.step(
-            jax.device_put(grads[0], one), opt.init(jax.device_put(host, one)),
-            jax.device_put(host, one))[0], "explicit")
-        # Inside the user's own jit, from the types alone.
-        new_p, new_s = jax.jit(opt.step)(g3, s3, p3)
-        same_place(new_p, p3, "explicit jit params")
-        same_place(new_s, s3, "explicit jit state")
+        q8 = eqxopt.Blockwise8bit(block_size=32, min_size=0)
+        for opt in (eqxopt.AdamW(1e-2),
+                    eqxopt.AdamW(1e-2, mu_dtype=q8, nu_dtype=q8)):
+            s3 = eqxopt.shard_state(opt.init(p3), mesh3, "data")
+            abstract = jax.eval_shape(opt.init, p3)
+            shardings = eqxopt.state_shardings(abstract, mesh3, "data")
+            built = jax.jit(lambda p: opt.init(p), out_shardings=shardings)(p3)
+            same_place(built, s3, "explicit jit init")
+            equal(built, s3, "explicit jit init")
+            want = opt.step(
+                jax.device_put(grads[0], one), opt.init(jax.device_put(host, one)),
+                jax.device_put(host, one))[0]
+            new_p, new_s = opt.step(g3, s3, p3)
+            same_place(new_p, p3, "explicit params")
+            same_place(new_s, s3, "explicit state")
+            close(new_p, want, "explicit")
+            # Inside the user's own jit, from the types alone.
+            new_p, new_s = jax.jit(opt.step)(g3, s3, p3)
+            same_place(new_p, p3, "explicit jit params")
+            same_place(new_s, s3, "explicit jit state")
+            new_p, new_s = opt.step(
+                g3, built, jax.tree.map(jnp.copy, p3), donate=True)
+            same_place(new_p, p3, "explicit donated params")
+            same_place(new_s, s3, "explicit donated state")
+            close(new_p, want, "explicit donated")
     print("ZERO1-OK")
     """
 )
@@ -277,3 +291,57 @@ def test_shard_state_on_one_device_changes_nothing_but_placement():
     assert state.mu["w"].sharding.spec[0] == "data"
     new_params, _ = opt.step({"w": jax.numpy.ones((4, 2)), "n": None}, state, params)
     assert new_params["n"] == 3
+
+
+def test_state_shardings_refuses_an_abstract_state_that_records_no_sharding():
+    # `jax.eval_shape` on Auto axes (or off any mesh) records no sharding: nothing
+    # tells a state that follows FSDP-sharded parameters from a replicated one.
+    params = {"w": jax.numpy.ones((8, 16)), "n": 3}
+    abstract = jax.eval_shape(eqxopt.AdamW(1e-3).init, params)
+    with pytest.raises(
+        ValueError,
+        match=r"state\.mu\['w'\] is a jax\.ShapeDtypeStruct with no sharding on the "
+        r"mesh.*on Auto axes pass the state itself \(opt\.init\(params\)\)",
+    ):
+        eqxopt.state_shardings(abstract, _mesh(), "data")
+
+
+@pytest.mark.skipif(
+    not hasattr(jax.sharding, "AxisType"),
+    reason="this JAX has no Explicit mesh axes (jax.sharding.AxisType, JAX >= 0.5)",
+)
+def test_abstract_state_on_explicit_axes_is_placed_as_the_state_itself():
+    """`state_shardings(jax.eval_shape(opt.init, params), ...)` with FSDP-sharded
+    parameters on Explicit axes keeps their split (`P('fsdp', 'data')`, not
+    `P('data', None)`): the same shardings as from the state itself, for moments,
+    8-bit blocks and factored statistics alike."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    devices = np.array(jax.devices()[:1]).reshape(1, 1)
+    mesh = Mesh(devices, ("fsdp", "data"), axis_types=(AxisType.Explicit,) * 2)
+    params = {
+        "w": jax.device_put(jax.numpy.ones((32, 16)), NamedSharding(mesh, P("fsdp"))),
+        "r": jax.device_put(jax.numpy.ones((8, 16)), NamedSharding(mesh, P())),
+        "b": jax.device_put(jax.numpy.ones((16,)), NamedSharding(mesh, P("fsdp"))),
+    }
+    q8 = eqxopt.Blockwise8bit(block_size=32, min_size=0)
+    optimizers = (
+        eqxopt.AdamW(1e-3),
+        eqxopt.AdamW(1e-3, mu_dtype=q8, nu_dtype=q8),
+        eqxopt.Adafactor(1e-3, min_dim_size_to_factor=8),
+    )
+    for opt in optimizers:
+        abstract = eqxopt.state_shardings(jax.eval_shape(opt.init, params), mesh)
+        concrete = eqxopt.state_shardings(opt.init(params), mesh)
+        for (path, a), c in zip(
+            jax.tree.leaves_with_path(abstract), jax.tree.leaves(concrete), strict=True
+        ):
+            where = (type(opt).__name__, jax.tree_util.keystr(path))
+            assert a.spec == c.spec, (*where, a.spec, c.spec)
+        if isinstance(opt, eqxopt.Adafactor):
+            # w's statistic over its columns keeps its rows' split.
+            assert abstract.v_col["w"].spec == P("fsdp"), abstract.v_col["w"]
+        else:
+            mu_w = abstract.mu["w"]
+            codes = mu_w.codes if isinstance(mu_w, eqxopt.QuantizedArray) else mu_w
+            assert codes.spec == P("fsdp", "data"), codes.spec

@@ -324,7 +324,7 @@ from ._wrappers import (
 try:
     # The native CPU kernels, an optional backend: importing them registers them
     # with the engine (`_core/_backend.py`); without them every step runs XLA's code.
-    from ._native import NativeBackend as _NativeBackend
+    from ._native import NativeBackend as _NativeBackend  # noqa: F401
 except ModuleNotFoundError as error:  # a checkout without them
     if error.name != f"{__name__}._native":
         raise

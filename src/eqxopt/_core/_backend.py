@@ -115,6 +115,13 @@ class AbstractBackend(abc.ABC):
         del leaves, shardings
         return None
 
+    def typed_placement(self, leaves: Sequence[Any], mesh: Any) -> Any:
+        """As `placement`, for a donated call inside a user's own `jit` on a mesh of
+        Explicit axes (`mesh`), from the types of its traced input `leaves`; the
+        step then runs with those axes made Auto (`_placement.on_auto_axes`)."""
+        del leaves, mesh
+        return None
+
     def tracing(self, trace: EntryTrace) -> contextlib.AbstractContextManager:
         """The context in which an entry traces its transform."""
         del trace

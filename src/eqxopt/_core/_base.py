@@ -1,7 +1,6 @@
 """The contract every optimizer and gradient transform shares."""
 
 import abc
-import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
@@ -372,14 +371,30 @@ def _entry(key: _EntryKey, opt, grads, first, second, extra):
     params, state = (first, second) if key.step else (second, first)
     method = type(opt).transform_step if key.step else type(opt).transform
     backend = _backend.active()
-    tracing = contextlib.nullcontext()
-    if backend is not None:
+
+    def run(opt, grads, params, state, extra, backend_placement):
+        if backend is None:
+            return _checked(method, opt, grads, state, params, extra)
         trace = _backend.EntryTrace(
-            key.donated, key.grads_given, key.backend_placement, (grads, params, state)
+            key.donated, key.grads_given, backend_placement, (grads, params, state)
         )
-        tracing = backend.tracing(trace)
-    with tracing:
-        new, new_state = _checked(method, opt, grads, state, params, extra)
+        with backend.tracing(trace):
+            return _checked(method, opt, grads, state, params, extra)
+
+    # On a mesh of Explicit axes the maths runs with them made Auto, and a donated
+    # step inside a user's jit reads where its inputs lie from their types.
+    backend_placement = key.backend_placement
+    mesh = _placement.explicit_mesh((grads, params, state))
+    if mesh is None:
+        new, new_state = run(opt, grads, params, state, extra, backend_placement)
+    else:
+        if backend is not None and key.donated and backend_placement is None:
+            backend_placement = backend.typed_placement(
+                jax.tree.leaves((grads, params, state)), mesh
+            )
+        new, new_state = _placement.on_auto_axes(
+            run, mesh, opt, grads, params, state, extra, backend_placement
+        )
     on_params, on_state = key.shardings or (None, None)
     new_state = _placement.keep(new_state, state, on_state)
     if key.step:

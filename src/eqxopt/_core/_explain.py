@@ -41,7 +41,9 @@ def explain_kernels(opt: AbstractTransform, params: Params, **extra: Any) -> str
     """
     backend = _backend.registered()
     if backend is None:
-        return "This installation has no native CPU kernels: every step runs XLA's code."
+        return (
+            "This installation has no native CPU kernels: every step runs XLA's code."
+        )
     if not backend.usable():
         return f"The native CPU kernels are not in use: {backend.why_unusable()}."
     abstract = jax.eval_shape(lambda p: p, params)

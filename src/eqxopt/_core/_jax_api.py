@@ -67,8 +67,9 @@ def mesh_and_spec(x: Any) -> tuple[Any, Any] | None:
     types, `jax.typeof`, JAX >= 0.6), or None where this JAX has no such types or
     `x` lies on no mesh with named axes. The spec names only Explicit axes: Auto
     axes are the compiler's to decide and read as unsharded (`axis_kinds` tells
-    them apart). The one reader of a type's sharding: Muon and SOAP place their
-    products by it, the entries their outputs (`_placement.keep`)."""
+    them apart). The one reader of a type's sharding: the entries place their
+    outputs by it (`_placement.keep`), state made at `init` follows its parameter
+    by it (`_param_sharding`), and Muon and SOAP find a leaf's mesh by it."""
     typeof = getattr(jax, "typeof", None)
     if typeof is None:
         return None
@@ -98,17 +99,25 @@ def axis_kinds(mesh: Any) -> dict[str, str]:
     }
 
 
+def auto_version(mesh: Any) -> Any:
+    """The abstract mesh `mesh` (from `mesh_and_spec`) with its Explicit axes made
+    Auto (`AbstractMesh.update_axis_types`)."""
+    auto = jax.sharding.AxisType.Auto  # pyright: ignore[reportAttributeAccessIssue]
+    kinds = axis_kinds(mesh)
+    return mesh.update_axis_types(
+        {name: auto for name, kind in kinds.items() if kind == "explicit"}
+    )
+
+
+def use_abstract_mesh(mesh: Any) -> Any:
+    """`jax.sharding.use_abstract_mesh(mesh)`: a context in which traced values are
+    typed on `mesh` (its axis types: which axes the types name)."""
+    return jax.sharding.use_abstract_mesh(mesh)  # pyright: ignore[reportAttributeAccessIssue]
+
+
 def reshard(x: Any, sharding: Any) -> Any:
     """`jax.sharding.reshard`: `x` moved to `sharding` (Explicit axes)."""
     return jax.sharding.reshard(x, sharding)  # pyright: ignore[reportAttributeAccessIssue]
-
-
-def matmul(a: Any, b: Any, out_sharding: Any = None) -> Any:
-    """`a @ b`, with `out_sharding` (JAX >= 0.6) where given: the sharding of a
-    product over an Explicit axis that both operands split."""
-    if out_sharding is None:
-        return a @ b
-    return jax.numpy.matmul(a, b, out_sharding=out_sharding)  # pyright: ignore[reportCallIssue]
 
 
 def shard_alike(x: Any, like: Any) -> Any:

@@ -20,7 +20,11 @@ parameters came back split like the state, and donated buffers could not be reus
 
 - Meshes with Explicit axes carry the sharding in each array's type, so the traced
   entry reads it from its inputs and reshards each output to it (also inside a
-  user's own `jit`).
+  user's own `jit`). The optimizer's maths in between runs with those axes made
+  Auto (`on_auto_axes`): the compiler places every intermediate, as on an Auto
+  mesh, so no optimizer has to say how a product, reshape, select or `cond` over
+  operands split unlike each other (a ZeRO-1 state and replicated gradients,
+  FSDP factors and their statistics) is split.
 - On Auto meshes the traced values know nothing of their placement, so `update` and
   `step` read the concrete inputs' shardings before the call (`read`, only in a
   process with several devices; the same reading serves the native backend's
@@ -230,6 +234,39 @@ def signature(inputs: Inputs | None) -> tuple[tuple[Any, ...], ...] | None:
     if not any(s is not None for group in out for s in group):
         return None
     return out
+
+
+def explicit_mesh(tree: Any) -> Any:
+    """The (abstract) mesh of Explicit axes that the array leaves of `tree` are
+    typed on (the first found), or `None`."""
+    for x in jax.tree.leaves(tree):
+        if not isinstance(x, jax.Array):
+            continue
+        typed = _jax_api.mesh_and_spec(x)
+        if typed is not None and "explicit" in _jax_api.axis_kinds(typed[0]).values():
+            return typed[0]
+    return None
+
+
+def on_auto_axes(fn: Callable, mesh: Any, *trees: Any) -> Any:
+    """`fn(*trees)` with the Explicit axes of `mesh` made Auto while it runs: each
+    array leaf typed on `mesh` keeps its placement but drops it from its type, so
+    the maths inside is that of an Auto mesh (the compiler places every
+    intermediate, and none has to say how a product, reshape, select or `cond`
+    over split operands is split). The outputs come back typed on the Auto axes:
+    `keep` gives each its input's type."""
+    auto = _jax_api.auto_version(mesh)
+
+    def untyped(x: Any) -> Any:
+        if not isinstance(x, jax.Array):
+            return x
+        typed = _jax_api.mesh_and_spec(x)
+        if typed is None or typed[0] != mesh:
+            return x
+        return _jax_api.reshard(x, PartitionSpec())
+
+    with _jax_api.use_abstract_mesh(auto):
+        return fn(*(jax.tree.map(untyped, tree) for tree in trees))
 
 
 def _is_none(x: Any) -> bool:

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Array, Float32, Shaped
 
-from ._jax_api import is_tracer
+from ._param_sharding import where
 
 # The 4-bit maps: two codes per byte.
 _PACKED = ("dynamic4_signed", "linear4_unsigned")
@@ -364,31 +364,32 @@ class AbstractStateStorage(eqx.Module):
 
 
 def _placed_like(q: QuantizedArray, p: Any) -> QuantizedArray:
-    """`q` with its blocks placed like the parameter `p`'s elements: for a concrete
-    `p` split over mesh axes along its leading dimension only (FSDP), each device's
-    shard is a contiguous run of the flattened leaf, so when the shard's element
-    count divides by the block size its blocks are whole blocks of `q` (none
-    straddles two shards), and `codes`/`absmax` are split over the same axes along
-    their block dimension: a step then reads and writes them where the parameter
-    lies, with no gather. The block layout is the unsharded one (so codes stay
-    those of torchao). Elsewhere (traced, replicated, split along another
-    dimension, or shards that would cut a block) `q` is left as it is."""
-    if not isinstance(p, jax.Array) or is_tracer(p):
+    """`q` with its blocks placed like the parameter `p`'s elements: for `p` split
+    over mesh axes along its leading dimension only (FSDP), each device's shard is
+    a contiguous run of the flattened leaf, so when the shard's element count
+    divides by the block size its blocks are whole blocks of `q` (none straddles
+    two shards), and `codes`/`absmax` are split over the same axes along their
+    block dimension: a step then reads and writes them where the parameter lies,
+    with no gather. The block layout is the unsharded one (so codes stay those of
+    torchao). Where `p` lies is its concrete sharding, or, traced (`jax.jit` or
+    `jax.eval_shape` of `init`), the sharding in its type on a mesh of Explicit
+    axes. On `p`'s mesh but replicated, split along another dimension, or in
+    shards that would cut a block, `q` is replicated there; elsewhere (on one
+    device, or traced on Auto axes) it is left as it is."""
+    found = where(p)
+    if found is None:
         return q
-    sharding = getattr(p, "sharding", None)
-    if not isinstance(sharding, NamedSharding) or not p.ndim:
-        return q
-    spec = tuple(sharding.spec)
-    if not spec or spec[0] is None or any(d is not None for d in spec[1:]):
-        return q
-    axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
-    shards = int(np.prod([sharding.mesh.shape[a] for a in axes]))
-    if p.shape[0] % shards or (p.size // shards) % q.block_size:
-        return q
-    rows = NamedSharding(sharding.mesh, PartitionSpec(spec[0]))
+    mesh, spec, put = found
+    blocks = PartitionSpec()
+    if spec[0] is not None and all(d is None for d in spec[1:]):
+        axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+        shards = int(np.prod([mesh.shape[a] for a in axes]))
+        if p.shape[0] % shards == 0 and (p.size // shards) % q.block_size == 0:
+            blocks = PartitionSpec(spec[0])
+    sharding = NamedSharding(mesh, blocks)
     return QuantizedArray(
-        codes=jax.device_put(q.codes, rows),
-        absmax=jax.device_put(q.absmax, rows),
+        codes=put(q.codes, sharding),
+        absmax=put(q.absmax, sharding),
         shape=q.shape,
         dtype=q.dtype,
         map_name=q.map_name,

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PyTree
 
+from ._param_sharding import reduced_like
 from ._storage import AbstractStateStorage
 from ._structure import is_none as is_none, structure_mismatch
 
@@ -109,6 +110,18 @@ def full_like_leaf(
     if stack:
         x = jnp.broadcast_to(x, (*stack, *p.shape))  # keeps p's placement behind
     return own_buffer(x)
+
+
+def reduced_like_leaf(
+    p: Array, axis: int, fill: float = 0.0, dtype: Any = None
+) -> Array:
+    """`fill` shaped like the parameter `p` without its dimension `axis` (a
+    statistic over that dimension, such as Adafactor's factored second moments),
+    in `dtype` (or `p`'s own; see `stored_dtype`), placed like `p` along the
+    dimensions it keeps: a parameter split along one of them (FSDP) gets its
+    statistic split the same way at `init`, where each step writes it."""
+    shape = p.shape[:axis] + p.shape[axis + 1 :]
+    return reduced_like(jnp.full(shape, fill, stored_dtype(dtype, p.dtype)), p, axis)
 
 
 def scalar_for_leaf(p: Array, fill: Any = 0.0, dtype: Any = None) -> Array:

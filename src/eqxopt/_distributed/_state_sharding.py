@@ -49,6 +49,43 @@ def _used(entry: Any) -> set[str]:
     return {entry} if isinstance(entry, str) else set(entry)
 
 
+def _on(sharding: Any, mesh: Mesh) -> bool:
+    """Whether `sharding` is a `NamedSharding` on `mesh`: a concrete array's, or
+    an abstract one's (`jax.eval_shape` on Explicit axes gives the mesh's
+    `abstract_mesh`)."""
+    if not isinstance(sharding, NamedSharding):
+        return False
+    if sharding.mesh == mesh:
+        return True
+    abstract = getattr(mesh, "abstract_mesh", None)
+    return abstract is not None and sharding.mesh == abstract
+
+
+def _refuse_unplaced(state: Any, mesh: Mesh) -> None:
+    """A `ValueError` for an abstract state (`jax.ShapeDtypeStruct` leaves) none of
+    whose leaves records a sharding on `mesh`: where a leaf follows FSDP-sharded
+    parameters is then unknown. (Where some do, as `jax.eval_shape` gives on
+    Explicit axes, the others are the leaves made from no parameter, which `init`
+    replicates.)"""
+    abstract = [
+        (path, x)
+        for path, x in jax.tree.leaves_with_path(state)
+        if isinstance(x, jax.ShapeDtypeStruct)
+    ]
+    if any(_on(x.sharding, mesh) for _, x in abstract):
+        return
+    for path, x in abstract:
+        if len(x.shape):
+            raise ValueError(
+                f"state{jax.tree_util.keystr(path)} is a jax.ShapeDtypeStruct with "
+                "no sharding on the mesh, and so is every leaf of the state: where "
+                "the state follows sharded parameters (FSDP) is unknown. "
+                "jax.eval_shape records shardings only on a mesh of Explicit axes "
+                "(jax.make_mesh's default); on Auto axes pass the state itself "
+                "(opt.init(params)), or ShapeDtypeStructs with their sharding"
+            )
+
+
 def _leaf_sharding(
     leaf: Any, mesh: Mesh, names: tuple[str, ...], size: int
 ) -> NamedSharding | None:
@@ -56,7 +93,8 @@ def _leaf_sharding(
     if shape is None or not hasattr(leaf, "dtype"):
         return None  # not an array (None, a function, a Python number)
     current = getattr(leaf, "sharding", None)
-    if isinstance(current, NamedSharding) and current.mesh == mesh:
+    if _on(current, mesh):
+        assert isinstance(current, NamedSharding)
         spec: list[Any] = list(current.spec)
         spec += [None] * (len(shape) - len(spec))
     else:  # on one device, or on another mesh: replicated on this one
@@ -82,8 +120,10 @@ def state_shardings(
     `axis`. A leaf with no such dimension, a leaf already split over `axis`, and
     every 0-d leaf (the step counter) are replicated on `mesh` in the others. No
     leaf is gathered or moved: this only computes shardings, so `state` may be
-    abstract (`jax.eval_shape(opt.init, params)`), and a state can be created
-    sharded without ever existing whole on one device:
+    abstract, and a state can be created sharded without ever existing whole on
+    one device. An abstract state must record where its leaves are:
+    `jax.eval_shape(opt.init, params)` does on a mesh of Explicit axes
+    (`jax.make_mesh`'s default), where each leaf's type carries its sharding:
 
     ```python
     abstract = jax.eval_shape(opt.init, params)
@@ -91,12 +131,19 @@ def state_shardings(
     state = jax.jit(lambda p: opt.init(p), out_shardings=shardings)(params)
     ```
 
+    On a mesh of Auto axes (`Mesh(devices, names)`) `jax.eval_shape` records no
+    sharding, so nothing tells a state that follows FSDP-sharded parameters from
+    a replicated one: pass the state itself there (`opt.init(params)`), or
+    `jax.ShapeDtypeStruct`s with their `sharding`. An abstract state none of whose
+    leaves records a sharding on `mesh` is refused.
+
     The rule looks only at shapes, so it is the same for every optimizer, wrapper
     and chain, and for quantized states (their codes and scales are split alike).
 
     **Arguments:**
 
-    - `state`: an optimizer state (or its `jax.ShapeDtypeStruct`s), from `init`.
+    - `state`: an optimizer state from `init`, or its `jax.ShapeDtypeStruct`s
+      with their shardings (see above).
     - `mesh`: the `jax.sharding.Mesh` to place the state on.
     - `axis`: the mesh axis to split over (the data-parallel one), or a tuple of
       axes, split over together.
@@ -105,9 +152,11 @@ def state_shardings(
     array leaf, `None` for any other leaf.
 
     **Raises:** `TypeError` when `mesh` is not a `Mesh` or `axis` is not a name or
-    tuple of names; `ValueError` when an axis is not one of `mesh`'s.
+    tuple of names; `ValueError` when an axis is not one of `mesh`'s, or when
+    `state` is abstract and no leaf of it records a sharding on `mesh`.
     """
     names, size = _axes(mesh, axis)
+    _refuse_unplaced(state, mesh)
     leaves, treedef = jax.tree.flatten(state)
     return jax.tree.unflatten(
         treedef, [_leaf_sharding(x, mesh, names, size) for x in leaves]

@@ -118,6 +118,9 @@ class NativeBackend(_backend.AbstractBackend):
     def placement(self, leaves: Sequence[Any], shardings: Sequence[Any]) -> Any:
         return _shard.placement(leaves, shardings)
 
+    def typed_placement(self, leaves: Sequence[Any], mesh: Any) -> Any:
+        return _shard.typed_placement(leaves, mesh)
+
     @contextlib.contextmanager
     def tracing(self, trace: EntryTrace) -> Iterator[None]:
         token = _trace.set(trace)

@@ -26,6 +26,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .._core import _jax_api
 from .._core._jax_api import several_devices, shard_map
 from . import _ffi
 
@@ -80,6 +81,21 @@ def placement(leaves: Sequence[Any], shardings: Sequence[Any]) -> Placement | No
     if mesh is None or not _cpu_mesh(mesh):
         return None
     return Placement(mesh, tuple(specs))
+
+
+def typed_placement(leaves: Sequence[Any], mesh: Any) -> Placement | None:
+    """Where `leaves` (an entry's traced inputs, inside a user's own `jit`, where
+    no concrete sharding was read) are sharded over `mesh`, a mesh of Explicit
+    axes, from their types: as `placement`, on `mesh` with those axes made Auto
+    (the entry runs the optimizer's maths so, `_core._placement.on_auto_axes`)."""
+    if not several_devices() or not _ffi.usable():
+        return None
+    specs: list[PartitionSpec | None] = []
+    for x in leaves:
+        typed = _jax_api.mesh_and_spec(x) if isinstance(x, jax.Array) else None
+        on_mesh = typed is not None and typed[0] == mesh
+        specs.append(_normal(typed[1], x.ndim) if on_mesh else None)  # pyright: ignore
+    return Placement(_jax_api.auto_version(mesh), tuple(specs))
 
 
 @functools.lru_cache(maxsize=64)
@@ -153,6 +169,10 @@ class Locator:
         concrete = self.mesh if self.mesh is not None else mesh
         if concrete.shape_tuple != mesh.shape_tuple:
             return None
+        if getattr(concrete, "abstract_mesh", concrete) != mesh:
+            # The entry runs on a mesh of Explicit axes made Auto
+            # (`_core._placement.on_auto_axes`): the `shard_map` is over that.
+            concrete = mesh
         return Sharded((concrete, spec))
 
     def known(self, x: Any, mesh: Any) -> PartitionSpec | None:

@@ -166,8 +166,12 @@ class Sophia(AbstractTransform):
         )
         grad_fn = eqx.filter_grad(lambda q: obj_fn(q, *fn_args))
         _, hvp = eqx.filter_jvp(grad_fn, (params,), (signs,))
+        # Where the loss ignores a leaf or is linear in it, the product is a
+        # symbolic zero, which `filter_jvp` gives as `None`: the estimate is 0.
         product = jax.tree.map(
-            lambda h, r: None if h is None or r is None else h * r,
+            lambda h, r: (
+                None if r is None else jnp.zeros_like(r) if h is None else h * r
+            ),
             hvp,
             signs,
             is_leaf=lambda x: x is None,

@@ -42,6 +42,7 @@ from ..._core._tree import (
     full_like_leaf,
     increment,
     is_float_leaf,
+    reduced_like_leaf,
     zero_step,
 )
 
@@ -222,9 +223,7 @@ class Adafactor(AbstractTransform):
             if axes is None:
                 return None, None, full_like_leaf(p)
             b, a = axes
-            row = jnp.zeros(p.shape[:a] + p.shape[a + 1 :], p.dtype)
-            col = jnp.zeros(p.shape[:b] + p.shape[b + 1 :], p.dtype)
-            return row, col, None
+            return reduced_like_leaf(p, a), reduced_like_leaf(p, b), None
 
         decay_flags(self.weight_decay_mask, params, "weight_decay_mask")  # checked
         leaves, treedef = jax.tree.flatten(params)

@@ -75,15 +75,13 @@ def _newton_schulz(
     coeffs: Array,
     eps: Array | float,
     *,
-    gram_sharding: Any = None,
     pinned: tuple[Any, Any] | None = None,
     axis_name: Any = None,
     transposed: bool | None = None,
 ) -> Array:
     """`newton_schulz` on a stack of matrices, one of which may be split over mesh
-    axes along the dimension its Gram matrix `x x^T` sums over: `gram_sharding` is
-    the Gram matrix's sharding on Explicit axes (the product's `out_sharding`);
-    `pinned` the shardings of each iterate and Gram matrix on Auto axes (sharding
+    axes along the dimension its Gram matrix `x x^T` sums over: `pinned` the
+    shardings of each iterate and Gram matrix on Auto axes (sharding
     constraints, else the compiler carries the parameter's sharding back into the
     loop from its output and gathers at every product); `axis_name` the axes to sum
     the Gram matrix over inside `shard_map` (there `transposed` says whether the
@@ -103,7 +101,7 @@ def _newton_schulz(
         sq = jax.lax.psum(sq, axis_name)
     x = pin(x / (jnp.sqrt(sq) + eps), 0)
     for i in range(coeffs.shape[0]):
-        a = _jax_api.matmul(x, jnp.swapaxes(x, -1, -2).conj(), gram_sharding)
+        a = x @ jnp.swapaxes(x, -1, -2).conj()
         if axis_name is not None:
             a = jax.lax.psum(a, axis_name)
         a = pin(a, 1)
@@ -168,42 +166,32 @@ def _orthogonalise(x: Array, coeffs: Array, eps: Array | float) -> Array:
     A matrix split along its long dimension stays split when that moves fewer bytes
     than gathering it (`_keeps_split`): each step's small Gram matrix is all-reduced.
     Otherwise the matrix's two dimensions are gathered once (a dimension of a stack
-    of matrices stays split) and the result sliced back. On Explicit axes the
-    sharding is read from the type; on Auto axes a sharding constraint leaves the
-    compiler the same choice (it never gathers a matrix already whole on each
-    device).
+    of matrices stays split) and the result sliced back. A sharding constraint
+    leaves the compiler that choice (it never gathers a matrix already whole on
+    each device); on Explicit axes the entry runs this with them made Auto
+    (`_core._placement.on_auto_axes`).
     """
     placed = _jax_api.mesh_and_spec(x)
     if placed is None:
         return _newton_schulz(x, coeffs, eps)
-    mesh, spec = placed
-    kinds = set(_jax_api.axis_kinds(mesh).values())
-    if "manual" in kinds:  # inside shard_map: a local block (see `axis_name`)
-        return _newton_schulz(x, coeffs, eps)
+    mesh, _ = placed
+    if "manual" in _jax_api.axis_kinds(mesh).values():
+        return _newton_schulz(x, coeffs, eps)  # inside shard_map: a local block
     m, n = x.shape[-2:]
     keep = _keeps_split(m, n, coeffs.shape[0])
     summed = -1 if m <= n else -2  # the dimension x x^T sums over
     batch = x.ndim - 2
-    if "explicit" not in kinds:
-        free = P.UNCONSTRAINED
-        inner = [free] * batch + [None, None]
-        if keep:
-            inner[summed] = free
-        if m > n:  # as `_newton_schulz` holds it, transposed
-            inner[-2:] = inner[-1], inner[-2]
-        pinned = (
-            NamedSharding(mesh, P(*inner)),
-            NamedSharding(mesh, P(*[free] * batch, None, None)),
-        )
-        return _newton_schulz(x, coeffs, eps, pinned=pinned)
-    full = tuple(spec) + (None,) * (x.ndim - len(spec))
-    inner = [*full[:batch], None, None]
+    free = P.UNCONSTRAINED
+    inner = [free] * batch + [None, None]
     if keep:
-        inner[summed] = full[summed]
-    x = _jax_api.reshard(x, NamedSharding(mesh, P(*inner)))
-    gram = NamedSharding(mesh, P(*full[:batch], None, None))
-    out = _newton_schulz(x, coeffs, eps, gram_sharding=gram)
-    return _jax_api.reshard(out, NamedSharding(mesh, P(*full)))
+        inner[summed] = free
+    if m > n:  # as `_newton_schulz` holds it, transposed
+        inner[-2:] = inner[-1], inner[-2]
+    pinned = (
+        NamedSharding(mesh, P(*inner)),
+        NamedSharding(mesh, P(*[free] * batch, None, None)),
+    )
+    return _newton_schulz(x, coeffs, eps, pinned=pinned)
 
 
 def _muon_flags(mask: Any, params: Params) -> list[bool]:

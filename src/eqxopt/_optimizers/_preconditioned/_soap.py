@@ -332,26 +332,20 @@ def _gather_once(p: Array) -> tuple[Any, Any]:
     """For a leaf on a mesh: a function that makes an array shaped like it whole on
     every device, and one that gives a result back the leaf's sharding. Every axis
     of a leaf may be rotated, so its gradient, moments and value are gathered once
-    each (on Explicit axes the products over a split axis do not trace, on Auto
-    axes the compiler gathered them again at every rotation); the statistics and
-    eigenbases are small and whole everywhere. Identities off a mesh."""
+    each, and the results are computed whole (held so by a sharding constraint,
+    else the compiler splits some products by the leaf's sharding and gathers
+    again at every rotation) and sliced back; the statistics and eigenbases are
+    small and whole everywhere. On Explicit axes the entry runs this with them
+    made Auto (`_core._placement.on_auto_axes`). Identities off a mesh."""
     placed = _jax_api.mesh_and_spec(p)
     if placed is None:
         return (lambda x: x), (lambda x: x)
-    mesh, spec = placed
-    kinds = set(_jax_api.axis_kinds(mesh).values())
-    if "manual" in kinds:  # inside shard_map: local blocks
+    mesh, _ = placed
+    if "manual" in _jax_api.axis_kinds(mesh).values():  # inside shard_map
         return (lambda x: x), (lambda x: x)
     whole = NamedSharding(mesh, P(*[None] * p.ndim))
-    if "explicit" not in kinds:
-        # The compiler knows the leaf's sharding: results are given it back.
-        pin = lambda x: jax.lax.with_sharding_constraint(x, whole)  # noqa: E731
-        return pin, (lambda x: _jax_api.shard_alike(x, p))
-    full = NamedSharding(mesh, P(*tuple(spec)))
-    return (
-        lambda x: _jax_api.reshard(x, whole),
-        lambda x: _jax_api.reshard(x, full),
-    )
+    pin = lambda x: jax.lax.with_sharding_constraint(x, whole)  # noqa: E731
+    return pin, (lambda x: _jax_api.shard_alike(pin(x), p))
 
 
 def _like_inputs(rule: Any, skip: int = 0) -> Any:
