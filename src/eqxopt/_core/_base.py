@@ -209,6 +209,20 @@ class AbstractTransform(eqx.Module):
         return optax.GradientTransformationExtraArgs(init, update)
 
 
+def checked_transform(name: str, value: Any) -> AbstractTransform:
+    """`value` if it is an eqxopt transform, else a `TypeError` naming `name` (with
+    the way in for an optax transformation: `eqxopt.from_optax`)."""
+    if not isinstance(value, AbstractTransform):
+        hint = ""
+        if type(value).__name__.startswith("GradientTransformation"):
+            hint = "; wrap an optax transformation as eqxopt.from_optax(tx)"
+        raise TypeError(
+            f"{name} must be an eqxopt transform (such as eqxopt.AdamW(...)), got "
+            f"{type(value).__name__}{hint}"
+        )
+    return value
+
+
 def optax_module() -> Any:
     """optax, an optional dependency, imported when a conversion needs it."""
     try:

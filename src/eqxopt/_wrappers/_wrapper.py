@@ -12,21 +12,15 @@ import jax.numpy as jnp
 from jaxtyping import PyTree
 
 from .._core import _shards
-from .._core._base import AbstractTransform, Grads, Params, State, Updates
+from .._core._base import (
+    AbstractTransform,
+    Grads,
+    Params,
+    State,
+    Updates,
+    checked_transform,
+)
 from .._core._fields import checked_field
-
-
-def checked_transform(name: str, value: Any) -> AbstractTransform:
-    """`value` if it is an eqxopt transform, else a `TypeError` naming `name` (with
-    a hint for optax transformations)."""
-    if not isinstance(value, AbstractTransform):
-        hint = ""
-        if type(value).__name__.startswith("GradientTransformation"):
-            hint = "; wrap optax transformations with eqxopt.from_optax(...)"
-        raise TypeError(
-            f"{name} must be an eqxopt transform, got {type(value).__name__}{hint}"
-        )
-    return value
 
 
 def inner_field() -> Any:
