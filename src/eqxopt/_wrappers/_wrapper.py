@@ -37,6 +37,8 @@ class AbstractWrapper(AbstractTransform):
     takes is a `TypeError` naming it (`check_keywords`, called by `transform`).
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     @property
     @abc.abstractmethod
     def inners(self) -> tuple[AbstractTransform, ...]:
@@ -44,6 +46,15 @@ class AbstractWrapper(AbstractTransform):
 
     def takes_keyword(self, key: str) -> bool:
         return any(t.takes_keyword(key) for t in self.inners)
+
+    def params_needed(self) -> str | None:
+        # Its own rule's (`reads_params`, fields), else the first inner one's.
+        needed = super().params_needed()
+        for inner in self.inners:
+            if needed is not None:
+                break
+            needed = inner.params_needed()
+        return needed
 
     def check_keywords(self, extra: dict[str, Any]) -> None:
         """Raises `TypeError` for keyword arguments that no inner transform takes."""
