@@ -10,6 +10,7 @@ import jax
 from jaxtyping import PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._checks import renames
 from .._core._fields import MaskLike, checked_field
 from .._core._masks import decay_flags, freeze_mask
 from .._core._structure import structure_mismatch
@@ -127,6 +128,9 @@ class Partition(AbstractComposite):
 
     Keyword arguments of `update`/`step` go to the transforms that take them.
     """
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(param_labels=("labels",))
 
     transforms: dict[Any, AbstractTransform] = checked_field(_transforms)
     labels: Any = checked_field(_labels)
