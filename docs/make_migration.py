@@ -459,7 +459,6 @@ OPTAX_TRANSFORMS = [
         "MultiSteps",
         "MultiSteps",
         (sgd(), 2, True, None, DEFAULT),
-        note="`MultiSteps(inner, every_k)`",
     ),
     Port("trace", "Trace", (0.8, True, None), note="or `SGD(lr, momentum=...)`"),
     Port("scale_by_adam", "ScaleByAdam", (0.8, 0.99, 1e-6, 0.0, None)),
