@@ -9,6 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ._core import _seam
 from ._core._base import AbstractTransform, Grads, Params, Updates, optax_module
 from ._core._fields import checked_field
 from ._core._tree import align_grads, compute_dtype, is_float_leaf
@@ -59,6 +60,10 @@ class FromOptax(AbstractTransform):
     - `tx`: an `optax.GradientTransformation`.
     """
 
+    # optax decides: without params it is given `None`, as optax's own callers
+    # give it, and a transformation that needs them raises optax's error.
+    reads_params = None
+
     tx: Any = checked_field(_gradient_transformation)
 
     def takes_keyword(self, key: str) -> bool:
@@ -89,9 +94,11 @@ class FromOptax(AbstractTransform):
                 f"this optax transformation takes no keyword arguments, got "
                 f"{', '.join(map(repr, extra))}"
             )
+        entry = _seam.current()
+        passed = _float_only(params) if entry is None or entry.params_given else None
         with _optax_promotion():
             updates, inner = self.tx.update(
-                treedef.unflatten(given), state.inner, _float_only(params), **extra
+                treedef.unflatten(given), state.inner, passed, **extra
             )
         update_leaves = treedef.flatten_up_to(updates)
         out = [

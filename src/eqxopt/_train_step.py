@@ -3,6 +3,7 @@ written the fast way: model and state donated, `step(..., donate=True)` inside."
 
 import contextlib
 import functools
+import logging
 import operator
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -11,9 +12,10 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from ._core import _jax_api
-from ._core._base import AbstractTransform
+from ._core import _jax_api, _placement
+from ._core._base import AbstractTransform, checked_transform
 from ._core._checks import check_bool
+from ._core._dispatch import Carried, raise_equinox_error
 from ._core._packed import Packed
 from ._native import _ffi, _fused
 
@@ -58,8 +60,13 @@ class TrainStep(eqx.Module):
         `has_aux=True`.
         """
         key, front, model, state = _split(self._front(opt, batch), model, state)
-        out = _program(front, model)(key, front, model, state)
-        return _join(_OUTPUTS[key], out)
+        with _quiet_callback_failures():
+            try:
+                out, carried = _program(front, model)(key, front, model, state)
+            except Exception as error:
+                raise_equinox_error(error)
+                raise
+        return _join(carried.value, out)
 
     def lower(
         self,
@@ -79,7 +86,8 @@ class TrainStep(eqx.Module):
 
     def _front(self, opt: AbstractTransform | None, batch: tuple) -> tuple:
         # The compiled program's first, undonated argument.
-        return (self.opt if opt is None else opt, self.loss_fn, self.has_aux, batch)
+        opt = self.opt if opt is None else checked_transform("opt", opt)
+        return (opt, self.loss_fn, self.has_aux, batch)
 
 
 def make_train_step(
@@ -109,13 +117,21 @@ def make_train_step(
       with `has_aux=True`. Only the model is differentiated. With an
       `eqxopt.Packed` model, `loss_fn` gets the unpacked tree (`model.unpack()`),
       the gradients come back packed and the step runs on the packed buffers.
-    - `opt`: the optimizer (any eqxopt transform).
+    - `opt`: the optimizer (any eqxopt transform; an optax one goes in as
+      `eqxopt.from_optax(tx)`). Transforms that need more than the gradients get
+      it from the step: the loss as `value=` (`PolyakSGD`, `Momo`, `MomoAdam`,
+      `ReduceOnPlateau` in a `Chain`, ...) and the loss (or its gradient) on the
+      batch as a function of the parameters for `LBFGS`'s `value_fn=`,
+      `Sophia`'s `obj_fn=` and `SAM`'s `grad_fn=`.
     - `has_aux`: whether `loss_fn` returns `(loss, aux)`; `aux` is then returned
       as the step's last output.
 
     **Returns:** a `TrainStep`: call it as `step(model, state, *batch, opt=None)`.
     The model and state passed in are donated (their buffers are reused for the
-    results): use the ones it returns.
+    results): use the ones it returns. Each comes back placed as it went in (a
+    ZeRO-1 state split over a mesh axis, the parameters replicated), and an
+    `eqx.error_if` in `loss_fn` raises `eqx.EquinoxRuntimeError`, as from
+    `eqx.filter_jit`.
 
     **Example:**
 
@@ -147,11 +163,7 @@ def make_train_step(
     """
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-    if not isinstance(opt, AbstractTransform):
-        raise TypeError(
-            f"opt must be an eqxopt transform (such as eqxopt.AdamW(...)), "
-            f"got {type(opt).__name__}"
-        )
+    checked_transform("opt", opt)
     return TrainStep(loss_fn, opt, check_bool("has_aux", has_aux))
 
 
@@ -168,11 +180,13 @@ _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 
 class _Key(NamedTuple):
     """What selects a compiled program, besides the arrays' shapes and dtypes: the
-    tree structures of (optimizer, loss_fn, has_aux, batch), model and state, and
-    their leaves that are not arrays."""
+    tree structures of (optimizer, loss_fn, has_aux, batch), model and state, their
+    leaves that are not arrays, and where the model's and the state's leaves lie
+    across devices (`_placement.signature`: `None` on one device)."""
 
     treedefs: tuple
     static: tuple
+    placement: Any
 
 
 def _split(front: tuple, model: Any, state: Any) -> tuple:
@@ -182,7 +196,10 @@ def _split(front: tuple, model: Any, state: Any) -> tuple:
         treedefs.append(treedef)
         static.append(_statics(leaves))
         arrays.append([x for x in leaves if isinstance(x, _ARRAY_TYPES)])
-    return (_Key(tuple(treedefs), tuple(static)), *arrays)
+    # Read as `update`/`step` read it: the program places its outputs like these
+    # inputs, which a trace cannot see on an Auto mesh.
+    placement = _placement.signature(_placement.read(None, model, state, donated=False))
+    return (_Key(tuple(treedefs), tuple(static), placement), *arrays)
 
 
 def _statics(leaves: list) -> tuple:
@@ -201,38 +218,93 @@ def _join(outputs: tuple, arrays: list) -> tuple:
     return tuple(_merge(treedef, static, arrays))
 
 
-# Per key, the outputs' structure and their leaves that are not arrays (recorded
-# when the program is traced).
-_OUTPUTS: dict[_Key, tuple] = {}
-
-
 def _loss_of(loss_fn: Callable[..., Any], model: Any) -> Callable[..., Any]:
     if isinstance(model, Packed):
         return lambda packed, *batch: loss_fn(packed.unpack(), *batch)
     return loss_fn
 
 
+def _keywords(
+    opt: AbstractTransform, loss: Any, loss_at: Callable[[Any], Any]
+) -> dict[str, Any]:
+    """What the step passes to `opt.step` besides the gradients: each keyword that
+    some transform in `opt` takes (`takes_keyword`) and that the step has in hand,
+    the loss (`value=`) or the loss on this batch as a function of the parameters
+    (`loss_at`, for a linesearch or a second gradient). The functions take and
+    ignore further arguments: a transform that takes every keyword (`LBFGS`
+    passes its data keywords on to `value_fn`) may hand them the others."""
+
+    def loss_fn(params: Any, *args: Any, **kwargs: Any) -> Any:
+        del args, kwargs
+        return loss_at(params)
+
+    def grad_fn(params: Any, *args: Any, **kwargs: Any) -> Any:
+        del args, kwargs
+        return eqx.filter_grad(loss_at)(params)
+
+    supplied = {
+        "value": lambda: loss,  # Momo, PolyakSGD, ReduceOnPlateau, LBFGS, ...
+        "value_fn": lambda: loss_fn,  # LBFGS's linesearch
+        "obj_fn": lambda: loss_fn,  # Sophia's Hessian estimate
+        "grad_fn": lambda: grad_fn,  # SAM's gradient at the perturbed parameters
+    }
+    return {k: make() for k, make in supplied.items() if opt.takes_keyword(k)}
+
+
 def _step(
     key: _Key, front: list, model: list, state: list, *, low_memory: bool
-) -> list:
-    (front_def, model_def, state_def), (front_static, model_static, state_static) = key
+) -> tuple[list, Carried]:
+    (front_def, model_def, state_def), (front_static, model_static, state_static) = (
+        key.treedefs,
+        key.static,
+    )
     opt, loss_fn, has_aux, batch = _merge(front_def, front_static, front)
     model = _merge(model_def, model_static, model)
     state = _merge(state_def, state_static, state)
-    value_and_grad = eqx.filter_value_and_grad(
-        _loss_of(loss_fn, model), has_aux=has_aux
-    )
-    value, grads = value_and_grad(model, *batch)
+    loss_of = _loss_of(loss_fn, model)
+    value, grads = eqx.filter_value_and_grad(loss_of, has_aux=has_aux)(model, *batch)
+    loss = value[0] if has_aux else value
+
+    def loss_at(params: Any) -> Any:
+        out = loss_of(params, *batch)
+        return out[0] if has_aux else out
+
+    extra = _keywords(opt, loss, loss_at)
     with _fused.small_waits() if low_memory else contextlib.nullcontext():
-        model, state = opt.step(grads, state, model, donate=True)
-    if has_aux:
-        loss, aux = value
-        outputs = (model, state, loss, aux)
-    else:
-        outputs = (model, state, value)
+        new_model, new_state = opt.step(grads, state, model, donate=True, **extra)
+    # Each output where its input was (ZeRO-1 on an Auto mesh: the parameters stay
+    # replicated), as `update`/`step` place theirs.
+    on_model, on_state = key.placement or (None, None)
+    new_model = _placement.keep(new_model, model, on_model)
+    new_state = _placement.keep(new_state, state, on_state)
+    outputs = (
+        (new_model, new_state, *value) if has_aux else (new_model, new_state, value)
+    )
     leaves, treedef = jax.tree_util.tree_flatten(outputs)
-    _OUTPUTS[key] = (treedef, _statics(leaves))
-    return [x for x in leaves if isinstance(x, _ARRAY_TYPES)]
+    arrays = [x for x in leaves if isinstance(x, _ARRAY_TYPES)]
+    # The rest leave with this trace's program, not in a table by key: a program
+    # traced again for another batch shape has its own (`Carried`).
+    return arrays, Carried((treedef, _statics(leaves)))
+
+
+@contextlib.contextmanager
+def _quiet_callback_failures() -> Any:
+    # JAX logs a failed host callback with its traceback before the call raises;
+    # for an `eqx.error_if` the call raises `eqx.EquinoxRuntimeError` with the
+    # message instead (`raise_equinox_error`), so the log is dropped, as
+    # `eqx.filter_jit` drops it.
+    _callback_logger.addFilter(_drop_callback_failure)
+    try:
+        yield
+    finally:
+        _callback_logger.removeFilter(_drop_callback_failure)
+
+
+_callback_logger = logging.getLogger("jax._src.callback")
+
+
+def _drop_callback_failure(record: logging.LogRecord) -> bool:
+    return record.getMessage() != "jax.pure_callback failed"
 
 
 # One compiled program per key and shapes; the model's and the state's arrays are

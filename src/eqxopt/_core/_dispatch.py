@@ -31,6 +31,7 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import equinox as eqx
 import jax
 import numpy as np
 
@@ -73,6 +74,47 @@ def _is_dynamic(leaf: Any) -> bool:
     return isinstance(leaf, (jax.Array, np.ndarray, np.generic))
 
 
+class Carried:
+    """What a traced function returns besides its arrays (their tree structure,
+    leaves that are not arrays), carried out of `jax.jit` as a pytree node without
+    leaves: JAX keeps each compiled program's output structure with that program,
+    so every call gets back what the trace it runs produced. (Recorded once per
+    cache key instead, a program traced for other shapes, such as another batch
+    size, would hand back the values of whichever trace came last.)"""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+jax.tree_util.register_pytree_node(
+    Carried, lambda c: ((), c.value), lambda value, _: Carried(value)
+)
+
+
+# Equinox's runtime errors (`eqx.error_if` in a loss or any function traced into a
+# step) fail the program as a host callback; `eqx.filter_jit` turns that back into
+# `eqx.EquinoxRuntimeError` with the user's message, and eqxopt's compiled calls do
+# the same (`raise_equinox_error`). Equinox marks the failure with the name of its
+# internal exception, followed by its message and a banner.
+_EQUINOX_MARK = "_EquinoxRuntimeError: "
+_EQUINOX_BANNER = "\n\n\n--------------------"
+
+
+def raise_equinox_error(error: Exception) -> None:
+    """Raises `eqx.EquinoxRuntimeError` with the message of the `eqx.error_if` that
+    failed a compiled call with `error`, as `eqx.filter_jit` would; returns when
+    `error` is something else."""
+    text = str(error)
+    start = text.find(_EQUINOX_MARK)
+    if start < 0:
+        return
+    message = text[start + len(_EQUINOX_MARK) :]
+    message = message.split(_EQUINOX_BANNER, 1)[0].strip()
+    raise eqx.EquinoxRuntimeError(message) from None
+
+
 @dataclasses.dataclass(eq=False)
 class _Compiled:
     """One jitted program for one tree structure and one set of static leaves
@@ -86,16 +128,15 @@ class _Compiled:
     treedef: Any
     statics: list[Any] | None
     donate: tuple[int, ...]
-    out_def: Any = None
-    # Per output leaf: `_DYNAMIC`, the index of the input leaf it is, or `(obj,)`
-    # for an object made by `fn`. `None`: every output is an array.
-    out_statics: list[Any] | None = None
     jitted: Any = None
 
     def __post_init__(self) -> None:
         self.jitted = jax.jit(self.flat_fn, donate_argnums=self.donate)
 
-    def flat_fn(self, *groups: list[Any]) -> list[Any]:
+    def flat_fn(self, *groups: list[Any]) -> tuple[list[Any], Carried]:
+        """The arrays of `fn`'s outputs and, `Carried`, their tree structure and,
+        per output leaf (`None`: every output is an array), `_DYNAMIC`, the index
+        of the input leaf it is, or `(obj,)` for an object made by `fn`."""
         dynamic = [x for group in groups for x in group]
         if self.statics is None:
             leaves = dynamic
@@ -103,29 +144,30 @@ class _Compiled:
             it = iter(dynamic)
             leaves = [next(it) if s is _DYNAMIC else s for s in self.statics]
         out = self.fn(*jax.tree.unflatten(self.treedef, leaves))
-        out_leaves, self.out_def = jax.tree.flatten(out)
+        out_leaves, out_def = jax.tree.flatten(out)
         if all(isinstance(x, jax.Array) for x in out_leaves):
-            self.out_statics = None
-            return out_leaves
+            return out_leaves, Carried((out_def, None))
         position: dict[int, int] = {}
         for i, s in enumerate(self.statics or ()):
             if s is not _DYNAMIC:
                 position.setdefault(id(s), i)
-        self.out_statics = [
+        out_statics = [
             _DYNAMIC if isinstance(x, jax.Array) else position.get(id(x), (x,))
             for x in out_leaves
         ]
-        return [x for x in out_leaves if isinstance(x, jax.Array)]
+        arrays = [x for x in out_leaves if isinstance(x, jax.Array)]
+        return arrays, Carried((out_def, out_statics))
 
     def __call__(self, groups: list[list[Any]], leaves: list[Any]) -> Any:
-        out = self.jitted(*groups)
-        if self.out_statics is None:
-            return self.out_def.unflatten(out)
+        out, carried = self.jitted(*groups)
+        out_def, out_statics = carried.value
+        if out_statics is None:
+            return out_def.unflatten(out)
         it = iter(out)
-        return self.out_def.unflatten(
+        return out_def.unflatten(
             [
                 next(it) if s is _DYNAMIC else leaves[s] if type(s) is int else s[0]
-                for s in self.out_statics
+                for s in out_statics
             ]
         )
 
@@ -367,7 +409,10 @@ def call(
     each call (a state) would pay for the packing every time. `bools` lists
     positions of `args` that may hold Python bools (params, keyword arguments: not
     a state): `jax.jit` would make them arrays, so a 0-d bool leaf there takes the
-    general path, which keeps every non-array leaf as the caller's very object."""
+    general path, which keeps every non-array leaf as the caller's very object.
+
+    An `eqx.error_if` that fires in the program raises `eqx.EquinoxRuntimeError`,
+    as from `eqx.filter_jit`."""
     record = _first(args[0], pack)
     if record.layout is not None and _use_direct[0]:
         key = (fn, donate, *map(type, args))
@@ -383,9 +428,16 @@ def call(
             except TypeError as error:
                 if not _compat.is_not_an_array_error(error):
                     raise
+            except Exception as error:
+                raise_equinox_error(error)
+                raise
             _general.add(direct.kinds)
             record.direct[key] = None
-    return _general_call(fn, args, donate, record)
+    try:
+        return _general_call(fn, args, donate, record)
+    except Exception as error:
+        raise_equinox_error(error)
+        raise
 
 
 def _find_direct(

@@ -32,12 +32,17 @@ class Entry:
     - `grads_given`: the gradients were passed in as arrays, not computed in the
       program being traced (the step is its own program), so the native kernels
       need not wait for them (`_fused.waits`).
+    - `params_given`: the caller passed the parameters (an `update(grads, state)`
+      without them traces its transform on zeros shaped like the gradients; a
+      transform that hands the parameters on, such as `FromOptax`, passes `None`
+      there instead).
     """
 
     in_place: bool
     placement: Any = None
     inputs: Any = ()
     grads_given: bool = False
+    params_given: bool = True
 
 
 _current: contextvars.ContextVar[Entry | None] = contextvars.ContextVar(
@@ -75,12 +80,13 @@ def traced(
     placement: Any = None,
     inputs: Any = (),
     grads_given: bool = False,
+    params_given: bool = True,
 ) -> _T:
     """`transform()`, traced for an entry whose outputs may (`in_place`) or may not
     overwrite its inputs; `placement` (from `placement`) says where `inputs` (the
-    entry's grads, params and state, in this trace) live; `grads_given`: see
-    `Entry`."""
-    token = _current.set(Entry(in_place, placement, inputs, grads_given))
+    entry's grads, params and state, in this trace) live; `grads_given`,
+    `params_given`: see `Entry`."""
+    token = _current.set(Entry(in_place, placement, inputs, grads_given, params_given))
     try:
         return transform()
     finally:
