@@ -73,7 +73,7 @@ OPTAX_CASES = [
     ),
     (
         "AdamW-positional",
-        lambda: eqxopt.AdamW(LR, 0.8, 0.99, 1e-6, 0.1),
+        lambda: eqxopt.AdamW(LR, 0.8, 0.99, 1e-6, weight_decay=0.1),
         lambda: optax.adamw(LR, 0.8, 0.99, 1e-6, weight_decay=0.1),
     ),
     (
@@ -374,7 +374,9 @@ def numpy_stable_adamw(params, grads, lr, b1, b2, eps, wd):
 
 
 def test_cadamw_matches_the_paper_rule():
-    ours = run_eqxopt(eqxopt.CAdamW(0.05, 0.9, 0.99, 1e-8, 0.1), PARAMS, GRADS)
+    ours = run_eqxopt(
+        eqxopt.CAdamW(0.05, 0.9, 0.99, 1e-8, weight_decay=0.1), PARAMS, GRADS
+    )
     ref = numpy_cadamw(PARAMS, GRADS, 0.05, 0.9, 0.99, 1e-8, 0.1)
     assert_histories_close(ours, ref)
 
@@ -409,11 +411,15 @@ def test_stable_adamw_matches_the_paper_rule():
         jax.tree.map(lambda g, k=k: g * (10.0 if k % 7 == 6 else 1.0), g)
         for k, g in enumerate(GRADS)
     ]
-    ours = run_eqxopt(eqxopt.StableAdamW(0.05, 0.9, 0.9, 1e-8, 0.1), PARAMS, grads)
+    ours = run_eqxopt(
+        eqxopt.StableAdamW(0.05, 0.9, 0.9, 1e-8, weight_decay=0.1), PARAMS, grads
+    )
     ref = numpy_stable_adamw(PARAMS, grads, 0.05, 0.9, 0.9, 1e-8, 0.1)
     assert_histories_close(ours, ref)
     # ... and the clip did act: AdamW takes other steps on this stream.
-    adamw = run_eqxopt(eqxopt.AdamW(0.05, 0.9, 0.9, 1e-8, 0.1), PARAMS, grads)
+    adamw = run_eqxopt(
+        eqxopt.AdamW(0.05, 0.9, 0.9, 1e-8, weight_decay=0.1), PARAMS, grads
+    )
     assert not np.allclose(adamw[-1]["dense"]["w"], ours[-1]["dense"]["w"], rtol=1e-3)
 
 

@@ -103,7 +103,7 @@ def test_adamw_is_a_chain_of_blocks(use_step):
     params = nested_tree()
     grads = list(grad_stream(params, STEPS))
     lr, b1, b2, eps, wd = 0.05, 0.8, 0.95, 1e-6, 0.1
-    fused = eqxopt.AdamW(lr, b1, b2, eps, wd)
+    fused = eqxopt.AdamW(lr, b1, b2, eps, weight_decay=wd)
     chain = eqxopt.Chain(
         eqxopt.ScaleByAdam(b1, b2, eps),
         eqxopt.AddDecayedWeights(wd),

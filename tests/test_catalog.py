@@ -1,6 +1,7 @@
 """Properties every optimizer in the catalog shares, run over `catalog.all_cases()`."""
 
 import copy
+import dataclasses
 
 import equinox as eqx
 import jax
@@ -97,6 +98,61 @@ def test_none_gradients_leave_leaf_and_its_state_alone(case):
         key = jax.tree_util.keystr(path)
         if any(s in key for s in skipped):
             np.testing.assert_array_equal(leaf, old[key], err_msg=f"state{key}")
+
+
+def _options_reading_params(opt):
+    """The options of `opt` (its own fields) that read the parameters when set,
+    each at its value that reads none (0, False)."""
+    off = {}
+    for field in dataclasses.fields(opt):
+        converter = field.metadata.get("converter")
+        if getattr(converter, "reads_params", False):
+            off[field.name] = False if type(converter).__name__ == "_Flag" else 0.0
+    return off
+
+
+@case_params
+def test_update_without_params_is_the_same_or_names_what_reads_them(case):
+    """`update(grads, state)` without params, as optax allows: where nothing of
+    the transform reads them (`params_needed()` is None) the same updates and
+    state over 3 steps (the parameters here are far from the zeros the rule is
+    then traced on, so a rule that read them would differ); elsewhere a
+    `TypeError` naming what reads them. A case whose weight decay (or other
+    such option) reads them is also run with it off."""
+    opt = case.make()
+    params = nested_tree()
+    needed = opt.params_needed()
+    if needed is not None:
+        grads = jax.grad(quadratic_loss)(params)
+        extra = extra_for(case, quadratic_loss, params)
+        with pytest.raises(
+            TypeError, match=r"was called without params, which are read by "
+        ) as error:
+            opt.update(grads, opt.init(params), **extra)
+        assert needed in str(error.value)
+        off = _options_reading_params(opt)
+        if not off or type(opt).reads_params is not None:
+            return
+        opt = case.make(**off)
+        assert opt.params_needed() is None, opt.params_needed()
+    state = without = opt.init(params)
+    for _ in range(3):
+        grads = jax.grad(quadratic_loss)(params)
+        extra = extra_for(case, quadratic_loss, params)
+        updates, state = opt.update(grads, state, params, **extra)
+        bare_updates, without = opt.update(grads, without, **extra)
+        for a, b in zip(
+            jax.tree.leaves((updates, state)),
+            jax.tree.leaves((bare_updates, without)),
+            strict=True,
+        ):
+            # To rounding: the two programs may fuse the same sums apart, and a
+            # rule that forms its update as `new_p - p` (SOAP) rounds it at the
+            # parameter's scale (here about 1: an ulp is 1.2e-7).
+            np.testing.assert_allclose(
+                np.asarray(a), np.asarray(b), rtol=1e-6, atol=1.2e-7
+            )
+        params = eqxopt.apply_updates(params, updates)
 
 
 @swept_params

@@ -2,6 +2,7 @@
 donated step writes every weight in place with no copy, and the train-step helper."""
 
 import re
+import textwrap
 
 import equinox as eqx
 import jax
@@ -10,7 +11,7 @@ import optax
 import pytest
 
 import eqxopt
-from helpers import assert_trees_close
+from helpers import assert_trees_close, run_on_8_devices
 
 
 class Block(eqx.Module):
@@ -349,3 +350,205 @@ def test_make_train_step_rejects_bad_arguments():
         eqxopt.make_train_step(mlp_loss, "adam")  # pyright: ignore[reportArgumentType]
     with pytest.raises(TypeError, match="has_aux must be a bool, got str"):
         eqxopt.make_train_step(mlp_loss, eqxopt.SGD(0.1), has_aux="yes")  # pyright: ignore[reportArgumentType]
+
+
+def test_make_train_step_aux_follows_each_batch_shape():
+    """A non-array aux (the batch size) is the one of the batch just stepped: the
+    program traced for each shape returns its own, as with `eqx.filter_jit`."""
+
+    def loss_with_size(model, x, y):
+        return mlp_loss(model, x, y), {"size": x.shape[0], "name": "mse"}
+
+    opt = eqxopt.SGD(1e-2)
+    step = eqxopt.make_train_step(loss_with_size, opt, has_aux=True)
+    model, state = mlp(), opt.init(mlp())
+    sizes = []
+    for n in (8, 16, 8, 4):
+        x = jax.random.normal(jax.random.key(n), (n, 8))
+        model, state, _, aux = step(model, state, x, jnp.sin(x[:, :1]))
+        sizes.append(aux["size"])
+        assert aux["name"] == "mse"
+    assert sizes == [8, 16, 8, 4]
+
+
+def _value_step(opt, loss):
+    """A step by hand that passes the loss (and the loss or gradient function of
+    the parameters on this batch) to the keywords `opt` takes."""
+
+    @eqx.filter_jit
+    def step(model, state, x, y):
+        value, grads = eqx.filter_value_and_grad(loss)(model, x, y)
+        extra = {
+            "value": value,
+            "value_fn": lambda p, **_: loss(p, x, y),
+            "obj_fn": lambda p, *_: loss(p, x, y),
+            "grad_fn": lambda p, *_: eqx.filter_grad(loss)(p, x, y),
+        }
+        extra = {k: v for k, v in extra.items() if opt.takes_keyword(k)}
+        model, state = opt.step(grads, state, model, **extra)
+        return model, state, value
+
+    return step
+
+
+@pytest.mark.parametrize(
+    "opt",
+    [
+        eqxopt.Chain(eqxopt.SGD(1e-1), eqxopt.ReduceOnPlateau(patience=1)),
+        eqxopt.Momo(1e-1),
+        eqxopt.MomoAdam(1e-2),
+        eqxopt.PolyakSGD(max_learning_rate=1e-1),
+        eqxopt.LBFGS(),
+        eqxopt.SAM(eqxopt.SGD(1e-2), rho=0.05),
+        eqxopt.Sophia(1e-2),
+    ],
+    ids=["ReduceOnPlateau", "Momo", "MomoAdam", "PolyakSGD", "LBFGS", "SAM", "Sophia"],
+)
+def test_make_train_step_passes_the_loss_to_transforms_that_take_it(opt):
+    """The loss (`value=`) and, for a linesearch, a Hessian estimate or a second
+    gradient, the loss of the parameters on the batch: the step has them in hand."""
+    model = mlp()
+    got = run_steps(
+        eqxopt.make_train_step(mlp_loss, opt), fresh(model), opt.init(model)
+    )
+    expected = run_steps(_value_step(opt, mlp_loss), model, opt.init(model))
+    close(got, expected, rtol=1e-5, atol=1e-6)
+    assert not jnp.allclose(
+        got[0].layers[0].weight, model.layers[0].weight
+    )  # the parameters moved
+
+
+def test_make_train_step_passes_the_loss_with_aux():
+    def loss_with_aux(model, x, y):
+        return mlp_loss(model, x, y), jnp.float32(1.0)
+
+    opt = eqxopt.PolyakSGD(max_learning_rate=1e-1)
+    model, (x, y) = mlp(), batch()
+    step = eqxopt.make_train_step(loss_with_aux, opt, has_aux=True)
+    new_model, state, loss, aux = step(fresh(model), opt.init(model), x, y)
+    expected = _value_step(opt, mlp_loss)(model, opt.init(model), x, y)
+    close((new_model, state, loss), expected)
+    assert aux == 1.0
+
+
+def positive_loss(model, x, y):
+    loss = mlp_loss(model, x, y)
+    return eqx.error_if(loss, loss > 0, "the loss is positive")
+
+
+def test_make_train_step_raises_equinox_runtime_errors():
+    """`eqx.error_if` in the loss raises `eqx.EquinoxRuntimeError` with its
+    message, as from a step written with `eqx.filter_jit`."""
+    opt = eqxopt.SGD(1e-2)
+    model, (x, y) = mlp(), batch()
+    step = eqxopt.make_train_step(positive_loss, opt)
+    with pytest.raises(eqx.EquinoxRuntimeError, match=r"^the loss is positive$"):
+        step(fresh(model), opt.init(model), x, y)
+
+    @eqx.filter_jit
+    def by_hand(model, state, x, y):
+        loss, grads = eqx.filter_value_and_grad(positive_loss)(model, x, y)
+        return *opt.step(grads, state, model), loss
+
+    with pytest.raises(eqx.EquinoxRuntimeError, match="the loss is positive"):
+        by_hand(model, opt.init(model), x, y)
+
+
+def test_step_raises_equinox_runtime_errors_of_the_functions_it_is_given():
+    """The same from `update`/`step` for a loss passed in (LBFGS's `value_fn`)."""
+    opt = eqxopt.LBFGS()
+    model, (x, y) = mlp(), batch()
+    grads = eqx.filter_grad(mlp_loss)(model, x, y)
+    with pytest.raises(eqx.EquinoxRuntimeError, match=r"^the loss is positive$"):
+        opt.step(
+            grads,
+            opt.init(model),
+            model,
+            value=mlp_loss(model, x, y),
+            value_fn=lambda p: positive_loss(p, x, y),
+        )
+
+
+def test_make_train_step_refuses_an_optax_optimizer():
+    opt = eqxopt.SGD(1e-2)
+    model, (x, y) = mlp(), batch()
+    step = eqxopt.make_train_step(mlp_loss, opt)
+    with pytest.raises(
+        TypeError,
+        match=r"^opt must be an eqxopt transform .*got GradientTransformationExtraArgs"
+        r"; wrap an optax transformation as eqxopt\.from_optax\(tx\)$",
+    ):
+        step(model, opt.init(model), x, y, opt=optax.adamw(1e-3))
+    assert not model.layers[0].weight.is_deleted()  # refused before the call
+    with pytest.raises(TypeError, match=r"opt must be .*eqxopt\.from_optax\(tx\)"):
+        eqxopt.make_train_step(mlp_loss, optax.sgd(1e-2))  # pyright: ignore[reportArgumentType]
+    # from_optax is the way in
+    wrapped = eqxopt.from_optax(optax.sgd(1e-2))
+    new_model, _, _ = step(fresh(model), wrapped.init(model), x, y, opt=wrapped)
+    grads = eqx.filter_grad(mlp_loss)(model, x, y)
+    close(new_model, opt.step(grads, opt.init(model), model)[0])
+
+
+ZERO1_SCRIPT = textwrap.dedent(
+    """
+    import warnings
+
+    warnings.filterwarnings("error", message=".*donated buffers")
+
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    import eqxopt
+
+    mesh = Mesh(np.array(jax.devices()), ("data",))  # Auto axes
+    replicated = NamedSharding(mesh, P())
+    rng = np.random.default_rng(0)
+    host = {
+        "w": rng.normal(size=(16, 12)).astype(np.float32),
+        "b": rng.normal(size=(8,)).astype(np.float32),
+        "odd": rng.normal(size=(3, 5)).astype(np.float32),
+    }
+    x = rng.normal(size=(4, 16)).astype(np.float32)
+
+    def loss(p, x):
+        h = x @ p["w"]
+        return jnp.mean(h**2) + jnp.mean(p["b"] ** 2) + jnp.mean(jnp.tanh(p["odd"]))
+
+    for opt in (eqxopt.AdamW(1e-2, weight_decay=0.1), eqxopt.SGD(1e-2, momentum=0.9)):
+        step = eqxopt.make_train_step(loss, opt)
+        params = jax.device_put(host, replicated)
+        state = eqxopt.shard_state(opt.init(params), mesh, "data")
+        state_specs = [s.sharding for s in jax.tree.leaves(state)]
+        one_params = jax.device_put(host, jax.devices()[0])
+        one_state = opt.init(one_params)
+        for _ in range(3):
+            params, state, value = step(params, state, jax.device_put(x, replicated))
+            one_params, one_state, one_value = step(
+                one_params, one_state, jax.device_put(x, jax.devices()[0])
+            )
+            for k, v in params.items():
+                assert v.sharding.is_equivalent_to(replicated, v.ndim), (k, v.sharding)
+            for leaf, want in zip(jax.tree.leaves(state), state_specs, strict=True):
+                assert leaf.sharding.is_equivalent_to(want, leaf.ndim), leaf.sharding
+            for a, b in zip(
+                jax.tree.leaves((params, state, value)),
+                jax.tree.leaves((one_params, one_state, one_value)),
+                strict=True,
+            ):
+                # (the partitioned program sums the gradients in another order)
+                np.testing.assert_allclose(
+                    np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6
+                )
+        assert any("data" in str(s.spec) for s in state_specs)
+    print("ok")
+    """
+)
+
+
+def test_make_train_step_keeps_a_zero1_placement_on_an_auto_mesh():
+    """Replicated parameters and a state split over "data" (ZeRO-1) come back as
+    they went in, as from `opt.step`, with the numbers of one device."""
+    assert run_on_8_devices(ZERO1_SCRIPT).strip() == "ok"

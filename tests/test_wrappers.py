@@ -344,8 +344,12 @@ def test_to_optax_passes_the_loss_to_transforms_that_take_it():
 
 
 def test_interop_errors():
-    with pytest.raises(ValueError, match="need params"):
-        tx = eqxopt.SGD(0.1).to_optax()
+    tx = eqxopt.AdamW(0.1).to_optax()
+    with pytest.raises(
+        TypeError,
+        match=r"^AdamW\.update\(grads, state\) was called without params, which are "
+        r"read by AdamW's weight_decay: call update\(grads, state, params\)$",
+    ):
         tx.update(GRADS[0], tx.init(PARAMS))
     with pytest.raises(TypeError, match=r"tx must be an optax\.GradientTransformation"):
         eqxopt.from_optax(eqxopt.SGD(0.1))

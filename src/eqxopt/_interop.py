@@ -59,6 +59,12 @@ class FromOptax(AbstractTransform):
     - `tx`: an `optax.GradientTransformation`.
     """
 
+    # An optax transformation may read the parameters (weight decay, ...), and
+    # nothing here says whether it does: `update` needs them.
+    reads_params = (
+X
+    )
+
     tx: Any = checked_field(_gradient_transformation)
 
     def takes_keyword(self, key: str) -> bool:

@@ -2,15 +2,16 @@
 written the fast way: model and state donated, `step(..., donate=True)` inside."""
 
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 
-from ._core import _backend, _dispatch
+from ._core import _backend, _dispatch, _placement
 from ._core._backend import TrainStepPlan
-from ._core._base import AbstractTransform
+from ._core._base import AbstractTransform, checked_transform
 from ._core._checks import check_bool
 from ._core._packed import Packed
 
@@ -54,7 +55,8 @@ class TrainStep(eqx.Module):
         **Returns:** `(model, state, loss)`, or `(model, state, loss, aux)` with
         `has_aux=True`.
         """
-        return _dispatch.call(*self._call(model, state, batch, opt))
+        with _quiet_callback_failures():
+            return _dispatch.call(*self._call(model, state, batch, opt))
 
     def lower(
         self,
@@ -76,12 +78,15 @@ class TrainStep(eqx.Module):
     ) -> tuple[Any, ...]:
         # The arguments of `_dispatch.call`: the optimizer first (usually the same
         # object call after call), the model and the state donated.
-        opt = self.opt if opt is None else opt
+        opt = self.opt if opt is None else checked_transform("opt", opt)
         plan = None
         backend = _backend.active()
         if backend is not None:
             plan = backend.train_step(_arrays(model), _arrays((opt, batch)))
-        key = _TrainKey(self.loss_fn, self.has_aux, plan)
+        # Read as `update`/`step` read it: the program places its outputs like these
+        # inputs, which a trace cannot see on an Auto mesh.
+        inputs = _placement.read(None, model, state, donated=False)
+        key = _TrainKey(self.loss_fn, self.has_aux, plan, _placement.signature(inputs))
         options = () if plan is None else plan.compiler_options
         return _step, key, (opt, batch, model, state), (2, 3), options
 
@@ -113,13 +118,21 @@ def make_train_step(
       with `has_aux=True`. Only the model is differentiated. With an
       `eqxopt.Packed` model, `loss_fn` gets the unpacked tree (`model.unpack()`),
       the gradients come back packed and the step runs on the packed buffers.
-    - `opt`: the optimizer (any eqxopt transform).
+    - `opt`: the optimizer (any eqxopt transform; an optax one goes in as
+      `eqxopt.from_optax(tx)`). Transforms that need more than the gradients get
+      it from the step: the loss as `value=` (`PolyakSGD`, `Momo`, `MomoAdam`,
+      `ReduceOnPlateau` in a `Chain`, ...) and the loss (or its gradient) on the
+      batch as a function of the parameters for `LBFGS`'s `value_fn=`,
+      `Sophia`'s `obj_fn=` and `SAM`'s `grad_fn=`.
     - `has_aux`: whether `loss_fn` returns `(loss, aux)`; `aux` is then returned
       as the step's last output.
 
     **Returns:** a `TrainStep`: call it as `step(model, state, *batch, opt=None)`.
     The model and state passed in are donated (their buffers are reused for the
-    results): use the ones it returns.
+    results): use the ones it returns. Each comes back placed as it went in (a
+    ZeRO-1 state split over a mesh axis, the parameters replicated), and an
+    `eqx.error_if` in `loss_fn` raises `eqx.EquinoxRuntimeError`, as from
+    `eqx.filter_jit`.
 
     **Example:**
 
@@ -151,21 +164,19 @@ def make_train_step(
     """
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-    if not isinstance(opt, AbstractTransform):
-        raise TypeError(
-            f"opt must be an eqxopt transform (such as eqxopt.AdamW(...)), "
-            f"got {type(opt).__name__}"
-        )
+    checked_transform("opt", opt)
     return TrainStep(loss_fn, opt, check_bool("has_aux", has_aux))
 
 
 class _TrainKey(NamedTuple):
     """What selects a train step's program besides its arguments: the loss
-    function, whether it returns aux, and the backend's plan for compiling it."""
+    function, whether it returns aux, the backend's plan for compiling it, and
+    where the model and state live (`_placement.signature`)."""
 
     loss_fn: Callable[..., Any]
     has_aux: bool
     plan: TrainStepPlan | None
+    placement: Any
 
 
 def _arrays(tree: Any) -> list[Any]:
@@ -178,15 +189,73 @@ def _loss_of(loss_fn: Callable[..., Any], model: Any) -> Callable[..., Any]:
     return loss_fn
 
 
+def _keywords(
+    opt: AbstractTransform, loss: Any, loss_at: Callable[[Any], Any]
+) -> dict[str, Any]:
+    """What the step passes to `opt.step` besides the gradients: each keyword that
+    some transform in `opt` takes (`takes_keyword`) and that the step has in hand,
+    the loss (`value=`) or the loss on this batch as a function of the parameters
+    (`loss_at`, for a linesearch or a second gradient). The functions take and
+    ignore further arguments: a transform that takes every keyword (`LBFGS`
+    passes its data keywords on to `value_fn`) may hand them the others."""
+
+    def loss_fn(params: Any, *args: Any, **kwargs: Any) -> Any:
+        del args, kwargs
+        return loss_at(params)
+
+    def grad_fn(params: Any, *args: Any, **kwargs: Any) -> Any:
+        del args, kwargs
+        return eqx.filter_grad(loss_at)(params)
+
+    supplied = {
+        "value": lambda: loss,  # Momo, PolyakSGD, ReduceOnPlateau, LBFGS, ...
+        "value_fn": lambda: loss_fn,  # LBFGS's linesearch
+        "obj_fn": lambda: loss_fn,  # Sophia's Hessian estimate
+        "grad_fn": lambda: grad_fn,  # SAM's gradient at the perturbed parameters
+    }
+    return {k: make() for k, make in supplied.items() if opt.takes_keyword(k)}
+
+
 def _step(key: _TrainKey, opt: AbstractTransform, batch: tuple, model, state):
-    value_and_grad = eqx.filter_value_and_grad(
-        _loss_of(key.loss_fn, model), has_aux=key.has_aux
+    loss_of = _loss_of(key.loss_fn, model)
+    value, grads = eqx.filter_value_and_grad(loss_of, has_aux=key.has_aux)(
+        model, *batch
     )
-    value, grads = value_and_grad(model, *batch)
+    loss = value[0] if key.has_aux else value
+
+    def loss_at(params: Any) -> Any:
+        out = loss_of(params, *batch)
+        return out[0] if key.has_aux else out
+
+    extra = _keywords(opt, loss, loss_at)
     tracing = contextlib.nullcontext() if key.plan is None else key.plan.tracing()
     with tracing:
-        model, state = opt.step(grads, state, model, donate=True)
+        new_model, new_state = opt.step(grads, state, model, donate=True, **extra)
+    # Each output where its input was (ZeRO-1 on an Auto mesh: the parameters stay
+    # replicated), as `update`/`step` place theirs.
+    on_model, on_state = key.placement or (None, None)
+    new_model = _placement.keep(new_model, model, on_model)
+    new_state = _placement.keep(new_state, state, on_state)
     if key.has_aux:
-        loss, aux = value
-        return model, state, loss, aux
-    return model, state, value
+        return new_model, new_state, loss, value[1]
+    return new_model, new_state, value
+
+
+@contextlib.contextmanager
+def _quiet_callback_failures() -> Any:
+    # JAX logs a failed host callback with its traceback before the call raises;
+    # for an `eqx.error_if` the call raises `eqx.EquinoxRuntimeError` with the
+    # message instead (`raise_equinox_error`), so the log is dropped, as
+    # `eqx.filter_jit` drops it.
+    _callback_logger.addFilter(_drop_callback_failure)
+    try:
+        yield
+    finally:
+        _callback_logger.removeFilter(_drop_callback_failure)
+
+
+_callback_logger = logging.getLogger("jax._src.callback")
+
+
+def _drop_callback_failure(record: logging.LogRecord) -> bool:
+    return record.getMessage() != "jax.pure_callback failed"

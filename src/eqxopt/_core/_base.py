@@ -1,8 +1,9 @@
 """The contract every optimizer and gradient transform shares."""
 
 import abc
+import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
@@ -12,7 +13,14 @@ from beartype import beartype
 from jaxtyping import PyTree, jaxtyped
 
 from . import _backend, _dispatch, _placement
-from ._checks import check_grads, check_state, name_converters
+from ._checks import (
+    Renamed,
+    check_grads,
+    check_state,
+    name_converters,
+    refuse_renamed,
+    renames,
+)
 from ._jax_api import is_tracer
 from ._placement import placing_init, raise_if_misplaced
 from ._tree import apply_updates, cast_like, promotion_for
@@ -90,7 +98,26 @@ class AbstractTransform(eqx.Module):
       (or `eqx.apply_updates`).
     - `step(grads, state, params) -> (params, state)`: the update and its
       application fused in one compiled function, keeping parameter dtypes.
+
+    Two declarations say what a transform needs from its caller: `reads_params`
+    (what of its rule reads the parameters, or `None`: `update` may then be called
+    without them), and `renamed_arguments` (its optax counterpart's spellings of
+    its arguments, refused with eqxopt's spelling).
     """
+
+    # What of this transform's own rule reads the parameters, in words (named in
+    # the error of an `update` without them), or `None` where it reads none.
+    # Options that read them only when set (weight decay) say so in their field
+    # (`_fields.weight_decay_field`) instead. A transform that declares nothing
+    # needs them.
+    reads_params: ClassVar[str | None] = "update rule"
+
+    # optax's spelling of an argument -> eqxopt's (`_checks.refuse_renamed`).
+    renamed_arguments: ClassVar[Mapping[str, Renamed]] = renames()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        refuse_renamed(cls, kwargs)
+        return super().__new__(cls)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -126,12 +153,28 @@ class AbstractTransform(eqx.Module):
         updates, new_state = transform(self, grads, state, params, **extra)
         return apply_updates(params, updates), new_state
 
+    def params_needed(self) -> str | None:
+        """What of this transform reads the parameters, as an error names it
+        (`"AdamW's weight_decay"`), or `None`: then `update(grads, state)` may leave
+        them out, with the same results. Wrappers also ask the transforms they
+        hold."""
+        name = type(self).__name__
+        if self.reads_params is not None:
+            return f"{name}'s {self.reads_params}"
+        for field in dataclasses.fields(self):
+            converter = field.metadata.get("converter")
+            if getattr(converter, "reads_params", False) and not _is_off(
+                getattr(self, field.name)
+            ):
+                return f"{name}'s {field.name}"
+        return None
+
     @_fast_method
     def update(
         self,
         grads: Grads,
         state: State,
-        params: Params,
+        params: Params = None,
         *,
         donate: bool = False,
         **extra: Any,
@@ -145,7 +188,12 @@ class AbstractTransform(eqx.Module):
           parameter whose gradient is `None` is left alone: no update, no decay, and
           its state stays as it was.
         - `state`: the state from `init` or a previous `update`/`step`.
-        - `params`: the current parameters.
+        - `params`: the current parameters. As in optax they may be left out
+          where the transform does not read them (`params_needed()` is `None`:
+          SGD, Adam, AdaBelief, clipping, ...): the updates are then the same, in
+          the gradients' dtypes. Where it does (weight decay, trust ratios,
+          parameter-free step sizes, ...), leaving them out is a `TypeError`
+          naming the option that reads them.
         - `donate`: let XLA reuse the buffers of `state` for the new state. The
           state passed in must not be used afterwards. Such in-place steps of
           element-wise optimizers run eqxopt's native CPU kernels where they are
@@ -197,23 +245,33 @@ class AbstractTransform(eqx.Module):
         """This transform as an `optax.GradientTransformationExtraArgs` (needs optax):
         `init(params)` and `update(updates, state, params, **extra)` call this
         transform's `init`/`update` (so inputs are checked, and updates come in each
-        parameter's dtype). eqxopt transforms need `params`; keyword arguments this
-        transform does not take are dropped, as optax does for extra arguments."""
+        parameter's dtype). `params` may be left out as for `update`; keyword
+        arguments this transform does not take are dropped, as optax does for extra
+        arguments."""
         optax = optax_module()
 
         def init(params):
             return self.init(params)
 
         def update(updates, state, params=None, **extra):
-            if params is None:
-                raise ValueError(
-                    f"{type(self).__name__}.to_optax(): eqxopt transforms need "
-                    "params; call update(updates, state, params)"
-                )
             taken = {k: v for k, v in extra.items() if self.takes_keyword(k)}
             return self.update(updates, state, params, **taken)
 
         return optax.GradientTransformationExtraArgs(init, update)
+
+
+def checked_transform(name: str, value: Any) -> AbstractTransform:
+    """`value` if it is an eqxopt transform, else a `TypeError` naming `name` (with
+    the way in for an optax transformation: `eqxopt.from_optax`)."""
+    if not isinstance(value, AbstractTransform):
+        hint = ""
+        if type(value).__name__.startswith("GradientTransformation"):
+            hint = "; wrap an optax transformation as eqxopt.from_optax(tx)"
+        raise TypeError(
+            f"{name} must be an eqxopt transform (such as eqxopt.AdamW(...)), got "
+            f"{type(value).__name__}{hint}"
+        )
+    return value
 
 
 def optax_module() -> Any:
@@ -226,6 +284,25 @@ def optax_module() -> Any:
             "and optax"
         ) from None
     return optax
+
+
+def _is_off(value: Any) -> bool:
+    # An option that reads the parameters only when set: off when it is `None`,
+    # `False` or a concrete zero (a schedule or a traced value may be anything).
+    if value is None or value is False:
+        return True
+    if isinstance(value, jax.Array) and not is_tracer(value):
+        return value.ndim == 0 and not bool(value)
+    return False
+
+
+def _check_params_given(opt: AbstractTransform) -> None:
+    needed = opt.params_needed()
+    if needed is not None:
+        raise TypeError(
+            f"{type(opt).__name__}.update(grads, state) was called without params, "
+            f"which are read by {needed}: call update(grads, state, params)"
+        )
 
 
 def _check_donate(donate: Any) -> None:
@@ -285,6 +362,8 @@ def _entry_call(
 ) -> tuple[Any, ...]:
     """The arguments of `_dispatch.call` (or `lower`) for one entry call."""
     _check_donate(donate)
+    if params is None and not step:
+        _check_params_given(opt)
     first, second = (params, state) if step else (state, params)
     # Where the inputs live (`None` in a process of one device), read once for the
     # outputs' placement and the backend.
@@ -343,6 +422,14 @@ def _typechecked(method: Callable) -> Callable:
     return jaxtyped(typechecker=beartype)(method)
 
 
+def _stand_in(grads: Grads) -> Params:
+    """For an `update` called without params (whose transform reads none): zeros
+    shaped like the gradients, `None` where a gradient is `None`. Every rule then
+    runs as with the parameters (a weight decay of 0 times zeros is 0, whatever
+    the parameters hold) and returns updates in the gradients' dtypes."""
+    return jax.tree.map(jnp.zeros_like, grads)
+
+
 def _checked(
     method: Callable,
     opt: AbstractTransform,
@@ -350,10 +437,20 @@ def _checked(
     state: State,
     params: Params,
     extra: dict[str, Any],
+    params_given: bool = True,
 ) -> Any:
     # Our own checks first: they name the leaf; jaxtyping's would not.
     check_grads(grads, params)
-    check_state(opt, state, params)
+    try:
+        check_state(opt, state, params)
+    except (TypeError, ValueError) as error:
+        if params_given:
+            raise
+        raise type(error)(
+            f"{error} (update was called without params, so the state is checked "
+            "against the gradients: a float parameter whose gradient is None still "
+            "has state; call update(grads, state, params))"
+        ) from None
     with promotion_for(params, grads):
         return _typechecked(method)(opt, grads, state, params, **extra)
 
@@ -369,17 +466,20 @@ def _checked(
 
 def _entry(key: _EntryKey, opt, grads, first, second, extra):
     params, state = (first, second) if key.step else (second, first)
+    params_given = params is not None
+    if not params_given:  # `update(grads, state)`: `params_needed()` said none read
+        params = _stand_in(grads)
     method = type(opt).transform_step if key.step else type(opt).transform
     backend = _backend.active()
 
     def run(opt, grads, params, state, extra, backend_placement):
         if backend is None:
-            return _checked(method, opt, grads, state, params, extra)
+            return _checked(method, opt, grads, state, params, extra, params_given)
         trace = _backend.EntryTrace(
             key.donated, key.grads_given, backend_placement, (grads, params, state)
         )
         with backend.tracing(trace):
-            return _checked(method, opt, grads, state, params, extra)
+            return _checked(method, opt, grads, state, params, extra, params_given)
 
     # On a mesh of Explicit axes the maths runs with them made Auto, and a donated
     # step inside a user's jit reads where its inputs lie from their types.

@@ -3,7 +3,8 @@ grads/state/params agreement at trace time (naming the leaf path)."""
 
 import dataclasses
 import math
-from collections.abc import Hashable
+import types
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import equinox as eqx
@@ -320,3 +321,48 @@ def array_count(name: str, value: Any) -> Int[Array, ""]:
     ):
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     return jnp.asarray(value, dtype=jnp.int32)
+
+
+# A class's `renamed_arguments` maps an argument of its optax counterpart that eqxopt
+# spells differently to eqxopt's spelling: a tuple of eqxopt's argument names (one
+# value, or optax's tuple split into these in order, such as `betas` into `b1` and
+# `b2`), or a sentence for what is not a plain rename. Read when the class is built
+# (`refuse_renamed`) and by the migration guide, which lists every such rename.
+Renamed = tuple[str, ...] | str
+
+
+def renames(**spellings: Renamed) -> Mapping[str, Renamed]:
+    """A class's `renamed_arguments` (read-only): optax's name -> eqxopt's."""
+    return types.MappingProxyType(spellings)
+
+
+def renamed_advice(spelling: Renamed) -> str:
+    """What to write instead, in words: `use b1= and b2=`."""
+    if isinstance(spelling, str):
+        return spelling
+    return "use " + " and ".join(f"{name}=" for name in spelling)
+
+
+def refuse_renamed(cls: type, kwargs: dict[str, Any]) -> None:
+    """Raises `TypeError` for a keyword argument in `cls.renamed_arguments` (optax's
+    spelling: `Prodigy got betas=: use b1= and b2=`), before anything is built. A
+    name that is also one of eqxopt's own arguments (`DoG`'s `init_step`) is
+    refused only in optax's form, a tuple of as many values as eqxopt's names."""
+    table = getattr(cls, "renamed_arguments", None)
+    if not table or not kwargs:
+        return
+    own = getattr(cls, "__dataclass_fields__", {})
+    for key in kwargs.keys() & table.keys():
+        spelling = table[key]
+        if key in own:
+            value = kwargs[key]
+            if not (
+                isinstance(value, tuple)
+                and not isinstance(spelling, str)
+                and len(value) == len(spelling)
+            ):
+                continue
+            got = f"{key}={value!r} (optax's form)"
+        else:
+            got = f"{key}="
+        raise TypeError(f"{cls.__name__} got {got}: {renamed_advice(spelling)}")

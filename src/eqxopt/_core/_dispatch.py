@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import equinox as eqx
 import jax
 import numpy as np
 
@@ -89,6 +90,28 @@ jax.tree_util.register_pytree_node(
 
 # Every output leaf is an array: the compiled function returns its output as it is.
 _ALL_ARRAYS = _Outputs(None, None)
+
+
+# Equinox's runtime errors (`eqx.error_if` in a loss or any function traced into a
+# step) fail the program as a host callback; `eqx.filter_jit` turns that back into
+# `eqx.EquinoxRuntimeError` with the user's message, and `call` does the same
+# (`raise_equinox_error`). Equinox marks the failure with the name of its internal
+# exception, followed by its message and a banner.
+_EQUINOX_MARK = "_EquinoxRuntimeError: "
+_EQUINOX_BANNER = "\n\n\n--------------------"
+
+
+def raise_equinox_error(error: Exception) -> None:
+    """Raises `eqx.EquinoxRuntimeError` with the message of the `eqx.error_if` that
+    failed a compiled call with `error`, as `eqx.filter_jit` would; returns when
+    `error` is something else."""
+    text = str(error)
+    start = text.find(_EQUINOX_MARK)
+    if start < 0:
+        return
+    message = text[start + len(_EQUINOX_MARK) :]
+    message = message.split(_EQUINOX_BANNER, 1)[0].strip()
+    raise eqx.EquinoxRuntimeError(message) from None
 
 
 @dataclasses.dataclass(eq=False)
@@ -377,15 +400,19 @@ def call(
     `compiler_options` are `jax.jit`'s, as items. Inside another trace, `fn` is
     called as it is."""
     first = _first(args[0])
-    if first.layout is not None and _all_concrete(args[1:]):
-        direct = _direct(first, fn, static, donate, compiler_options)
-        payload, outputs = direct.jitted(first.pack(), *args[1:])
-        return _results(payload, outputs, [])
-    general = _general(first, fn, static, args, donate, compiler_options)
-    if general is None:
-        return fn(static, *args)
-    program, groups, leaves = general
-    payload, outputs = program.jitted(*groups)
+    try:
+        if first.layout is not None and _all_concrete(args[1:]):
+            direct = _direct(first, fn, static, donate, compiler_options)
+            payload, outputs = direct.jitted(first.pack(), *args[1:])
+            return _results(payload, outputs, [])
+        general = _general(first, fn, static, args, donate, compiler_options)
+        if general is None:
+            return fn(static, *args)
+        program, groups, leaves = general
+        payload, outputs = program.jitted(*groups)
+    except Exception as error:
+        raise_equinox_error(error)
+        raise
     return _results(payload, outputs, leaves)
 
 

@@ -45,10 +45,18 @@ DTypeLike: TypeAlias = Any
 
 
 class _Hyper(NamedConverter):
-    def __init__(self, schedule: bool, bounds: dict[str, Any], optional: bool = False):
+    def __init__(
+        self,
+        schedule: bool,
+        bounds: dict[str, Any],
+        optional: bool = False,
+        reads_params: bool = False,
+    ):
         self.schedule = schedule
         self.bounds = bounds
         self.optional = optional
+        # The option reads the parameters unless it is 0 (`params_needed`).
+        self.reads_params = reads_params
 
     def __call__(self, value: Any) -> Any:
         if value is None and self.optional:
@@ -98,6 +106,10 @@ class _DType(NamedConverter):
 
 
 class _Flag(NamedConverter):
+    def __init__(self, reads_params: bool = False):
+        # The option reads the parameters when it is on (`params_needed`).
+        self.reads_params = reads_params
+
     def __call__(self, value: Any) -> bool:
         return check_bool(self.name, value)
 
@@ -141,16 +153,27 @@ def hyper(
     schedule: bool = True,
     optional: bool = False,
     kw_only: bool = False,
+    reads_params: bool = False,
 ) -> Any:
     """A float hyperparameter: a number or scalar array (checked against the bounds,
     stored as a scalar array) or, unless `schedule=False`, a schedule module (used
     as it is; `values_at` calls it at the step). With `optional=True`, `None` is
-    kept as `None` (an option that is off, or that defaults to another field)."""
+    kept as `None` (an option that is off, or that defaults to another field).
+    With `reads_params=True` the option reads the parameters unless it is 0 or
+    `None` (`AbstractTransform.params_needed`)."""
     bounds = dict(
         low=low, high=high, low_open=low_open, high_open=high_open, allow_inf=allow_inf
     )
-    converter = _Hyper(schedule, bounds, optional)
+    converter = _Hyper(schedule, bounds, optional, reads_params)
     return eqx.field(default=default, converter=converter, kw_only=kw_only)
+
+
+def weight_decay_field(default: Any = _REQUIRED, *, kw_only: bool = True) -> Any:
+    """A weight decay (`>= 0`, a number, scalar array or schedule), which reads the
+    parameters unless it is 0: `update(grads, state)` without them is refused
+    naming it. Keyword-only unless the optax counterpart takes it at the same
+    position."""
+    return hyper(default, low=0.0, kw_only=kw_only, reads_params=True)
 
 
 def learning_rate_field(
@@ -185,9 +208,13 @@ def dtype_field(*, kw_only: bool = True, storage: bool = False) -> Any:
     return eqx.field(default=None, converter=converter, static=True, kw_only=kw_only)
 
 
-def flag_field(default: bool, *, kw_only: bool = True) -> Any:
-    """A bool option (static: each value compiles its own code)."""
-    return eqx.field(default=default, converter=_Flag(), static=True, kw_only=kw_only)
+def flag_field(
+    default: bool, *, kw_only: bool = True, reads_params: bool = False
+) -> Any:
+    """A bool option (static: each value compiles its own code). With
+    `reads_params=True` it reads the parameters when on."""
+    converter = _Flag(reads_params)
+    return eqx.field(default=default, converter=converter, static=True, kw_only=kw_only)
 
 
 def choice_field(

@@ -2,14 +2,22 @@
 hold, the constant one a number becomes, and how a field's value is read at a step."""
 
 import abc
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, Float32, Int, jaxtyped
 
-from ._checks import hyperparameter, is_concrete, name_converters
+from ._checks import (
+    Renamed,
+    hyperparameter,
+    is_concrete,
+    name_converters,
+    refuse_renamed,
+    renames,
+)
 
 
 class AbstractSchedule(eqx.Module):
@@ -35,9 +43,16 @@ class AbstractSchedule(eqx.Module):
     share one compiled program between schedules of other values.
     """
 
+    # optax's spelling of an argument -> eqxopt's (`_checks.refuse_renamed`).
+    renamed_arguments: ClassVar[Mapping[str, Renamed]] = renames()
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         name_converters(cls)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        refuse_renamed(cls, kwargs)
+        return super().__new__(cls)
 
     def __hash__(self) -> int:
         return object.__hash__(self)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, Float32, Int, jaxtyped
 
-from .._core._checks import hyperparameter, positive_count, step_count
+from .._core._checks import hyperparameter, positive_count, renames, step_count
 from .._core._fields import choice_field, hyper
 from .._core._schedule import AbstractSchedule
 from ._common import (
@@ -355,6 +355,9 @@ class SGDR(AbstractSchedule):
       (default 0), `warmup_steps` (default 0), `end_value` (default 0) and `exponent`
       (default 1, `> 0`) — the arguments of `optax.warmup_cosine_decay_schedule`.
     """
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(cosine_kwargs=("cycles",))
 
     init_values: Float[Array, " n"]
     peak_values: Float[Array, " n"]

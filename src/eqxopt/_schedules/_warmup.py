@@ -10,7 +10,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float32, Int, jaxtyped
 
-from .._core._checks import hyperparameter, is_concrete, positive_count
+from .._core._checks import hyperparameter, is_concrete, positive_count, renames
 from .._core._fields import checked_field, choice_field, count_field, flag_field, hyper
 from .._core._schedule import AbstractSchedule
 from ._common import (
@@ -68,6 +68,14 @@ class WarmupCosine(AbstractSchedule):
     opt = eqxopt.AdamW(learning_rate=schedule)  # read at state.step at every step
     ```
     """
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(
+        peak_value=("peak_lr",),
+        end_value=("min_lr",),
+        decay_steps=("total_steps",),
+        init_value="leave it out: the warmup starts at 0 (optax's init_value=0)",
+    )
 
     # Numbers only, as every schedule's values (`_common`).
     peak_lr: Value = hyper(low=0.0, schedule=False)

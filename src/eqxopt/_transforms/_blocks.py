@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._checks import renames
 from .._core._fields import (
     DTypeLike,
     ScalarOrSchedule,
@@ -38,6 +39,8 @@ class AbstractBlock(AbstractLeafwiseOptimizer):
     (see `AbstractLeafwiseOptimizer`), on the incoming updates `g`. A block scales
     updates rather than stepping, so it has no learning rate (`ScaleByLearningRate`
     is the block that has one)."""
+
+    reads_params = None  # the parameters are not read (`params_needed`)
 
     # Satisfies the engine's `learning_rate`: blocks have none (not a field, so
     # `values_at` and the hyperparameter readers never see it).
@@ -234,6 +237,8 @@ class ScaleByTrustRatio(AbstractBlock):
       leaf.
     """
 
+    reads_params = "trust ratio (the norm of each parameter)"
+
     min_norm: ScalarOrSchedule = hyper(0.0, low=0.0)
     trust_coefficient: ScalarOrSchedule = hyper(1.0, low=0.0)
     eps: ScalarOrSchedule = hyper(0.0, low=0.0)
@@ -264,8 +269,10 @@ class ScaleByLearningRate(AbstractLeafwiseOptimizer):
     - `flip_sign`: multiply by `-lr` rather than `lr` (a bool).
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field()
-    flip_sign: bool = flag_field(True, kw_only=False)
+    flip_sign: bool = flag_field(True)
 
     state_type = StepState
     moments = ()
@@ -308,6 +315,9 @@ class Trace(AbstractBlock):
     - `trace_dtype`: dtype to store the buffer in; `None` keeps each parameter's
       (optax's `accumulator_dtype`).
     """
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(accumulator_dtype=("trace_dtype",))
 
     decay: ScalarOrSchedule = hyper(low=0.0, high=1.0)
     nesterov: bool = flag_field(False, kw_only=False)
@@ -361,6 +371,8 @@ class Stateless(AbstractTransform):
 
     - `fn`: a function `(updates, params) -> updates`.
     """
+
+    reads_params = "fn (it is given the parameters)"
 
     fn: Callable = checked_field(_function, static=True)
 

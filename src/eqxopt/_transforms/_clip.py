@@ -95,6 +95,8 @@ class AbstractLeafClip(AbstractTransform):
     (whether its rule reads only elements) and `leaf_rule`, and may add checks of
     the inputs in `check`."""
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     elementwise: eqx.AbstractClassVar[bool]
 
     @abc.abstractmethod
@@ -206,6 +208,8 @@ class ClipByGlobalNorm(AbstractTransform):
     assert jnp.allclose(updates["a"], 0.6) and jnp.allclose(updates["b"], 0.8)
     ```
     """
+
+    reads_params = None  # the parameters are not read (`params_needed`)
 
     max_norm: ScalarOrSchedule = hyper(low=0.0, low_open=True)
     axis_name: AxisName = axis_name_field()
@@ -327,6 +331,8 @@ class AdaptiveGradClip(AbstractLeafClip):
       for `Adafactor`. `None` (default): a split leaf is split along its leading
       dimension.
     """
+
+    reads_params = "clipping relative to each parameter's norm"
 
     clipping: ScalarOrSchedule = hyper(low=0.0, low_open=True)
     eps: ScalarOrSchedule = hyper(1e-3, low=0.0)

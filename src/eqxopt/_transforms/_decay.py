@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int, UInt32
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._checks import renames
 from .._core._fields import (
     MaskLike,
     ScalarOrSchedule,
@@ -19,6 +20,7 @@ from .._core._fields import (
     learning_rate_field,
     mask_field,
     values_at,
+    weight_decay_field,
 )
 from .._core._leafwise import map_leaves
 from .._core._masks import decay_flags
@@ -49,6 +51,8 @@ class AbstractWeightDecay(AbstractTransform):
     `u = g + c * p`, with the coefficient `c` from the hyperparameters at the step
     (`coefficient`); a subclass declares `weight_decay`, `mask` and its
     `state_type` (a module holding only `step`)."""
+
+    reads_params = None  # the parameters are not read (`params_needed`)
 
     weight_decay: eqx.AbstractVar[ScalarOrSchedule]
     mask: eqx.AbstractVar[MaskLike]
@@ -92,7 +96,7 @@ class AddDecayedWeights(AbstractWeightDecay):
       function rather than writing a new lambda for every optimizer you build.
     """
 
-    weight_decay: ScalarOrSchedule = hyper(low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(kw_only=False)
     mask: MaskLike = mask_field(kw_only=False)
 
     state_type = StepState
@@ -119,7 +123,7 @@ class DecoupledWeightDecay(AbstractWeightDecay):
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
-    weight_decay: ScalarOrSchedule = hyper(low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(kw_only=False)
     mask: MaskLike = mask_field(kw_only=False)
 
     state_type = DecoupledWeightDecayState
@@ -166,9 +170,14 @@ class AddNoise(AbstractTransform):
     `eta` and `gamma` may be schedules, read at the step.
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(key=("seed",))
+
     eta: ScalarOrSchedule = hyper(low=0.0)
     gamma: ScalarOrSchedule = hyper(0.55, low=0.0)
-    seed: int = checked_field(_seed, 0, static=True)
+    seed: int = checked_field(_seed, 0, static=True, kw_only=True)
 
     def init(self, params: Params) -> AddNoiseState:
         return AddNoiseState(
@@ -205,6 +214,8 @@ class Centralize(AbstractTransform):
     The same as `optax.centralize`. (The first axis is the output axis of Equinox
     `Linear` and `Conv` weights.)
     """
+
+    reads_params = None  # the parameters are not read (`params_needed`)
 
     def init(self, params: Params) -> EmptyState:
         return EmptyState()

@@ -126,6 +126,8 @@ class ZeroNans(AbstractTransform):
     `u = where(isnan(g), 0, g)`, recording per leaf whether a NaN was found. The
     same as `optax.zero_nans`."""
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     def init(self, params: Params) -> ZeroNansState:
         return ZeroNansState(
             found_nan=jax.tree.map(

@@ -78,6 +78,8 @@ class ReduceOnPlateau(AbstractTransform):
     - `min_scale`: the scale never goes below this, `>= 0`.
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     # Not schedules: the state (optax's fields) keeps no step count to read them at.
     factor: Float[Array, ""] = hyper(
         0.1, low=0.0, high=1.0, low_open=True, high_open=True, schedule=False

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._checks import renames
 from .._core._fields import count_field, flag_field
 from .._core._tree import (
     align_grads,
@@ -94,6 +95,11 @@ class MultiSteps(AbstractSingleWrapper):
     assert jnp.allclose(params["w"], -2.0)
     ```
     """
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(
+        opt=("inner",), every_k_schedule=("every_k",), use_grad_mean=("mean",)
+    )
 
     inner: AbstractTransform = inner_field()
     every_k: Int[Array, ""] = count_field()

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._checks import renames
 from .._core._fields import ScalarOrSchedule, count_field, hyper, values_at
 from .._core._tree import (
     align_grads,
@@ -82,6 +83,8 @@ class ParamEMA(AbstractSingleWrapper):
     - `decay`: in `[0, 1]`; typical values are 0.999 to 0.9999. A schedule is read
       at the step before the update (for a warm-up of the average).
     """
+
+    reads_params = "average of the parameters"
 
     inner: AbstractTransform = inner_field()
     decay: ScalarOrSchedule = hyper(0.999, low=0.0, high=1.0)
@@ -178,6 +181,11 @@ class Lookahead(AbstractSingleWrapper):
     - `sync_period`: fast steps per synchronisation, an int `>= 1` (an array field).
     - `alpha`: the slow step size, in `[0, 1]`.
     """
+
+    reads_params = "slow weights (pulled towards the parameters)"
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(fast_optimizer=("inner",), slow_step_size=("alpha",))
 
     inner: AbstractTransform = inner_field()
     sync_period: Int[Array, ""] = count_field(6)

@@ -9,13 +9,14 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._checks import static_count
+from .._core._checks import renames, static_count
 from .._core._fields import (
     ScalarOrSchedule,
     axis_name_field,
     checked_field,
     hyper,
     values_at,
+    weight_decay_field,
 )
 from .._core._shards import AxisName, shard_total
 from .._core._tree import (
@@ -96,8 +97,13 @@ class Mechanic(AbstractSingleWrapper):
       (default): this device's blocks only.
     """
 
+    reads_params = "scale of the change from the initial parameters"
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(base_optimizer=("inner",))
+
     inner: AbstractTransform = inner_field()
-    weight_decay: ScalarOrSchedule = hyper(1e-2, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(1e-2, kw_only=False)
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
     # Not a schedule: it is the scale the state starts from (at `init`).
     s_init: Float[Array, ""] = hyper(1e-6, low=0.0, low_open=True, schedule=False)

@@ -8,7 +8,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._base import (
+    AbstractTransform,
+    Grads,
+    Params,
+    Updates,
+    checked_transform,
+)
 from .._core._fields import axis_name_field, values_at
 from .._core._shards import AxisName, shard_total
 from .._core._tree import (
@@ -39,8 +45,7 @@ def hyperparameters(opt: AbstractTransform, state: Any) -> dict[str, Any]:
 
     **Returns:** a dict from names to scalar arrays (and nested dicts).
     """
-    if not isinstance(opt, AbstractTransform):
-        raise TypeError(f"opt must be an eqxopt transform, got {type(opt).__name__}")
+    checked_transform("opt", opt)
     if isinstance(opt, Chain):
         if not isinstance(state, ChainState):
             raise TypeError(f"state must be a ChainState, got {type(state).__name__}")

@@ -10,6 +10,7 @@ import jax
 from jaxtyping import PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._checks import renames
 from .._core._fields import MaskLike, checked_field
 from .._core._masks import decay_flags, freeze_mask
 from .._core._structure import structure_mismatch
@@ -145,6 +146,9 @@ class Partition(AbstractComposite):
     print(state["slow"])  # each group's state, by label
     ```
     """
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(param_labels=("labels",))
 
     transforms: dict[Any, AbstractTransform] = checked_field(_transforms)
     labels: Any = checked_field(_labels)

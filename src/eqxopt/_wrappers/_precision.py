@@ -158,6 +158,8 @@ class StochasticRounding(AbstractSingleWrapper):
       raw `uint32` data). An array field, so a new key does not recompile.
     """
 
+    reads_params = "rounding of the new parameters"
+
     inner: AbstractTransform = inner_field()
     key: UInt32[Array, "..."] = eqx.field(kw_only=True)
     key_impl: str = eqx.field(static=True, init=False)
@@ -280,6 +282,8 @@ class KahanSummation(AbstractSingleWrapper):
 
     - `inner`: the optimizer.
     """
+
+    reads_params = "compensated sum with the parameters"
 
     inner: AbstractTransform = inner_field()
 

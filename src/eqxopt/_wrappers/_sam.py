@@ -84,6 +84,8 @@ class SAM(AbstractSingleWrapper):
       split over), as the unsharded run. `None` (default): this device's blocks.
     """
 
+    reads_params = "ascent step (the perturbed parameters)"
+
     inner: AbstractTransform = inner_field()
     rho: ScalarOrSchedule = hyper(0.05, low=0.0)
     axis_name: AxisName = axis_name_field()

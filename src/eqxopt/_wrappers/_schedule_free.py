@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._checks import renames
 from .._core._fields import (
     DTypeLike,
     ScalarOrSchedule,
@@ -79,6 +80,11 @@ class ScheduleFree(AbstractSingleWrapper):
     - `weight_lr_power`: the averaging weight is `max_lr**weight_lr_power`, `>= 0`.
     - `z_dtype`: dtype to store `z` in (`None`: each parameter's dtype).
     """
+
+    reads_params = "interpolation between the averaged and the fast iterate"
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(base_optimizer=("inner",), state_dtype=("z_dtype",))
 
     inner: AbstractTransform = inner_field()
     learning_rate: ScalarOrSchedule = learning_rate_field(None, optional=True)

@@ -12,21 +12,15 @@ import jax.numpy as jnp
 from jaxtyping import PyTree
 
 from .._core import _shards
-from .._core._base import AbstractTransform, Grads, Params, State, Updates
+from .._core._base import (
+    AbstractTransform,
+    Grads,
+    Params,
+    State,
+    Updates,
+    checked_transform,
+)
 from .._core._fields import checked_field
-
-
-def checked_transform(name: str, value: Any) -> AbstractTransform:
-    """`value` if it is an eqxopt transform, else a `TypeError` naming `name` (with
-    a hint for optax transformations)."""
-    if not isinstance(value, AbstractTransform):
-        hint = ""
-        if type(value).__name__.startswith("GradientTransformation"):
-            hint = "; wrap optax transformations with eqxopt.from_optax(...)"
-        raise TypeError(
-            f"{name} must be an eqxopt transform, got {type(value).__name__}{hint}"
-        )
-    return value
 
 
 def inner_field() -> Any:
@@ -43,6 +37,8 @@ class AbstractWrapper(AbstractTransform):
     takes is a `TypeError` naming it (`check_keywords`, called by `transform`).
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     @property
     @abc.abstractmethod
     def inners(self) -> tuple[AbstractTransform, ...]:
@@ -50,6 +46,15 @@ class AbstractWrapper(AbstractTransform):
 
     def takes_keyword(self, key: str) -> bool:
         return any(t.takes_keyword(key) for t in self.inners)
+
+    def params_needed(self) -> str | None:
+        # Its own rule's (`reads_params`, fields), else the first inner one's.
+        needed = super().params_needed()
+        for inner in self.inners:
+            if needed is not None:
+                break
+            needed = inner.params_needed()
+        return needed
 
     def check_keywords(self, extra: dict[str, Any]) -> None:
         """Raises `TypeError` for keyword arguments that no inner transform takes."""

@@ -18,6 +18,7 @@ from ..._core._fields import (
     choice_field,
     flag_field,
     mask_field,
+    weight_decay_field,
 )
 from ..._core._leafwise import map_leaves
 from ..._core._tree import (
@@ -338,7 +339,7 @@ class NAdamW(AbstractNAdam):
     """
     )
 
-    weight_decay: ScalarOrSchedule = nonnegative_field(1e-4, kw_only=False)
+    weight_decay: ScalarOrSchedule = weight_decay_field(1e-4)
     mask: MaskLike = mask_field()
 
 
@@ -385,7 +386,7 @@ class AMSGrad(AbstractAdamOptions):
     """
 
     eps_root: ScalarOrSchedule = nonnegative_field()
-    weight_decay: ScalarOrSchedule = nonnegative_field()
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
     mask: MaskLike = mask_field()
     nu_correction: NuCorrection = choice_field("before_max", NU_CORRECTIONS)
     bias_correction_mu: bool = flag_field(True)
@@ -483,5 +484,5 @@ class AdamaxW(AbstractAdamax):
     """
     )
 
-    weight_decay: ScalarOrSchedule = nonnegative_field(1e-4, kw_only=False)
+    weight_decay: ScalarOrSchedule = weight_decay_field(1e-4, kw_only=False)
     mask: MaskLike = mask_field()

@@ -22,6 +22,7 @@ from ..._core._fields import (
     hyper,
     learning_rate_field,
     mask_field,
+    weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._tree import abs_sq, increment, step_power
@@ -79,19 +80,21 @@ def adam_direction(
 # --------------------------------------------------------------------------------------
 
 
-def b1_field(default: float = 0.9) -> Any:
+def b1_field(default: float = 0.9, *, kw_only: bool = False) -> Any:
     """Decay of the first moment, in `[0, 1)`."""
-    return hyper(default, low=0.0, high=1.0, high_open=True)
+    return hyper(default, low=0.0, high=1.0, high_open=True, kw_only=kw_only)
 
 
-def b2_field(default: float = 0.999) -> Any:
+def b2_field(default: float = 0.999, *, kw_only: bool = False) -> Any:
     """Decay of the second moment, in `(0, 1)`."""
-    return hyper(default, low=0.0, high=1.0, low_open=True, high_open=True)
+    return hyper(
+        default, low=0.0, high=1.0, low_open=True, high_open=True, kw_only=kw_only
+    )
 
 
-def eps_field(default: float = 1e-8) -> Any:
+def eps_field(default: float = 1e-8, *, kw_only: bool = False) -> Any:
     """Added to the root of the second moment, `> 0`."""
-    return hyper(default, low=0.0, low_open=True)
+    return hyper(default, low=0.0, low_open=True, kw_only=kw_only)
 
 
 def nonnegative_field(default: float = 0.0, *, kw_only: bool = True) -> Any:
@@ -133,6 +136,8 @@ class AbstractAdamOptions(AbstractLeafwiseOptimizer):
     `learning_rate`, `b1`, `b2`, `eps` (in that order) and the moments' storage
     dtypes `mu_dtype`, `nu_dtype` (keyword-only). A final adds its own fields after
     these; one that redeclares a field (a different default) keeps its place."""
+
+    reads_params = None  # the parameters are not read (`params_needed`)
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
     b1: ScalarOrSchedule = b1_field()
@@ -180,6 +185,6 @@ class AbstractAdamW(AbstractAdamLike):
     """AdamW's options (see `AdamW`): the base of AdamW and of the variants that
     change its per-leaf direction or step size (`CAdamW`, `StableAdamW`)."""
 
-    weight_decay: ScalarOrSchedule = nonnegative_field(1e-4, kw_only=False)
+    weight_decay: ScalarOrSchedule = weight_decay_field(1e-4)
     eps_root: ScalarOrSchedule = nonnegative_field()
     mask: MaskLike = mask_field()

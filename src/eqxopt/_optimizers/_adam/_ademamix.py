@@ -13,6 +13,7 @@ from ..._core._fields import (
     dtype_field,
     learning_rate_field,
     mask_field,
+    weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._tree import abs_sq
@@ -72,6 +73,8 @@ class AdEMAMix(AbstractLeafwiseOptimizer):
     - `mu_dtype`: dtype of `m1` and `m2`; `nu_dtype`: of `nu` (as for `Adam`).
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field()
     b1: ScalarOrSchedule = b1_field()
     b2: ScalarOrSchedule = b2_field()
@@ -79,7 +82,7 @@ class AdEMAMix(AbstractLeafwiseOptimizer):
     alpha: ScalarOrSchedule = nonnegative_field(5.0, kw_only=False)
     eps: ScalarOrSchedule = eps_field()
     eps_root: ScalarOrSchedule = nonnegative_field()
-    weight_decay: ScalarOrSchedule = nonnegative_field()
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
     mask: MaskLike = mask_field()
     mu_dtype: DTypeLike = dtype_field(storage=True)
     nu_dtype: DTypeLike = dtype_field(storage=True)

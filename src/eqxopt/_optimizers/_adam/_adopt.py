@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
+from ..._core._checks import renames
 from ..._core._fields import (
     ScalarOrSchedule,
     flag_field,
@@ -44,6 +45,9 @@ class ADOPT(AbstractAdamLike):
     - `clip`: clip the normalised gradient to `[-s**0.25, s**0.25]` (a bool).
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(use_clipping=("clip",))
 
     b2: ScalarOrSchedule = b2_field(0.9999)
     eps: ScalarOrSchedule = eps_field(1e-6)

@@ -14,7 +14,10 @@ from ..._core._fields import (
 from ._adam_like import (
     AbstractAdamOptions,
     adam_direction,
+    b1_field,
+    b2_field,
     bias_corrections,
+    eps_field,
     nonnegative_field,
 )
 
@@ -68,6 +71,10 @@ class OptimisticAdam(AbstractAdamOptions):
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
 
+    # As optax's: only `learning_rate` by position.
+    b1: ScalarOrSchedule = b1_field(kw_only=True)
+    b2: ScalarOrSchedule = b2_field(kw_only=True)
+    eps: ScalarOrSchedule = eps_field(kw_only=True)
     alpha: ScalarOrSchedule = nonnegative_field(1.0)
     beta: ScalarOrSchedule = nonnegative_field(1.0)
     eps_root: ScalarOrSchedule = nonnegative_field()

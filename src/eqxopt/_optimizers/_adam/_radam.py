@@ -10,6 +10,7 @@ from ..._core._fields import (
     ScalarOrSchedule,
     flag_field,
     mask_field,
+    weight_decay_field,
 )
 from ..._core._tree import abs_sq, increment, step_power
 from ._adam_like import (
@@ -84,7 +85,7 @@ class RAdam(AbstractAdamLike):
 
     eps_root: ScalarOrSchedule = nonnegative_field()
     threshold: ScalarOrSchedule = nonnegative_field(5.0)
-    weight_decay: ScalarOrSchedule = nonnegative_field()
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
     mask: MaskLike = mask_field()
     nesterov: bool = flag_field(False)
 

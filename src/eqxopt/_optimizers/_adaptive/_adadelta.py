@@ -4,7 +4,12 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
+from ..._core._fields import (
+    ScalarOrSchedule,
+    hyper,
+    learning_rate_field,
+    weight_decay_field,
+)
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._tree import abs_sq
 
@@ -52,10 +57,12 @@ class Adadelta(AbstractLeafwiseOptimizer):
     - `weight_decay`: coupled L2 penalty added to the gradient, `>= 0`.
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
     rho: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
     eps: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
 
     state_type = AdadeltaState
     moments = ("avg_sq_grad", "avg_sq_delta")

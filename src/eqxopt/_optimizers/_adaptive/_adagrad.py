@@ -6,7 +6,13 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._fields import ScalarOrSchedule, flag_field, hyper, learning_rate_field
+from ..._core._fields import (
+    ScalarOrSchedule,
+    flag_field,
+    hyper,
+    learning_rate_field,
+    weight_decay_field,
+)
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._tree import abs_sq
 
@@ -57,12 +63,14 @@ class Adagrad(AbstractLeafwiseOptimizer):
       accumulated (torch's `weight_decay`), `>= 0`.
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field()
     # The state's starting value: used at `init`, so not a schedule.
     initial_accumulator_value: ScalarOrSchedule = hyper(0.1, low=0.0, schedule=False)
     eps: ScalarOrSchedule = hyper(1e-7, low=0.0)
     eps_in_sqrt: bool = flag_field(True)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
 
     state_type = AdagradState
     moments = ("sum_of_squares",)

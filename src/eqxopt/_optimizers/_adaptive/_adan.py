@@ -10,6 +10,7 @@ from ..._core._fields import (
     hyper,
     learning_rate_field,
     mask_field,
+    weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._schedule import known_number
@@ -72,13 +73,15 @@ class Adan(AbstractLeafwiseOptimizer):
       read as a tree of bools, never called.
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field()
     b1: ScalarOrSchedule = hyper(0.98, low=0.0, high=1.0, high_open=True)
     b2: ScalarOrSchedule = hyper(0.92, low=0.0, high=1.0, high_open=True)
     b3: ScalarOrSchedule = hyper(0.99, low=0.0, high=1.0, high_open=True)
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0)
     eps_root: ScalarOrSchedule = hyper(1e-8, low=0.0)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
     mask: MaskLike = mask_field(kw_only=False)
 
     state_type = AdanState

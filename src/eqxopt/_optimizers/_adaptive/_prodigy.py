@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import Grads, Params, Updates
+from ..._core._checks import renames
 from ..._core._fields import (
     ScalarOrSchedule,
     axis_name_field,
@@ -13,6 +14,7 @@ from ..._core._fields import (
     hyper,
     learning_rate_field,
     values_at,
+    weight_decay_field,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._shards import AxisName, shard_total
@@ -93,19 +95,28 @@ class Prodigy(AbstractEngineTransform):
       this device's blocks only.
     """
 
+    reads_params = "estimate of the distance from the initial parameters"
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(
+        betas=("b1", "b2"), beta3=("b3",), estim_lr0=("d0",), estim_lr_coef=("d_coef",)
+    )
+
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
-    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True, kw_only=True)
     b2: ScalarOrSchedule = hyper(
-        0.999, low=0.0, high=1.0, low_open=True, high_open=True
+        0.999, low=0.0, high=1.0, low_open=True, high_open=True, kw_only=True
     )
     b3: ScalarOrSchedule | None = hyper(
-        None, low=0.0, high=1.0, high_open=True, optional=True
+        None, low=0.0, high=1.0, high_open=True, optional=True, kw_only=True
     )
-    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True, kw_only=True)
     # The state's starting estimate of `d`: used at `init`, so not a schedule.
-    d0: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True, schedule=False)
-    d_coef: ScalarOrSchedule = hyper(1.0, low=0.0, low_open=True)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    d0: ScalarOrSchedule = hyper(
+        1e-6, low=0.0, low_open=True, schedule=False, kw_only=True
+    )
+    d_coef: ScalarOrSchedule = hyper(1.0, low=0.0, low_open=True, kw_only=True)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
     safeguard_warmup: bool = flag_field(False)
     axis_name: AxisName = axis_name_field()
 

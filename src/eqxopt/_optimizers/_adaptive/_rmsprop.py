@@ -6,7 +6,13 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._fields import ScalarOrSchedule, flag_field, hyper, learning_rate_field
+from ..._core._fields import (
+    ScalarOrSchedule,
+    flag_field,
+    hyper,
+    learning_rate_field,
+    weight_decay_field,
+)
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._tree import abs_sq, step_power
 
@@ -80,6 +86,8 @@ class RMSProp(AbstractLeafwiseOptimizer):
       `weight_decay`), `>= 0`.
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field()
     decay: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
@@ -93,7 +101,7 @@ class RMSProp(AbstractLeafwiseOptimizer):
     )
     nesterov: bool = flag_field(False)
     bias_correction: bool = flag_field(False)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
 
     state_type = RMSPropState
     elementwise = True

@@ -22,6 +22,7 @@ from ..._core._fields import (
     learning_rate_field,
     mask_field,
     values_at,
+    weight_decay_field,
 )
 from ..._core._masks import decay_flags
 from ..._core._real import RealOnly
@@ -108,6 +109,8 @@ class GaLore(AbstractTransform):
     - `mu_dtype`: dtype to store `mu` in; `None` keeps each parameter's dtype.
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field()
     rank: int = checked_field(static_count, 128, static=True)
     update_proj_gap: Int[Array, ""] = count_field(200)
@@ -115,7 +118,7 @@ class GaLore(AbstractTransform):
     b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True, kw_only=True)
     b2: ScalarOrSchedule = hyper(0.999, low=0.0, high=1.0, high_open=True, kw_only=True)
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, kw_only=True)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
     mask: MaskLike = mask_field()
     mu_dtype: DTypeLike = dtype_field()
 

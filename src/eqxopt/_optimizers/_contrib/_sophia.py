@@ -12,6 +12,7 @@ from jaxtyping import Array, Float, Int, PyTree, UInt32
 
 from ..._core import _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._checks import renames
 from ..._core._fields import (
     DTypeLike,
     MaskLike,
@@ -23,6 +24,7 @@ from ..._core._fields import (
     learning_rate_field,
     mask_field,
     values_at,
+    weight_decay_field,
 )
 from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
@@ -119,16 +121,24 @@ class Sophia(AbstractTransform):
     - `mu_dtype`: dtype to store `mu` in; `None` keeps each parameter's dtype.
     """
 
+    reads_params = "Hessian estimate (obj_fn is evaluated at the parameters)"
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(
+        weight_decay_mask=("mask",),
+        hessian_diagonal_fn="pass obj_fn= (or hessian=) to update/step",
+    )
+
     learning_rate: ScalarOrSchedule = learning_rate_field()
     b1: ScalarOrSchedule = hyper(0.965, low=0.0, high=1.0, high_open=True)
     b2: ScalarOrSchedule = hyper(0.99, low=0.0, high=1.0, high_open=True)
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
-    weight_decay: ScalarOrSchedule = hyper(1e-4, low=0.0)
-    gamma: ScalarOrSchedule = hyper(0.01, low=0.0, low_open=True)
+    weight_decay: ScalarOrSchedule = weight_decay_field(1e-4, kw_only=False)
+    gamma: ScalarOrSchedule = hyper(0.01, low=0.0, low_open=True, kw_only=True)
     clip_threshold: ScalarOrSchedule | None = hyper(
-        1.0, low=0.0, low_open=True, optional=True
+        1.0, low=0.0, low_open=True, optional=True, kw_only=True
     )
-    update_interval: Int[Array, ""] = count_field(10)
+    update_interval: Int[Array, ""] = count_field(10, kw_only=True)
     seed: UInt32[Array, " 2"] = checked_field(_seed_key, 0, kw_only=True)
     mask: MaskLike = mask_field()
     mu_dtype: DTypeLike = dtype_field(storage=True)

@@ -15,6 +15,7 @@ from ..._core._fields import (
     hyper,
     learning_rate_field,
     mask_field,
+    weight_decay_field,
 )
 from ..._core._masks import decay_flags
 from ..._core._shards import AxisName
@@ -98,7 +99,7 @@ class LAMB(AbstractTrustRatioOptimizer):
         0.999, low=0.0, high=1.0, low_open=True, high_open=True
     )
     eps: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
     eps_root: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
     mask: MaskLike = mask_field()
 
@@ -170,7 +171,7 @@ class LARS(AbstractTrustRatioOptimizer):
     """
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
     weight_decay_mask: MaskLike = mask_field(True, kw_only=False)
     trust_coefficient: ScalarOrSchedule = hyper(0.001, low=0.0, low_open=True)
     eps: ScalarOrSchedule = hyper(0.0, low=0.0)

@@ -11,6 +11,7 @@ from ..._core._fields import (
     axis_name_field,
     hyper,
     learning_rate_field,
+    weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._shards import AxisName, shard_sum
@@ -74,11 +75,13 @@ class NovoGrad(AbstractLeafwiseOptimizer):
       leaf.
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field()
     b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
     b2: ScalarOrSchedule = hyper(0.25, low=0.0, high=1.0, high_open=True)
     eps: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
     eps_root: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
     axis_name: AxisName = axis_name_field()
 

@@ -46,6 +46,8 @@ class AbstractTrustRatioOptimizer(AbstractLeafwiseOptimizer):
     `jax.shard_map` (`_core._shards`).
     """
 
+    reads_params = "trust ratio (the norm of each parameter)"
+
     elementwise = False
     axis_name: eqx.AbstractVar[AxisName]
 

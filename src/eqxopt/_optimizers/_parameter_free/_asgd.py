@@ -8,7 +8,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import Params
-from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
+from ..._core._fields import (
+    ScalarOrSchedule,
+    hyper,
+    learning_rate_field,
+    weight_decay_field,
+)
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._tree import is_float_leaf
 
@@ -59,11 +64,13 @@ class ASGD(AbstractLeafwiseOptimizer):
     - `weight_decay`: coefficient of `p` added to the gradient (L2), `>= 0`.
     """
 
+    reads_params = "average of the parameters"
+
     learning_rate: ScalarOrSchedule = learning_rate_field(1e-2)
     lambd: ScalarOrSchedule = hyper(1e-4, low=0.0)
     alpha: ScalarOrSchedule = hyper(0.75, low=0.0)
     t0: ScalarOrSchedule = hyper(1e6, low=0.0)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
 
     state_type = ASGDState
     moments = ("ax",)

@@ -13,6 +13,7 @@ from ..._core._fields import (
     hyper,
     learning_rate_field,
     mask_field,
+    weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ._sums import copy_params
@@ -73,11 +74,13 @@ class COCOB(AbstractLeafwiseOptimizer):
       prefix of params' structure), or a function of params returning one.
     """
 
+    reads_params = "bets on the change from the initial parameters"
+
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
     alpha: ScalarOrSchedule = hyper(100.0, low=0.0, low_open=True)
     # The state's starting L: used at `init`, so not a schedule.
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True, schedule=False)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
     mask: MaskLike = mask_field()
 
     state_type = COCOBState

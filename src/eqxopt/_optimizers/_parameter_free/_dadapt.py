@@ -6,12 +6,14 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import Grads, Params, Updates
+from ..._core._checks import renames
 from ..._core._fields import (
     ScalarOrSchedule,
     axis_name_field,
     hyper,
     learning_rate_field,
     values_at,
+    weight_decay_field,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._shards import AxisName
@@ -85,17 +87,24 @@ class DAdaptAdamW(AbstractEngineTransform):
       (default): this device's blocks only.
     """
 
+    reads_params = "estimate of the distance from the initial parameters"
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(betas=("b1", "b2"), estim_lr0=("d0",))
+
     axis_name: AxisName = axis_name_field()
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
-    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True, kw_only=True)
     b2: ScalarOrSchedule = hyper(
-        0.999, low=0.0, high=1.0, low_open=True, high_open=True
+        0.999, low=0.0, high=1.0, low_open=True, high_open=True, kw_only=True
     )
-    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True, kw_only=True)
     # The state's starting estimate of `d`: used at `init`, so not a schedule.
-    d0: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True, schedule=False)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    d0: ScalarOrSchedule = hyper(
+        1e-6, low=0.0, low_open=True, schedule=False, kw_only=True
+    )
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
 
     def init(self, params: Params) -> DAdaptAdamWState:
         return DAdaptAdamWState(
@@ -222,11 +231,13 @@ class DAdaptSGD(AbstractEngineTransform):
     - `axis_name`: as for `DAdaptAdamW`.
     """
 
+    reads_params = "estimate of the distance from the initial parameters"
+
     axis_name: AxisName = axis_name_field()
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
     momentum: ScalarOrSchedule = hyper(0.0, low=0.0, high=1.0, high_open=True)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
     # The state's starting estimate of `d`: used at `init`, so not a schedule.
     d0: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True, schedule=False)
     growth_rate: ScalarOrSchedule | None = hyper(None, low=1.0, optional=True)

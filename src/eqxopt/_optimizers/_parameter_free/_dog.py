@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, PyTree
 
 from ..._core._base import Grads, Params, Updates
+from ..._core._checks import renames
 from ..._core._fields import (
     MaskLike,
     ScalarOrSchedule,
@@ -18,6 +19,7 @@ from ..._core._fields import (
     learning_rate_field,
     mask_field,
     values_at,
+    weight_decay_field,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._masks import decay_flags
@@ -44,6 +46,8 @@ class AbstractDistanceOverGradients(AbstractEngineTransform):
     sum, in that order), `start` (the distance estimate at `init`) and `advance`
     (the step size and the two new scalars).
     """
+
+    reads_params = "distance from the initial parameters"
 
     weight_decay: eqx.AbstractVar[ScalarOrSchedule]
     mask: eqx.AbstractVar[MaskLike]
@@ -148,14 +152,19 @@ class DoG(AbstractDistanceOverGradients):
       (default): this device's blocks only.
     """
 
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(init_step=("init_step", "init_value"))
+
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
     init_step: str = choice_field(
         "heuristic", ("heuristic", "distance", "learning_rate")
     )
     # Read at `init` (the starting distance), so not a schedule.
-    init_value: ScalarOrSchedule = hyper(1e-6, low=0.0, low_open=True, schedule=False)
-    eps: ScalarOrSchedule = hyper(1e-8, low=0.0)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    init_value: ScalarOrSchedule = hyper(
+        1e-6, low=0.0, low_open=True, schedule=False, kw_only=True
+    )
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, kw_only=True)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
     mask: MaskLike = mask_field()
     axis_name: AxisName = axis_name_field()
 
@@ -235,7 +244,7 @@ class DoWG(AbstractDistanceOverGradients):
     )
     # Also the starting estimate when init_estim_sq_dist is None, so not a schedule.
     eps: ScalarOrSchedule = hyper(1e-4, low=0.0, low_open=True, schedule=False)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
     mask: MaskLike = mask_field()
     axis_name: AxisName = axis_name_field()
 

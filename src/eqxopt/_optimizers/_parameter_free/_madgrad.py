@@ -13,6 +13,7 @@ from ..._core._fields import (
     flag_field,
     hyper,
     learning_rate_field,
+    weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._tree import abs_sq
@@ -71,9 +72,11 @@ class MADGRAD(AbstractLeafwiseOptimizer):
       adding `weight_decay * p` to the gradient.
     """
 
+    reads_params = "dual averaging from the initial parameters"
+
     learning_rate: ScalarOrSchedule = learning_rate_field(1e-2)
     momentum: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
     eps: ScalarOrSchedule = hyper(1e-6, low=0.0)
     decouple_decay: bool = flag_field(False)
 

@@ -16,6 +16,7 @@ from ..._core._fields import (
     hyper,
     learning_rate_field,
     values_at,
+    weight_decay_field,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._shards import AxisName
@@ -159,6 +160,8 @@ class Momo(AbstractEngineTransform):
       (default): this device's blocks only.
     """
 
+    reads_params = "model-based step size (the parameters' product with the momentum)"
+
     axis_name: AxisName = axis_name_field()
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
@@ -166,7 +169,7 @@ class Momo(AbstractEngineTransform):
     # The state starts at it (and the adapted bound never falls below it): not a
     # schedule.
     lower_bound: ScalarOrSchedule = hyper(0.0, schedule=False)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
     adapt_lower_bound: bool = flag_field(False)
 
     keywords = frozenset({"value"})  # the loss
@@ -277,6 +280,8 @@ class MomoAdam(AbstractEngineTransform):
       `Momo`.
     """
 
+    reads_params = "model-based step size (the parameters' product with the momentum)"
+
     axis_name: AxisName = axis_name_field()
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1e-2)
@@ -288,7 +293,7 @@ class MomoAdam(AbstractEngineTransform):
     # The state starts at it (and the adapted bound never falls below it): not a
     # schedule.
     lower_bound: ScalarOrSchedule = hyper(0.0, schedule=False)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
     adapt_lower_bound: bool = flag_field(False)
 
     keywords = frozenset({"value"})  # the loss

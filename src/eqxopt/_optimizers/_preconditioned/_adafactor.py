@@ -22,6 +22,7 @@ from ..._core._fields import (
     mask_field,
     param_specs_field,
     values_at,
+    weight_decay_field,
 )
 from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
@@ -176,12 +177,16 @@ class Adafactor(AbstractTransform):
     ```
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule | None = learning_rate_field(None, optional=True)
     # Static: it decides which leaves are factored, so the state's shapes.
     min_dim_size_to_factor: int = checked_field(static_count, 128, static=True)
     decay_rate: ScalarOrSchedule = hyper(0.8, low=0.0)
     decay_offset: Int[Array, ""] = count_field(0, at_least_one=False)
-    multiply_by_parameter_scale: bool = flag_field(True, kw_only=False)
+    multiply_by_parameter_scale: bool = flag_field(
+        True, kw_only=False, reads_params=True
+    )
     clipping_threshold: ScalarOrSchedule | None = hyper(
         1.0, low=0.0, low_open=True, optional=True
     )
@@ -189,7 +194,7 @@ class Adafactor(AbstractTransform):
         None, low=0.0, high=1.0, high_open=True, optional=True
     )
     dtype_momentum: Any = checked_field(float_dtype_or_none, jnp.float32, static=True)
-    weight_decay_rate: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay_rate: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
     eps: ScalarOrSchedule = hyper(1e-30, low=0.0, low_open=True)
     factored: bool = flag_field(True, kw_only=False)
     weight_decay_mask: MaskLike = mask_field(kw_only=False)

@@ -451,6 +451,8 @@ class LBFGS(AbstractTransform):
       the whole model's loss (summed over the mesh), the same on every device.
     """
 
+    reads_params = "memory of parameter differences"
+
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
     # Static: it decides the shapes of the state.
     memory_size: int = checked_field(static_count, 10, static=True)

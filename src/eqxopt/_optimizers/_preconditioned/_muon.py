@@ -22,6 +22,7 @@ from ..._core._fields import (
     learning_rate_field,
     mask_field,
     values_at,
+    weight_decay_field,
 )
 from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
@@ -333,13 +334,19 @@ class Muon(AbstractTransform):
     ```
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field()
-    beta: ScalarOrSchedule = hyper(0.95, low=0.0, high=1.0, high_open=True)
+    beta: ScalarOrSchedule = hyper(
+        0.95, low=0.0, high=1.0, high_open=True, kw_only=True
+    )
     # Static: the number of Newton-Schulz steps unrolled in the compiled step.
-    ns_steps: int = checked_field(static_count, 5, static=True)
-    ns_coeffs: Float[Array, "*k 3"] = checked_field(_ns_coeffs, _DEFAULT_NS_COEFFS)
-    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    ns_steps: int = checked_field(static_count, 5, static=True, kw_only=True)
+    ns_coeffs: Float[Array, "*k 3"] = checked_field(
+        _ns_coeffs, _DEFAULT_NS_COEFFS, kw_only=True
+    )
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True, kw_only=True)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
     weight_decay_mask: MaskLike = mask_field()
     nesterov: bool = flag_field(True)
     muon_mask: MaskLike = mask_field()
@@ -353,7 +360,7 @@ class Muon(AbstractTransform):
         0.999, low=0.0, high=1.0, low_open=True, high_open=True, kw_only=True
     )
     adam_eps_root: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
-    adam_weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0, kw_only=True)
+    adam_weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
     adam_learning_rate: ScalarOrSchedule | None = learning_rate_field(
         None, optional=True, kw_only=True
     )

@@ -20,6 +20,7 @@ from ..._core._fields import (
     hyper,
     learning_rate_field,
     values_at,
+    weight_decay_field,
 )
 from ..._core._real import RealOnly
 from ..._core._tree import (
@@ -237,9 +238,11 @@ class PSGDKron(AbstractTransform):
       rather than to the gradient (static bool).
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field(1e-3)
     b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
     precond_lr: ScalarOrSchedule = hyper(0.1, low=0.0, low_open=True)
     # Read once, at init, into the factors: a schedule would have no step to
     # be read at.

@@ -18,6 +18,7 @@ from ..._core._fields import (
     hyper,
     learning_rate_field,
     values_at,
+    weight_decay_field,
 )
 from ..._core._real import RealOnly
 from ..._core._tree import (
@@ -147,11 +148,13 @@ class Shampoo(AbstractTransform):
       `max_preconditioner_dim`).
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field(1e-3)
     b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
     b2: ScalarOrSchedule = hyper(0.999, low=0.0, high=1.0, low_open=True)
     eps: ScalarOrSchedule = hyper(1e-12, low=0.0, low_open=True)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
     grafting: str = choice_field("adam", ("adam", "adagrad"), kw_only=False)
     graft_b2: ScalarOrSchedule = hyper(
         0.999, low=0.0, high=1.0, low_open=True, high_open=True

@@ -76,6 +76,8 @@ class SM3(AbstractLeafwiseOptimizer):
     - `eps`: added to the accumulator inside the root, `>= 0`.
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field()
     momentum: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, kw_only=True)

@@ -20,6 +20,7 @@ from ..._core._fields import (
     learning_rate_field,
     param_specs_field,
     values_at,
+    weight_decay_field,
 )
 from ..._core._real import RealOnly
 from ..._core._shards import (
@@ -169,6 +170,8 @@ class SOAP(AbstractTransform):
       axes a leaf varies over is an error naming the leaf.
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field(3e-3)
     b1: ScalarOrSchedule = hyper(0.95, low=0.0, high=1.0, high_open=True)
     b2: ScalarOrSchedule = hyper(0.95, low=0.0, high=1.0, low_open=True, high_open=True)
@@ -176,7 +179,7 @@ class SOAP(AbstractTransform):
         None, low=0.0, high=1.0, high_open=True, optional=True
     )
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
-    weight_decay: ScalarOrSchedule = hyper(0.01, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.01, kw_only=False)
     precondition_frequency: Int[Array, ""] = checked_field(array_count, 10)
     # Static: they decide the shapes of the state.
     max_precond_dim: int = checked_field(static_count, 10000, static=True, kw_only=True)

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int, UInt32
 
 from ..._core._base import Grads, Params, Updates
+from ..._core._checks import renames
 from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field, values_at
 from ..._core._keys import key_data
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
@@ -64,6 +65,11 @@ class NoisySGD(AbstractEngineTransform):
       Required: there is no hidden global seed. The key is an array field, so a
       new key does not recompile.
     """
+
+    reads_params = None  # the parameters are not read (`params_needed`)
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(seed=("key",))
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
     eta: ScalarOrSchedule = hyper(0.01, low=0.0)

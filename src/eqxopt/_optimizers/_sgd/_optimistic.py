@@ -46,6 +46,8 @@ class OptimisticGradientDescent(AbstractLeafwiseOptimizer):
     - `beta`: weight of the extrapolation (negative momentum), `>= 0`.
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field()
     alpha: ScalarOrSchedule = hyper(1.0, low=0.0)
     beta: ScalarOrSchedule = hyper(1.0, low=0.0)

@@ -92,6 +92,8 @@ class PolyakSGD(AbstractEngineTransform):
       only. (`value` is the caller's: pass the global loss.)
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     max_learning_rate: ScalarOrSchedule = hyper(1.0, low=0.0, low_open=True)
     scaling: ScalarOrSchedule = learning_rate_field(1.0)
     f_min: ScalarOrSchedule = hyper(0.0)

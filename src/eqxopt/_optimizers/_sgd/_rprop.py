@@ -66,6 +66,8 @@ class Rprop(AbstractLeafwiseOptimizer):
       `0 <= min_step_size <= max_step_size`, `max_step_size > 0`.
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     # The state's starting step size, used at `init`: not a schedule.
     learning_rate: ScalarOrSchedule = hyper(low=0.0, low_open=True, schedule=False)
     eta_minus: ScalarOrSchedule = hyper(

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import Grads, Params, Updates
+from ..._core._checks import renames
 from ..._core._fields import (
     DTypeLike,
     ScalarOrSchedule,
@@ -16,6 +17,7 @@ from ..._core._fields import (
     hyper,
     learning_rate_field,
     values_at,
+    weight_decay_field,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._schedule import value_at
@@ -60,6 +62,8 @@ class AbstractScheduleFree(AbstractEngineTransform):
     """The schedule-free averaging around a base optimizer's step (the change of
     `z`), shared by `ScheduleFreeSGD` and `ScheduleFreeAdamW`: a final subclass
     declares the fields below and its base step, `base`."""
+
+    reads_params = "interpolation between the averaged and the fast iterate"
 
     learning_rate: eqx.AbstractVar[ScalarOrSchedule]
     b1: eqx.AbstractVar[ScalarOrSchedule]
@@ -116,6 +120,13 @@ class AbstractScheduleFree(AbstractEngineTransform):
         return eval_params(params, state.z, value_at(self.b1, state.step))
 
 
+# optax's `warmup_steps` wraps the learning rate in a linear warmup from 0.
+_WARMUP_AS_SCHEDULE = (
+    "pass the warmup as the learning rate: "
+    "learning_rate=eqxopt.WarmupConstant(0.0, lr, warmup_steps)"
+)
+
+
 class ScheduleFreeSGD(AbstractScheduleFree):
     """Schedule-Free SGD (Defazio et al., 2024, "The Road Less Scheduled").
 
@@ -149,12 +160,19 @@ class ScheduleFreeSGD(AbstractScheduleFree):
     - `z_dtype`: dtype to store `z` in (`None`: each parameter's dtype).
     """
 
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(
+        state_dtype=("z_dtype",), warmup_steps=_WARMUP_AS_SCHEDULE
+    )
+
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
     # Not a schedule: `y = b1 * x + (1 - b1) * z`, and `x` is recovered from `y`
     # (at each step, and by `eval_params`) with the `b1` that built it.
-    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, low_open=True, schedule=False)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
-    weight_lr_power: ScalarOrSchedule = hyper(2.0, low=0.0)
+    b1: ScalarOrSchedule = hyper(
+        0.9, low=0.0, high=1.0, low_open=True, schedule=False, kw_only=True
+    )
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
+    weight_lr_power: ScalarOrSchedule = hyper(2.0, low=0.0, kw_only=True)
     z_dtype: DTypeLike = dtype_field()  # z is not a moment
 
     def nu_init(self, params: Params) -> None:
@@ -194,16 +212,23 @@ class ScheduleFreeAdamW(AbstractScheduleFree):
     - `nu_dtype`: dtype to store `nu` in (`None`: each parameter's dtype).
     """
 
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(
+        state_dtype=("z_dtype",), warmup_steps=_WARMUP_AS_SCHEDULE
+    )
+
     learning_rate: ScalarOrSchedule = learning_rate_field(0.0025)
     # Not a schedule: `y = b1 * x + (1 - b1) * z`, and `x` is recovered from `y`
     # (at each step, and by `eval_params`) with the `b1` that built it.
-    b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, low_open=True, schedule=False)
-    b2: ScalarOrSchedule = hyper(
-        0.999, low=0.0, high=1.0, low_open=True, high_open=True
+    b1: ScalarOrSchedule = hyper(
+        0.9, low=0.0, high=1.0, low_open=True, schedule=False, kw_only=True
     )
-    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
-    weight_decay: ScalarOrSchedule = hyper(0.0, low=0.0)
-    weight_lr_power: ScalarOrSchedule = hyper(2.0, low=0.0)
+    b2: ScalarOrSchedule = hyper(
+        0.999, low=0.0, high=1.0, low_open=True, high_open=True, kw_only=True
+    )
+    eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True, kw_only=True)
+    weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
+    weight_lr_power: ScalarOrSchedule = hyper(2.0, low=0.0, kw_only=True)
     z_dtype: DTypeLike = dtype_field()  # z is not a moment
     nu_dtype: DTypeLike = dtype_field(storage=True)
 

@@ -3,6 +3,7 @@
 import equinox as eqx
 from jaxtyping import Array, Float, Int, PyTree
 
+from ..._core._checks import renames
 from ..._core._fields import (
     DTypeLike,
     ScalarOrSchedule,
@@ -69,6 +70,11 @@ class SGD(AbstractLeafwiseOptimizer):
     assert jnp.allclose(state.velocity["w"], 0.95)
     ```
     """
+
+    reads_params = None  # the parameters are not read (`params_needed`)
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(accumulator_dtype=("velocity_dtype",))
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
     momentum: ScalarOrSchedule = hyper(0.0, low=0.0, high=1.0, high_open=True)

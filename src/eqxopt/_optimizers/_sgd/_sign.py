@@ -4,6 +4,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
+from ..._core._checks import renames
 from ..._core._fields import (
     DTypeLike,
     MaskLike,
@@ -12,6 +13,7 @@ from ..._core._fields import (
     hyper,
     learning_rate_field,
     mask_field,
+    weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 
@@ -43,6 +45,8 @@ class SignSGD(AbstractLeafwiseOptimizer):
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
     """
+
+    reads_params = None  # the parameters are not read (`params_needed`)
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
 
@@ -93,6 +97,11 @@ class Signum(AbstractLeafwiseOptimizer):
     - `mu_dtype`: dtype to store the average in; `None` keeps each parameter's
       dtype (optax's `accumulator_dtype`).
     """
+
+    reads_params = None  # the parameters are not read (`params_needed`)
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(accumulator_dtype=("mu_dtype",))
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
     beta: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
@@ -167,10 +176,12 @@ class Lion(AbstractLeafwiseOptimizer):
     ```
     """
 
+    reads_params = None  # the parameters are not read (`params_needed`)
+
     learning_rate: ScalarOrSchedule = learning_rate_field()
     b1: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
     b2: ScalarOrSchedule = hyper(0.99, low=0.0, high=1.0, high_open=True)
-    weight_decay: ScalarOrSchedule = hyper(1e-3, low=0.0)
+    weight_decay: ScalarOrSchedule = weight_decay_field(1e-3)
     mask: MaskLike = mask_field()
     mu_dtype: DTypeLike = dtype_field(storage=True)
 
