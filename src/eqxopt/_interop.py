@@ -61,9 +61,7 @@ class FromOptax(AbstractTransform):
 
     # An optax transformation may read the parameters (weight decay, ...), and
     # nothing here says whether it does: `update` needs them.
-    reads_params = (
-X
-    )
+    reads_params = "optax transformation, which may read them"
 
     tx: Any = checked_field(_gradient_transformation)
 
