@@ -10,7 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import PyTree, jaxtyped
+from jaxtyping import Array, Inexact, PyTree, jaxtyped
 
 from . import _backend, _dispatch, _placement
 from ._checks import (
@@ -74,9 +74,14 @@ jax.tree_util.register_pytree_node(
 
 # What the public methods take and return. Parameters may hold anything (activation
 # functions, integer buffers); gradients and updates hold float arrays or `None`.
-Params = PyTree[Any]
-Grads = PyTree[Any]
-Updates = PyTree[Any]
+# The structure name "P" ties updates (and new parameters) to the parameters, leaf
+# for leaf (`None` where a leaf gets no update). Gradients may hold `None` for a
+# whole subtree, so their structure is checked by `check_grads`, which names the
+# leaf where the trees part.
+Params = PyTree[Any, "P"]
+_FloatOrNone = Inexact[Array, "..."] | None  # pyright: ignore[reportOperatorIssue]
+Grads = PyTree[_FloatOrNone]
+Updates = PyTree[_FloatOrNone, "P"]
 State = PyTree[Any]
 
 
@@ -149,7 +154,7 @@ class AbstractTransform(eqx.Module):
         its updates (the per-leaf engine does, for the native kernels) overrides
         it; the results must be the same."""
         # Checked as `update` checks it: a subclass's annotations hold here too.
-        transform = _typechecked(type(self).transform)
+        transform = _typechecked(type(self).transform, _state_type(type(self)))
         updates, new_state = transform(self, grads, state, params, **extra)
         return apply_updates(params, updates), new_state
 
@@ -417,8 +422,40 @@ def _numbers_as_arrays(extra: dict[str, Any]) -> dict[str, Any]:
     return {k: convert(v) for k, v in extra.items()}
 
 
+def _state_type(cls: type) -> Any:
+    """The state class an optimizer declares (`state_type`, as the per-leaf engine's
+    optimizers do), or `None`."""
+    state_type = getattr(cls, "state_type", None)
+    return state_type if isinstance(state_type, type) else None
+
+
+def _annotated(method: Callable, hints: dict, state_type: type) -> Callable:
+    """`method` with its `state` (and the state it returns) annotated as
+    `state_type`."""
+
+    def checked(self, grads, state, params, **extra):
+        return method(self, grads, state, params, **extra)
+
+    returns = hints.get("return", tuple[Any, Any])
+    args = getattr(returns, "__args__", None)
+    if args is not None and len(args) == 2:
+        returns = tuple[args[0], state_type]  # pyright: ignore
+    checked.__annotations__ = {**hints, "state": state_type, "return": returns}
+    checked.__name__ = getattr(method, "__name__", "transform")
+    checked.__qualname__ = getattr(method, "__qualname__", checked.__name__)
+    checked.__module__ = getattr(method, "__module__", __name__)
+    return checked
+
+
 @functools.cache
-def _typechecked(method: Callable) -> Callable:
+def _typechecked(method: Callable, state_type: type | None = None) -> Callable:
+    """`method` (a transform's `transform` or `transform_step`) checked by
+    jaxtyping and beartype against its annotations; where it takes the state as
+    any `State` and the class declares its `state_type`, against that class: a
+    state of another optimizer is a `TypeCheckError` naming `state`."""
+    hints = getattr(method, "__annotations__", {})
+    if state_type is not None and hints.get("state", State) in (State, Any):
+        method = _annotated(method, hints, state_type)
     return jaxtyped(typechecker=beartype)(method)
 
 
@@ -452,7 +489,9 @@ def _checked(
             "has state; call update(grads, state, params))"
         ) from None
     with promotion_for(params, grads):
-        return _typechecked(method)(opt, grads, state, params, **extra)
+        return _typechecked(method, _state_type(type(opt)))(
+            opt, grads, state, params, **extra
+        )
 
 
 # XLA pairs donated input buffers with outputs of the same shape in order, so the

@@ -30,7 +30,7 @@ import jax
 from jaxtyping import Array, Int, PyTree
 
 from . import _backend
-from ._base import AbstractTransform, Grads, Params
+from ._base import AbstractTransform, Grads, Params, State, Updates
 from ._fields import values_at
 from ._jax_api import is_tracer
 from ._masks import decay_flags
@@ -167,13 +167,13 @@ class AbstractEngineTransform(AbstractTransform):
         """See the class docstring."""
 
     def transform(
-        self, grads: Grads, state: Any, params: Params, **extra: Any
-    ) -> tuple[Any, Any]:
+        self, grads: Grads, state: State, params: Params, **extra: Any
+    ) -> tuple[Updates, State]:
         return self.run(grads, state, params, apply=False, **extra)
 
     def transform_step(
-        self, grads: Grads, state: Any, params: Params, **extra: Any
-    ) -> tuple[Params, Any]:
+        self, grads: Grads, state: State, params: Params, **extra: Any
+    ) -> tuple[Params, State]:
         if type(self).transform is not AbstractEngineTransform.transform:
             # A subclass that rewrote `transform` itself (rather than `run`): its
             # updates, applied as usual.
