@@ -18,8 +18,8 @@ XLA:CPU compiles one kernel per distinct fusion and reuses identical ones. A sli
 at a constant offset is a fusion of its own for every leaf, so a model of N layers
 would compile N kernels more packed than as a tree (whose per-leaf fusions are all
 alike). On the CPU the leaves are therefore dynamic slices at offsets that XLA
-cannot compute at compile time (`_opaque_offsets`): one kernel serves
-every leaf of a size.
+cannot compute at compile time (`_opaque_offsets`): one kernel serves every leaf of
+a size.
 """
 
 import dataclasses
