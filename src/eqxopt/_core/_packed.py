@@ -81,6 +81,9 @@ class Packed(eqx.Module):
     def unpack(self) -> PyTree:
         """The tree this was packed from (leaves in their shapes and dtypes). Inside
         `jax.grad`, the gradient with respect to the `Packed` comes back packed.
+        Every mode of differentiation goes through it (`jax.grad`, `jax.vjp`,
+        `jax.jvp`, hessians, under `jax.vmap` too), but not `jax.linear_transpose`
+        on XLA's code, whose cut reads the data (`jax.vjp` gives the transpose).
 
         For a moment of the state (`state.mu`), each leaf's values: `None` at the
         leaves that have no state (int and bool arrays, as `opt.init` of the tree
