@@ -249,3 +249,76 @@ def test_labels_may_be_a_prefix_as_masks_are():
     opt = eqxopt.AdamW(0.1, weight_decay=0.5, mask=by_prefix.labels())
     got = opt.step(eqxopt.pack(grads, labels=prefix), opt.init(by_prefix), by_prefix)
     assert_trees_close(got[0].unpack(), expected, rtol=1e-6)
+
+
+def layers():
+    """Equal-shaped weights (cut by one kernel on XLA's CPU code) beside others."""
+    weights = [jnp.linspace(-1.0, 1.0, 9).reshape(3, 3) * (k + 1) for k in range(4)]
+    return {"w": weights, "b": jnp.arange(3.0) - 1.0, "s": jnp.float32(0.5)}
+
+
+def layers_loss(tree):
+    x = jnp.linspace(0.5, -0.5, 3)
+    for w in tree["w"]:
+        x = jnp.tanh(w @ x + tree["b"]) * tree["s"]
+    return jnp.sum(x**2) + jnp.sum(jnp.sin(tree["w"][0]))
+
+
+def static_slices(flat):
+    """The tree of `layers()` from its flat buffer by plain static slices."""
+    leaves, treedef = jax.tree.flatten(layers())
+    ends = np.cumsum([x.size for x in leaves]).tolist()
+    pieces = [flat[end - x.size : end].reshape(x.shape) for x, end in zip(leaves, ends)]
+    return jax.tree.unflatten(treedef, pieces)
+
+
+def derivatives(unpack):
+    """Every mode of differentiation of `layers_loss` as a function of the flat
+    buffer that `unpack` turns into the tree."""
+    f = lambda flat: layers_loss(unpack(flat))  # noqa: E731
+    flat = jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(layers())])
+    t = jnp.cos(jnp.arange(flat.size, dtype=flat.dtype))
+    batch = jnp.stack([flat, 0.5 * flat, -flat])
+    return {
+        "value": f(flat),
+        "grad": jax.grad(f)(flat),
+        "vjp": jax.vjp(f, flat)[1](jnp.float32(2.0)),
+        "jvp": jax.jvp(f, (flat,), (t,)),
+        "linearize": jax.linearize(f, flat)[1](t),
+        "hvp": jax.jvp(jax.grad(f), (flat,), (t,))[1],
+        "hessian": jax.hessian(f)(flat),
+        "jacfwd": jax.jacfwd(lambda x: unpack(x)["w"][2])(flat),
+        "jacrev": jax.jacrev(lambda x: unpack(x)["w"][1] ** 2)(flat),
+        "vmap": jax.vmap(f)(batch),
+        "vmap-grad": jax.vmap(jax.grad(f))(batch),
+        "grad-of-jit": jax.grad(jax.jit(f))(flat),
+    }
+
+
+def test_every_derivative_through_unpack_matches_static_slices(native):
+    layout = eqxopt.pack(layers()).layout
+
+    def unpack(flat):
+        return eqxopt.Packed((flat,), layout).unpack()
+
+    got = jax.jit(lambda: derivatives(unpack))()
+    expected = jax.jit(lambda: derivatives(static_slices))()
+    assert_trees_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_export_of_a_packed_loss_round_trips(native):
+    packed = eqxopt.pack(layers())
+    layout = packed.layout
+
+    def fn(buffers):
+        packed = eqxopt.Packed(buffers, layout)
+        loss = lambda p: layers_loss(p.unpack())  # noqa: E731
+        return loss(packed), jax.grad(loss)(packed).buffers
+
+    exported = jax.export.export(jax.jit(fn))(packed.buffers)
+    back = jax.export.deserialize(exported.serialize())
+    value, (grad,) = back.call(packed.buffers)
+    flat = packed.buffers[0]
+    assert_trees_close(value, layers_loss(static_slices(flat)), rtol=1e-6)
+    expected = jax.grad(lambda x: layers_loss(static_slices(x)))(flat)
+    assert_trees_close(grad, expected, rtol=1e-6, atol=1e-7)

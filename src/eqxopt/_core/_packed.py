@@ -7,14 +7,23 @@ already takes about 8 ms a call here). Packed, the same parameters are one buffe
 per dtype (and per label), so the optimizer sees a handful of large leaves.
 
 The model gets its tree back with `packed.unpack()` inside the loss function;
-`jax.grad` through it gives the gradients packed the same way. Cutting a buffer into
-leaves is XLA's split, whose gradient is one concatenation (so a step's cost grows
-with the parameters, not with the square of the leaf count, as it would with the
-transposes of separate slices: each pads a zero buffer of the full size); a backend
-may do either copy itself (the native CPU kernels do, one copy each).
+`jax.grad` through it gives the gradients packed the same way. The derivative of
+cutting a buffer into leaves is XLA's split, whose transpose is one concatenation (so
+a step's cost grows with the parameters, not with the square of the leaf count, as
+it would with the transposes of separate slices: each pads a zero buffer of the full
+size); a backend may do either copy itself (the native CPU kernels do, one copy
+each).
+
+XLA:CPU compiles one kernel per distinct fusion and reuses identical ones. A slice
+at a constant offset is a fusion of its own for every leaf, so a model of N layers
+would compile N kernels more packed than as a tree (whose per-leaf fusions are all
+alike). On the CPU the leaves are therefore dynamic slices at offsets that XLA
+cannot compute at compile time (`_opaque_offsets`): one kernel serves every leaf of
+a size.
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -26,7 +35,7 @@ from jaxtyping import PyTree
 
 from . import _backend
 from ._dispatch import static_key
-from ._jax_api import split
+from ._jax_api import dynamic_slice_in_range, mesh_and_spec, split
 from ._storage import is_quantized
 from ._structure import is_none, structure_mismatch
 
@@ -72,6 +81,9 @@ class Packed(eqx.Module):
     def unpack(self) -> PyTree:
         """The tree this was packed from (leaves in their shapes and dtypes). Inside
         `jax.grad`, the gradient with respect to the `Packed` comes back packed.
+        Every mode of differentiation goes through it (`jax.grad`, `jax.vjp`,
+        `jax.jvp`, hessians, under `jax.vmap` too), but not `jax.linear_transpose`
+        on XLA's code, whose cut reads the data (`jax.vjp` gives the transpose).
 
         For a moment of the state (`state.mu`), each leaf's values: `None` at the
         leaves that have no state (int and bool arrays, as `opt.init` of the tree
@@ -104,17 +116,95 @@ class Packed(eqx.Module):
 
 def _split(flat: Any, shapes: list[tuple[int, ...]]) -> list[Any]:
     """`flat` cut into consecutive pieces of `shapes`: the backend's copy where it
-    has one, else XLA's split (`_jax_api.split`), whose gradient is one
-    concatenation however many pieces there are."""
+    has one, else XLA's code (`_cut`), whose gradient is one concatenation however
+    many pieces there are."""
     if not shapes:
         return []
     shapes_key = tuple(tuple(s) for s in shapes)
     backend = _backend.active()
     pieces = None if backend is None else backend.split(flat, shapes_key)
-    if pieces is None:
-        sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes_key]
-        pieces = [x.reshape(s) for x, s in zip(split(flat, sizes), shapes_key)]
-    return pieces
+    return _cut(flat, shapes_key) if pieces is None else pieces
+
+
+Shapes = tuple[tuple[int, ...], ...]
+
+
+def _cut(flat: Any, shapes: Shapes) -> list[Any]:
+    """`flat` cut into consecutive pieces of `shapes` by XLA's code: pieces that
+    share their kernels (`_cut_sharing_kernels`) where they can be differentiated
+    and their offsets fit in int32, XLA's split otherwise."""
+    total = sum(_sizes(shapes))
+    if (
+        len(shapes) > 1
+        and 0 < total <= np.iinfo(np.int32).max
+        and jnp.issubdtype(flat.dtype, jnp.inexact)
+        and not _sharded(flat)
+    ):
+        return _cut_sharing_kernels(flat, shapes)
+    return _split_by_xla(flat, shapes)
+
+
+def _sizes(shapes: Shapes) -> tuple[int, ...]:
+    return tuple(int(np.prod(s, dtype=np.int64)) for s in shapes)
+
+
+def _split_by_xla(flat: Any, shapes: Shapes) -> list[Any]:
+    return [x.reshape(s) for x, s in zip(split(flat, _sizes(shapes)), shapes)]
+
+
+def _sharded(x: Any) -> bool:
+    # Explicitly sharded buffers keep XLA's split, whose static offsets the
+    # partitioner can place; a dynamic slice would need the whole buffer.
+    placed = mesh_and_spec(x)
+    return placed is not None and any(axis is not None for axis in placed[1] or ())
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _cut_sharing_kernels(flat: Any, shapes: Shapes) -> list[Any]:
+    """`flat` cut into pieces of `shapes` by dynamic slices, at offsets that XLA
+    cannot fold into constants on the CPU (`_opaque_offsets`), so that the slices
+    of one size share one kernel there; at constant offsets elsewhere, which XLA
+    makes the slices of its split. Its derivative is XLA's split of the tangent in
+    every mode, whose transpose is one concatenation. The reshapes are inside, so
+    that differentiating the cut is one rule, not one per leaf."""
+    sizes = _sizes(shapes)
+    starts = tuple(np.cumsum((0, *sizes[:-1]), dtype=np.int64).astype(np.int32))
+    offsets = jax.lax.platform_dependent(
+        flat, starts, cpu=_opaque_offsets, default=lambda flat, starts: starts
+    )
+    return [
+        dynamic_slice_in_range(flat, offset, size).reshape(shape)
+        for offset, size, shape in zip(offsets, sizes, shapes)
+    ]
+
+
+@_cut_sharing_kernels.defjvp
+def _cut_sharing_kernels_jvp(
+    shapes: Shapes, primals: tuple, tangents: tuple
+) -> tuple[list[Any], list[Any]]:
+    (flat,), (tangent,) = primals, tangents
+    return _cut_sharing_kernels(flat, shapes), _split_by_xla(tangent, shapes)
+
+
+def _opaque_offsets(flat: Any, starts: tuple) -> tuple:
+    """`starts` as values that XLA cannot compute at compile time. XLA:CPU compiles
+    one kernel per distinct fusion and reuses identical ones; a constant offset is
+    part of the slice's fusion, which makes every leaf's fusion distinct. The
+    offsets come out of a loop that never runs but whose condition reads the data:
+    XLA removes a loop whose trip count it can compute, and an optimization barrier
+    is gone before fusion on XLA:CPU."""
+    # 0 or 1, from the data: the loop runs while it exceeds 1, never, which XLA
+    # cannot know. The body changes every offset, and not by a common step
+    # (offsets advanced alike would become one offset plus constants).
+    is_nan = (flat[0] != flat[0]).astype(jnp.int32)
+
+    def never(carry: tuple) -> Any:
+        return carry[0] > 1
+
+    def scramble(carry: tuple) -> tuple:
+        return tuple(map(jax.lax.bitwise_not, carry))
+
+    return tuple(jax.lax.while_loop(never, scramble, (is_nan, *starts))[1:])
 
 
 def _concat(parts: list[Any]) -> Any:
