@@ -17,9 +17,9 @@ from .._core._fields import (
     hyper,
     values_at,
 )
+from .._core._norms import root, sum_of_squares
 from .._core._shards import AxisName, shard_total
 from .._core._tree import (
-    abs_sq,
     align_grads,
     compute_dtype,
     increment,
@@ -148,9 +148,13 @@ class Mechanic(AbstractSingleWrapper):
         def total(values):
             return shard_total(values, self.axis_name, "Mechanic", jnp.float32)
 
+        def norm(leaves):  # float32, as the state's statistics
+            squares = sum_of_squares(leaves, self.axis_name, "Mechanic", jnp.float32)
+            return root(squares)
+
         s_sum = jnp.sum(state.s)
-        grad_norm = jnp.sqrt(total([jnp.sum(abs_sq(a[0])) for a in active if a]))
-        param_norm = jnp.sqrt(total([jnp.sum(abs_sq(a[2])) for a in active if a]))
+        grad_norm = norm([a[0] for a in active if a])
+        param_norm = norm([a[2] for a in active if a])
         decay = h_.weight_decay * s_sum * grad_norm / (param_norm + h_.eps)
         h = total(
             [

@@ -21,18 +21,16 @@ from ..._core._fields import (
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._masks import decay_flags
-from ..._core._shards import AxisName, shard_total
-from ..._core._tree import abs_sq, increment, is_float_leaf, zero_step
+from ..._core._norms import root, sum_of_squares
+from ..._core._shards import AxisName
+from ..._core._tree import abs_sq, increment, zero_step
 from ._sums import copy_params, real_dtype, tree_sums
 
 
 def _norm(params: PyTree, axis_name: AxisName) -> Float[Array, ""]:
-    squares = [
-        jnp.sum(abs_sq(p)).astype(jnp.float32)
-        for p in jax.tree.leaves(params)
-        if is_float_leaf(p)
-    ]
-    return jnp.sqrt(shard_total(squares, axis_name, "DoG", jnp.float32))
+    # float32, as the state's statistics.
+    leaves = jax.tree.leaves(params)
+    return root(sum_of_squares(leaves, axis_name, "DoG", jnp.float32))
 
 
 class AbstractDistanceOverGradients(AbstractEngineTransform):
