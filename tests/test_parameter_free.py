@@ -139,6 +139,34 @@ def test_cocob_with_schedule_matches_optax():
     assert_histories_close(run_eqxopt(opt, PARAMS, GRADS), run_optax(tx, PARAMS, GRADS))
 
 
+def test_cocob_on_float16_leaves_zero_gradient_elements_where_they_are():
+    """COCOB's `L` starts at `eps = 1e-8`, which is 0 in float16: kept in the
+    parameters' float16 it starts at float16's smallest positive value instead,
+    so an element with a zero gradient stays put (no 0 / 0) while the others
+    follow optax's float32 run to half a float16 step."""
+    params = {"w": jnp.linspace(-1.0, 1.0, 12, dtype=jnp.float32).reshape(3, 4)}
+    moving = (jnp.arange(12) % 4 == 0).reshape(3, 4)
+    grads = [
+        {"w": jnp.where(moving, g["w"], 0.0)} for g in grad_stream(params, 30, seed=3)
+    ]
+    start = {"w": params["w"].astype(jnp.float16)}
+    reference = run_optax(
+        optax.contrib.cocob(), {"w": start["w"].astype(jnp.float32)}, grads
+    )
+    opt = eqxopt.COCOB()
+    half, state = start, opt.init(start)
+    for step, g in enumerate(grads):
+        half, state = opt.step({"w": g["w"].astype(jnp.float16)}, state, half)
+        assert half["w"].dtype == jnp.float16
+        got = np.asarray(half["w"], np.float32)
+        np.testing.assert_array_equal(got[~moving], start["w"][~moving])
+        np.testing.assert_allclose(
+            got, reference[step]["w"], rtol=0, atol=5e-4, err_msg=f"step {step}"
+        )
+    moved = np.abs(reference[-1]["w"] - start["w"].astype(jnp.float32))
+    assert float(np.max(moved)) > 0.01  # well beyond the tolerance
+
+
 def test_cocob_errors_name_the_argument():
     with pytest.raises(ValueError, match="alpha"):
         eqxopt.COCOB(alpha=0.0)
