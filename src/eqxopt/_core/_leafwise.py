@@ -24,7 +24,7 @@ import abc
 import functools
 import types
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -178,6 +178,29 @@ def map_leaves(
     )
 
 
+def moment_like(
+    transform: AbstractTransform,
+    params: Params,
+    name: str,
+    fill: float | Array = 0.0,
+) -> PyTree:
+    """The moment `name` of `transform`'s state at `init`: `fill` shaped like
+    `params` (`float_leaves_like`), stored as `transform`'s field `<name>_dtype`
+    says (each parameter's dtype where there is none), in a quantized storage's
+    unsigned map if `name` is in `transform.nonnegative_moments`.
+
+    Every moment with a storage option is made here, by the per-leaf engine's
+    `init` and by the transforms that write their own, so that one declaration
+    of a moment's sign is read by every storage choice (a test checks that each
+    declaration holds, and that every moment that is never negative has one)."""
+    return float_leaves_like(
+        params,
+        getattr(transform, f"{name}_dtype", None),
+        fill,
+        nonnegative=name in transform.nonnegative_moments,
+    )
+
+
 # Steps traced with the kernels on differ from those traced with them off.
 _ffi.on_switch(_dispatch.clear_caches)
 
@@ -245,9 +268,6 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
     state_type: eqx.AbstractClassVar[type[eqx.Module]]
     moments: eqx.AbstractClassVar[tuple[str, ...]]
     elementwise: eqx.AbstractClassVar[bool]
-    # The moments that are never negative (Adam's `nu`): a quantized storage
-    # (`Blockwise8bit()`, ...) keeps them in its unsigned map, twice as fine.
-    nonnegative_moments: ClassVar[frozenset[str]] = frozenset()
     # The per-leaf rule (a method); see above.
     leaf: eqx.AbstractClassVar[Callable[..., tuple[Array, ...]]]
 
@@ -271,12 +291,7 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
     def init(self, params: Params) -> Any:
         self._flags(params)  # a bad mask fails here, not mid-training
         moments = {
-            name: float_leaves_like(
-                params,
-                getattr(self, f"{name}_dtype", None),
-                self.moment_fill(name),
-                nonnegative=name in self.nonnegative_moments,
-            )
+            name: moment_like(self, params, name, self.moment_fill(name))
             for name in self.moments
         }
         return self.state_type(step=zero_step(), **moments)  # pyright: ignore

@@ -17,7 +17,7 @@ from ..._core._fields import (
     learning_rate_field,
     values_at,
 )
-from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._leafwise import AbstractEngineTransform, map_leaves, moment_like
 from ..._core._schedule import value_at
 from ..._core._schedule_free import (
     averaging_weight,
@@ -27,7 +27,6 @@ from ..._core._schedule_free import (
 )
 from ..._core._tree import (
     abs_sq,
-    float_leaves_like,
     increment,
     step_power,
     zero_step,
@@ -207,8 +206,10 @@ class ScheduleFreeAdamW(AbstractScheduleFree):
     z_dtype: DTypeLike = dtype_field(storage=False)  # z is not a moment
     nu_dtype: DTypeLike = dtype_field()
 
+    nonnegative_moments = frozenset({"nu"})
+
     def nu_init(self, params: Params) -> PyTree:
-        return float_leaves_like(params, self.nu_dtype, nonnegative=True)
+        return moment_like(self, params, "nu")
 
     def base(self, h, t, g, y, nu):
         nu = h.b2 * nu + (1 - h.b2) * abs_sq(g)
