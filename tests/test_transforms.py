@@ -175,6 +175,34 @@ def test_clip_by_global_norm_of_a_nan_gradient_is_nan_as_optax():
     assert bool(jnp.isnan(updates["dense"]["b"][0]))  # the 1e6 entry
 
 
+def test_global_norms_of_float64_leaves_are_float64_under_x64():
+    """Reductions follow the precision of the leaves: float64 gradients have a
+    float64 norm everywhere (a float32 sum is 1e-8 off optax's)."""
+    with jax.enable_x64(True):
+        params = nested_tree(dtype=jnp.float64)
+        grads = jax.tree.map(lambda g: g.astype(jnp.float64) / 3.0, GRADS[5])
+        expected = optax.tree.norm(grads)
+        clip = eqxopt.ClipByGlobalNorm(1.0)
+        _, clip_state = clip.update(grads, clip.init(params), params)
+        monitor = eqxopt.Monitor(eqxopt.SGD(0.1))
+        _, monitor_state = monitor.update(grads, monitor.init(params), params)
+        skip = eqxopt.SkipLargeUpdates(eqxopt.SGD(0.1), 1e6)
+        _, skip_state = skip.update(grads, skip.init(params), params)
+        norms = {
+            "global_norm": eqxopt.global_norm(grads),
+            "tree_norm": eqxopt.tree_norm(grads),
+            "ClipByGlobalNorm": clip_state.norm,
+            "Monitor": monitor_state.grad_norm,
+            "SkipLargeUpdates": jnp.sqrt(skip_state.norm_squared),
+        }
+        assert expected.dtype == jnp.float64
+        for name, got in norms.items():
+            assert got.dtype == jnp.float64, name
+            np.testing.assert_allclose(got, expected, rtol=1e-15, err_msg=name)
+        # float32 leaves keep float32 norms under x64 (as optax's).
+        assert eqxopt.global_norm(GRADS[5]).dtype == jnp.float32
+
+
 def test_clip_by_block_rms_matches_optax():
     ours = eqxopt.Chain(eqxopt.ClipByBlockRMS(0.7), eqxopt.SGD(0.1))
     ref = optax.chain(optax.clip_by_block_rms(0.7), optax.sgd(0.1))

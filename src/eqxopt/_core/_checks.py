@@ -16,7 +16,7 @@ from .._native._compat import is_tracer
 from . import _jax_api
 from ._dispatch import static
 from ._structure import describe as _describe, structure_mismatch
-from ._tree import INT32_MAX, align_grads, is_float_leaf, leaf_paths
+from ._tree import INT32_MAX, align_grads, default_float, is_float_leaf, leaf_paths
 
 
 def is_concrete(x: Any) -> bool:
@@ -64,7 +64,7 @@ def hyperparameter(
                 f"got {number!r}"
             )
         if not (allow_inf and math.isinf(number)):
-            dtype = jax.dtypes.canonicalize_dtype(float)
+            dtype = default_float()
             with np.errstate(over="ignore"):
                 stored = np.asarray(number).astype(dtype)
             if not np.isfinite(stored):
@@ -72,7 +72,7 @@ def hyperparameter(
                     f"{name} must be finite in {dtype.name} (the dtype it is stored "
                     f"in), got {number!r}"
                 )
-    return jnp.asarray(value, dtype=float)
+    return jnp.asarray(value, dtype=default_float())
 
 
 def _fmt(x: float) -> str:

@@ -26,6 +26,15 @@ def is_float_leaf(x: Any) -> bool:
     return eqx.is_inexact_array(x)
 
 
+def default_float() -> Any:
+    """JAX's default float dtype: float32, or float64 under `jax_enable_x64`.
+
+    The one dtype of hyperparameters: every float hyperparameter is stored in
+    it, and every schedule computes and returns in it, so that a float64
+    computation gets a float64 learning rate (and float32 under x64 off)."""
+    return jnp.dtype(jnp.result_type(float))
+
+
 def compute_dtype(dtype: Any) -> Any:
     """The dtype the per-leaf maths runs in: at least float32, so bf16/f16 moments and
     hyperparameters such as b2 = 0.999 are never rounded mid-computation."""
@@ -46,8 +55,8 @@ def promotion_for(*trees: PyTree) -> contextlib.AbstractContextManager:
     - complex leaves: one rule serves real and complex leaves, and mixes real
       hyperparameters and real statistics (`abs_sq`, norms) with complex moments;
       the promotion real -> complex is exact;
-    - 64-bit mode: hyperparameters are float64 there, while schedules (learning
-      rates) return float32 by design.
+    - 64-bit mode: hyperparameters and schedules are float64 there (the default
+      float dtype), and meet float32 leaves and float32 state scalars.
     """
     complex_leaf = any(
         is_float_leaf(x) and jnp.iscomplexobj(x) for x in jax.tree.leaves(trees)

@@ -27,6 +27,7 @@ from ..._core._schedule_free import (
 )
 from ..._core._tree import (
     abs_sq,
+    default_float,
     increment,
     step_power,
     zero_step,
@@ -44,8 +45,11 @@ class ScheduleFreeState(eqx.Module):
       evaluation parameters `x` are recovered from `y` and `z` by `eval_params`.
     - `nu`: `ScheduleFreeAdamW`'s second moment, shaped like params;
       `None` for `ScheduleFreeSGD`.
-    - `weight_sum`: float32 scalar, the sum of the averaging weights so far.
-    - `max_lr`: float32 scalar, the largest learning rate seen so far.
+    - `weight_sum`: scalar, the sum of the averaging weights so far.
+    - `max_lr`: scalar, the largest learning rate seen so far.
+
+    Both in the dtype of the learning rate: float32, or float64 under
+    `jax_enable_x64`.
     """
 
     step: Int[Array, ""]
@@ -78,8 +82,9 @@ class AbstractScheduleFree(AbstractEngineTransform):
             step=zero_step(),
             z=initial_z(params, self.z_dtype),
             nu=self.nu_init(params),
-            weight_sum=jnp.zeros((), jnp.float32),
-            max_lr=jnp.zeros((), jnp.float32),
+            # Statistics of the learning rate: in its dtype (`default_float`).
+            weight_sum=jnp.zeros((), default_float()),
+            max_lr=jnp.zeros((), default_float()),
         )
 
     def run(
@@ -104,8 +109,8 @@ class AbstractScheduleFree(AbstractEngineTransform):
             step=t,
             z=z,
             nu=nu[0] if nu else None,
-            weight_sum=weight_sum.astype(jnp.float32),
-            max_lr=max_lr.astype(jnp.float32),
+            weight_sum=weight_sum.astype(state.weight_sum.dtype),
+            max_lr=max_lr.astype(state.max_lr.dtype),
         )
 
     def eval_params(self, state: ScheduleFreeState, params: Params) -> Params:
