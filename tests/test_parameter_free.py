@@ -570,3 +570,63 @@ def test_dadapt_sgd_errors_name_the_argument():
         eqxopt.DAdaptSGD(momentum=1.0)
     with pytest.raises(ValueError, match="d0"):
         eqxopt.DAdaptSGD(d0=0.0)
+
+
+# ------------------------------------------------------------------------------------
+# A NaN gradient in the whole-tree statistics
+# ------------------------------------------------------------------------------------
+
+NAN_STEP = 2
+NAN_PAIRS = {
+    "Prodigy": (eqxopt.Prodigy, optax.contrib.prodigy),
+    "DAdaptAdamW": (eqxopt.DAdaptAdamW, optax.contrib.dadapt_adamw),
+    "DAdaptSGD": (eqxopt.DAdaptSGD, None),
+    "Momo": (eqxopt.Momo, optax.contrib.momo),
+    "MomoAdam": (eqxopt.MomoAdam, optax.contrib.momo_adam),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAN_PAIRS))
+def test_a_nan_gradient_element_turns_every_parameter_nan_as_optax(name):
+    """These optimizers' step size comes from sums over the whole tree (`d`, Momo's
+    step). One NaN gradient element makes those sums NaN, and with them every
+    parameter, on the step optax's does (DAdaptSGD: the step after, when its `d`
+    is used), instead of the sums' guards reading the NaN as "no gradient yet",
+    freezing the step size and moving on with one NaN parameter."""
+    ours_cls, theirs_fn = NAN_PAIRS[name]
+    grads = [jax.tree.map(jnp.array, g) for g in GRADS[:5]]
+    grads[NAN_STEP]["dense"]["w"] = grads[NAN_STEP]["dense"]["w"].at[0, 0].set(np.nan)
+    takes_loss = name.startswith("Momo")
+
+    def run(step_fn, params):
+        nans = []
+        for g in grads:
+            extra = {"value": loss(params)} if takes_loss else {}
+            params = step_fn(g, params, extra)
+            nans.append([bool(jnp.any(jnp.isnan(x))) for x in jax.tree.leaves(params)])
+        return params, nans
+
+    opt = ours_cls()
+    state = [opt.init(PARAMS)]
+
+    def ours(g, p, extra):
+        p, state[0] = opt.step(g, state[0], p, **extra)
+        return p
+
+    final, nans = run(ours, PARAMS)
+    for step, row in enumerate(nans):
+        if step < NAN_STEP:
+            assert not any(row), f"step {step}"
+    assert all(nans[NAN_STEP + 1]), nans[NAN_STEP + 1]
+    assert all(bool(jnp.all(jnp.isnan(x))) for x in jax.tree.leaves(final))
+    if theirs_fn is not None:
+        with OPTAX_PROMOTION:
+            tx = theirs_fn()
+            tx_state = [tx.init(PARAMS)]
+
+            def theirs(g, p, extra):
+                u, tx_state[0] = tx.update(g, tx_state[0], p, **extra)
+                return optax.apply_updates(p, u)
+
+            _, their_nans = run(theirs, PARAMS)
+        assert nans == their_nans

@@ -63,3 +63,13 @@ def norm(leaves: Sequence[Any], axis_name: AxisName, owner: str) -> Array:
     """The Euclidean norm of the float arrays among `leaves` taken together:
     `root(sum_of_squares(...))`, in `reduction_dtype(leaves)`."""
     return root(sum_of_squares(leaves, axis_name, owner))
+
+
+def divisible(total: Array, floor: float = 0.0) -> Array:
+    """Whether a sum over the tree (a norm, an inner product, a denominator) may be
+    divided by: above `floor`, or NaN. The guard of every division by such a sum,
+    so that a NaN gradient makes the result NaN, as in optax, rather than reading
+    as "no gradient yet": a plain `total > 0` sends a NaN to the fallback, and an
+    optimizer whose step size comes from the sum (Prodigy's and D-Adaptation's
+    `d`, Momo's step) then freezes it and moves on with a corrupted statistic."""
+    return (total > floor) | jnp.isnan(total)

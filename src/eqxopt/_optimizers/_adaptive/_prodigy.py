@@ -15,6 +15,7 @@ from ..._core._fields import (
     values_at,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._norms import divisible
 from ..._core._shards import AxisName, shard_total
 from ..._core._tree import (
     abs_sq,
@@ -159,8 +160,10 @@ class Prodigy(AbstractEngineTransform):
         )
         numerator = b3 * state.numerator + (d / d0) * dlr * total[0]
         denominator = total[1]
-        estimate = h.d_coef * numerator / jnp.where(denominator > 0, denominator, 1)
-        new_d = jnp.where(denominator > 0, jnp.maximum(d, estimate), d)
+        # No gradient yet: d stays; a NaN gradient: d turns NaN (as in optax).
+        grown = divisible(denominator)
+        estimate = h.d_coef * numerator / jnp.where(grown, denominator, 1)
+        new_d = jnp.where(grown, jnp.maximum(d, estimate), d)
 
         eps, wd = h.eps, h.weight_decay
 

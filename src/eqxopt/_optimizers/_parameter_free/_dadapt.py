@@ -14,6 +14,7 @@ from ..._core._fields import (
     values_at,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._norms import divisible
 from ..._core._shards import AxisName
 from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
 from ._sums import copy_params, re_dot, tree_sums
@@ -137,8 +138,10 @@ class DAdaptAdamW(AbstractEngineTransform):
         )
         numerator = r * state.numerator + (1 - r) * dlr * total[0]
         l1 = total[1]
-        estimate = numerator / ((1 - r) * jnp.where(l1 > 0, l1, 1.0))
-        new_d = jnp.where(l1 > 0, jnp.maximum(state.d, estimate), state.d)
+        # No gradient yet: d stays; a NaN gradient: d turns NaN (as in optax).
+        grown = divisible(l1)
+        estimate = numerator / ((1 - r) * jnp.where(grown, l1, 1.0))
+        new_d = jnp.where(grown, jnp.maximum(state.d, estimate), state.d)
         wd = h.weight_decay
 
         def step(g, p, mu, nu):
@@ -259,10 +262,11 @@ class DAdaptSGD(AbstractEngineTransform):
             axis_name=self.axis_name,
             owner=type(self).__name__,
         )[0][0]
-        g0_norm = jnp.where(state.g0_norm > 0, state.g0_norm, jnp.sqrt(g_sq))
+        g0_norm = jnp.where(divisible(state.g0_norm), state.g0_norm, jnp.sqrt(g_sq))
         d = state.d
+        started = divisible(g0_norm)
         dlr = jnp.where(
-            g0_norm > 0, d * h.learning_rate / jnp.where(g0_norm > 0, g0_norm, 1.0), 0.0
+            started, d * h.learning_rate / jnp.where(started, g0_norm, 1.0), 0.0
         )
 
         def accumulate(g, p, s):
@@ -281,10 +285,11 @@ class DAdaptSGD(AbstractEngineTransform):
         sk_sq = sk_sq[0]
         gsq_weighted = state.gsq_weighted + dlr * dlr * g_sq
         sk_norm = jnp.sqrt(sk_sq)
-        d_hat = (sk_sq - gsq_weighted) / jnp.where(sk_sq > 0, sk_norm, 1.0)
+        grown = divisible(sk_sq)
+        d_hat = (sk_sq - gsq_weighted) / jnp.where(grown, sk_norm, 1.0)
         if h.growth_rate is not None:
             d_hat = jnp.minimum(d_hat, d * h.growth_rate)
-        new_d = jnp.where(sk_sq > 0, jnp.maximum(d, d_hat), d)
+        new_d = jnp.where(grown, jnp.maximum(d, d_hat), d)
 
         def step(g, p, s, p0):
             new = momentum * p + (1 - momentum) * (p0 - s)

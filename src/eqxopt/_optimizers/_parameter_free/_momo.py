@@ -18,6 +18,7 @@ from ..._core._fields import (
     values_at,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._norms import divisible
 from ..._core._shards import AxisName
 from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
 from ._sums import re_dot, tree_sums
@@ -54,7 +55,7 @@ def _step_size(h, adapt, barf, gamma, iprod, norm, lb, bc1):
             lb,
         )
     gap = jnp.maximum(decay * (barf - bc1 * lb - gamma) + iprod, 0.0)
-    safe = norm > _TINY
+    safe = divisible(norm, _TINY)  # a NaN gradient gives a NaN step, as in optax
     t1 = jnp.where(safe, gap / jnp.where(safe, norm, 1.0), 0.0)
     tau = jnp.minimum(h.learning_rate / bc1, t1)
     if adapt:
