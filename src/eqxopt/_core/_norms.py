@@ -14,6 +14,9 @@ that they agree on every input:
   norm of all-zero leaves is finite;
 - inside `jax.shard_map` with `axis_name`, each leaf's sum is completed over the
   axes it is split over (`_shards.shard_total`).
+
+`divisible` is the matching guard of a division by such a sum: it lets a NaN
+through, where `total > 0` would not.
 """
 
 import functools
