@@ -183,7 +183,7 @@ def run_theirs(name, params, loss, steps=STEPS, grad_fn=descent, table=OPTAX):
             grads = grad_fn(loss, params)
             if name == "LBFGS":
                 extra = {"value": loss(params), "grad": grads, "value_fn": loss}
-            elif name == "PolyakSGD":
+            elif name in ("PolyakSGD", "Momo", "MomoAdam"):
                 extra = {"value": loss(params)}
             else:
                 extra = {}
@@ -294,6 +294,19 @@ FLOAT64_OPTAX = {
     # The averaging weights are statistics of the learning rate: float64 too.
     "ScheduleFreeAdamW": OPTAX["ScheduleFreeAdamW"],
     "ScheduleFree-Adam": OPTAX["ScheduleFree-Adam"],
+    # Step sizes from whole-tree sums, kept in the state in the sums' dtype.
+    "PolyakSGD": OPTAX["PolyakSGD"],
+    "Prodigy": lambda: optax.contrib.prodigy(estim_lr0=1e-2),
+    "DAdaptAdamW": lambda: optax.contrib.dadapt_adamw(
+        estim_lr0=1e-2, weight_decay=1e-3
+    ),
+    "DoG": lambda: optax.contrib.dog(init_step=("heuristic", 1e-2), weight_decay=1e-3),
+    "DoWG": lambda: optax.contrib.dowg(weight_decay=1e-3),
+    "Momo": lambda: optax.contrib.momo(0.1, weight_decay=1e-3),
+    "MomoAdam": lambda: optax.contrib.momo_adam(0.05, adapt_lower_bound=True),
+    "Mechanic-SGD": lambda: optax.contrib.mechanize(
+        optax.sgd(1.0, momentum=0.9), s_init=1e-3
+    ),
 }
 CASE_NAMED = {c.name: c for c in CASES}
 
@@ -302,8 +315,10 @@ CASE_NAMED = {c.name: c for c in CASES}
 def test_float64_runs_match_optax_float64_runs(name):
     """Under `jax_enable_x64` with float64 parameters every number follows them:
     hyperparameters and schedules are float64 (the default float dtype), and so
-    is the global norm of float64 gradients. The runs then agree with optax's to
-    float64 rounding, where a float32 learning rate or norm is 1e-8 off."""
+    are the global norm of float64 gradients and every statistic a state keeps of
+    sums over the parameters (`d`, distances, Momo's loss model). The runs then
+    agree with optax's to float64 rounding, where a float32 learning rate or norm
+    is 1e-8 off."""
     with jax.enable_x64(True):
         start = nested_tree(dtype=jnp.float64)
         loss = make_loss(nested_tree(7, dtype=jnp.float64))

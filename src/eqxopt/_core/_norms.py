@@ -23,6 +23,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
@@ -76,3 +77,13 @@ def divisible(total: Array, floor: float = 0.0) -> Array:
     optimizer whose step size comes from the sum (Prodigy's and D-Adaptation's
     `d`, Momo's step) then freezes it and moves on with a corrupted statistic."""
     return (total > floor) | jnp.isnan(total)
+
+
+def statistic_like(params: Any, fill: Any = 0.0, shape: tuple[int, ...] = ()) -> Array:
+    """A whole-tree statistic of an optimizer's state at `init` (a `d`, a sum of
+    squares, a distance): `fill` of `shape` in the dtype sums over `params` are
+    taken in (`reduction_dtype`: float32, float64 for float64 parameters under
+    `jax_enable_x64`), as a buffer of its own (a donated step may overwrite
+    it)."""
+    dtype = reduction_dtype(jax.tree.leaves(params))
+    return jnp.array(jnp.broadcast_to(jnp.asarray(fill, dtype), shape), copy=True)

@@ -14,7 +14,7 @@ from ..._core._fields import (
     values_at,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
-from ..._core._norms import divisible
+from ..._core._norms import divisible, statistic_like
 from ..._core._shards import AxisName
 from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
 from ._sums import copy_params, re_dot, tree_sums
@@ -30,10 +30,13 @@ class DAdaptAdamWState(eqx.Module):
       leaves).
     - `nu`: second moment of `g`, shaped like params.
     - `grad_sum`: `s`, the weighted sum of `dlr * g`, shaped like params.
-    - `d`: float32 scalar, the current estimate of the learning rate (distance to
+    - `d`: scalar, the current estimate of the learning rate (distance to
       the solution), starting at `d0`.
-    - `numerator`: float32 scalar, the weighted sum of `dlr * <g, s / (sqrt(nu)
+    - `numerator`: scalar, the weighted sum of `dlr * <g, s / (sqrt(nu)
       + eps)>`.
+
+    The float scalars are float32, or float64 for float64 parameters under
+    `jax_enable_x64` (the dtype of sums over the parameters).
     """
 
     step: Int[Array, ""]
@@ -104,8 +107,8 @@ class DAdaptAdamW(AbstractEngineTransform):
             mu=float_leaves_like(params),
             nu=float_leaves_like(params),
             grad_sum=float_leaves_like(params),
-            d=jnp.array(self.d0, jnp.float32, copy=True),  # not the field itself
-            numerator=jnp.zeros((), jnp.float32),
+            d=statistic_like(params, self.d0),
+            numerator=statistic_like(params),
         )
 
     def run(
@@ -157,8 +160,8 @@ class DAdaptAdamW(AbstractEngineTransform):
             mu=mu,
             nu=nu,
             grad_sum=grad_sum,
-            d=new_d.astype(jnp.float32),
-            numerator=numerator.astype(jnp.float32),
+            d=new_d.astype(state.d.dtype),
+            numerator=numerator.astype(state.d.dtype),
         )
 
 
@@ -171,11 +174,14 @@ class DAdaptSGDState(eqx.Module):
     - `grad_sum`: `s`, the sum of `dlr * g`, shaped like params (`None` at
       non-float leaves).
     - `params0`: the parameters at `init`, shaped like params.
-    - `d`: float32 scalar, the current estimate of the distance to the solution,
+    - `d`: scalar, the current estimate of the distance to the solution,
       starting at `d0`.
-    - `g0_norm`: float32 scalar, the norm of the first non-zero gradient (zero
+    - `g0_norm`: scalar, the norm of the first non-zero gradient (zero
       until then).
-    - `gsq_weighted`: float32 scalar, the sum of `dlr**2 * |g|**2`.
+    - `gsq_weighted`: scalar, the sum of `dlr**2 * |g|**2`.
+
+    The float scalars are float32, or float64 for float64 parameters under
+    `jax_enable_x64` (the dtype of sums over the parameters).
     """
 
     step: Int[Array, ""]
@@ -239,9 +245,9 @@ class DAdaptSGD(AbstractEngineTransform):
             step=zero_step(),
             grad_sum=float_leaves_like(params),
             params0=copy_params(params),
-            d=jnp.array(self.d0, jnp.float32, copy=True),  # not the field itself
-            g0_norm=jnp.zeros((), jnp.float32),
-            gsq_weighted=jnp.zeros((), jnp.float32),
+            d=statistic_like(params, self.d0),
+            g0_norm=statistic_like(params),
+            gsq_weighted=statistic_like(params),
         )
 
     def run(
@@ -308,7 +314,7 @@ class DAdaptSGD(AbstractEngineTransform):
             step=increment(state.step),
             grad_sum=grad_sum,
             params0=params0,
-            d=new_d.astype(jnp.float32),
-            g0_norm=g0_norm.astype(jnp.float32),
-            gsq_weighted=gsq_weighted.astype(jnp.float32),
+            d=new_d.astype(state.d.dtype),
+            g0_norm=g0_norm.astype(state.d.dtype),
+            gsq_weighted=gsq_weighted.astype(state.d.dtype),
         )
