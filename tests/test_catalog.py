@@ -195,6 +195,36 @@ def test_bfloat16_parameters_keep_their_dtype(case):
             assert bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32))))
 
 
+@swept_params
+def test_float16_parameters_with_zero_gradients_stay_finite(case):
+    """float16 parameters where gradients are 0 (every element on the first step,
+    then every other element, whose parameter is 0 too): no NaN or infinity in
+    the parameters, updates or state. A state that starts at a small constant
+    must not start at 0 (an `eps` of 1e-8 is 0 in float16) and be divided by."""
+
+    def half_zero(x):
+        return jnp.where(jnp.arange(x.size).reshape(x.shape) % 2 == 0, 0, x)
+
+    opt = case.make()
+    params = jax.tree.map(half_zero, nested_tree(dtype=jnp.float16))
+    state = opt.init(params)
+    for k in range(4):
+        grads = jax.tree.map(half_zero, jax.grad(quadratic_loss)(params))
+        if k == 0:
+            grads = jax.tree.map(jnp.zeros_like, grads)
+        extra = extra_for(case, quadratic_loss, params)
+        updates, _ = opt.update(grads, state, params, **extra)
+        params, state = opt.step(grads, state, params, **extra)
+    for name, tree in (("updates", updates), ("params", params), ("state", state)):
+        for path, leaf in jax.tree.leaves_with_path(tree):
+            where = f"{name}{jax.tree_util.keystr(path)}"
+            if name != "state":
+                assert leaf.dtype == jnp.float16, where
+            if jnp.issubdtype(leaf.dtype, jnp.inexact):
+                finite = jnp.isfinite(leaf.astype(jnp.float32))
+                assert bool(jnp.all(finite)), where
+
+
 @case_params
 def test_changing_a_hyperparameter_does_not_recompile(case):
     params = nested_tree()

@@ -183,7 +183,7 @@ def run_theirs(name, params, loss, steps=STEPS, grad_fn=descent, table=OPTAX):
             grads = grad_fn(loss, params)
             if name == "LBFGS":
                 extra = {"value": loss(params), "grad": grads, "value_fn": loss}
-            elif name == "PolyakSGD":
+            elif name in ("PolyakSGD", "Momo", "MomoAdam"):
                 extra = {"value": loss(params)}
             else:
                 extra = {}
@@ -271,20 +271,62 @@ def test_complex_leaves_turned_by_a_phase_follow_the_real_run(case):
 # float64 leaves under jax_enable_x64.
 
 
-def f32(x):
-    """`x` rounded to float32: eqxopt's learning rates come from schedules, which
-    return float32 by design; every other hyperparameter is float64 under x64."""
-    return float(np.float32(x))
+def _steps_as_float64(schedule):
+    """An optax schedule called on float64 steps: on optax's int32 count it
+    computes in float32 even under x64 (int32 / int is float32 in JAX)."""
+    return lambda count: schedule(jnp.asarray(count, jnp.float64))
 
 
-# Reference comparisons in float64 for a few key optimizers.
+# The float64 runs of optax equal to catalog configurations: the learning rate,
+# schedules and global norms in float64 too, as every other number.
 FLOAT64_OPTAX = {
-    "Adam": lambda: optax.adam(f32(0.05)),
-    "AdamW": lambda: optax.adamw(f32(0.05), weight_decay=0.01),
-    "SGD-momentum": lambda: optax.sgd(f32(0.05), momentum=0.9),
-    "RMSProp": lambda: optax.rmsprop(f32(0.01)),
+    "Adam": lambda: optax.adam(0.05),
+    "AdamW": lambda: optax.adamw(0.05, weight_decay=0.01),
+    "AdamW-schedule": lambda: optax.adamw(
+        _steps_as_float64(optax.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, 0.005))
+    ),
+    "SGD-momentum": lambda: optax.sgd(0.05, momentum=0.9),
+    "RMSProp": lambda: optax.rmsprop(0.01),
     "LBFGS": lambda: optax.lbfgs(memory_size=5),
+    "Chain-ClipByGlobalNorm-AdamW": lambda: optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(0.05, weight_decay=0.01)
+    ),
+    # The averaging weights are statistics of the learning rate: float64 too.
+    "ScheduleFreeAdamW": OPTAX["ScheduleFreeAdamW"],
+    "ScheduleFree-Adam": OPTAX["ScheduleFree-Adam"],
+    # Step sizes from whole-tree sums, kept in the state in the sums' dtype.
+    "PolyakSGD": OPTAX["PolyakSGD"],
+    "Prodigy": lambda: optax.contrib.prodigy(estim_lr0=1e-2),
+    "DAdaptAdamW": lambda: optax.contrib.dadapt_adamw(
+        estim_lr0=1e-2, weight_decay=1e-3
+    ),
+    "DoG": lambda: optax.contrib.dog(init_step=("heuristic", 1e-2), weight_decay=1e-3),
+    "DoWG": lambda: optax.contrib.dowg(weight_decay=1e-3),
+    "Momo": lambda: optax.contrib.momo(0.1, weight_decay=1e-3),
+    "MomoAdam": lambda: optax.contrib.momo_adam(0.05, adapt_lower_bound=True),
+    "Mechanic-SGD": lambda: optax.contrib.mechanize(
+        optax.sgd(1.0, momentum=0.9), s_init=1e-3
+    ),
 }
+CASE_NAMED = {c.name: c for c in CASES}
+
+
+@pytest.mark.parametrize("name", sorted(FLOAT64_OPTAX))
+def test_float64_runs_match_optax_float64_runs(name):
+    """Under `jax_enable_x64` with float64 parameters every number follows them:
+    hyperparameters and schedules are float64 (the default float dtype), and so
+    are the global norm of float64 gradients and every statistic a state keeps of
+    sums over the parameters (`d`, distances, Momo's loss model). The runs then
+    agree with optax's to float64 rounding, where a float32 learning rate or norm
+    is 1e-8 off."""
+    with jax.enable_x64(True):
+        start = nested_tree(dtype=jnp.float64)
+        loss = make_loss(nested_tree(7, dtype=jnp.float64))
+        ours = run_ours(CASE_NAMED[name], start, loss, steps=5)
+        theirs = run_theirs(name, start, loss, steps=5, table=FLOAT64_OPTAX)
+    assert_close(ours, theirs, rtol=1e-13, atol=1e-15, what=name)
+    for leaf in jax.tree.leaves(theirs[-1]):
+        assert leaf.dtype == jnp.float64
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -306,14 +348,6 @@ def test_float64_leaves_keep_their_dtype_under_x64(case):
         for leaf in jax.tree.leaves(state):
             if jnp.issubdtype(leaf.dtype, jnp.inexact):
                 assert bool(jnp.all(jnp.isfinite(leaf)))
-        if case.name in FLOAT64_OPTAX:
-            start = nested_tree(dtype=jnp.float64)
-            ours = run_ours(case, start, loss, steps=3)
-            theirs = run_theirs(case.name, start, loss, steps=3, table=FLOAT64_OPTAX)
-            # float64 agreement: far tighter than float32 rounding.
-            assert_close(ours, theirs, rtol=1e-9, atol=1e-12, what=case.name)
-            for leaf in jax.tree.leaves(theirs[-1]):
-                assert leaf.dtype == jnp.float64
 
 
 # ---------------------------------------------------------------------------------

@@ -139,6 +139,34 @@ def test_cocob_with_schedule_matches_optax():
     assert_histories_close(run_eqxopt(opt, PARAMS, GRADS), run_optax(tx, PARAMS, GRADS))
 
 
+def test_cocob_on_float16_leaves_zero_gradient_elements_where_they_are():
+    """COCOB's `L` starts at `eps = 1e-8`, which is 0 in float16: kept in the
+    parameters' float16 it starts at float16's smallest positive value instead,
+    so an element with a zero gradient stays put (no 0 / 0) while the others
+    follow optax's float32 run to half a float16 step."""
+    params = {"w": jnp.linspace(-1.0, 1.0, 12, dtype=jnp.float32).reshape(3, 4)}
+    moving = (jnp.arange(12) % 4 == 0).reshape(3, 4)
+    grads = [
+        {"w": jnp.where(moving, g["w"], 0.0)} for g in grad_stream(params, 30, seed=3)
+    ]
+    start = {"w": params["w"].astype(jnp.float16)}
+    reference = run_optax(
+        optax.contrib.cocob(), {"w": start["w"].astype(jnp.float32)}, grads
+    )
+    opt = eqxopt.COCOB()
+    half, state = start, opt.init(start)
+    for step, g in enumerate(grads):
+        half, state = opt.step({"w": g["w"].astype(jnp.float16)}, state, half)
+        assert half["w"].dtype == jnp.float16
+        got = np.asarray(half["w"], np.float32)
+        np.testing.assert_array_equal(got[~moving], start["w"][~moving])
+        np.testing.assert_allclose(
+            got, reference[step]["w"], rtol=0, atol=5e-4, err_msg=f"step {step}"
+        )
+    moved = np.abs(reference[-1]["w"] - start["w"].astype(jnp.float32))
+    assert float(np.max(moved)) > 0.01  # well beyond the tolerance
+
+
 def test_cocob_errors_name_the_argument():
     with pytest.raises(ValueError, match="alpha"):
         eqxopt.COCOB(alpha=0.0)
@@ -359,9 +387,8 @@ def test_dadapt_adamw_matches_optax_on_a_quadratic_where_d_grows():
 
 @pytest.mark.slow
 def test_dadapt_adamw_matches_optax_on_a_quadratic_in_float64():
-    # The float32 scalars of the state (d, as Prodigy's) meet float64 leaves and
-    # hyperparameters here, which strict promotion refuses (issue 14): standard
-    # rules for this run.
+    # The state's d follows the float64 leaves (as every whole-tree statistic),
+    # so the closed loop stays on optax's float64 run. optax promotes implicitly.
     with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
         params = nested_tree(dtype=jnp.float64)
         targets = nested_tree(seed=7, dtype=jnp.float64)
@@ -383,9 +410,9 @@ def test_dadapt_adamw_matches_optax_on_a_quadratic_in_float64():
             ours = eqxopt.apply_updates(ours, updates)
             tx_updates, tx_state = tx_update(grad(theirs), tx_state, theirs)
             theirs = optax.apply_updates(theirs, tx_updates)
-        # eqxopt keeps d in float32 (as Prodigy does), hence not 1e-12.
-        assert_trees_close(ours, theirs, rtol=1e-7, atol=1e-7)
-        assert_moved(params, theirs, rtol=1e-7, atol=1e-7)
+        assert state.d.dtype == jnp.float64
+        assert_trees_close(ours, theirs, rtol=1e-12, atol=1e-12)
+        assert_moved(params, theirs, rtol=1e-12, atol=1e-12)
 
 
 def test_dadapt_adamw_keeps_d_when_every_gradient_is_zero():
@@ -542,3 +569,63 @@ def test_dadapt_sgd_errors_name_the_argument():
         eqxopt.DAdaptSGD(momentum=1.0)
     with pytest.raises(ValueError, match="d0"):
         eqxopt.DAdaptSGD(d0=0.0)
+
+
+# ------------------------------------------------------------------------------------
+# A NaN gradient in the whole-tree statistics
+# ------------------------------------------------------------------------------------
+
+NAN_STEP = 2
+NAN_PAIRS = {
+    "Prodigy": (eqxopt.Prodigy, optax.contrib.prodigy),
+    "DAdaptAdamW": (eqxopt.DAdaptAdamW, optax.contrib.dadapt_adamw),
+    "DAdaptSGD": (eqxopt.DAdaptSGD, None),
+    "Momo": (eqxopt.Momo, optax.contrib.momo),
+    "MomoAdam": (eqxopt.MomoAdam, optax.contrib.momo_adam),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAN_PAIRS))
+def test_a_nan_gradient_element_turns_every_parameter_nan_as_optax(name):
+    """These optimizers' step size comes from sums over the whole tree (`d`, Momo's
+    step). One NaN gradient element makes those sums NaN, and with them every
+    parameter, on the step optax's does (DAdaptSGD: the step after, when its `d`
+    is used), instead of the sums' guards reading the NaN as "no gradient yet",
+    freezing the step size and moving on with one NaN parameter."""
+    ours_cls, theirs_fn = NAN_PAIRS[name]
+    grads = [jax.tree.map(jnp.array, g) for g in GRADS[:5]]
+    grads[NAN_STEP]["dense"]["w"] = grads[NAN_STEP]["dense"]["w"].at[0, 0].set(np.nan)
+    takes_loss = name.startswith("Momo")
+
+    def run(step_fn, params):
+        nans = []
+        for g in grads:
+            extra = {"value": loss(params)} if takes_loss else {}
+            params = step_fn(g, params, extra)
+            nans.append([bool(jnp.any(jnp.isnan(x))) for x in jax.tree.leaves(params)])
+        return params, nans
+
+    opt = ours_cls()
+    state = [opt.init(PARAMS)]
+
+    def ours(g, p, extra):
+        p, state[0] = opt.step(g, state[0], p, **extra)
+        return p
+
+    final, nans = run(ours, PARAMS)
+    for step, row in enumerate(nans):
+        if step < NAN_STEP:
+            assert not any(row), f"step {step}"
+    assert all(nans[NAN_STEP + 1]), nans[NAN_STEP + 1]
+    assert all(bool(jnp.all(jnp.isnan(x))) for x in jax.tree.leaves(final))
+    if theirs_fn is not None:
+        with OPTAX_PROMOTION:
+            tx = theirs_fn()
+            tx_state = [tx.init(PARAMS)]
+
+            def theirs(g, p, extra):
+                u, tx_state[0] = tx.update(g, tx_state[0], p, **extra)
+                return optax.apply_updates(p, u)
+
+            _, their_nans = run(theirs, PARAMS)
+        assert nans == their_nans

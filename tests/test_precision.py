@@ -166,6 +166,41 @@ def test_round_stochastic_bf16_matches_torchao_bit_for_bit(monkeypatch):
     np.testing.assert_array_equal(np.asarray(ours, np.float32), ref)
 
 
+def test_round_stochastic_bf16_takes_jax_default_uint32_bits():
+    """`jax.random.bits(key, shape)` gives uint32: its high 16 bits are the
+    rounding bits (a uint32 added whole would carry into the exponent). Values bf16
+    holds come back as they are; one 0.3 of a step above 1 rounds to either
+    neighbour, up with probability 0.3."""
+    n = 20000
+    bits = jax.random.bits(jax.random.key(0), (n,))
+    assert bits.dtype == jnp.uint32
+    exact = jnp.asarray(np.geomspace(1e-30, 1e30, n), jnp.float32).astype(BF16)
+    got = eqxopt.round_stochastic_bf16(exact.astype(jnp.float32), bits)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(exact))
+    step = float(jnp.finfo(BF16).eps)
+    x = jnp.full((n,), 1.0 + 0.3 * step, jnp.float32)
+    rounded = eqxopt.round_stochastic_bf16(x, bits)
+    high = (bits >> 16).astype(jnp.uint16)
+    np.testing.assert_array_equal(
+        np.asarray(rounded), np.asarray(eqxopt.round_stochastic_bf16(x, high))
+    )
+    vals = np.asarray(rounded, np.float64)
+    assert set(np.unique(vals)) == {1.0, 1.0 + step}
+    assert abs(vals.mean() - (1.0 + 0.3 * step)) < 5 * step * np.sqrt(0.21 / n)
+
+
+def test_round_stochastic_bf16_refuses_other_bits_and_inputs():
+    x = jnp.ones((4,), jnp.float32)
+    with pytest.raises(TypeError, match=r"bits must be uint16 or uint32.*int32"):
+        eqxopt.round_stochastic_bf16(x, jnp.zeros((4,), jnp.int32))
+    with pytest.raises(TypeError, match=r"bits must be uint16 or uint32.*float32"):
+        eqxopt.round_stochastic_bf16(x, jnp.zeros((4,), jnp.float32))
+    with pytest.raises(ValueError, match=r"bits must have x's shape.*\(4,\).*\(2,\)"):
+        eqxopt.round_stochastic_bf16(x, jnp.zeros((2,), jnp.uint16))
+    with pytest.raises(TypeError, match="x must be float32, got bfloat16"):
+        eqxopt.round_stochastic_bf16(x.astype(BF16), jnp.zeros((4,), jnp.uint16))
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_stochastic_rounding_is_unbiased(dtype):
     # A value 0.3 of the way between 1 and the next number of `dtype`, rounded by the

@@ -20,7 +20,7 @@ from hypothesis import given, settings, strategies as st
 
 import eqxopt
 from eqxopt._core import _storage
-from helpers import assert_moved, compiles
+from helpers import assert_moved, compiles, grad_stream
 
 MAPS = ["dynamic8_signed", "dynamic8_unsigned", "dynamic4_signed", "linear4_unsigned"]
 
@@ -262,6 +262,132 @@ def test_maps_follow_the_declared_signs():
     nadam = eqxopt.NAdam(1e-3, nu_dtype=q8).init(params)
     assert nadam.nu["w"].map_name == "dynamic8_unsigned"
     assert adam.mu["small"].dtype == jnp.float32
+
+
+@pytest.mark.parametrize("kind", ["8bit", "4bit"])
+def test_adamw_as_a_chain_of_blocks_with_quantized_moments_is_adamw(kind):
+    """`Chain(ScaleByAdam, AddDecayedWeights, ScaleByLearningRate)` is AdamW with
+    quantized moments too: the block stores `nu` in the unsigned map as AdamW
+    does (in the signed one, 4-bit moments moved parameters 300 times further)."""
+    params, grads = _reference_problem(30)
+    q = STORAGE[kind]
+    fused = eqxopt.AdamW(1e-2, weight_decay=0.01, mu_dtype=q, nu_dtype=q)
+    chain = eqxopt.Chain(
+        eqxopt.ScaleByAdam(mu_dtype=q, nu_dtype=q),
+        eqxopt.AddDecayedWeights(0.01),
+        eqxopt.ScaleByLearningRate(1e-2),
+    )
+    ours, chain_state = _run_ours(chain, params, grads)
+    theirs, fused_state = _run_ours(fused, params, grads)
+    assert_moved(jax.tree.leaves(params), theirs[-1], CLOSE, CLOSE, factor=1000)
+    for step, (a, e) in enumerate(zip(ours, theirs)):
+        for x, y in zip(a, e):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7, err_msg=f"{step}")
+    block = chain_state["ScaleByAdam"]
+    for name in ("mu", "nu"):
+        for x, y in zip(
+            jax.tree.leaves(getattr(block, name)),
+            jax.tree.leaves(getattr(fused_state, name)),
+        ):
+            np.testing.assert_array_equal(x, y)
+    assert block.nu["w"].map_name == fused_state.nu["w"].map_name
+    assert block.nu["w"].map_name.endswith("unsigned")
+
+
+def _with_storage(cls, *fields, **kw):
+    return lambda dtype: cls(**kw, **{f: dtype for f in fields})
+
+
+# Every transform with a moment storage option (`*_dtype`), built with that storage
+# in every option. GaLore's moments live in the projected space, not shaped like
+# params (tests/test_contrib.py covers its storage); `z_dtype` (schedule-free
+# iterates) and Adafactor's `dtype_momentum` take float dtypes only.
+_ADAM_LIKE = [
+    "ADOPT", "AMSGrad", "AdEMAMix", "AdaBelief", "Adam", "AdamW", "Adamax",
+    "AdamaxW", "CAdamW", "Muon", "NAdam", "NAdamW", "OptimisticAdam", "RAdam",
+    "StableAdamW", "Yogi",
+]  # fmt: skip
+_BOTH = ("mu_dtype", "nu_dtype")
+MOMENT_STORAGE = {
+    name: _with_storage(getattr(eqxopt, name), *_BOTH, learning_rate=0.05)
+    for name in _ADAM_LIKE
+} | {
+    "Lion": _with_storage(eqxopt.Lion, "mu_dtype", learning_rate=0.01),
+    "Signum": _with_storage(eqxopt.Signum, "mu_dtype", learning_rate=0.01),
+    "Sophia": _with_storage(eqxopt.Sophia, "mu_dtype", learning_rate=0.05),
+    "SGD": _with_storage(
+        eqxopt.SGD, "velocity_dtype", learning_rate=0.05, momentum=0.9
+    ),
+    "Trace": _with_storage(eqxopt.Trace, "trace_dtype", decay=0.9),
+    "ScaleByAdam": _with_storage(eqxopt.ScaleByAdam, *_BOTH),
+    "ScaleByRms": _with_storage(eqxopt.ScaleByRms, "nu_dtype"),
+    "ScheduleFreeAdamW": _with_storage(eqxopt.ScheduleFreeAdamW, "nu_dtype"),
+}
+NOT_MOMENT_STORAGE = {"GaLore", "z_dtype", "dtype_momentum"}
+
+
+def test_every_transform_with_a_moment_storage_option_is_listed():
+    missing = []
+    for name in dir(eqxopt):
+        cls = getattr(eqxopt, name)
+        if not (
+            isinstance(cls, type)
+            and issubclass(cls, eqxopt.AbstractTransform)
+            and not name.startswith("Abstract")
+        ):
+            continue
+        options = {
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name.endswith("_dtype") and f.name not in NOT_MOMENT_STORAGE
+        }
+        if options and name not in MOMENT_STORAGE and name not in NOT_MOMENT_STORAGE:
+            missing.append(name)
+    assert not missing, f"add to MOMENT_STORAGE: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(MOMENT_STORAGE))
+def test_a_moment_is_stored_unsigned_exactly_when_it_is_never_negative(name):
+    """The sign each transform declares for its moments (`nonnegative_moments`),
+    read by every storage choice, against what the moments do: run in float32 on
+    gradients of both signs, a moment that never goes negative must be stored in
+    the unsigned map, and one that does in the signed map. A building block and
+    the fused optimizer cannot then store the same moment differently."""
+    params = {"w": jnp.ones((4, 6)), "v": jnp.linspace(-1.0, 1.0, 8)}
+
+    def loss(p):
+        return sum(jnp.sum(jnp.sin(3.0 * x)) for x in jax.tree.leaves(p))
+
+    extra = {"obj_fn": loss} if name == "Sophia" else {}
+    opt = MOMENT_STORAGE[name](jnp.float32)
+    state = opt.init(params)
+    lowest = jax.tree.map(lambda x: np.inf, state)
+    for g in grad_stream(params, 6, seed=5):
+        params, state = opt.step(g, state, params, **extra)
+        lowest = jax.tree.map(
+            lambda m, x: min(m, float(jnp.min(x))) if jnp.size(x) else m,
+            lowest,
+            state,
+        )
+    lowest_at = {
+        jax.tree_util.keystr(path): m
+        for path, m in jax.tree_util.tree_leaves_with_path(lowest)
+    }
+    quantized = MOMENT_STORAGE[name](eqxopt.Blockwise8bit(block_size=4, min_size=2))
+    checked = 0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(
+        quantized.init(params), is_leaf=lambda x: isinstance(x, eqxopt.QuantizedArray)
+    ):
+        if not isinstance(leaf, eqxopt.QuantizedArray):
+            continue
+        where = jax.tree_util.keystr(path)
+        never_negative = lowest_at[where] >= 0
+        assert leaf.map_name.endswith("unsigned") == never_negative, (
+            f"{name}: state{where} is {leaf.map_name} but its lowest value over "
+            f"the float32 run was {lowest_at[where]}"
+        )
+        checked += 1
+    assert checked
 
 
 def test_state_is_params_shaped_serialises_and_donates(tmp_path):

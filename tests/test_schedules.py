@@ -461,6 +461,141 @@ def scalars_and_batch(schedule, picks):
     return [schedule(picks[i]) for i in range(picks.shape[0])], schedule(picks)
 
 
+# Every schedule class under jax_enable_x64, against float64 references: optax's
+# schedules called on float64 steps (on int32 ones they compute in float32 even
+# under x64), torch's schedulers (float64 arithmetic), or a NumPy formula. Built
+# under x64, a schedule's values are float64 and so are its results.
+def _optax64(schedule: Callable) -> Callable[[], np.ndarray]:
+    return lambda: np.asarray(jax.vmap(schedule)(STEPS.astype(jnp.float64)))
+
+
+STAIRS = {500: 0.5, 1200: 0.1, 2000: 2.0}
+X64_CASES = {
+    "Constant": (
+        lambda: eqxopt.Constant(0.3),
+        lambda: np.full(N_STEPS, 0.3),
+    ),
+    "Linear": (
+        lambda: eqxopt.Linear(0.5, 0.01, 1500, transition_begin=200),
+        _optax64(optax.linear_schedule(0.5, 0.01, 1500, 200)),
+    ),
+    "Polynomial": (
+        lambda: eqxopt.Polynomial(1.0, 0.001, 2.0, 2500, 100),
+        _optax64(optax.polynomial_schedule(1.0, 0.001, 2.0, 2500, 100)),
+    ),
+    "PiecewiseConstant": (
+        lambda: eqxopt.PiecewiseConstant(0.1, STAIRS),
+        _optax64(optax.piecewise_constant_schedule(0.1, STAIRS)),
+    ),
+    "ExponentialDecay": (
+        lambda: eqxopt.ExponentialDecay(1.0, 100, 0.9, 150, True, end_value=0.2),
+        _optax64(optax.exponential_decay(1.0, 100, 0.9, 150, True, 0.2)),
+    ),
+    "CosineDecay": (
+        lambda: eqxopt.CosineDecay(0.4, 2000, alpha=0.05, exponent=2.5),
+        _optax64(optax.cosine_decay_schedule(0.4, 2000, 0.05, 2.5)),
+    ),
+    "WarmupConstant": (
+        lambda: eqxopt.WarmupConstant(0.01, 0.5, 300),
+        _optax64(optax.warmup_constant_schedule(0.01, 0.5, 300)),
+    ),
+    "WarmupCosine": (
+        lambda: eqxopt.WarmupCosine(3e-4, 3e-5, 200, 2500),
+        _optax64(optax.warmup_cosine_decay_schedule(0.0, 3e-4, 200, 2500, 3e-5)),
+    ),
+    "WarmupExponentialDecay": (
+        lambda: eqxopt.WarmupExponentialDecay(0.1, 0.8, 250, 100, 0.95),
+        _optax64(optax.warmup_exponential_decay_schedule(0.1, 0.8, 250, 100, 0.95)),
+    ),
+    "LinearOneCycle": (
+        lambda: eqxopt.LinearOneCycle(2500, 0.7),
+        _optax64(optax.linear_onecycle_schedule(2500, 0.7)),
+    ),
+    "CosineOneCycle": (
+        lambda: eqxopt.CosineOneCycle(2500, 0.7),
+        _optax64(optax.cosine_onecycle_schedule(2500, 0.7)),
+    ),
+    "SGDR": (
+        lambda: eqxopt.SGDR(SGDR_CYCLES),
+        _optax64(optax.sgdr_schedule(SGDR_CYCLES)),
+    ),
+    "PiecewiseInterpolate": (
+        lambda: eqxopt.PiecewiseInterpolate("cosine", 0.1, SCALES),
+        _optax64(optax.piecewise_interpolate_schedule("cosine", 0.1, SCALES)),
+    ),
+    "Join": (
+        lambda: eqxopt.Join(
+            [eqxopt.Linear(0.0, 1.0, 200), eqxopt.CosineDecay(1.0, 1500, alpha=0.1)],
+            [200],
+        ),
+        _optax64(
+            optax.join_schedules(
+                [
+                    optax.linear_schedule(0.0, 1.0, 200),
+                    optax.cosine_decay_schedule(1.0, 1500, 0.1),
+                ],
+                [200],
+            )
+        ),
+    ),
+    "StepDecay": (
+        lambda: eqxopt.StepDecay(0.1, 100, 0.9),
+        lambda: torch_values(lambda o: L.StepLR(o, 100, 0.9), 0.1),
+    ),
+    "MultiStepDecay": (
+        lambda: eqxopt.MultiStepDecay(0.1, [300, 800, 800, 2000], 0.3),
+        lambda: torch_values(
+            lambda o: L.MultiStepLR(o, [300, 800, 800, 2000], 0.3), 0.1
+        ),
+    ),
+    "Cyclic": (
+        lambda: eqxopt.Cyclic(0.001, 0.1, 150, 350, mode="exp_range", gamma=0.9995),
+        lambda: torch_values(
+            lambda o: L.CyclicLR(
+                o, 0.001, 0.1, 150, 350, "exp_range", gamma=0.9995, cycle_momentum=False
+            ),
+            0.001,
+        ),
+    ),
+    "WarmupStableDecay": (
+        lambda: eqxopt.WarmupStableDecay(
+            1.0, 100, 2800, decay_steps=600, init_value=0.1, decay_shape="1-sqrt"
+        ),
+        lambda: np_wsd(np.arange(N_STEPS), 1.0, 100, 2800, 600, 0.1, 0.0, "1-sqrt"),
+    ),
+}
+
+
+def test_every_schedule_class_has_a_float64_case():
+    classes = {
+        name
+        for name in dir(eqxopt)
+        if isinstance(getattr(eqxopt, name), type)
+        and issubclass(getattr(eqxopt, name), eqxopt.AbstractSchedule)
+        and not name.startswith("Abstract")
+    }
+    assert classes == set(X64_CASES)
+
+
+@pytest.mark.parametrize("name", sorted(X64_CASES))
+def test_schedules_compute_in_float64_under_x64(name):
+    """Under `jax_enable_x64` a schedule returns float64 (the default float dtype,
+    that of every hyperparameter), equal to float64 references to rounding: in
+    float32 its values would be 1e-8 off."""
+    make, reference = X64_CASES[name]
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        schedule = make()
+        ours = np.asarray(jax.jit(schedule)(STEPS))
+        traced = np.asarray(evaluate(schedule, STEPS))
+        ref = np.asarray(reference(), np.float64)
+    assert ours.dtype == traced.dtype == np.float64
+    atol = 1e-14 * float(np.max(np.abs(ref)))
+    np.testing.assert_allclose(ours, ref, rtol=1e-13, atol=atol)
+    np.testing.assert_allclose(traced, ref, rtol=1e-13, atol=atol)
+    with jax.enable_x64(False):
+        assert make()(STEPS).dtype == jnp.float32
+
+
 @cases
 def test_scalar_and_vector_calls_agree_and_work_traced(case):
     vector = np.asarray(evaluate(case.schedule, STEPS))

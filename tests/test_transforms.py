@@ -11,6 +11,8 @@ import torch
 import eqxopt
 from helpers import (
     assert_histories_close,
+    assert_moved,
+    assert_trees_close,
     grad_stream,
     nested_tree,
     run_eqxopt,
@@ -116,6 +118,89 @@ def test_clipping_all_zero_gradients_gives_zeros_and_finite_gradients():
     for d in jax.tree.leaves(jax.jit(jax.grad(clipped_sum))(zeros)):
         assert bool(jnp.all(jnp.isfinite(d)))
     assert bool(jnp.isfinite(jax.grad(eqxopt.global_norm)(zeros)["scale"]))
+
+
+def _with_entry(tree, value):
+    """`tree` with its first matrix's first entry set to `value` and a huge entry in
+    its first vector (that a NaN norm must not let through unclipped)."""
+    tree = jax.tree.map(jnp.array, tree)
+    tree["dense"]["w"] = tree["dense"]["w"].at[0, 0].set(value)
+    tree["dense"]["b"] = tree["dense"]["b"].at[0].set(1e6)
+    return tree
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, 3.0])
+def test_every_global_norm_agrees_with_optax_on_nan_and_inf(value):
+    """One sum of squares and one root for every reduction that takes a global
+    norm: NaN stays NaN and infinity stays infinite, as in optax."""
+    grads = _with_entry(GRADS[0], value)
+    expected = float(optax.tree.norm(grads))
+    clip = eqxopt.ClipByGlobalNorm(1.0)
+    _, clip_state = clip.update(grads, clip.init(PARAMS), PARAMS)
+    monitor = eqxopt.Monitor(eqxopt.SGD(0.1))
+    _, monitor_state = monitor.update(grads, monitor.init(PARAMS), PARAMS)
+    skip = eqxopt.SkipLargeUpdates(eqxopt.SGD(0.1), 1e20)
+    _, skip_state = skip.update(grads, skip.init(PARAMS), PARAMS)
+    norms = {
+        "global_norm": eqxopt.global_norm(grads),
+        "tree_norm": eqxopt.tree_norm(grads),
+        "ClipByGlobalNorm": clip_state.norm,
+        "Monitor": monitor_state.grad_norm,
+        "SkipLargeUpdates": jnp.sqrt(skip_state.norm_squared),
+    }
+    for name, got in norms.items():
+        np.testing.assert_allclose(float(got), expected, rtol=1e-6, err_msg=name)
+
+
+def test_clip_by_global_norm_of_a_nan_gradient_is_nan_as_optax():
+    """A NaN gradient entry makes the norm NaN and every clipped update NaN (optax
+    and torch alike), never the other gradients passed through unclipped."""
+    grads = list(GRADS[:4])
+    grads[1] = _with_entry(grads[1], np.nan)
+    ours = eqxopt.Chain(eqxopt.ClipByGlobalNorm(1.0), eqxopt.SGD(0.1))
+    ref = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))
+    history = run_eqxopt(ours, PARAMS, grads)
+    reference = run_optax(ref, PARAMS, grads)
+    assert_moved(PARAMS, reference[0], rtol=2e-5, atol=2e-6)  # before the NaN
+    for step, (a, e) in enumerate(zip(history, reference)):
+        try:
+            assert_trees_close(a, e)  # NaN where optax has NaN
+        except AssertionError as err:
+            raise AssertionError(f"step {step}: {err}") from None
+    for leaf in jax.tree.leaves(history[-1]):
+        assert bool(jnp.all(jnp.isnan(leaf)))
+    opt = eqxopt.ClipByGlobalNorm(1.0)
+    updates, state = opt.update(grads[1], opt.init(PARAMS), PARAMS)
+    assert bool(jnp.isnan(state.norm))
+    assert bool(jnp.isnan(updates["dense"]["b"][0]))  # the 1e6 entry
+
+
+def test_global_norms_of_float64_leaves_are_float64_under_x64():
+    """Reductions follow the precision of the leaves: float64 gradients have a
+    float64 norm everywhere (a float32 sum is 1e-8 off optax's)."""
+    with jax.enable_x64(True):
+        params = nested_tree(dtype=jnp.float64)
+        grads = jax.tree.map(lambda g: g.astype(jnp.float64) / 3.0, GRADS[5])
+        expected = optax.tree.norm(grads)
+        clip = eqxopt.ClipByGlobalNorm(1.0)
+        _, clip_state = clip.update(grads, clip.init(params), params)
+        monitor = eqxopt.Monitor(eqxopt.SGD(0.1))
+        _, monitor_state = monitor.update(grads, monitor.init(params), params)
+        skip = eqxopt.SkipLargeUpdates(eqxopt.SGD(0.1), 1e6)
+        _, skip_state = skip.update(grads, skip.init(params), params)
+        norms = {
+            "global_norm": eqxopt.global_norm(grads),
+            "tree_norm": eqxopt.tree_norm(grads),
+            "ClipByGlobalNorm": clip_state.norm,
+            "Monitor": monitor_state.grad_norm,
+            "SkipLargeUpdates": jnp.sqrt(skip_state.norm_squared),
+        }
+        assert expected.dtype == jnp.float64
+        for name, got in norms.items():
+            assert got.dtype == jnp.float64, name
+            np.testing.assert_allclose(got, expected, rtol=1e-15, err_msg=name)
+        # float32 leaves keep float32 norms under x64 (as optax's).
+        assert eqxopt.global_norm(GRADS[5]).dtype == jnp.float32
 
 
 def test_clip_by_block_rms_matches_optax():

@@ -55,7 +55,7 @@ def test_multisteps_sum_matches_optax_and_the_state_reads_well():
         run_eqxopt(ours, PARAMS, GRADS), run_optax(ref, PARAMS, GRADS)
     )
     state = ours.init(PARAMS)
-    assert set(vars(state)) == {"mini_step", "gradient_step", "acc", "inner"}
+    assert set(vars(state)) == {"mini_step", "gradient_step", "acc", "counts", "inner"}
     _, state = ours.update(GRADS[0], state, PARAMS)
     assert int(state.mini_step) == 1 and int(state.gradient_step) == 0
     assert not bool(ours.has_updated(state))
@@ -65,6 +65,39 @@ def test_multisteps_sum_matches_optax_and_the_state_reads_well():
     assert bool(ours.has_updated(state))
     assert int(state.inner.step) == 1
     np.testing.assert_array_equal(state.acc["dense"]["w"], 0.0)
+
+
+@pytest.mark.parametrize("mean", [True, False])
+def test_multisteps_leaves_none_gradients_out_of_the_mean(mean):
+    """A leaf's mean is over the calls in which it had a gradient: 3, None, 6
+    average to 4.5. A leaf with no gradient on the update step gets no update
+    then and keeps what it accumulated for the next one. Against plain arithmetic
+    over three updates (SGD with learning rate 1 moves by minus the mean)."""
+    stream = [
+        (3.0, 1.0), (None, 2.0), (6.0, 3.0),  # a: mean(3, 6)
+        (2.0, 4.0), (4.0, 5.0), (None, 6.0),  # a: no update, keeps 2, 4
+        (9.0, 7.0), (None, 8.0), (6.0, 9.0),  # a: mean(2, 4, 9, 6)
+    ]  # fmt: skip
+    opt = eqxopt.MultiSteps(eqxopt.SGD(1.0), every_k=3, mean=mean)
+    params = {"a": jnp.zeros(()), "b": jnp.zeros(()), "n": 7}
+    state = opt.init(params)
+    moved = []
+    for a, b in stream:
+        a = None if a is None else jnp.asarray(a)
+        grads = {"a": a, "b": jnp.asarray(b), "n": None}
+        new, state = opt.step(grads, state, params)
+        moved.append((float(params["a"] - new["a"]), float(params["b"] - new["b"])))
+        params = new
+    reduce = np.mean if mean else np.sum
+    expected = [
+        (reduce([3.0, 6.0]), reduce([1.0, 2.0, 3.0])),
+        (0.0, reduce([4.0, 5.0, 6.0])),
+        (reduce([2.0, 4.0, 9.0, 6.0]), reduce([7.0, 8.0, 9.0])),
+    ]
+    zero = (0.0, 0.0)
+    calls = [step for e in expected for step in (zero, zero, e)]
+    np.testing.assert_allclose(moved, calls, rtol=1e-6)
+    assert params["n"] == 7
 
 
 def test_multisteps_keeps_a_float32_accumulator_for_bfloat16():

@@ -235,6 +235,12 @@ class AbstractTransform(eqx.Module):
         """
         return _call(self, True, grads, state, params, donate, extra)
 
+    # The moments of the state that are never negative (Adam's `nu`, an average of
+    # squares), by state field name: the one declaration every storage choice
+    # reads (`_leafwise.moment_like` makes every moment), so a quantized storage
+    # (`Blockwise8bit()`, ...) keeps them in its unsigned map, twice as fine.
+    nonnegative_moments: ClassVar[frozenset[str]] = frozenset()
+
     # The keyword arguments `transform` takes beyond grads, state and params (such
     # as "value", the loss). Wrappers (`Chain`, ...) pass a keyword on only to the
     # transforms whose `takes_keyword` says yes.

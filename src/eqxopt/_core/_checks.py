@@ -17,7 +17,7 @@ from . import _jax_api
 from ._dispatch import static_key
 from ._jax_api import is_tracer
 from ._structure import describe as _describe, structure_mismatch
-from ._tree import INT32_MAX, align_grads, is_float_leaf, leaf_paths
+from ._tree import INT32_MAX, align_grads, default_float, is_float_leaf, leaf_paths
 
 
 def is_concrete(x: Any) -> bool:
@@ -65,7 +65,7 @@ def hyperparameter(
                 f"got {number!r}"
             )
         if not (allow_inf and math.isinf(number)):
-            dtype = jax.dtypes.canonicalize_dtype(float)
+            dtype = default_float()
             with np.errstate(over="ignore"):
                 stored = np.asarray(number).astype(dtype)
             if not np.isfinite(stored):
@@ -73,7 +73,7 @@ def hyperparameter(
                     f"{name} must be finite in {dtype.name} (the dtype it is stored "
                     f"in), got {number!r}"
                 )
-    return jnp.asarray(value, dtype=float)
+    return jnp.asarray(value, dtype=default_float())
 
 
 def _fmt(x: float) -> str:

@@ -23,7 +23,7 @@ import abc
 import functools
 import types
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -153,6 +153,29 @@ def map_leaves(
     )
 
 
+def moment_like(
+    transform: AbstractTransform,
+    params: Params,
+    name: str,
+    fill: float | Array = 0.0,
+) -> PyTree:
+    """The moment `name` of `transform`'s state at `init`: `fill` shaped like
+    `params` (`float_leaves_like`), stored as `transform`'s field `<name>_dtype`
+    says (each parameter's dtype where there is none), in a quantized storage's
+    unsigned map if `name` is in `transform.nonnegative_moments`.
+
+    Every moment with a storage option is made here, by the per-leaf engine's
+    `init` and by the transforms that write their own, so that one declaration
+    of a moment's sign is read by every storage choice (a test checks that each
+    declaration holds, and that every moment that is never negative has one)."""
+    return float_leaves_like(
+        params,
+        getattr(transform, f"{name}_dtype", None),
+        fill,
+        nonnegative=name in transform.nonnegative_moments,
+    )
+
+
 class AbstractEngineTransform(AbstractTransform):
     """A transform whose per-leaf work runs through `map_leaves`, written once as
     `run(grads, state, params, *, apply, **extra) -> (out, new_state)`: with
@@ -217,9 +240,6 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
     state_type: eqx.AbstractClassVar[type[eqx.Module]]
     moments: eqx.AbstractClassVar[tuple[str, ...]]
     elementwise: eqx.AbstractClassVar[bool]
-    # The moments that are never negative (Adam's `nu`): a quantized storage
-    # (`Blockwise8bit()`, ...) keeps them in its unsigned map, twice as fine.
-    nonnegative_moments: ClassVar[frozenset[str]] = frozenset()
     # The per-leaf rule (a method); see above.
     leaf: eqx.AbstractClassVar[Callable[..., tuple[Array, ...]]]
 
@@ -243,12 +263,7 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
     def init(self, params: Params) -> Any:
         self._flags(params)  # a bad mask fails here, not mid-training
         moments = {
-            name: float_leaves_like(
-                params,
-                getattr(self, f"{name}_dtype", None),
-                self.moment_fill(name),
-                nonnegative=name in self.nonnegative_moments,
-            )
+            name: moment_like(self, params, name, self.moment_fill(name))
             for name in self.moments
         }
         return self.state_type(step=zero_step(), **moments)  # pyright: ignore

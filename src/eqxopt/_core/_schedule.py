@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import equinox as eqx
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import Array, ArrayLike, Float, Float32, Int, jaxtyped
+from jaxtyping import Array, ArrayLike, Float, Int, jaxtyped
 
 from ._checks import (
     Renamed,
@@ -18,15 +18,17 @@ from ._checks import (
     refuse_renamed,
     renames,
 )
+from ._tree import default_float
 
 
 class AbstractSchedule(eqx.Module):
     """A learning-rate (or other hyperparameter) schedule.
 
-    Called on an integer step of shape `()` or `(K,)`, it returns float32 values of the
-    same shape. It must work on a traced step: no Python `if` on the step. Every float
-    value it holds is an array field, so building a schedule with other values reuses
-    the compiled training step.
+    Called on an integer step of shape `()` or `(K,)`, it returns values of the same
+    shape in JAX's default float dtype: float32, or float64 under `jax_enable_x64`
+    (the dtype every float hyperparameter is stored in). It must work on a traced
+    step: no Python `if` on the step. Every float value it holds is an array field,
+    so building a schedule with other values reuses the compiled training step.
 
     Step counts (lengths, boundaries) may be any non-negative integer, as in optax.
     They are int32 fields when they fit, exact; a count beyond int32 is a float32
@@ -58,8 +60,8 @@ class AbstractSchedule(eqx.Module):
         return object.__hash__(self)
 
     @abc.abstractmethod
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        """The value at each entry of `step`."""
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
+        """The value at each entry of `step`, in the default float dtype."""
 
 
 class Constant(AbstractSchedule):
@@ -76,8 +78,9 @@ class Constant(AbstractSchedule):
         self.value = hyperparameter("value", value)
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        return jnp.broadcast_to(self.value, jnp.shape(step)).astype(jnp.float32)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
+        value = jnp.broadcast_to(self.value, jnp.shape(step))
+        return value.astype(default_float())
 
 
 def as_schedule(name: str, value: Any) -> AbstractSchedule:

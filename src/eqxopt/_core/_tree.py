@@ -27,6 +27,15 @@ def is_float_leaf(x: Any) -> bool:
     return eqx.is_inexact_array(x)
 
 
+def default_float() -> Any:
+    """JAX's default float dtype: float32, or float64 under `jax_enable_x64`.
+
+    The one dtype of hyperparameters: every float hyperparameter is stored in
+    it, and every schedule computes and returns in it, so that a float64
+    computation gets a float64 learning rate (and float32 under x64 off)."""
+    return jnp.dtype(jnp.result_type(float))
+
+
 def compute_dtype(dtype: Any) -> Any:
     """The dtype the per-leaf maths runs in: at least float32, so bf16/f16 moments and
     hyperparameters such as b2 = 0.999 are never rounded mid-computation."""
@@ -47,8 +56,8 @@ def promotion_for(*trees: PyTree) -> contextlib.AbstractContextManager:
     - complex leaves: one rule serves real and complex leaves, and mixes real
       hyperparameters and real statistics (`abs_sq`, norms) with complex moments;
       the promotion real -> complex is exact;
-    - 64-bit mode: hyperparameters are float64 there, while schedules (learning
-      rates) return float32 by design.
+    - 64-bit mode: hyperparameters and schedules are float64 there (the default
+      float dtype), and meet float32 leaves and float32 state scalars.
     """
     complex_leaf = any(
         is_float_leaf(x) and jnp.iscomplexobj(x) for x in jax.tree.leaves(trees)
@@ -96,17 +105,47 @@ def float_leaves_like(
     return jax.tree.map(make, params)
 
 
+def start_value(fill: Any, dtype: Any) -> Any:
+    """`fill` as a state kept in `dtype` starts at: rounded to the nearest value
+    of `dtype`, except that a non-zero fill never starts at 0 and a finite one
+    never at infinity. Its magnitude is first clamped to between the smallest
+    value `dtype` holds that stays non-zero in the compute dtype (float16's
+    smallest subnormal, 6e-8; float32's smallest normal for bfloat16 and float32,
+    whose subnormals the CPU flushes to 0) and `dtype`'s largest finite value.
+
+    The one rule for every state that starts at a small constant (COCOB's `eps`,
+    Yogi's initial accumulator, a user's `initial_scale`): in float16, `1e-8`
+    would round to 0 and a division by the state would give NaN on the first
+    step. Non-float dtypes (flags, counts) and fills of 0, infinity or NaN are
+    taken as they are."""
+    if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
+        return fill
+    x = jnp.asarray(fill)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return fill
+    low = max(
+        float(jnp.finfo(dtype).smallest_subnormal),
+        float(jnp.finfo(compute_dtype(dtype)).smallest_normal),
+    )
+    high = float(jnp.finfo(dtype).max)
+    keep = (x == 0) | ~jnp.isfinite(x)
+    clamped = jnp.sign(x) * jnp.clip(jnp.abs(x), low, high)
+    return jnp.where(keep, x, clamped).astype(dtype)
+
+
 def full_like_leaf(
     p: Array, fill: float | Array = 0.0, dtype: Any = None, stack: tuple[int, ...] = ()
 ) -> Array:
     """`fill` shaped like the parameter `p` (behind `stack` leading dimensions, if
     given), in `dtype` (or `p`'s own; see `stored_dtype`), as a buffer of its own.
+    A non-zero `fill` never rounds to 0 there (`start_value`).
 
     The one way to make parameter-sized state: it is placed like `p`, so a sharded
     parameter gets its state sharded the same way at `init` (`jnp.zeros(p.shape)`
     would put the whole leaf on one device, an out-of-memory for a model that only
     fits sharded). The `stack` dimensions are replicated."""
-    x = jnp.full_like(p, fill, dtype=stored_dtype(dtype, p.dtype))
+    stored = stored_dtype(dtype, p.dtype)
+    x = jnp.full_like(p, start_value(fill, stored), dtype=stored)
     if stack:
         x = jnp.broadcast_to(x, (*stack, *p.shape))  # keeps p's placement behind
     return own_buffer(x)
@@ -125,11 +164,13 @@ def reduced_like_leaf(
 
 
 def scalar_for_leaf(p: Array, fill: Any = 0.0, dtype: Any = None) -> Array:
-    """A 0-d statistic of the parameter `p` (`fill`, in `dtype` or `p`'s own): for a
-    0-d `p` it is shaped like `p`, so it is placed like it (`full_like_leaf`)."""
+    """A 0-d statistic of the parameter `p` (`fill`, in `dtype` or `p`'s own; never
+    rounded to 0, `start_value`): for a 0-d `p` it is shaped like `p`, so it is
+    placed like it (`full_like_leaf`)."""
     if jnp.ndim(p) == 0:
         return full_like_leaf(p, fill, dtype)
-    return jnp.full((), fill, p.dtype if dtype is None else dtype)
+    dtype = p.dtype if dtype is None else dtype
+    return jnp.full((), start_value(fill, dtype), dtype)
 
 
 def stored_dtype(dtype: Any, param_dtype: Any) -> Any:

@@ -9,8 +9,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
+from ._norms import reduction_dtype, root, sum_of_squares
 from ._shards import checked_axis_name, shard_max, shard_total
-from ._tree import abs_sq, is_float_leaf
+from ._tree import is_float_leaf
 
 _MISSING = object()
 
@@ -145,7 +146,9 @@ def tree_norm(
       axes it is split over and counted once where it is replicated. `None`
       (default): this device's values only.
 
-    **Returns:** a float32 scalar (float64 for float64 leaves under x64).
+    **Returns:** a float32 scalar (float64 for float64 leaves under x64). A NaN in
+    any leaf gives NaN. With `ord=2` it is `eqxopt.global_norm` (the same sum), and
+    its gradient at all-zero leaves is 0.
     """
     inf = ord in ("inf", jnp.inf)
     if ord not in (1, 2) and not inf:
@@ -154,10 +157,12 @@ def tree_norm(
         raise ValueError(f"squared=True needs ord=2, got ord={ord!r}")
     axis_name = checked_axis_name("axis_name", axis_name)
     leaves = [x for x in jax.tree.leaves(tree) if is_float_leaf(x)]
+    dtype = reduction_dtype(leaves)
+    if ord == 2:
+        total = sum_of_squares(leaves, axis_name, "tree_norm", dtype)
+        return total if squared else root(total)
     if not leaves:
-        return jnp.zeros((), jnp.float32)
-    wide = any(jnp.finfo(x.dtype).bits == 64 for x in leaves)
-    dtype = jnp.float64 if wide else jnp.float32
+        return jnp.zeros((), dtype)
     if inf:
         parts = [
             shard_max(
@@ -166,13 +171,8 @@ def tree_norm(
             for x in leaves
         ]
         return jnp.max(jnp.stack(parts))
-    if ord == 1:
-        sums = [jnp.sum(jnp.abs(x)) for x in leaves]
-        return shard_total(sums, axis_name, "tree_norm", dtype)
-    total = shard_total(
-        [jnp.sum(abs_sq(x)) for x in leaves], axis_name, "tree_norm", dtype
-    )
-    return total if squared else jnp.sqrt(total)
+    sums = [jnp.sum(jnp.abs(x)) for x in leaves]
+    return shard_total(sums, axis_name, "tree_norm", dtype)
 
 
 def tree_cast(tree: PyTree, dtype: Any) -> PyTree:

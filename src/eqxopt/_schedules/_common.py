@@ -10,11 +10,11 @@ from typing import Any, TypeAlias
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Float32, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from .._core._checks import hyperparameter, is_concrete, step_count
 from .._core._fields import hyper
-from .._core._tree import INT32_MAX
+from .._core._tree import INT32_MAX, default_float
 
 # What a schedule's float value and step-count fields take (a number or a scalar
 # array) and hold (a float scalar array; an int32 one for a count, float32 when the
@@ -130,7 +130,7 @@ def fraction_of(raw: Any, checked: Array, total: Array, rounding: Any) -> Array:
     are known this does the same with the value as given (a Python float is a
     float64), so rounding `0.9` to float32 (0.8999999762) never moves a boundary by
     one step (`int(0.9 * 10) == 9`, `int(float32(0.9) * 10) == 8`). Traced values
-    use the checked float32 array.
+    use the checked array.
     """
     if is_concrete(raw) and is_concrete(total):
         return step_count(
@@ -179,9 +179,10 @@ def sum_overflows(*counts: Array) -> bool:
 # --------------------------------------------------------------------------------------
 
 
-def f32(x: ArrayLike) -> Float32[Array, "*k"]:
-    """A field (or a step) as float32."""
-    return jnp.asarray(x).astype(jnp.float32)
+def as_float(x: ArrayLike) -> Float[Array, "*k"]:
+    """A field (or a step) in the dtype schedules compute and return in: the
+    default float dtype (`default_float`), float64 under `jax_enable_x64`."""
+    return jnp.asarray(x).astype(default_float())
 
 
 def linear_warmup(s, init, peak, warmup):
@@ -193,32 +194,32 @@ def linear_warmup(s, init, peak, warmup):
 
 
 def exponential(s, init, rate, transition_steps, begin, staircase, end_value):
-    """optax's `exponential_decay` at the float32 steps `s`."""
+    """optax's `exponential_decay` at the float steps `s`."""
     decreased = s - begin
     p = decreased / transition_steps
     if staircase:
         p = jnp.floor(p)
     # A zero init stays zero: init * rate**p is 0 * inf = NaN once a growing rate
-    # overflows float32 (optax returns NaN there).
+    # overflows (optax returns NaN there).
     grown = jnp.where(init == 0, 0.0, init * jnp.power(rate, p))
     value = jnp.where(decreased <= 0, init, grown)
     if end_value is not None:
-        end = f32(end_value)
+        end = as_float(end_value)
         value = jnp.where(rate < 1.0, jnp.maximum(value, end), jnp.minimum(value, end))
     return value
 
 
 def interpolate(
-    s: Float32[Array, "*k"],
+    s: Float[Array, "*k"],
     bounds: Int[Array, " n"],
     values: Float[Array, " n"],
     cosine: bool,
-) -> Float32[Array, "*k"]:
+) -> Float[Array, "*k"]:
     """optax's piecewise interpolation between `values[i]` at `bounds[i]`
     (`bounds[0] == 0`), holding `values[-1]` from `bounds[-1]` on and giving 0 before
     step 0."""
-    b = f32(bounds)
-    v = f32(values)
+    b = as_float(bounds)
+    v = as_float(values)
     x = s[..., None]
     lo, hi = b[:-1], b[1:]
     start, end = v[:-1], v[1:]
@@ -232,9 +233,9 @@ def interpolate(
     return jnp.sum(jnp.where(inside, between, 0.0), axis=-1) + held
 
 
-def cumulative_values(first: ArrayLike, factors: list[Any]) -> Float32[Array, " n"]:
+def cumulative_values(first: ArrayLike, factors: list[Any]) -> Float[Array, " n"]:
     """`first`, then each value the previous one times the next factor."""
-    values = [f32(first)]
+    values = [as_float(first)]
     for f in factors:
-        values.append(values[-1] * f32(f))
+        values.append(values[-1] * as_float(f))
     return jnp.stack(values)

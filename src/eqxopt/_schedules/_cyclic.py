@@ -7,7 +7,7 @@ from typing import Any
 import equinox as eqx
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import Array, ArrayLike, Float, Float32, Int, jaxtyped
+from jaxtyping import Array, ArrayLike, Float, Int, jaxtyped
 
 from .._core._checks import hyperparameter, positive_count, renames, step_count
 from .._core._fields import choice_field, hyper
@@ -16,11 +16,11 @@ from ._common import (
     REQUIRED,
     Count,
     Value,
+    as_float,
     check_factor,
     check_order,
     check_value,
     cumulative_values,
-    f32,
     factor_field,
     fraction_of,
     interpolate,
@@ -77,16 +77,16 @@ class AbstractOneCycle(AbstractSchedule):
         factors: Sequence[Any],
         *,
         cosine: bool,
-    ) -> Float32[Array, "*k"]:
+    ) -> Float[Array, "*k"]:
         """The value at `step`: phases from 0 through `ends` to `T`, starting at
         `peak_value / div_factor`, each the last times its factor."""
         bounds = jnp.stack(
             joined(jnp.zeros((), jnp.int32), *ends, self.transition_steps)
         )
         values = cumulative_values(
-            f32(self.peak_value) / f32(self.div_factor), list(factors)
+            as_float(self.peak_value) / as_float(self.div_factor), list(factors)
         )
-        return interpolate(f32(step), bounds, values, cosine=cosine)
+        return interpolate(as_float(step), bounds, values, cosine=cosine)
 
 
 class LinearOneCycle(AbstractOneCycle):
@@ -142,9 +142,9 @@ class LinearOneCycle(AbstractOneCycle):
         )
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        div = f32(self.div_factor)
-        factors = [div, 1.0 / div, 1.0 / f32(self.final_div_factor)]
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
+        div = as_float(self.div_factor)
+        factors = [div, 1.0 / div, 1.0 / as_float(self.final_div_factor)]
         ends = (self.start_step, self.final_step)
         return self._cycle_at(step, ends, factors, cosine=False)
 
@@ -194,9 +194,9 @@ class CosineOneCycle(AbstractOneCycle):
         )
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        div = f32(self.div_factor)
-        factors = [div, 1.0 / (div * f32(self.final_div_factor))]
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
+        div = as_float(self.div_factor)
+        factors = [div, 1.0 / (div * as_float(self.final_div_factor))]
         return self._cycle_at(step, (self.start_step,), factors, cosine=True)
 
 
@@ -260,22 +260,24 @@ class Cyclic(AbstractSchedule):
         self.step_size_up, self.step_size_down = up, down
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
         s = jnp.maximum(jnp.asarray(step), 0)
         s, up, down = joined(s, self.step_size_up, self.step_size_down)
         total = up + down
         r = s % total
         height = jnp.where(
-            r <= up, f32(r) / f32(up), f32(total - r) / f32(jnp.maximum(down, 1))
+            r <= up,
+            as_float(r) / as_float(up),
+            as_float(total - r) / as_float(jnp.maximum(down, 1)),
         )
         if self.mode == "triangular":
             scale = jnp.ones_like(height)
         elif self.mode == "triangular2":
-            scale = 1.0 / jnp.power(2.0, f32(s // total))
+            scale = 1.0 / jnp.power(2.0, as_float(s // total))
         else:
-            scale = jnp.power(f32(self.gamma), f32(s))
-        base = f32(self.base_lr)
-        return base + (f32(self.max_lr) - base) * height * scale
+            scale = jnp.power(as_float(self.gamma), as_float(s))
+        base = as_float(self.base_lr)
+        return base + (as_float(self.max_lr) - base) * height * scale
 
 
 # Each cycle's keys (the arguments of `optax.warmup_cosine_decay_schedule`): the
@@ -372,23 +374,23 @@ class SGDR(AbstractSchedule):
         self.decay_steps, self.end_values, self.exponents = columns[3:]
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
         lengths = self.decay_steps
         starts = jnp.concatenate(
             [jnp.zeros((1,), lengths.dtype), jnp.cumsum(lengths[:-1])]
         )
         s, starts = joined(step, starts)
         cycle = jnp.sum(s[..., None] >= starts[1:], axis=-1)
-        t = f32(s - starts[cycle])
-        init = f32(self.init_values[cycle])
-        peak = f32(self.peak_values[cycle])
-        end = f32(self.end_values[cycle])
-        warmup = f32(self.warmup_steps[cycle])
-        length = f32(self.decay_steps[cycle]) - warmup
+        t = as_float(s - starts[cycle])
+        init = as_float(self.init_values[cycle])
+        peak = as_float(self.peak_values[cycle])
+        end = as_float(self.end_values[cycle])
+        warmup = as_float(self.warmup_steps[cycle])
+        length = as_float(self.decay_steps[cycle]) - warmup
         ramp = linear_warmup(t, init, peak, warmup)
         c = jnp.minimum(t - warmup, length)
         cosine = 0.5 * (1.0 + jnp.cos(jnp.pi * c / length))
         alpha = jnp.where(peak == 0.0, 0.0, end / jnp.where(peak == 0.0, 1.0, peak))
-        exponent = f32(self.exponents[cycle])
+        exponent = as_float(self.exponents[cycle])
         decay = peak * ((1.0 - alpha) * jnp.power(cosine, exponent) + alpha)
         return jnp.where(t < warmup, ramp, decay)

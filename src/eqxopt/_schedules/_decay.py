@@ -6,7 +6,7 @@ import abc
 import equinox as eqx
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import Array, ArrayLike, Float32, Int, jaxtyped
+from jaxtyping import Array, ArrayLike, Float, Int, jaxtyped
 
 from .._core._fields import checked_field, count_field, flag_field
 from .._core._schedule import AbstractSchedule
@@ -14,9 +14,9 @@ from ._common import (
     Count,
     Steps,
     Value,
+    as_float,
     boundary_steps,
     exponential,
-    f32,
     factor_field,
     joined,
     optional_value,
@@ -35,15 +35,15 @@ class AbstractTransition(AbstractSchedule):
     transition_begin: eqx.AbstractVar[Count]
 
     @abc.abstractmethod
-    def curve(self, left: Float32[Array, "*k"]) -> Float32[Array, "*k"]:
+    def curve(self, left: Float[Array, "*k"]) -> Float[Array, "*k"]:
         """The share of `init_value - end_value` left at the fraction `left`."""
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        s = f32(step)
-        t = f32(self.transition_steps)
-        c = jnp.clip(s - f32(self.transition_begin), 0.0, t)
-        init, end = f32(self.init_value), f32(self.end_value)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
+        s = as_float(step)
+        t = as_float(self.transition_steps)
+        c = jnp.clip(s - as_float(self.transition_begin), 0.0, t)
+        init, end = as_float(self.init_value), as_float(self.end_value)
         return (init - end) * self.curve(1.0 - c / t) + end
 
 
@@ -74,8 +74,8 @@ class Polynomial(AbstractTransition):
     transition_steps: Count = count_field()
     transition_begin: Count = count_field(0, at_least_one=False)
 
-    def curve(self, left: Float32[Array, "*k"]) -> Float32[Array, "*k"]:
-        return jnp.power(left, f32(self.power))
+    def curve(self, left: Float[Array, "*k"]) -> Float[Array, "*k"]:
+        return jnp.power(left, as_float(self.power))
 
 
 class Linear(AbstractTransition):
@@ -104,7 +104,7 @@ class Linear(AbstractTransition):
     transition_steps: Count = count_field()
     transition_begin: Count = count_field(0, at_least_one=False)
 
-    def curve(self, left: Float32[Array, "*k"]) -> Float32[Array, "*k"]:
+    def curve(self, left: Float[Array, "*k"]) -> Float[Array, "*k"]:
         return left
 
 
@@ -142,13 +142,13 @@ class ExponentialDecay(AbstractSchedule):
     end_value: Value | None = checked_field(optional_value, None)
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
         return exponential(
-            f32(step),
-            f32(self.init_value),
-            f32(self.decay_rate),
-            f32(self.transition_steps),
-            f32(self.transition_begin),
+            as_float(step),
+            as_float(self.init_value),
+            as_float(self.decay_rate),
+            as_float(self.transition_steps),
+            as_float(self.transition_begin),
             self.staircase,
             self.end_value,
         )
@@ -195,13 +195,13 @@ class CosineDecay(AbstractSchedule):
     exponent: Value = factor_field(1.0)
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        d = f32(self.decay_steps)
-        c = jnp.minimum(f32(step), d)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
+        d = as_float(self.decay_steps)
+        c = jnp.minimum(as_float(step), d)
         cosine = 0.5 * (1.0 + jnp.cos(jnp.pi * c / d))
-        alpha = f32(self.alpha)
-        decayed = (1.0 - alpha) * jnp.power(cosine, f32(self.exponent)) + alpha
-        return f32(self.init_value) * decayed
+        alpha = as_float(self.alpha)
+        decayed = (1.0 - alpha) * jnp.power(cosine, as_float(self.exponent)) + alpha
+        return as_float(self.init_value) * decayed
 
 
 class StepDecay(AbstractSchedule):
@@ -212,8 +212,8 @@ class StepDecay(AbstractSchedule):
     ```
 
     torch's `StepLR(optimizer, step_size, gamma)` with `init_value` the optimizer's
-    learning rate (torch multiplies in float64 step by step; this takes a float32
-    power).
+    learning rate (torch multiplies in float64 step by step; this takes a power,
+    in float32 unless `jax_enable_x64` is on).
 
     **Arguments:**
 
@@ -227,11 +227,11 @@ class StepDecay(AbstractSchedule):
     gamma: Value = factor_field(0.1)
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
         s = jnp.maximum(jnp.asarray(step), 0)
         s, size = joined(s, self.step_size)
-        k = f32(s // size)
-        return f32(self.init_value) * jnp.power(f32(self.gamma), k)
+        k = as_float(s // size)
+        return as_float(self.init_value) * jnp.power(as_float(self.gamma), k)
 
 
 class MultiStepDecay(AbstractSchedule):
@@ -257,7 +257,7 @@ class MultiStepDecay(AbstractSchedule):
     gamma: Value = factor_field(0.1)
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
         s, milestones = joined(step, self.milestones)
-        k = f32(jnp.sum(s[..., None] >= milestones, axis=-1))
-        return f32(self.init_value) * jnp.power(f32(self.gamma), k)
+        k = as_float(jnp.sum(s[..., None] >= milestones, axis=-1))
+        return as_float(self.init_value) * jnp.power(as_float(self.gamma), k)

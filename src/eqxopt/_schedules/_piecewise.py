@@ -7,7 +7,7 @@ from typing import Any, TypeAlias
 import jax.numpy as jnp
 import numpy as np
 from beartype import beartype
-from jaxtyping import Array, ArrayLike, Float, Float32, Int, jaxtyped
+from jaxtyping import Array, ArrayLike, Float, Int, jaxtyped
 
 from .._core._fields import checked_field, choice_field
 from .._core._schedule import AbstractSchedule
@@ -15,10 +15,10 @@ from ._common import (
     REQUIRED,
     Steps,
     Value,
+    as_float,
     boundary_steps,
     check_value,
     cumulative_values,
-    f32,
     int_steps,
     interpolate,
     joined,
@@ -79,12 +79,12 @@ class PiecewiseConstant(AbstractSchedule):
         self.boundaries, self.scales = _boundaries_and_scales(boundaries_and_scales)
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
         s = jnp.asarray(step)
-        value = jnp.broadcast_to(f32(self.init_value), s.shape)
+        value = jnp.broadcast_to(as_float(self.init_value), s.shape)
         for i in range(self.boundaries.shape[0]):
             step, boundary = joined(s, self.boundaries[i])
-            value = jnp.where(step >= boundary, value * f32(self.scales[i]), value)
+            value = jnp.where(step >= boundary, value * as_float(self.scales[i]), value)
         return value
 
 
@@ -122,12 +122,14 @@ class PiecewiseInterpolate(AbstractSchedule):
         self.boundaries, self.scales = _boundaries_and_scales(boundaries_and_scales)
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
         bounds = jnp.concatenate(joined(jnp.zeros((1,), jnp.int32), self.boundaries))
         values = cumulative_values(
             self.init_value, [self.scales[i] for i in range(self.scales.shape[0])]
         )
-        return interpolate(f32(step), bounds, values, self.interpolate_type == "cosine")
+        return interpolate(
+            as_float(step), bounds, values, self.interpolate_type == "cosine"
+        )
 
 
 def _schedule_tuple(name: str, schedules: Any) -> tuple[AbstractSchedule, ...]:
@@ -178,7 +180,7 @@ class Join(AbstractSchedule):
             )
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
         s = jnp.asarray(step)
         out = self.schedules[0](s)
         for i, sched in enumerate(self.schedules[1:]):

@@ -8,7 +8,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from beartype import beartype
-from jaxtyping import Array, ArrayLike, Float32, Int, jaxtyped
+from jaxtyping import Array, ArrayLike, Float, Int, jaxtyped
 
 from .._core._checks import hyperparameter, is_concrete, positive_count, renames
 from .._core._fields import checked_field, choice_field, count_field, flag_field, hyper
@@ -16,9 +16,9 @@ from .._core._schedule import AbstractSchedule
 from ._common import (
     Count,
     Value,
+    as_float,
     check_order,
     exponential,
-    f32,
     factor_field,
     fraction_of,
     linear_warmup,
@@ -95,12 +95,12 @@ class WarmupCosine(AbstractSchedule):
         )
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        s = f32(step)
-        peak = f32(self.peak_lr)
-        floor = f32(self.min_lr)
-        warmup = f32(self.warmup_steps)
-        total = f32(self.total_steps)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
+        s = as_float(step)
+        peak = as_float(self.peak_lr)
+        floor = as_float(self.min_lr)
+        warmup = as_float(self.warmup_steps)
+        total = as_float(self.total_steps)
         # max(., 1) keeps the unselected branch finite when W == 0 or S == W.
         ramp = peak * s / jnp.maximum(warmup, 1.0)
         progress = jnp.clip((s - warmup) / jnp.maximum(total - warmup, 1.0), 0.0, 1.0)
@@ -119,18 +119,18 @@ class AbstractWarmup(AbstractSchedule):
     @abc.abstractmethod
     def after_warmup(
         self,
-        s: Float32[Array, "*k"],
-        warmup: Float32[Array, ""],
-        peak: Float32[Array, ""],
-    ) -> Float32[Array, "*k"]:
-        """The value at the float32 steps `s` (used where `s >= warmup`)."""
+        s: Float[Array, "*k"],
+        warmup: Float[Array, ""],
+        peak: Float[Array, ""],
+    ) -> Float[Array, "*k"]:
+        """The value at the float steps `s` (used where `s >= warmup`)."""
 
     @jaxtyped(typechecker=beartype)
-    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float32[Array, "*k"]:
-        s = f32(step)
-        w = f32(self.warmup_steps)
-        peak = f32(self.peak_value)
-        ramp = linear_warmup(s, f32(self.init_value), peak, w)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
+        s = as_float(step)
+        w = as_float(self.warmup_steps)
+        peak = as_float(self.peak_value)
+        ramp = linear_warmup(s, as_float(self.init_value), peak, w)
         return jnp.where(s < w, ramp, self.after_warmup(s, w, peak))
 
 
@@ -191,9 +191,9 @@ class WarmupExponentialDecay(AbstractWarmup):
         return exponential(
             s - warmup,
             peak,
-            f32(self.decay_rate),
-            f32(self.transition_steps),
-            f32(self.transition_begin),
+            as_float(self.decay_rate),
+            as_float(self.transition_steps),
+            as_float(self.transition_begin),
             self.staircase,
             self.end_value,
         )
@@ -307,9 +307,9 @@ class WarmupStableDecay(AbstractWarmup):
                 )
 
     def after_warmup(self, s, warmup, peak):
-        d = f32(self.decay_steps)
-        end = f32(self.end_value)
-        p = jnp.clip((s - (f32(self.total_steps) - d)) / d, 0.0, 1.0)
+        d = as_float(self.decay_steps)
+        end = as_float(self.end_value)
+        p = jnp.clip((s - (as_float(self.total_steps) - d)) / d, 0.0, 1.0)
         if self.decay_shape == "linear":
             shape = 1.0 - p
         elif self.decay_shape == "cosine":

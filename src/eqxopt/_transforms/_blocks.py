@@ -105,6 +105,7 @@ class ScaleByAdam(AbstractBlock):
 
     state_type = ScaleByAdamState
     moments = ("mu", "nu")
+    nonnegative_moments = frozenset({"nu"})  # as the fused optimizers' `nu`
     elementwise = True
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
@@ -182,6 +183,7 @@ class ScaleByRms(AbstractBlock):
 
     state_type = ScaleByRmsState
     moments = ("nu",)
+    nonnegative_moments = frozenset({"nu"})
     elementwise = True
 
     def moment_fill(self, name: str) -> float:

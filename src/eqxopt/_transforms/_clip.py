@@ -19,6 +19,7 @@ from .._core._fields import (
     values_at,
 )
 from .._core._leafwise import map_leaves
+from .._core._norms import norm, reduction_dtype
 from .._core._real import RealOnly
 from .._core._shards import (
     AxisName,
@@ -28,16 +29,13 @@ from .._core._shards import (
     leaf_layouts,
     shard_mean,
     shard_sum_dims,
-    shard_total,
 )
 from .._core._structure import FrozenTree
 from .._core._tree import (
     abs_sq,
     align_grads,
-    compute_dtype,
     increment,
     is_float_leaf,
-    is_none,
     leaf_paths,
     zero_step,
 )
@@ -48,10 +46,13 @@ _NO_ORDER = "complex numbers have no order to clip by"
 
 def global_norm(tree: PyTree, axis_name: Any = None) -> Float[Array, ""]:
     """The L2 norm of all float array leaves of `tree` together:
-    `sqrt(sum_leaves sum(|x|**2))`, computed in at least float32.
+    `sqrt(sum_leaves sum(|x|**2))`, computed in at least float32 (float64 where a
+    leaf is float64, under `jax_enable_x64`).
 
     `None` and non-float leaves are skipped; an empty tree has norm 0, and the
-    gradient of the norm at all-zero leaves is 0 (not NaN).
+    gradient of the norm at all-zero leaves is 0 (not NaN). A NaN in any leaf
+    gives NaN and an infinity gives infinity, as `optax.global_norm` and
+    `eqxopt.tree_norm` do.
 
     **Arguments:**
 
@@ -61,32 +62,15 @@ def global_norm(tree: PyTree, axis_name: Any = None) -> Float[Array, ""]:
       split over (varies over) and counted once where it is replicated. `None`
       (default): this device's values only.
     """
-    return _global_norm(tree, checked_axis_name("axis_name", axis_name), "global_norm")
-
-
-def _global_norm(tree: PyTree, axis_name: AxisName, owner: str) -> Array:
-    leaves = [x for x in jax.tree.leaves(tree, is_leaf=is_none) if is_float_leaf(x)]
-    if not leaves:
-        return jnp.zeros((), jnp.float32)
-    total = shard_total(
-        [jnp.sum(abs_sq(x.astype(compute_dtype(x.dtype)))) for x in leaves],
-        axis_name,
-        owner,
-        jnp.float32,
+    return norm(
+        jax.tree.leaves(tree), checked_axis_name("axis_name", axis_name), "global_norm"
     )
-    # sqrt has an infinite slope at 0: take it of 1 there, so that the gradient of
-    # the norm of all-zero leaves is 0 rather than NaN.
-    positive = total > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, total, 1.0)), 0.0)
 
 
-def _grads_norm(grads: Grads, params: Params, axis_name: AxisName) -> Array:
+def _float_grads(grads: Grads, params: Params) -> list[Any]:
+    # The gradients of the float parameters (`None` where absent).
     aligned = align_grads(grads, params)
-    return _global_norm(
-        [g for g, p in zip(aligned, jax.tree.leaves(params)) if is_float_leaf(p)],
-        axis_name,
-        "ClipByGlobalNorm",
-    )
+    return [g for g, p in zip(aligned, jax.tree.leaves(params)) if is_float_leaf(p)]
 
 
 class AbstractLeafClip(AbstractTransform):
@@ -161,8 +145,9 @@ class GlobalNormState(eqx.Module):
     **Fields:**
 
     - `step`: int32 scalar, the number of updates done.
-    - `norm`: float32 scalar, the global norm of the last gradients, before
-      clipping (0 before the first update). Handy for logging.
+    - `norm`: scalar, the global norm of the last gradients, before clipping (0
+      before the first update; NaN after gradients holding a NaN). float32, or
+      float64 for float64 parameters under `jax_enable_x64`. Handy for logging.
     """
 
     step: Int[Array, ""]
@@ -184,7 +169,8 @@ class ClipByGlobalNorm(AbstractTransform):
     (torch divides by `n + 1e-6`), except that all-zero gradients give zeros and
     never NaN, also in the gradient of this function (optax 0.2.8 gives NaN there,
     and for `max_norm=0`; optax PR 1752). Leaves with a `None` gradient are left
-    out of the norm.
+    out of the norm. Gradients holding a NaN have a NaN norm and give NaN updates
+    (as in optax and torch), never unclipped ones.
 
     **Arguments:**
 
@@ -215,23 +201,27 @@ class ClipByGlobalNorm(AbstractTransform):
     axis_name: AxisName = axis_name_field()
 
     def init(self, params: Params) -> GlobalNormState:
-        return GlobalNormState(step=zero_step(), norm=jnp.zeros((), jnp.float32))
+        dtype = reduction_dtype(jax.tree.leaves(params))
+        return GlobalNormState(step=zero_step(), norm=jnp.zeros((), dtype))
 
     def transform(
         self, grads: Grads, state: GlobalNormState, params: Params
     ) -> tuple[Updates, GlobalNormState]:
-        norm = _grads_norm(grads, params, self.axis_name)
-        max_norm = values_at(self, state.step).max_norm.astype(jnp.float32)
-        keep = norm < max_norm
+        # In the dtype `init` chose from the parameters (grads have their dtypes).
+        grad_norm = norm(
+            _float_grads(grads, params), self.axis_name, "ClipByGlobalNorm"
+        ).astype(state.norm.dtype)
+        max_norm = values_at(self, state.step).max_norm.astype(grad_norm.dtype)
+        keep = grad_norm < max_norm
         # The divisor is never 0, so neither branch (nor its gradient) makes NaN.
-        safe = jnp.where(keep, jnp.ones_like(norm), norm)
+        safe = jnp.where(keep, jnp.ones_like(grad_norm), grad_norm)
 
         def rule(g, p):
             scaled = (g / safe.astype(g.dtype)) * max_norm.astype(g.dtype)
             return (jnp.where(keep, g, scaled),)
 
         updates, _ = map_leaves(rule, grads, params, elementwise=True)
-        return updates, GlobalNormState(step=increment(state.step), norm=norm)
+        return updates, GlobalNormState(step=increment(state.step), norm=grad_norm)
 
 
 class ClipByBlockRMS(AbstractLeafClip):

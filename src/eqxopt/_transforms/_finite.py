@@ -61,7 +61,8 @@ class SkipNonFinite(AbstractGate):
 
     state_type = SkipNonFiniteState
 
-    def start(self) -> dict[str, Any]:
+    def start(self, params: Params) -> dict[str, Any]:
+        del params
         return dict(
             notfinite_count=jnp.zeros((), jnp.int32),
             last_finite=jnp.array(True),

@@ -16,6 +16,7 @@ from .._core._tree import (
     full_like_leaf,
     increment,
     is_float_leaf,
+    scalar_for_leaf,
 )
 from ._wrapper import AbstractSingleWrapper, inner_field
 
@@ -32,12 +33,15 @@ class MultiStepsState(eqx.Module):
     - `acc`: the mean of the gradients accumulated so far, shaped like params, in at
       least float32 (`None` at non-float leaves). The only parameter-sized buffer
       `MultiSteps` adds.
+    - `counts`: per float leaf, an int32 scalar: the number of gradients in its
+      `acc` (the micro-steps in which it had one; `None` at non-float leaves).
     - `inner`: the inner optimizer's state.
     """
 
     mini_step: Int[Array, ""]
     gradient_step: Int[Array, ""]
     acc: PyTree[Float[Array, "..."] | None]
+    counts: PyTree[Int[Array, ""] | None]
     inner: Any
 
 
@@ -47,14 +51,17 @@ class MultiSteps(AbstractSingleWrapper):
 
     $$
     \begin{aligned}
-    \mathrm{acc} &\leftarrow
-        \mathrm{acc} + \frac{g - \mathrm{acc}}{\mathrm{mini\_step} + 1}
+    n &\leftarrow n + 1, \quad
+        \mathrm{acc} \leftarrow \mathrm{acc} + \frac{g - \mathrm{acc}}{n}
         && \text{(every call: a running mean)} \\
-    u &= \mathrm{inner}(\mathrm{acc}), \quad \mathrm{acc} \leftarrow 0
+    u &= \mathrm{inner}(\mathrm{acc}), \quad \mathrm{acc} \leftarrow 0,
+        \quad n \leftarrow 0
         && \text{(when mini\_step} \ge \text{every\_k} - 1 \text{)} \\
     u &= 0 && \text{(otherwise)}
     \end{aligned}
     $$
+
+    with `n` the number of gradients a leaf has accumulated.
 
     `every_k` may change between calls (a new `MultiSteps` with another value
     reuses the compiled step). Raised, the micro-steps already taken count towards
@@ -70,8 +77,12 @@ class MultiSteps(AbstractSingleWrapper):
     and is given to `inner` in float32 rather than cast back to the gradient dtype.
 
     A leaf whose gradient is `None` in a call is left out of that call: its
-    accumulator stays as it was and `inner` sees no gradient for it. Keyword
-    arguments (such as `value=`) are passed to `inner` on the update step.
+    accumulator stays as it was and `inner` sees no gradient for it. So each
+    leaf's mean is over the calls in which it had a gradient (gradients 3,
+    `None`, 6 average to 4.5). A leaf whose gradient is `None` on the update step
+    keeps its accumulator (and `inner` sees no gradient for it then): the next
+    update gives it the mean of everything it accumulated since its last one.
+    Keyword arguments (such as `value=`) are passed to `inner` on the update step.
 
     **Arguments:**
 
@@ -111,10 +122,14 @@ class MultiSteps(AbstractSingleWrapper):
                 return None
             return full_like_leaf(p, 0.0, compute_dtype(p.dtype))
 
+        def count(p):
+            return scalar_for_leaf(p, 0, jnp.int32) if is_float_leaf(p) else None
+
         return MultiStepsState(
             mini_step=jnp.zeros((), jnp.int32),
             gradient_step=jnp.zeros((), jnp.int32),
             acc=jax.tree.map(zeros, params),
+            counts=jax.tree.map(count, params),
             inner=self.inner.init(params),
         )
 
@@ -124,38 +139,37 @@ class MultiSteps(AbstractSingleWrapper):
         treedef = jax.tree.structure(params)
         aligned = align_grads(grads, params)
         acc_leaves = treedef.flatten_up_to(state.acc)
-        n = state.mini_step
+        count_leaves = treedef.flatten_up_to(state.counts)
         # `>=`: after every_k is lowered below the micro-steps already taken, `==`
         # would never hold again and MultiSteps would never update.
-        emit = n >= self.every_k - 1
-        count = increment(n)  # n + 1, saturating
+        emit = state.mini_step >= self.every_k - 1
 
-        new_acc = []
-        for g, a in zip(aligned, acc_leaves):
+        # Per leaf: the new accumulator and count, and whether it had a gradient
+        # (a leaf without one keeps both, also on the update step).
+        new = []
+        for g, a, n in zip(aligned, acc_leaves, count_leaves):
             if g is None or a is None:
-                new_acc.append(a)
-            elif self.mean:
-                new_acc.append(a + (g.astype(a.dtype) - a) / count.astype(a.dtype))
-            else:
-                new_acc.append(a + g.astype(a.dtype))
-        inner_grads = treedef.unflatten(
-            [a if g is not None else None for g, a in zip(aligned, new_acc)]
-        )
+                new.append((a, n, False))
+                continue
+            n = increment(n)  # saturating
+            g = g.astype(a.dtype)
+            a = a + (g - a) / n.astype(a.dtype) if self.mean else a + g
+            new.append((a, n, True))
+        inner_grads = treedef.unflatten([a if got else None for a, _, got in new])
         updates, inner_state = self.run_inner(
             inner_grads, state.inner, params, extra, when=emit
         )
-        acc = treedef.unflatten(
-            [
-                a if a is None or g is None else jnp.where(emit, jnp.zeros_like(a), a)
-                for g, a in zip(aligned, new_acc)
-            ]
-        )
+        acc = [jnp.where(emit, jnp.zeros_like(a), a) if got else a for a, _, got in new]
+        counts = [
+            jnp.where(emit, 0, n).astype(jnp.int32) if got else n for _, n, got in new
+        ]
         return updates, MultiStepsState(
-            mini_step=jnp.where(emit, 0, count).astype(jnp.int32),
+            mini_step=jnp.where(emit, 0, increment(state.mini_step)).astype(jnp.int32),
             gradient_step=jnp.where(
                 emit, increment(state.gradient_step), state.gradient_step
             ),
-            acc=acc,
+            acc=treedef.unflatten(acc),
+            counts=treedef.unflatten(counts),
             inner=inner_state,
         )
 

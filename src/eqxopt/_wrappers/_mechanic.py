@@ -18,9 +18,9 @@ from .._core._fields import (
     values_at,
     weight_decay_field,
 )
+from .._core._norms import root, statistic_like, sum_of_squares
 from .._core._shards import AxisName, shard_total
 from .._core._tree import (
-    abs_sq,
     align_grads,
     compute_dtype,
     increment,
@@ -36,11 +36,14 @@ class MechanicState(eqx.Module):
     **Fields:**
 
     - `step`: int32 scalar, the number of updates done.
-    - `r`, `m`, `v`: float32 arrays of shape `(num_betas,)`: per decay `beta`, the
+    - `r`, `m`, `v`: arrays of shape `(num_betas,)`: per decay `beta`, the
       discounted reward, the running maximum of `|h|` and the discounted sum of
       `h**2`.
-    - `s`: float32 array of shape `(num_betas,)`: the scales, whose sum multiplies
-      the inner optimizer's accumulated steps.
+    - `s`: array of shape `(num_betas,)`: the scales, whose sum multiplies the
+      inner optimizer's accumulated steps.
+
+    `r`, `m`, `v` and `s` are float32, or float64 for float64 parameters under
+    `jax_enable_x64`.
     - `x0`: the parameters at the first update (the reference point), shaped like
       params (`None` at non-float leaves).
     - `inner`: the inner optimizer's state.
@@ -115,14 +118,14 @@ class Mechanic(AbstractSingleWrapper):
             return jnp.array(p, copy=True) if is_float_leaf(p) else None
 
         def zeros():  # one buffer each: a donated step may overwrite them
-            return jnp.zeros((self.num_betas,), jnp.float32)
+            return statistic_like(params, 0.0, (self.num_betas,))
 
         return MechanicState(
             step=zero_step(),
             r=zeros(),
             m=zeros(),
             v=zeros(),
-            s=jnp.full((self.num_betas,), self.s_init, jnp.float32),
+            s=statistic_like(params, self.s_init, (self.num_betas,)),
             x0=jax.tree.map(copy, params),
             inner=self.inner.init(params),
         )
@@ -151,12 +154,17 @@ class Mechanic(AbstractSingleWrapper):
             x0_ = jnp.where(first, p_, x0.astype(dtype))
             active.append((g.astype(dtype), u.astype(dtype), p_, x0_))
 
+        dtype = state.s.dtype  # that of sums over the parameters
+
         def total(values):
-            return shard_total(values, self.axis_name, "Mechanic", jnp.float32)
+            return shard_total(values, self.axis_name, "Mechanic", dtype)
+
+        def norm(leaves):
+            return root(sum_of_squares(leaves, self.axis_name, "Mechanic", dtype))
 
         s_sum = jnp.sum(state.s)
-        grad_norm = jnp.sqrt(total([jnp.sum(abs_sq(a[0])) for a in active if a]))
-        param_norm = jnp.sqrt(total([jnp.sum(abs_sq(a[2])) for a in active if a]))
+        grad_norm = norm([a[0] for a in active if a])
+        param_norm = norm([a[2] for a in active if a])
         decay = h_.weight_decay * s_sum * grad_norm / (param_norm + h_.eps)
         h = total(
             [
@@ -164,15 +172,13 @@ class Mechanic(AbstractSingleWrapper):
                 for g, _, p, x0 in filter(None, active)
             ]
         )
-        betas = jnp.asarray(
-            [1.0 - 0.1**i for i in range(1, self.num_betas + 1)], jnp.float32
-        )
+        betas = jnp.asarray([1.0 - 0.1**i for i in range(1, self.num_betas + 1)], dtype)
         clipped = jnp.clip(h, -state.m, state.m)
         m = jnp.maximum(betas * state.m, jnp.abs(h) + h_.eps)
         v = betas**2 * state.v + h**2
         r = betas * state.r + clipped * state.s
         wealth = (self.s_init / self.num_betas) * m + jnp.maximum(r, 0.0)
-        s = (wealth / (jnp.sqrt(v) + h_.eps)).astype(jnp.float32)
+        s = (wealth / (jnp.sqrt(v) + h_.eps)).astype(dtype)
         new_s_sum = jnp.sum(s)
 
         new_updates, new_x0 = [], []
@@ -187,9 +193,9 @@ class Mechanic(AbstractSingleWrapper):
             new_x0.append(x0_.astype(old_x0.dtype))
         return treedef.unflatten(new_updates), MechanicState(
             step=increment(state.step),
-            r=r.astype(jnp.float32),
-            m=m.astype(jnp.float32),
-            v=v.astype(jnp.float32),
+            r=r.astype(dtype),
+            m=m.astype(dtype),
+            v=v.astype(dtype),
             s=s,
             x0=treedef.unflatten(new_x0),
             inner=inner_state,

@@ -16,14 +16,9 @@ from .._core._base import (
     checked_transform,
 )
 from .._core._fields import axis_name_field, values_at
-from .._core._shards import AxisName, shard_total
-from .._core._tree import (
-    abs_sq,
-    align_grads,
-    compute_dtype,
-    is_float_leaf,
-    zero_step,
-)
+from .._core._norms import norm, reduction_dtype
+from .._core._shards import AxisName
+from .._core._tree import align_grads, is_float_leaf, zero_step
 from ._chain import Chain, ChainState
 from ._partition import Partition, PartitionState
 from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
@@ -76,24 +71,17 @@ class MonitorState(eqx.Module):
 
     **Fields:**
 
-    - `grad_norm`: float32 scalar, the global norm of the last step's gradients.
-    - `update_norm`: float32 scalar, the global norm of the last step's updates.
+    - `grad_norm`: scalar, the global norm of the last step's gradients (as
+      `eqxopt.global_norm`: NaN when they hold a NaN).
+    - `update_norm`: scalar, the global norm of the last step's updates.
+
+    Both are float32, or float64 for float64 parameters under `jax_enable_x64`.
     - `inner`: the wrapped optimizer's state.
     """
 
     grad_norm: Float[Array, ""]
     update_norm: Float[Array, ""]
     inner: Any
-
-
-def _global_norm(leaves: list[Any], axis_name: AxisName) -> Array:
-    squares = [
-        jnp.sum(abs_sq(x.astype(compute_dtype(x.dtype))))
-        for x in leaves
-        if x is not None
-    ]
-    total = shard_total(squares, axis_name, "Monitor", jnp.float32)
-    return jnp.sqrt(total).astype(jnp.float32)
 
 
 class Monitor(AbstractSingleWrapper):
@@ -114,9 +102,10 @@ class Monitor(AbstractSingleWrapper):
 
     def init(self, params: Params) -> MonitorState:
         # Two buffers: a donated step may write each in place.
+        dtype = reduction_dtype(jax.tree.leaves(params))
         return MonitorState(
-            grad_norm=jnp.zeros((), jnp.float32),
-            update_norm=jnp.zeros((), jnp.float32),
+            grad_norm=jnp.zeros((), dtype),
+            update_norm=jnp.zeros((), dtype),
             inner=self.inner.init(params),
         )
 
@@ -125,14 +114,17 @@ class Monitor(AbstractSingleWrapper):
     ) -> tuple[Updates, MonitorState]:
         updates, inner_state = self.run_inner(grads, state.inner, params, extra)
         floats = [is_float_leaf(p) for p in jax.tree.leaves(params)]
-        grad_norm = _global_norm(
+        dtype = state.grad_norm.dtype  # chosen from the parameters at `init`
+        grad_norm = norm(
             [g for g, f in zip(align_grads(grads, params), floats) if f],
             self.axis_name,
-        )
-        update_norm = _global_norm(
+            "Monitor",
+        ).astype(dtype)
+        update_norm = norm(
             [u for u, f in zip(leaves_of(updates, params), floats) if f],
             self.axis_name,
-        )
+            "Monitor",
+        ).astype(dtype)
         return updates, MonitorState(
             grad_norm=grad_norm, update_norm=update_norm, inner=inner_state
         )

@@ -29,8 +29,8 @@ def _is_low(p: Any) -> bool:
 
 
 def round_stochastic_bf16(x: Array, bits: Array) -> Array:
-    """float32 `x` to bf16, rounded up or down at random: `bits` (uint16, one per
-    element) are added to the low 16 bits of `x`'s bit pattern, which are then cut
+    """float32 `x` to bf16, rounded up or down at random: 16 random bits per
+    element are added to the low 16 bits of `x`'s bit pattern, which are then cut
     off, so `x` rounds away from zero with probability (those 16 bits) / 2**16 and
     `E[round(x)] = x`. This is torchao's `_fp32_to_bf16_sr` ("the alternative"
     form: its `rand < fraction` test is this sum's carry with bits `0xFFFF - rand`).
@@ -40,11 +40,34 @@ def round_stochastic_bf16(x: Array, bits: Array) -> Array:
     **Arguments:**
 
     - `x`: a float32 array.
-    - `bits`: uint16 random bits shaped like `x` (for example
-      `jax.random.bits(key, x.shape, jnp.uint16)`).
+    - `bits`: random bits shaped like `x`: uint16 (`jax.random.bits(key, x.shape,
+      jnp.uint16)`), used as they are, or uint32 (`jax.random.bits(key, x.shape)`,
+      JAX's default), whose high 16 bits are used. Other dtypes (signed
+      integers, floats) and shapes raise an error naming `bits`.
 
     **Returns:** a bf16 array shaped like `x`.
     """
+    x_dtype = jnp.result_type(x)
+    if x_dtype != jnp.float32:
+        raise TypeError(f"round_stochastic_bf16: x must be float32, got {x_dtype}")
+    bits_dtype = jnp.result_type(bits)
+    if bits_dtype not in (jnp.uint16, jnp.uint32):
+        raise TypeError(
+            "round_stochastic_bf16: bits must be uint16 or uint32 random bits (such "
+            f"as jax.random.bits(key, x.shape)), got {bits_dtype}"
+        )
+    if jnp.shape(bits) != jnp.shape(x):
+        raise ValueError(
+            "round_stochastic_bf16: bits must have x's shape, one per element: x "
+            f"has shape {jnp.shape(x)}, bits {jnp.shape(bits)}"
+        )
+    if bits_dtype == jnp.uint32:
+        bits = (bits >> 16).astype(jnp.uint16)
+    return _round_stochastic_bf16(x, bits)
+
+
+def _round_stochastic_bf16(x: Array, bits: Array) -> Array:
+    """`round_stochastic_bf16` for float32 `x` and uint16 `bits` shaped like it."""
     pattern = jax.lax.bitcast_convert_type(x, jnp.uint32)
     summed = (pattern + bits.astype(jnp.uint32)) & jnp.uint32(0xFFFF0000)
     rounded = jax.lax.bitcast_convert_type(summed, jnp.float32).astype(jnp.bfloat16)
@@ -68,7 +91,7 @@ def _round_stochastic_f16(x: Array, bits: Array) -> Array:
 
 def _round_stochastic(x: Array, dtype: Any, bits: Array) -> Array:
     if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16):
-        return round_stochastic_bf16(x, bits)
+        return _round_stochastic_bf16(x, bits)
     return _round_stochastic_f16(x, bits)
 
 

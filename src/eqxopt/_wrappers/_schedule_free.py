@@ -20,7 +20,7 @@ from .._core._fields import (
 )
 from .._core._schedule import value_at
 from .._core._schedule_free import averaging_weight, eval_params, initial_z, interpolate
-from .._core._tree import compute_dtype, increment, zero_step
+from .._core._tree import compute_dtype, default_float, increment, zero_step
 from ._wrapper import AbstractSingleWrapper, inner_field, with_own_state
 
 
@@ -32,8 +32,11 @@ class ScheduleFreeWrapperState(eqx.Module):
     - `step`: int32 scalar, the number of updates done.
     - `z`: the base optimizer's iterate, shaped like params (`None` at non-float
       leaves); the parameters are `y`, and `eval_params` recovers `x` from both.
-    - `weight_sum`: float32 scalar, the sum of the averaging weights so far.
-    - `max_lr`: float32 scalar, the largest learning rate seen so far.
+    - `weight_sum`: scalar, the sum of the averaging weights so far.
+    - `max_lr`: scalar, the largest learning rate seen so far.
+
+    Both in the dtype of the learning rate: float32, or float64 under
+    `jax_enable_x64`.
     - `inner`: the base optimizer's state.
     """
 
@@ -113,8 +116,9 @@ class ScheduleFree(AbstractSingleWrapper):
         return ScheduleFreeWrapperState(
             step=zero_step(),
             z=initial_z(params, self.z_dtype),
-            weight_sum=jnp.zeros((), jnp.float32),
-            max_lr=jnp.zeros((), jnp.float32),
+            # Statistics of the learning rate: in its dtype (`default_float`).
+            weight_sum=jnp.zeros((), default_float()),
+            max_lr=jnp.zeros((), default_float()),
             inner=self.inner.init(params),
         )
 
@@ -143,8 +147,8 @@ class ScheduleFree(AbstractSingleWrapper):
         return new_updates, ScheduleFreeWrapperState(
             step=increment(state.step),
             z=z,
-            weight_sum=weight_sum.astype(jnp.float32),
-            max_lr=max_lr.astype(jnp.float32),
+            weight_sum=weight_sum.astype(state.weight_sum.dtype),
+            max_lr=max_lr.astype(state.max_lr.dtype),
             inner=inner_state,
         )
 

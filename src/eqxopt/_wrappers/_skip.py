@@ -9,8 +9,9 @@ from jaxtyping import Array, Bool, Float
 
 from .._core._base import AbstractTransform, Grads, Params
 from .._core._fields import axis_name_field, hyper
-from .._core._shards import AxisName, shard_total
-from .._core._tree import abs_sq, align_grads, compute_dtype, is_float_leaf
+from .._core._norms import reduction_dtype, sum_of_squares
+from .._core._shards import AxisName
+from .._core._tree import align_grads, is_float_leaf
 from ._wrapper import AbstractGate, inner_field
 
 
@@ -20,8 +21,9 @@ class SkipLargeUpdatesState(eqx.Module):
     **Fields:**
 
     - `should_skip`: bool scalar, whether the last step was skipped.
-    - `norm_squared`: float32 scalar, the squared global norm of the last step's
-      gradients.
+    - `norm_squared`: scalar, the squared global norm of the last step's
+      gradients (float32, or float64 for float64 parameters under
+      `jax_enable_x64`).
     - `inner`: the wrapped optimizer's state.
     """
 
@@ -58,20 +60,21 @@ class SkipLargeUpdates(AbstractGate):
 
     state_type = SkipLargeUpdatesState
 
-    def start(self) -> dict[str, Any]:
-        return dict(
-            should_skip=jnp.array(False), norm_squared=jnp.zeros((), jnp.float32)
-        )
+    def start(self, params: Params) -> dict[str, Any]:
+        dtype = reduction_dtype(jax.tree.leaves(params))
+        return dict(should_skip=jnp.array(False), norm_squared=jnp.zeros((), dtype))
 
     def gate(
         self, grads: Grads, state: SkipLargeUpdatesState, params: Params
     ) -> tuple[Any, dict[str, Any]]:
-        squares = [
-            jnp.sum(abs_sq(g.astype(compute_dtype(g.dtype))))
+        floats = [
+            g
             for g, p in zip(align_grads(grads, params), jax.tree.leaves(params))
-            if g is not None and is_float_leaf(p)
+            if is_float_leaf(p)
         ]
-        norm_sq = shard_total(squares, self.axis_name, "SkipLargeUpdates", jnp.float32)
+        norm_sq = sum_of_squares(
+            floats, self.axis_name, "SkipLargeUpdates", state.norm_squared.dtype
+        )
         should_skip = jnp.logical_not(norm_sq < self.max_squared_norm)
         return jnp.logical_not(should_skip), dict(
             should_skip=should_skip, norm_squared=norm_sq

@@ -148,14 +148,14 @@ class AbstractGate(AbstractSingleWrapper):
     """A wrapper that runs `inner` only on the steps it accepts (`run_inner`'s
     `when`), keeping beside `inner`'s state a few scalars of its own. A subclass
     declares `state_type` (its fields: the scalars, then `inner`), `start` (the
-    scalars at `init`) and `gate` (whether a step is accepted, and the new
-    scalars)."""
+    scalars at `init`, which may follow the parameters' dtypes) and `gate`
+    (whether a step is accepted, and the new scalars)."""
 
     state_type: eqx.AbstractClassVar[type[Any]]
 
     @abc.abstractmethod
-    def start(self) -> dict[str, Any]:
-        """The state's own scalars at `init`, by field name."""
+    def start(self, params: Params) -> dict[str, Any]:
+        """The state's own scalars at `init` for `params`, by field name."""
 
     @abc.abstractmethod
     def gate(
@@ -165,7 +165,7 @@ class AbstractGate(AbstractSingleWrapper):
         and the state's new scalars, by field name."""
 
     def init(self, params: Params) -> Any:
-        return self.state_type(**self.start(), inner=self.inner.init(params))
+        return self.state_type(**self.start(params), inner=self.inner.init(params))
 
     def transform(
         self, grads: Grads, state: Any, params: Params, **extra: Any

@@ -20,10 +20,9 @@ from ..._core._fields import (
     mask_field,
     weight_decay_field,
 )
-from ..._core._leafwise import map_leaves
+from ..._core._leafwise import map_leaves, moment_like
 from ..._core._tree import (
     abs_sq,
-    float_leaves_like,
     increment,
     step_power,
     zero_step,
@@ -228,6 +227,7 @@ class AbstractNAdam(AbstractAdamOptions):
 
     state_type = NAdamState
     moments = ("mu", "nu")
+    nonnegative_moments = frozenset({"nu"})
     elementwise = True
 
     def init(self, params: Params) -> NAdamState:
@@ -235,8 +235,8 @@ class AbstractNAdam(AbstractAdamOptions):
         return NAdamState(
             step=zero_step(),
             mu_product=jnp.ones((), jnp.float32),
-            mu=float_leaves_like(params, self.mu_dtype),
-            nu=float_leaves_like(params, self.nu_dtype, nonnegative=True),
+            mu=moment_like(self, params, "mu"),
+            nu=moment_like(self, params, "nu"),
         )
 
     def run(

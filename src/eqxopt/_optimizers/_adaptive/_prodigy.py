@@ -17,6 +17,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._norms import divisible, statistic_like
 from ..._core._shards import AxisName, shard_total
 from ..._core._tree import (
     abs_sq,
@@ -38,9 +39,12 @@ class ProdigyState(eqx.Module):
     - `nu`: second moment of `d * g`, shaped like params.
     - `grad_sum`: the weighted sum `s` of past gradients, shaped like params.
     - `params0`: the parameters at `init`, shaped like params.
-    - `d`: float32 scalar, the current estimate of the learning rate (distance to
+    - `d`: scalar, the current estimate of the learning rate (distance to
       the solution), starting at `d0`.
-    - `numerator`: float32 scalar, the weighted sum of `<g, params0 - p>`.
+    - `numerator`: scalar, the weighted sum of `<g, params0 - p>`.
+
+    The float scalars are float32, or float64 for float64 parameters under
+    `jax_enable_x64` (the dtype of sums over the parameters).
     """
 
     step: Int[Array, ""]
@@ -130,8 +134,8 @@ class Prodigy(AbstractEngineTransform):
             nu=float_leaves_like(params),
             grad_sum=float_leaves_like(params),
             params0=jax.tree.map(copy, params),
-            d=jnp.array(self.d0, jnp.float32, copy=True),  # not the field itself
-            numerator=jnp.zeros((), jnp.float32),
+            d=statistic_like(params, self.d0),
+            numerator=statistic_like(params),
         )
 
     def run(
@@ -164,14 +168,17 @@ class Prodigy(AbstractEngineTransform):
             params,
             (state.mu, state.nu, state.grad_sum, state.params0),
         )
-        partials = [x.astype(jnp.float32) for x in jax.tree.leaves(sums)]
-        total = jnp.zeros(2, jnp.float32) + shard_total(
-            partials, self.axis_name, "Prodigy", jnp.float32
+        dtype = state.d.dtype  # that of sums over the parameters
+        partials = [x.astype(dtype) for x in jax.tree.leaves(sums)]
+        total = jnp.zeros(2, dtype) + shard_total(
+            partials, self.axis_name, "Prodigy", dtype
         )
         numerator = b3 * state.numerator + (d / d0) * dlr * total[0]
         denominator = total[1]
-        estimate = h.d_coef * numerator / jnp.where(denominator > 0, denominator, 1)
-        new_d = jnp.where(denominator > 0, jnp.maximum(d, estimate), d)
+        # No gradient yet: d stays; a NaN gradient: d turns NaN (as in optax).
+        grown = divisible(denominator)
+        estimate = h.d_coef * numerator / jnp.where(grown, denominator, 1)
+        new_d = jnp.where(grown, jnp.maximum(d, estimate), d)
 
         eps, wd = h.eps, h.weight_decay
 
@@ -189,6 +196,6 @@ class Prodigy(AbstractEngineTransform):
             nu=nu,
             grad_sum=grad_sum,
             params0=params0,
-            d=new_d.astype(jnp.float32),
-            numerator=numerator.astype(jnp.float32),
+            d=new_d.astype(dtype),
+            numerator=numerator.astype(dtype),
         )

@@ -26,7 +26,7 @@ from ..._core._fields import (
     values_at,
     weight_decay_field,
 )
-from ..._core._leafwise import map_leaves
+from ..._core._leafwise import map_leaves, moment_like
 from ..._core._masks import decay_flags
 from ..._core._real import RealOnly
 from ..._core._tree import (
@@ -151,7 +151,7 @@ class Sophia(AbstractTransform):
         decay_flags(self.mask, params)  # a bad mask fails here
         return SophiaState(
             step=zero_step(),
-            mu=float_leaves_like(params, self.mu_dtype),
+            mu=moment_like(self, params, "mu"),
             nu=float_leaves_like(params),
             key=jnp.array(self.seed, copy=True),
         )

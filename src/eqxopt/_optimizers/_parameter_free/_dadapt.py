@@ -16,6 +16,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._norms import divisible, statistic_like
 from ..._core._shards import AxisName
 from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
 from ._sums import copy_params, re_dot, tree_sums
@@ -31,10 +32,13 @@ class DAdaptAdamWState(eqx.Module):
       leaves).
     - `nu`: second moment of `g`, shaped like params.
     - `grad_sum`: `s`, the weighted sum of `dlr * g`, shaped like params.
-    - `d`: float32 scalar, the current estimate of the learning rate (distance to
+    - `d`: scalar, the current estimate of the learning rate (distance to
       the solution), starting at `d0`.
-    - `numerator`: float32 scalar, the weighted sum of `dlr * <g, s / (sqrt(nu)
+    - `numerator`: scalar, the weighted sum of `dlr * <g, s / (sqrt(nu)
       + eps)>`.
+
+    The float scalars are float32, or float64 for float64 parameters under
+    `jax_enable_x64` (the dtype of sums over the parameters).
     """
 
     step: Int[Array, ""]
@@ -112,8 +116,8 @@ class DAdaptAdamW(AbstractEngineTransform):
             mu=float_leaves_like(params),
             nu=float_leaves_like(params),
             grad_sum=float_leaves_like(params),
-            d=jnp.array(self.d0, jnp.float32, copy=True),  # not the field itself
-            numerator=jnp.zeros((), jnp.float32),
+            d=statistic_like(params, self.d0),
+            numerator=statistic_like(params),
         )
 
     def run(
@@ -146,8 +150,10 @@ class DAdaptAdamW(AbstractEngineTransform):
         )
         numerator = r * state.numerator + (1 - r) * dlr * total[0]
         l1 = total[1]
-        estimate = numerator / ((1 - r) * jnp.where(l1 > 0, l1, 1.0))
-        new_d = jnp.where(l1 > 0, jnp.maximum(state.d, estimate), state.d)
+        # No gradient yet: d stays; a NaN gradient: d turns NaN (as in optax).
+        grown = divisible(l1)
+        estimate = numerator / ((1 - r) * jnp.where(grown, l1, 1.0))
+        new_d = jnp.where(grown, jnp.maximum(state.d, estimate), state.d)
         wd = h.weight_decay
 
         def step(g, p, mu, nu):
@@ -163,8 +169,8 @@ class DAdaptAdamW(AbstractEngineTransform):
             mu=mu,
             nu=nu,
             grad_sum=grad_sum,
-            d=new_d.astype(jnp.float32),
-            numerator=numerator.astype(jnp.float32),
+            d=new_d.astype(state.d.dtype),
+            numerator=numerator.astype(state.d.dtype),
         )
 
 
@@ -177,11 +183,14 @@ class DAdaptSGDState(eqx.Module):
     - `grad_sum`: `s`, the sum of `dlr * g`, shaped like params (`None` at
       non-float leaves).
     - `params0`: the parameters at `init`, shaped like params.
-    - `d`: float32 scalar, the current estimate of the distance to the solution,
+    - `d`: scalar, the current estimate of the distance to the solution,
       starting at `d0`.
-    - `g0_norm`: float32 scalar, the norm of the first non-zero gradient (zero
+    - `g0_norm`: scalar, the norm of the first non-zero gradient (zero
       until then).
-    - `gsq_weighted`: float32 scalar, the sum of `dlr**2 * |g|**2`.
+    - `gsq_weighted`: scalar, the sum of `dlr**2 * |g|**2`.
+
+    The float scalars are float32, or float64 for float64 parameters under
+    `jax_enable_x64` (the dtype of sums over the parameters).
     """
 
     step: Int[Array, ""]
@@ -247,9 +256,9 @@ class DAdaptSGD(AbstractEngineTransform):
             step=zero_step(),
             grad_sum=float_leaves_like(params),
             params0=copy_params(params),
-            d=jnp.array(self.d0, jnp.float32, copy=True),  # not the field itself
-            g0_norm=jnp.zeros((), jnp.float32),
-            gsq_weighted=jnp.zeros((), jnp.float32),
+            d=statistic_like(params, self.d0),
+            g0_norm=statistic_like(params),
+            gsq_weighted=statistic_like(params),
         )
 
     def run(
@@ -270,10 +279,11 @@ class DAdaptSGD(AbstractEngineTransform):
             axis_name=self.axis_name,
             owner=type(self).__name__,
         )[0][0]
-        g0_norm = jnp.where(state.g0_norm > 0, state.g0_norm, jnp.sqrt(g_sq))
+        g0_norm = jnp.where(divisible(state.g0_norm), state.g0_norm, jnp.sqrt(g_sq))
         d = state.d
+        started = divisible(g0_norm)
         dlr = jnp.where(
-            g0_norm > 0, d * h.learning_rate / jnp.where(g0_norm > 0, g0_norm, 1.0), 0.0
+            started, d * h.learning_rate / jnp.where(started, g0_norm, 1.0), 0.0
         )
 
         def accumulate(g, p, s):
@@ -292,10 +302,11 @@ class DAdaptSGD(AbstractEngineTransform):
         sk_sq = sk_sq[0]
         gsq_weighted = state.gsq_weighted + dlr * dlr * g_sq
         sk_norm = jnp.sqrt(sk_sq)
-        d_hat = (sk_sq - gsq_weighted) / jnp.where(sk_sq > 0, sk_norm, 1.0)
+        grown = divisible(sk_sq)
+        d_hat = (sk_sq - gsq_weighted) / jnp.where(grown, sk_norm, 1.0)
         if h.growth_rate is not None:
             d_hat = jnp.minimum(d_hat, d * h.growth_rate)
-        new_d = jnp.where(sk_sq > 0, jnp.maximum(d, d_hat), d)
+        new_d = jnp.where(grown, jnp.maximum(d, d_hat), d)
 
         def step(g, p, s, p0):
             new = momentum * p + (1 - momentum) * (p0 - s)
@@ -314,7 +325,7 @@ class DAdaptSGD(AbstractEngineTransform):
             step=increment(state.step),
             grad_sum=grad_sum,
             params0=params0,
-            d=new_d.astype(jnp.float32),
-            g0_norm=g0_norm.astype(jnp.float32),
-            gsq_weighted=gsq_weighted.astype(jnp.float32),
+            d=new_d.astype(state.d.dtype),
+            g0_norm=g0_norm.astype(state.d.dtype),
+            gsq_weighted=gsq_weighted.astype(state.d.dtype),
         )

@@ -23,23 +23,19 @@ from ..._core._fields import (
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
 from ..._core._masks import decay_flags
-from ..._core._shards import AxisName, shard_total
-from ..._core._tree import abs_sq, increment, is_float_leaf, zero_step
+from ..._core._norms import root, statistic_like, sum_of_squares
+from ..._core._shards import AxisName
+from ..._core._tree import abs_sq, increment, zero_step
 from ._sums import copy_params, real_dtype, tree_sums
 
 
 def _norm(params: PyTree, axis_name: AxisName) -> Float[Array, ""]:
-    squares = [
-        jnp.sum(abs_sq(p)).astype(jnp.float32)
-        for p in jax.tree.leaves(params)
-        if is_float_leaf(p)
-    ]
-    return jnp.sqrt(shard_total(squares, axis_name, "DoG", jnp.float32))
+    return root(sum_of_squares(jax.tree.leaves(params), axis_name, "DoG"))
 
 
 class AbstractDistanceOverGradients(AbstractEngineTransform):
     """DoG and DoWG: SGD (with coupled decay where `mask`) at a step size from two
-    float32 scalars of the state, a distance estimate and a sum of squared gradient
+    scalars of the state, a distance estimate and a sum of squared gradient
     norms, advanced each step from the whole-tree sums `|p - p0|**2` and `|g|**2`.
 
     A subclass declares `state_type` (fields `step`, `params0`, the distance, the
@@ -69,8 +65,8 @@ class AbstractDistanceOverGradients(AbstractEngineTransform):
         return self.state_type(
             zero_step(),
             copy_params(params),
-            jnp.array(self.start(params), jnp.float32, copy=True),
-            jnp.zeros((), jnp.float32),
+            statistic_like(params, self.start(params)),
+            statistic_like(params),
         )
 
     def run(
@@ -87,8 +83,8 @@ class AbstractDistanceOverGradients(AbstractEngineTransform):
         return updates, self.state_type(
             increment(state.step),
             params0,
-            distance.astype(jnp.float32),
-            sums.astype(jnp.float32),
+            distance.astype(total.dtype),
+            sums.astype(total.dtype),
         )
 
 
@@ -100,9 +96,12 @@ class DoGState(eqx.Module):
     - `step`: int32 scalar, the number of updates done.
     - `params0`: the parameters at `init`, shaped like params (`None` at
       non-float leaves).
-    - `max_dist`: float32 scalar, the largest distance `|p - params0|` seen so
+    - `max_dist`: scalar, the largest distance `|p - params0|` seen so
       far (starting at the initial distance `r_eps`).
-    - `sum_sq_norm_grads`: float32 scalar, the sum over steps of `|g|**2`.
+    - `sum_sq_norm_grads`: scalar, the sum over steps of `|g|**2`.
+
+    The float scalars are float32, or float64 for float64 parameters under
+    `jax_enable_x64` (the dtype of sums over the parameters).
     """
 
     step: Int[Array, ""]
@@ -170,14 +169,13 @@ class DoG(AbstractDistanceOverGradients):
 
     state_type = DoGState
 
-    def start(self, params: Params) -> Array:
+    def start(self, params: Params) -> Any:  # a number or scalar array
         if self.init_step == "distance":
-            return jnp.asarray(self.init_value, jnp.float32)
+            return self.init_value
         if self.init_step == "heuristic":
-            return jnp.asarray(self.init_value, jnp.float32) * (
-                1 + _norm(params, self.axis_name)
-            )
-        return jnp.zeros((), jnp.float32)
+            norm = _norm(params, self.axis_name)
+            return jnp.asarray(self.init_value, norm.dtype) * (1 + norm)
+        return jnp.zeros(())
 
     def advance(
         self, h: Any, state: DoGState, total: Array
@@ -198,10 +196,13 @@ class DoWGState(eqx.Module):
     - `step`: int32 scalar, the number of updates done.
     - `params0`: the parameters at `init`, shaped like params (`None` at
       non-float leaves).
-    - `estim_sq_dist`: float32 scalar, the largest squared distance
+    - `estim_sq_dist`: scalar, the largest squared distance
       `|p - params0|**2` seen so far (starting at `init_estim_sq_dist`).
-    - `weighted_sq_norm_grads`: float32 scalar, the sum over steps of
+    - `weighted_sq_norm_grads`: scalar, the sum over steps of
       `estim_sq_dist * |g|**2`.
+
+    The float scalars are float32, or float64 for float64 parameters under
+    `jax_enable_x64` (the dtype of sums over the parameters).
     """
 
     step: Int[Array, ""]
@@ -267,7 +268,7 @@ def _sums(grads, params, params0, flags, wd, axis_name, owner):
         if decayed:
             g = g + wd.astype(real_dtype(p)) * p
         moved = jnp.sum(abs_sq(p - p0))
-        return jnp.stack([moved, jnp.sum(abs_sq(g))]).astype(jnp.float32), p0
+        return jnp.stack([moved, jnp.sum(abs_sq(g))]), p0
 
     total, (params0,) = tree_sums(
         sums, 2, grads, params, (params0,), flags, axis_name=axis_name, owner=owner

@@ -19,6 +19,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._norms import divisible, statistic_like
 from ..._core._shards import AxisName
 from ..._core._tree import abs_sq, float_leaves_like, increment, zero_step
 from ._sums import re_dot, tree_sums
@@ -27,8 +28,9 @@ from ._sums import re_dot, tree_sums
 _TINY = float(np.finfo(np.float64).eps)
 
 
-def _loss(value: Any, owner: str) -> Float[Array, ""]:
-    """The loss passed as `value=`, checked, as a float32 scalar."""
+def _loss(value: Any, owner: str, dtype: Any) -> Float[Array, ""]:
+    """The loss passed as `value=`, checked, as a scalar of `dtype` (the state's
+    statistics')."""
     if value is None:
         raise TypeError(
             f"{owner} needs the loss at the current parameters: call update/step "
@@ -40,7 +42,7 @@ def _loss(value: Any, owner: str) -> Float[Array, ""]:
         raise TypeError(
             f"value must be a float scalar, got dtype {jnp.result_type(value)}"
         )
-    return jnp.asarray(value, jnp.float32)
+    return jnp.asarray(value, dtype)
 
 
 def _step_size(h, adapt, barf, gamma, iprod, norm, lb, bc1):
@@ -55,7 +57,7 @@ def _step_size(h, adapt, barf, gamma, iprod, norm, lb, bc1):
             lb,
         )
     gap = jnp.maximum(decay * (barf - bc1 * lb - gamma) + iprod, 0.0)
-    safe = norm > _TINY
+    safe = divisible(norm, _TINY)  # a NaN gradient gives a NaN step, as in optax
     t1 = jnp.where(safe, gap / jnp.where(safe, norm, 1.0), 0.0)
     tau = jnp.minimum(h.learning_rate / bc1, t1)
     if adapt:
@@ -64,12 +66,12 @@ def _step_size(h, adapt, barf, gamma, iprod, norm, lb, bc1):
     return tau, lb, h.learning_rate * h.weight_decay / decay
 
 
-def _initial_scalars(lower_bound: Any) -> dict[str, Array]:
+def _initial_scalars(params: Params, lower_bound: Any) -> dict[str, Array]:
     """The loss-model scalars both variants start their state with."""
     return dict(
-        loss_avg=jnp.zeros((), jnp.float32),
-        gamma=jnp.zeros((), jnp.float32),
-        lower_bound=jnp.array(lower_bound, jnp.float32, copy=True),
+        loss_avg=statistic_like(params),
+        gamma=statistic_like(params),
+        lower_bound=statistic_like(params, lower_bound),
     )
 
 
@@ -77,7 +79,8 @@ def _model_step(opt, h, state, value, beta, total, bc1):
     """The step size `tau` from the loss model, the decay factor, and the new
     loss-model scalars of the state. `total` holds `<g, p>`, `<mu, mu / D>` and
     `<mu, p>` summed over the tree; `bc1` is 1 for Momo."""
-    f = _loss(value, type(opt).__name__)
+    dtype = state.loss_avg.dtype
+    f = _loss(value, type(opt).__name__, dtype)
     loss_avg = beta * state.loss_avg + (1 - beta) * f
     gamma = beta * state.gamma + (1 - beta) * total[0]
     tau, lb, shrink = _step_size(
@@ -91,7 +94,7 @@ def _model_step(opt, h, state, value, beta, total, bc1):
         bc1,
     )
     scalars = dict(loss_avg=loss_avg, gamma=gamma, lower_bound=lb)
-    return tau, shrink, {k: v.astype(jnp.float32) for k, v in scalars.items()}
+    return tau, shrink, {k: v.astype(dtype) for k, v in scalars.items()}
 
 
 class MomoState(eqx.Module):
@@ -102,9 +105,12 @@ class MomoState(eqx.Module):
     - `step`: int32 scalar, the number of updates done.
     - `mu`: the momentum (moving average of gradients), shaped like params
       (`None` at non-float leaves).
-    - `loss_avg`: float32 scalar, the moving average of the loss values.
-    - `gamma`: float32 scalar, the moving average of `<g, p>`.
-    - `lower_bound`: float32 scalar, the current lower bound on the loss.
+    - `loss_avg`: scalar, the moving average of the loss values.
+    - `gamma`: scalar, the moving average of `<g, p>`.
+    - `lower_bound`: scalar, the current lower bound on the loss.
+
+    The float scalars are float32, or float64 for float64 parameters under
+    `jax_enable_x64` (the dtype of sums over the parameters).
     """
 
     step: Int[Array, ""]
@@ -178,7 +184,7 @@ class Momo(AbstractEngineTransform):
         return MomoState(
             step=zero_step(),
             mu=float_leaves_like(params),
-            **_initial_scalars(self.lower_bound),
+            **_initial_scalars(params, self.lower_bound),
         )
 
     def run(
@@ -227,9 +233,12 @@ class MomoAdamState(eqx.Module):
     - `mu`: first moment of the gradients, shaped like params (`None` at
       non-float leaves).
     - `nu`: second moment of the gradients, shaped like params.
-    - `loss_avg`: float32 scalar, the moving average of the loss values.
-    - `gamma`: float32 scalar, the moving average of `<g, p>`.
-    - `lower_bound`: float32 scalar, the current lower bound on the loss.
+    - `loss_avg`: scalar, the moving average of the loss values.
+    - `gamma`: scalar, the moving average of `<g, p>`.
+    - `lower_bound`: scalar, the current lower bound on the loss.
+
+    The float scalars are float32, or float64 for float64 parameters under
+    `jax_enable_x64` (the dtype of sums over the parameters).
     """
 
     step: Int[Array, ""]
@@ -303,7 +312,7 @@ class MomoAdam(AbstractEngineTransform):
             step=zero_step(),
             mu=float_leaves_like(params),
             nu=float_leaves_like(params),
-            **_initial_scalars(self.lower_bound),
+            **_initial_scalars(params, self.lower_bound),
         )
 
     def run(

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
 from ..._core._leafwise import map_leaves
+from ..._core._norms import reduction_dtype
 from ..._core._shards import AxisName, shard_total
 from ..._core._tree import is_float_leaf
 
@@ -25,13 +26,14 @@ def tree_sums(
 ) -> tuple[Float[Array, " size"], tuple[PyTree, ...]]:
     """Runs `rule(g, p, *moments[, flag]) -> (sums, *new_moments)` on every leaf
     that has a gradient (through the engine, so dtypes and `None` gradients are
-    handled once) and adds up the `size` float32 sums each leaf returns (with
-    `axis_name`, over every device's block: `_shards.shard_total`)."""
+    handled once) and adds up the `size` sums each leaf returns (with
+    `axis_name`, over every device's block: `_shards.shard_total`), in the dtype
+    of sums over `params` (`_norms.reduction_dtype`: float32, float64 for float64
+    parameters under `jax_enable_x64`)."""
     per_leaf, new = map_leaves(rule, grads, params, moments, flags=flags)
-    partials = [s.astype(jnp.float32) for s in jax.tree.leaves(per_leaf)]
-    total = jnp.zeros(size, jnp.float32) + shard_total(
-        partials, axis_name, owner, jnp.float32
-    )
+    dtype = reduction_dtype(jax.tree.leaves(params))
+    partials = [s.astype(dtype) for s in jax.tree.leaves(per_leaf)]
+    total = jnp.zeros(size, dtype) + shard_total(partials, axis_name, owner, dtype)
     return total, new
 
 
@@ -45,7 +47,7 @@ def copy_params(params: PyTree) -> PyTree:
 
 def real_dtype(x: Array) -> Any:
     """The real dtype of `x`'s precision (float32 for complex64), to cast global
-    float32 scalars to before they meet a leaf."""
+    scalars to before they meet a leaf."""
     return jnp.finfo(x.dtype).dtype
 
 

@@ -24,12 +24,11 @@ from ..._core._fields import (
     values_at,
     weight_decay_field,
 )
-from ..._core._leafwise import map_leaves
+from ..._core._leafwise import map_leaves, moment_like
 from ..._core._masks import decay_flags
 from ..._core._tree import (
     abs_sq,
     align_grads,
-    float_leaves_like,
     increment,
     is_float_leaf,
     step_power,
@@ -371,6 +370,8 @@ class Muon(AbstractTransform):
         _axis_names, None, static=True, kw_only=True
     )
 
+    nonnegative_moments = frozenset({"nu"})
+
     def __check_init__(self):
         k = self.ns_steps
         if self.ns_coeffs.shape not in ((3,), (k, 3)):
@@ -382,10 +383,10 @@ class Muon(AbstractTransform):
     def init(self, params: Params) -> MuonState:
         flags = _muon_flags(self.muon_mask, params)
         decay_flags(self.weight_decay_mask, params, "weight_decay_mask")  # checked
-        nu = float_leaves_like(params, self.nu_dtype, nonnegative=True)
+        nu = moment_like(self, params, "nu")
         return MuonState(
             step=zero_step(),
-            mu=float_leaves_like(params, self.mu_dtype),
+            mu=moment_like(self, params, "mu"),
             nu=_select(nu, params, [not f for f in flags]),
         )
 

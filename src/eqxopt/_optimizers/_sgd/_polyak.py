@@ -18,11 +18,10 @@ from ..._core._fields import (
     values_at,
 )
 from ..._core._leafwise import AbstractEngineTransform, map_leaves
-from ..._core._shards import AxisName, shard_total
+from ..._core._norms import sum_of_squares
+from ..._core._shards import AxisName
 from ..._core._tree import (
-    abs_sq,
     align_grads,
-    compute_dtype,
     increment,
     is_float_leaf,
     zero_step,
@@ -128,12 +127,12 @@ class PolyakSGD(AbstractEngineTransform):
             raise TypeError(
                 f"value must be a float scalar, got dtype {jnp.result_type(value)}"
             )
-        squares = [
-            jnp.sum(abs_sq(g.astype(compute_dtype(p.dtype)))).astype(jnp.float32)
+        floats = [
+            g
             for g, p in zip(align_grads(grads, params), jax.tree.leaves(params))
-            if g is not None and is_float_leaf(p)
+            if is_float_leaf(p)
         ]
-        sq_norm = shard_total(squares, self.axis_name, "PolyakSGD", jnp.float32)
+        sq_norm = sum_of_squares(floats, self.axis_name, "PolyakSGD", jnp.float32)
         h = values_at(self, state.step)
         gap = jnp.asarray(value, jnp.float32) - h.f_min
         if self.variant == "sps+":

@@ -19,7 +19,7 @@ from ..._core._fields import (
     values_at,
     weight_decay_field,
 )
-from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._leafwise import AbstractEngineTransform, map_leaves, moment_like
 from ..._core._schedule import value_at
 from ..._core._schedule_free import (
     averaging_weight,
@@ -29,7 +29,7 @@ from ..._core._schedule_free import (
 )
 from ..._core._tree import (
     abs_sq,
-    float_leaves_like,
+    default_float,
     increment,
     step_power,
     zero_step,
@@ -47,8 +47,11 @@ class ScheduleFreeState(eqx.Module):
       evaluation parameters `x` are recovered from `y` and `z` by `eval_params`.
     - `nu`: `ScheduleFreeAdamW`'s second moment, shaped like params;
       `None` for `ScheduleFreeSGD`.
-    - `weight_sum`: float32 scalar, the sum of the averaging weights so far.
-    - `max_lr`: float32 scalar, the largest learning rate seen so far.
+    - `weight_sum`: scalar, the sum of the averaging weights so far.
+    - `max_lr`: scalar, the largest learning rate seen so far.
+
+    Both in the dtype of the learning rate: float32, or float64 under
+    `jax_enable_x64`.
     """
 
     step: Int[Array, ""]
@@ -83,8 +86,9 @@ class AbstractScheduleFree(AbstractEngineTransform):
             step=zero_step(),
             z=initial_z(params, self.z_dtype),
             nu=self.nu_init(params),
-            weight_sum=jnp.zeros((), jnp.float32),
-            max_lr=jnp.zeros((), jnp.float32),
+            # Statistics of the learning rate: in its dtype (`default_float`).
+            weight_sum=jnp.zeros((), default_float()),
+            max_lr=jnp.zeros((), default_float()),
         )
 
     def run(
@@ -109,8 +113,8 @@ class AbstractScheduleFree(AbstractEngineTransform):
             step=t,
             z=z,
             nu=nu[0] if nu else None,
-            weight_sum=weight_sum.astype(jnp.float32),
-            max_lr=max_lr.astype(jnp.float32),
+            weight_sum=weight_sum.astype(state.weight_sum.dtype),
+            max_lr=max_lr.astype(state.max_lr.dtype),
         )
 
     def eval_params(self, state: ScheduleFreeState, params: Params) -> Params:
@@ -232,8 +236,10 @@ class ScheduleFreeAdamW(AbstractScheduleFree):
     z_dtype: DTypeLike = dtype_field()  # z is not a moment
     nu_dtype: DTypeLike = dtype_field(storage=True)
 
+    nonnegative_moments = frozenset({"nu"})
+
     def nu_init(self, params: Params) -> PyTree:
-        return float_leaves_like(params, self.nu_dtype, nonnegative=True)
+        return moment_like(self, params, "nu")
 
     def base(self, h, t, g, y, nu):
         nu = h.b2 * nu + (1 - h.b2) * abs_sq(g)
