@@ -22,6 +22,7 @@ from ._checks import (
     renames,
 )
 from ._jax_api import is_tracer
+from ._moments import Moment, check_declarations
 from ._placement import placing_init, raise_if_misplaced
 from ._tree import apply_updates, cast_like, promotion_for
 
@@ -127,6 +128,7 @@ class AbstractTransform(eqx.Module):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         name_converters(cls)  # field converters name their field in errors
+        check_declarations(cls)  # the fields that `moments` and masks name exist
         # State that no parameter shapes goes where the parameters are.
         init = cls.__dict__.get("init")
         if init is not None and not getattr(init, "__isabstractmethod__", False):
@@ -235,11 +237,10 @@ class AbstractTransform(eqx.Module):
         """
         return _call(self, True, grads, state, params, donate, extra)
 
-    # The moments of the state that are never negative (Adam's `nu`, an average of
-    # squares), by state field name: the one declaration every storage choice
-    # reads (`_leafwise.moment_like` makes every moment), so a quantized storage
-    # (`Blockwise8bit()`, ...) keeps them in its unsigned map, twice as fine.
-    nonnegative_moments: ClassVar[frozenset[str]] = frozenset()
+    # The params-shaped pieces of the state (`Moment`: its storage option, its
+    # sign, its start), the one declaration every storage choice reads
+    # (`_moments.moment_like` makes every moment).
+    moments: ClassVar[tuple[Moment, ...]] = ()
 
     # The keyword arguments `transform` takes beyond grads, state and params (such
     # as "value", the loss). Wrappers (`Chain`, ...) pass a keyword on only to the

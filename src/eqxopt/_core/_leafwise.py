@@ -23,7 +23,7 @@ import abc
 import functools
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -34,12 +34,12 @@ from ._base import AbstractTransform, Grads, Params, State, Updates
 from ._fields import values_at
 from ._jax_api import is_tracer
 from ._masks import decay_flags
+from ._moments import moment_like
 from ._storage import load, store
 from ._tree import (
     align_grads,
     apply_update,
     compute_dtype,
-    float_leaves_like,
     increment,
     is_float_leaf,
     zero_step,
@@ -153,29 +153,6 @@ def map_leaves(
     )
 
 
-def moment_like(
-    transform: AbstractTransform,
-    params: Params,
-    name: str,
-    fill: float | Array = 0.0,
-) -> PyTree:
-    """The moment `name` of `transform`'s state at `init`: `fill` shaped like
-    `params` (`float_leaves_like`), stored as `transform`'s field `<name>_dtype`
-    says (each parameter's dtype where there is none), in a quantized storage's
-    unsigned map if `name` is in `transform.nonnegative_moments`.
-
-    Every moment with a storage option is made here, by the per-leaf engine's
-    `init` and by the transforms that write their own, so that one declaration
-    of a moment's sign is read by every storage choice (a test checks that each
-    declaration holds, and that every moment that is never negative has one)."""
-    return float_leaves_like(
-        params,
-        getattr(transform, f"{name}_dtype", None),
-        fill,
-        nonnegative=name in transform.nonnegative_moments,
-    )
-
-
 class AbstractEngineTransform(AbstractTransform):
     """A transform whose per-leaf work runs through `map_leaves`, written once as
     `run(grads, state, params, *, apply, **extra) -> (out, new_state)`: with
@@ -204,68 +181,101 @@ class AbstractEngineTransform(AbstractTransform):
         return self.run(grads, state, params, apply=True, **extra)
 
 
-_NO_MASK = object()
-
-
 class AbstractLeafwiseOptimizer(AbstractEngineTransform):
-    """An optimizer whose maths is one rule per parameter leaf, over a few
-    params-shaped state trees (moments): the base of every optimizer that is its
-    fields plus a `leaf` method.
+    """The base of an optimizer whose maths is one rule per parameter leaf, over a
+    few params-shaped pieces of state (its moments). eqxopt's SGD, Adam family,
+    Lion, Adagrad, RMSProp and most others are this: their fields, a few class
+    attributes and a `leaf` method of a few lines.
 
     A subclass declares:
 
-    - its options as fields (`eqxopt._core._fields`: `learning_rate()`, `hyper()`,
-      `mask()`, `dtype()`, ...);
-    - `state_type`: its state module, with a `step` field and one field per moment;
-    - `moments`: the names of the moment fields, in the order `leaf` takes them;
-      each is stored in the dtype of the field `<name>_dtype` if there is one (else
-      each parameter's dtype), declared `dtype_field(storage=True)` to take a
-      block-wise storage too;
-    - `nonnegative_moments` (optional): the moments that are never negative,
-      which a quantized storage then keeps in its unsigned map;
-    - `elementwise`: whether `leaf` treats every element on its own (no reductions
-      and no shape-dependent maths), which lets the native kernels run it;
-    - `leaf(h, t, g, p, *moments[, decayed]) -> (update, *new_moments)`: the rule,
-      on arrays in the compute dtype; `h` holds every hyperparameter's value at
-      this step (`h.learning_rate`, `h.b1`, ...; `_fields.values_at`) and what
-      `step_values` adds, `t` is the step count after this update, and `decayed`
-      (passed when the optimizer has a `mask` field) whether this leaf is masked
-      in.
+    - its options as fields, with the field helpers (`learning_rate_field`,
+      `hyper`, `mask_field`, `dtype_field`, ...), which validate them and make
+      them arrays (so new values never recompile);
+    - `state_type`: its state module, with a `step` field (the number of updates
+      done) and one field per moment;
+    - `moments`: a tuple of `Moment` declarations, in the order `leaf` takes them:
+      each names its dtype option, whether it is never negative, what it starts
+      at;
+    - `decay_mask` (optional): the name of the `mask_field` that selects the
+      leaves `leaf` is told to decay (`decayed`);
+    - `elementwise`: whether `leaf` treats every element on its own (no norms, no
+      reductions, nothing that depends on the leaf's shape), which lets a backend
+      such as the native CPU kernels run it;
+    - `leaf(h, t, g, p, *moments[, flag]) -> (update, *new_moments)`: the rule for
+      one leaf, on arrays in the compute dtype (at least float32). `h` holds every
+      hyperparameter's value at this step (`h.learning_rate`, `h.b1`, ...:
+      schedules already evaluated) and what `step_values` adds; `t` is the step
+      count after this update (`step + 1`, for bias corrections); `flag` (with
+      `decay_mask`, or where `leaf_flags` is overridden) is this leaf's flag, a
+      bool `decayed` by default.
 
-    The engine does the rest: state creation, `None` gradients, dtypes, the mask,
-    and the native fast path.
+    The engine does the rest: creating and storing the state (dtypes, 8-bit and
+    4-bit storage, placement on a mesh), `None` gradients, low-precision
+    parameters, the checks, `update`/`step`, the fused apply and the native
+    kernels.
+
+    **Example:** SGD with momentum and decoupled weight decay, in full (see the
+    documentation's "Writing an optimizer" page for more):
+
+    ```python
+    import equinox as eqx
+    from jaxtyping import Array, Int, PyTree
+    from eqxopt import extend
+
+
+    class MomentumState(eqx.Module):
+        step: Int[Array, ""]
+        velocity: PyTree
+
+
+    class DecayedMomentum(extend.AbstractLeafwiseOptimizer):
+        learning_rate: extend.ScalarOrSchedule = extend.learning_rate_field()
+        momentum: extend.ScalarOrSchedule = extend.hyper(0.9, low=0.0, high=1.0)
+        weight_decay: extend.ScalarOrSchedule = extend.weight_decay_field(0.0)
+        mask: extend.MaskLike = extend.mask_field()
+        velocity_dtype: extend.DTypeLike = extend.dtype_field(storage=True)
+
+        state_type = MomentumState
+        moments = (extend.Moment("velocity", dtype="velocity_dtype"),)
+        decay_mask = "mask"
+        elementwise = True
+
+        def leaf(self, h, t, g, p, v, decayed):
+            v = h.momentum * v + g
+            u = -h.learning_rate * v
+            if decayed:
+                u = u - h.learning_rate * h.weight_decay * p
+            return u, v
+    ```
     """
 
     learning_rate: eqx.AbstractVar[Any]
     state_type: eqx.AbstractClassVar[type[eqx.Module]]
-    moments: eqx.AbstractClassVar[tuple[str, ...]]
     elementwise: eqx.AbstractClassVar[bool]
+    # The name of the mask field whose leaves `leaf` is told to decay, or `None`.
+    decay_mask: ClassVar[str | None] = None
     # The per-leaf rule (a method); see above.
     leaf: eqx.AbstractClassVar[Callable[..., tuple[Array, ...]]]
 
     def step_values(self, step: Int[Array, ""]) -> types.SimpleNamespace:
         """What `leaf` gets as `h` at `step`: every hyperparameter's value there
-        (`_fields.values_at`). A subclass may add values derived from them, which
-        are then computed once per step rather than once per leaf (bias
-        corrections, ...)."""
+        (`values_at`). A subclass may add values derived from them, which are then
+        computed once per step rather than once per leaf (bias corrections,
+        ...)."""
         return values_at(self, step)
 
-    def moment_fill(self, name: str) -> float:
-        """The value a moment starts at (0 unless a subclass says otherwise)."""
-        del name
-        return 0.0
-
-    def _flags(self, params: Params) -> list[bool] | None:
-        # Whether each leaf is masked in, for optimizers with a `mask` field.
-        mask = getattr(self, "mask", _NO_MASK)
-        return None if mask is _NO_MASK else decay_flags(mask, params)
+    def leaf_flags(self, params: Params) -> list[Any] | None:
+        """Per leaf of `params`, the hashable flag `leaf` receives as its last
+        argument, or `None` (it takes none). By default: with a `decay_mask`,
+        whether each leaf is in it (a bad mask raises here, naming it)."""
+        if self.decay_mask is None:
+            return None
+        return decay_flags(getattr(self, self.decay_mask), params, self.decay_mask)
 
     def init(self, params: Params) -> Any:
-        self._flags(params)  # a bad mask fails here, not mid-training
-        moments = {
-            name: moment_like(self, params, name, self.moment_fill(name))
-            for name in self.moments
-        }
+        self.leaf_flags(params)  # a bad mask fails here, not mid-training
+        moments = {m.name: moment_like(self, params, m) for m in self.moments}
         return self.state_type(step=zero_step(), **moments)  # pyright: ignore
 
     def run(
@@ -279,9 +289,10 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
             functools.partial(self.leaf, h, t),
             grads,
             params,
-            tuple(getattr(state, name) for name in self.moments),
+            tuple(getattr(state, m.name) for m in self.moments),
             elementwise=self.elementwise,
-            flags=self._flags(params),
+            flags=self.leaf_flags(params),
             apply=apply,
         )
-        return out, self.state_type(step=t, **dict(zip(self.moments, new)))  # pyright: ignore
+        names = [m.name for m in self.moments]
+        return out, self.state_type(step=t, **dict(zip(names, new)))  # pyright: ignore

@@ -29,6 +29,7 @@ from .._core._fields import (
     learning_rate_field,
 )
 from .._core._leafwise import AbstractLeafwiseOptimizer, map_leaves
+from .._core._moments import Moment
 from .._core._shards import AxisName, leaf_norm
 from .._core._tree import abs_sq, increment
 from ._state import EmptyState, StepState
@@ -104,8 +105,10 @@ class ScaleByAdam(AbstractBlock):
     nu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = ScaleByAdamState
-    moments = ("mu", "nu")
-    nonnegative_moments = frozenset({"nu"})  # as the fused optimizers' `nu`
+    moments = (  # as the fused optimizers' moments
+        Moment("mu", dtype="mu_dtype"),
+        Moment("nu", dtype="nu_dtype", nonnegative=True),
+    )
     elementwise = True
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
@@ -182,12 +185,8 @@ class ScaleByRms(AbstractBlock):
     nu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = ScaleByRmsState
-    moments = ("nu",)
-    nonnegative_moments = frozenset({"nu"})
+    moments = (Moment("nu", dtype="nu_dtype", nonnegative=True, fill="initial_scale"),)
     elementwise = True
-
-    def moment_fill(self, name: str) -> float:
-        return self.initial_scale
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
         h = super().step_values(step)
@@ -326,7 +325,7 @@ class Trace(AbstractBlock):
     trace_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = TraceState
-    moments = ("trace",)
+    moments = (Moment("trace", dtype="trace_dtype"),)
     elementwise = True
 
     def leaf(self, h, t, g, p, trace):

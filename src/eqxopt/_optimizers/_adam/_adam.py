@@ -12,7 +12,6 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
-    DTypeLike,
     MaskLike,
     ScalarOrSchedule,
     choice_field,
@@ -20,7 +19,8 @@ from ..._core._fields import (
     mask_field,
     weight_decay_field,
 )
-from ..._core._leafwise import map_leaves, moment_like
+from ..._core._leafwise import map_leaves
+from ..._core._moments import Moment, moment_like
 from ..._core._tree import (
     abs_sq,
     increment,
@@ -226,12 +226,14 @@ class AbstractNAdam(AbstractAdamOptions):
     momentum_decay: ScalarOrSchedule = momentum_decay_field()
 
     state_type = NAdamState
-    moments = ("mu", "nu")
-    nonnegative_moments = frozenset({"nu"})
+    moments = (
+        Moment("mu", dtype="mu_dtype"),
+        Moment("nu", dtype="nu_dtype", nonnegative=True),
+    )
     elementwise = True
 
     def init(self, params: Params) -> NAdamState:
-        self._flags(params)  # a mask that does not fit raises here
+        self.leaf_flags(params)  # a mask that does not fit raises here
         return NAdamState(
             step=zero_step(),
             mu_product=jnp.ones((), jnp.float32),
@@ -261,7 +263,7 @@ class AbstractNAdam(AbstractAdamOptions):
             params,
             (state.mu, state.nu),
             elementwise=True,
-            flags=self._flags(params),
+            flags=self.leaf_flags(params),
             apply=apply,
         )
         mu_product = product.astype(jnp.float32)
@@ -342,6 +344,8 @@ class NAdamW(AbstractNAdam):
     weight_decay: ScalarOrSchedule = weight_decay_field(1e-4)
     mask: MaskLike = mask_field()
 
+    decay_mask = "mask"
+
 
 # --------------------------------------------------------------------------------------
 # AMSGrad.
@@ -392,13 +396,13 @@ class AMSGrad(AbstractAdamOptions):
     bias_correction_mu: bool = flag_field(True)
 
     state_type = AMSGradState
-    moments = ("mu", "nu", "nu_max")
-    nonnegative_moments = frozenset({"nu", "nu_max"})
+    moments = (
+        Moment("mu", dtype="mu_dtype"),
+        Moment("nu", dtype="nu_dtype", nonnegative=True),
+        Moment("nu_max", dtype="nu_dtype", nonnegative=True),
+    )
+    decay_mask = "mask"
     elementwise = True
-
-    @property
-    def nu_max_dtype(self) -> DTypeLike:
-        return self.nu_dtype  # the engine stores moment `x` in `x_dtype`
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
         return bias_corrections(super().step_values(step), step)
@@ -486,3 +490,5 @@ class AdamaxW(AbstractAdamax):
 
     weight_decay: ScalarOrSchedule = weight_decay_field(1e-4, kw_only=False)
     mask: MaskLike = mask_field()
+
+    decay_mask = "mask"

@@ -25,6 +25,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 from ..._core._tree import abs_sq, increment, step_power
 
 # --------------------------------------------------------------------------------------
@@ -152,17 +153,20 @@ class AbstractAdamLike(AbstractAdamOptions):
     statistic `nu` per parameter (`AdamState`).
 
     Per leaf, the update is `-step_size * (direction + weight_decay * p)`, the decay
-    only at the leaves `mask` selects (for optimizers with a `mask`; `p` is the
-    parameter before the update). A final class declares its options as fields,
-    `elementwise`, and the hook
+    only at the leaves `mask` selects (for optimizers that declare it their
+    `decay_mask`; `p` is the parameter before the update). A final class declares
+    its options as fields, `elementwise`, and the hook
     `direction(h, g, mu, nu) -> (direction, step_size, mu, nu)` on arrays in the
     compute dtype, with `h` the hyperparameters at this step and their bias
     corrections (`bias_corrections`).
     """
 
     state_type = AdamState
-    moments = ("mu", "nu")
-    nonnegative_moments = frozenset({"nu"})  # squares, maxima of |g|, ...
+    moments = (
+        Moment("mu", dtype="mu_dtype"),
+        # Squares, maxima of |g|, ...
+        Moment("nu", dtype="nu_dtype", nonnegative=True),
+    )
 
     @abc.abstractmethod
     def direction(
@@ -188,3 +192,5 @@ class AbstractAdamW(AbstractAdamLike):
     weight_decay: ScalarOrSchedule = weight_decay_field(1e-4)
     eps_root: ScalarOrSchedule = nonnegative_field()
     mask: MaskLike = mask_field()
+
+    decay_mask = "mask"

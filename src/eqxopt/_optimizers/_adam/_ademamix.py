@@ -16,6 +16,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 from ..._core._tree import abs_sq
 from ._adam_like import (
     b1_field,
@@ -88,18 +89,13 @@ class AdEMAMix(AbstractLeafwiseOptimizer):
     nu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = AdEMAMixState
-    moments = ("m1", "m2", "nu")
-    nonnegative_moments = frozenset({"nu"})
+    moments = (
+        Moment("m1", dtype="mu_dtype"),  # both first moments in `mu_dtype`
+        Moment("m2", dtype="mu_dtype"),
+        Moment("nu", dtype="nu_dtype", nonnegative=True),
+    )
+    decay_mask = "mask"
     elementwise = True
-
-    # The engine stores moment `x` in `x_dtype`: both first moments in `mu_dtype`.
-    @property
-    def m1_dtype(self) -> DTypeLike:
-        return self.mu_dtype
-
-    @property
-    def m2_dtype(self) -> DTypeLike:
-        return self.mu_dtype
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
         return bias_corrections(super().step_values(step), step)

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._fields import (
-    DTypeLike,
     ScalarOrSchedule,
     flag_field,
 )
+from ..._core._moments import Moment
 from ._adam_like import (
     AbstractAdamOptions,
     adam_direction,
@@ -81,13 +81,12 @@ class OptimisticAdam(AbstractAdamOptions):
     nesterov: bool = flag_field(True)
 
     state_type = OptimisticAdamState
-    moments = ("mu", "nu", "previous")
-    nonnegative_moments = frozenset({"nu"})
+    moments = (
+        Moment("mu", dtype="mu_dtype"),
+        Moment("nu", dtype="nu_dtype", nonnegative=True),
+        Moment("previous", dtype="mu_dtype"),
+    )
     elementwise = True
-
-    @property
-    def previous_dtype(self) -> DTypeLike:
-        return self.mu_dtype  # the engine stores moment `x` in `x_dtype`
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
         h = bias_corrections(super().step_values(step), step)

@@ -89,6 +89,7 @@ class RAdam(AbstractAdamLike):
     mask: MaskLike = mask_field()
     nesterov: bool = flag_field(False)
 
+    decay_mask = "mask"
     elementwise = True
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:

@@ -1,13 +1,12 @@
 """Yogi: Adam with an additive second-moment update."""
 
-from typing import Any
-
 import jax.numpy as jnp
 
 from ..._core._fields import (
     ScalarOrSchedule,
     hyper,
 )
+from ..._core._moments import Moment
 from ..._core._tree import abs_sq
 from ._adam_like import (
     AbstractAdamLike,
@@ -52,11 +51,13 @@ class Yogi(AbstractAdamLike):
         1e-6, low=0.0, schedule=False, kw_only=True
     )
 
+    moments = (  # both start at initial_accumulator_value
+        Moment("mu", dtype="mu_dtype", fill="initial_accumulator_value"),
+        Moment(
+            "nu", dtype="nu_dtype", nonnegative=True, fill="initial_accumulator_value"
+        ),
+    )
     elementwise = True
-
-    def moment_fill(self, name: str) -> Any:
-        del name
-        return self.initial_accumulator_value  # both moments (a scalar array)
 
     def direction(self, h, g, mu, nu):
         mu = ema(mu, g, h.b1)

@@ -11,6 +11,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 from ..._core._tree import abs_sq
 
 
@@ -65,7 +66,10 @@ class Adadelta(AbstractLeafwiseOptimizer):
     weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
 
     state_type = AdadeltaState
-    moments = ("avg_sq_grad", "avg_sq_delta")
+    moments = (
+        Moment("avg_sq_grad", nonnegative=True),
+        Moment("avg_sq_delta", nonnegative=True),
+    )
     elementwise = True
 
     def leaf(self, h, t, g, p, eg, edx):

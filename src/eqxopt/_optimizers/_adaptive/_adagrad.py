@@ -1,7 +1,5 @@
 """Adagrad: steps scaled by the root of the sum of all squared gradients."""
 
-from typing import Any
-
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
@@ -14,6 +12,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 from ..._core._tree import abs_sq
 
 
@@ -73,11 +72,10 @@ class Adagrad(AbstractLeafwiseOptimizer):
     weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
 
     state_type = AdagradState
-    moments = ("sum_of_squares",)
+    moments = (
+        Moment("sum_of_squares", nonnegative=True, fill="initial_accumulator_value"),
+    )
     elementwise = True
-
-    def moment_fill(self, name: str) -> Any:
-        return self.initial_accumulator_value
 
     def leaf(self, h, t, g, p, s):
         g = g + h.weight_decay * p

@@ -13,6 +13,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 from ..._core._schedule import known_number
 from ..._core._tree import abs_sq, step_power
 
@@ -85,7 +86,13 @@ class Adan(AbstractLeafwiseOptimizer):
     mask: MaskLike = mask_field(kw_only=False)
 
     state_type = AdanState
-    moments = ("mu", "delta", "nu", "prev_grad")
+    moments = (
+        Moment("mu"),
+        Moment("delta"),
+        Moment("nu", nonnegative=True),
+        Moment("prev_grad"),
+    )
+    decay_mask = "mask"
     elementwise = True
 
     def __check_init__(self):

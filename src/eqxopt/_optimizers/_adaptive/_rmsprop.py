@@ -1,7 +1,5 @@
 """RMSProp, plain or centered, with optional (Nesterov) momentum."""
 
-from typing import Any
-
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
@@ -14,6 +12,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 from ..._core._tree import abs_sq, step_power
 
 
@@ -113,16 +112,13 @@ class RMSProp(AbstractLeafwiseOptimizer):
             )
 
     @property
-    def moments(self) -> tuple[str, ...]:  # pyright: ignore[reportIncompatibleVariableOverride]
+    def moments(self) -> tuple[Moment, ...]:  # pyright: ignore[reportIncompatibleVariableOverride]
         # The state's buffers depend on the options (the others are None).
         return (
-            "nu",
-            *(("mu",) if self.centered else ()),
-            *(() if self.momentum is None else ("momentum",)),
+            Moment("nu", nonnegative=True, fill="initial_scale"),
+            *((Moment("mu"),) if self.centered else ()),
+            *(() if self.momentum is None else (Moment("momentum"),)),
         )
-
-    def moment_fill(self, name: str) -> Any:
-        return self.initial_scale if name == "nu" else 0.0
 
     def leaf(self, h, t, g, p, nu, *rest):
         rest = list(rest)

@@ -26,8 +26,9 @@ from ..._core._fields import (
     values_at,
     weight_decay_field,
 )
-from ..._core._leafwise import map_leaves, moment_like
+from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
+from ..._core._moments import Moment, moment_like
 from ..._core._real import RealOnly
 from ..._core._tree import (
     align_grads,
@@ -145,6 +146,7 @@ class Sophia(AbstractTransform):
 
     real_only = RealOnly("its clip compares magnitudes", trees=("params", "grads"))
 
+    moments = (Moment("mu", dtype="mu_dtype"),)
     keywords = frozenset({"obj_fn", "fn_args", "hessian"})
 
     def init(self, params: Params) -> SophiaState:

@@ -18,6 +18,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._masks import decay_flags
+from ..._core._moments import Moment
 from ..._core._shards import AxisName
 from ..._core._tree import abs_sq, step_power
 from ._trust import AbstractTrustRatioOptimizer
@@ -106,7 +107,8 @@ class LAMB(AbstractTrustRatioOptimizer):
     axis_name: AxisName = axis_name_field()
 
     state_type = LAMBState
-    moments = ("mu", "nu")
+    moments = (Moment("mu"), Moment("nu", nonnegative=True))
+    decay_mask = "mask"
 
     def leaf(self, h, t, g, p, mu, nu, decayed):
         mu = h.b1 * mu + (1 - h.b1) * g
@@ -182,12 +184,12 @@ class LARS(AbstractTrustRatioOptimizer):
     axis_name: AxisName = axis_name_field()
 
     state_type = LARSState
-    moments = ("velocity",)
+    moments = (Moment("velocity"),)
 
     def ratio_options(self, h):
         return dict(trust_coefficient=h.trust_coefficient, eps=h.eps)
 
-    def _flags(self, params: Params) -> Any:
+    def leaf_flags(self, params: Params) -> Any:
         # Two masks: (decayed, scaled) for each leaf.
         decayed = decay_flags(self.weight_decay_mask, params, "weight_decay_mask")
         scaled = decay_flags(self.trust_ratio_mask, params, "trust_ratio_mask")

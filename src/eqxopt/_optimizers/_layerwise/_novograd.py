@@ -14,6 +14,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 from ..._core._shards import AxisName, shard_sum
 from ..._core._tree import (
     abs_sq,
@@ -86,7 +87,7 @@ class NovoGrad(AbstractLeafwiseOptimizer):
     axis_name: AxisName = axis_name_field()
 
     state_type = NovoGradState
-    moments = ("mu", "nu")
+    moments = (Moment("mu"), Moment("nu", nonnegative=True))
     elementwise = False
 
     def init(self, params: Params) -> NovoGradState:

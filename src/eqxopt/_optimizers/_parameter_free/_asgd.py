@@ -15,6 +15,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 from ..._core._tree import is_float_leaf
 
 
@@ -73,7 +74,7 @@ class ASGD(AbstractLeafwiseOptimizer):
     weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
 
     state_type = ASGDState
-    moments = ("ax",)
+    moments = (Moment("ax"),)
     elementwise = True
 
     def step_values(self, step: Int[Array, ""]) -> types.SimpleNamespace:

@@ -16,6 +16,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 from ._sums import copy_params
 
 
@@ -84,11 +85,15 @@ class COCOB(AbstractLeafwiseOptimizer):
     mask: MaskLike = mask_field()
 
     state_type = COCOBState
-    moments = ("params0", "grad_sum", "max_grad", "abs_grad_sum", "reward")
+    moments = (
+        Moment("params0"),
+        Moment("grad_sum"),
+        Moment("max_grad", nonnegative=True, fill="eps"),
+        Moment("abs_grad_sum", nonnegative=True),
+        Moment("reward"),
+    )
+    decay_mask = "mask"
     elementwise = True
-
-    def moment_fill(self, name: str) -> Any:
-        return self.eps if name == "max_grad" else 0.0
 
     def init(self, params: Params) -> COCOBState:
         state = super().init(params)

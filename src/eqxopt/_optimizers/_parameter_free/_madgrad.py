@@ -16,6 +16,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 from ..._core._tree import abs_sq
 from ._sums import copy_params
 
@@ -81,7 +82,11 @@ class MADGRAD(AbstractLeafwiseOptimizer):
     decouple_decay: bool = flag_field(False)
 
     state_type = MADGRADState
-    moments = ("grad_sum_sq", "grad_sum", "params0")
+    moments = (
+        Moment("grad_sum_sq", nonnegative=True),
+        Moment("grad_sum"),
+        Moment("params0"),
+    )
     elementwise = True
 
     def init(self, params: Params) -> MADGRADState:

@@ -24,8 +24,9 @@ from ..._core._fields import (
     values_at,
     weight_decay_field,
 )
-from ..._core._leafwise import map_leaves, moment_like
+from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
+from ..._core._moments import Moment, moment_like
 from ..._core._tree import (
     abs_sq,
     align_grads,
@@ -370,7 +371,10 @@ class Muon(AbstractTransform):
         _axis_names, None, static=True, kw_only=True
     )
 
-    nonnegative_moments = frozenset({"nu"})
+    moments = (
+        Moment("mu", dtype="mu_dtype"),
+        Moment("nu", dtype="nu_dtype", nonnegative=True),
+    )
 
     def __check_init__(self):
         k = self.ns_steps

@@ -11,6 +11,7 @@ from jaxtyping import Array, Float, Int, PyTree
 from ..._core._base import Params
 from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 from ..._core._real import RealOnly
 from ..._core._tree import (
     abs_sq,
@@ -85,7 +86,7 @@ class SM3(AbstractLeafwiseOptimizer):
     real_only = RealOnly(_WHY)
 
     state_type = SM3State
-    moments = ("accumulators", "momentum")
+    moments = (Moment("accumulators", nonnegative=True), Moment("momentum"))
     elementwise = False
 
     def init(self, params: Params) -> SM3State:

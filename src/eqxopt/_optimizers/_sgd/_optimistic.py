@@ -6,6 +6,7 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 
 
 class OptimisticGradientDescentState(eqx.Module):
@@ -53,7 +54,7 @@ class OptimisticGradientDescent(AbstractLeafwiseOptimizer):
     beta: ScalarOrSchedule = hyper(1.0, low=0.0)
 
     state_type = OptimisticGradientDescentState
-    moments = ("prev_grad",)
+    moments = (Moment("prev_grad"),)
     elementwise = True
 
     def leaf(self, h, t, g, p, prev):

@@ -1,13 +1,12 @@
 """Rprop: per-element step sizes adapted from the signs of successive gradients."""
 
-from typing import Any
-
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._fields import ScalarOrSchedule, hyper
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 from ..._core._real import RealOnly
 from ..._core._schedule import known_number
 
@@ -80,7 +79,10 @@ class Rprop(AbstractLeafwiseOptimizer):
     real_only = RealOnly(_WHY)
 
     state_type = RpropState
-    moments = ("step_sizes", "prev_grad")
+    moments = (
+        Moment("step_sizes", nonnegative=True, fill="learning_rate"),
+        Moment("prev_grad"),
+    )
     elementwise = True
 
     def __check_init__(self):
@@ -90,9 +92,6 @@ class Rprop(AbstractLeafwiseOptimizer):
                 "min_step_size must be <= max_step_size, got "
                 f"min_step_size={low!r} and max_step_size={high!r}"
             )
-
-    def moment_fill(self, name: str) -> Any:
-        return self.learning_rate if name == "step_sizes" else 0.0
 
     def leaf(self, h, t, g, p, size, prev):
         q = g * prev

@@ -19,7 +19,8 @@ from ..._core._fields import (
     values_at,
     weight_decay_field,
 )
-from ..._core._leafwise import AbstractEngineTransform, map_leaves, moment_like
+from ..._core._leafwise import AbstractEngineTransform, map_leaves
+from ..._core._moments import Moment, moment_like
 from ..._core._schedule import value_at
 from ..._core._schedule_free import (
     averaging_weight,
@@ -236,7 +237,7 @@ class ScheduleFreeAdamW(AbstractScheduleFree):
     z_dtype: DTypeLike = dtype_field()  # z is not a moment
     nu_dtype: DTypeLike = dtype_field(storage=True)
 
-    nonnegative_moments = frozenset({"nu"})
+    moments = (Moment("nu", dtype="nu_dtype", nonnegative=True),)
 
     def nu_init(self, params: Params) -> PyTree:
         return moment_like(self, params, "nu")

@@ -13,6 +13,7 @@ from ..._core._fields import (
     learning_rate_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 
 
 class SGDState(eqx.Module):
@@ -82,7 +83,7 @@ class SGD(AbstractLeafwiseOptimizer):
     velocity_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = SGDState
-    moments = ("velocity",)
+    moments = (Moment("velocity", dtype="velocity_dtype"),)
     elementwise = True
 
     def leaf(self, h, t, g, p, v):

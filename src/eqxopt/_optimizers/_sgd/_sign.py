@@ -16,6 +16,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._moments import Moment
 
 
 class SignSGDState(eqx.Module):
@@ -108,7 +109,7 @@ class Signum(AbstractLeafwiseOptimizer):
     mu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = SignumState
-    moments = ("mu",)
+    moments = (Moment("mu", dtype="mu_dtype"),)
     elementwise = True
 
     def leaf(self, h, t, g, p, mu):
@@ -186,7 +187,8 @@ class Lion(AbstractLeafwiseOptimizer):
     mu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = LionState
-    moments = ("mu",)
+    moments = (Moment("mu", dtype="mu_dtype"),)
+    decay_mask = "mask"
     elementwise = True
 
     def leaf(self, h, t, g, p, mu, decayed):
