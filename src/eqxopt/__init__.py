@@ -329,6 +329,9 @@ except ModuleNotFoundError as error:  # a checkout without them
     if error.name != f"{__name__}._native":
         raise
 
+# The authoring API (bases, field helpers, declarations): `eqxopt.extend`.
+from . import extend as extend
+
 __version__ = importlib.metadata.version("eqxopt")
 
 # Every public name, sorted (the API reference documents each: tests/test_docs.py).

@@ -207,6 +207,7 @@ def own_buffer(x: Array) -> Array:
 
 
 def zero_step() -> Int[Array, ""]:
+    """The step count of a new state: an int32 scalar 0."""
     return jnp.zeros((), jnp.int32)
 
 

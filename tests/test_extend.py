@@ -1,0 +1,386 @@
+"""The authoring API, `eqxopt.extend`, as users write with it: the optimizers of the
+"Writing an optimizer" page (docs/writing-optimizers.md) against plain NumPy over many
+steps, with everything the engine promises them (None gradients, low-precision
+parameters, 8-bit moments, schedules and traced hyperparameters without recompiling,
+`to_optax`, the native kernels), and the errors a wrong declaration gets."""
+
+import ast
+import pathlib
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jaxtyping import Array, Int, PyTree
+
+import eqxopt
+from eqxopt import extend
+from helpers import compiles, grad_stream, nested_tree
+
+PAGE = pathlib.Path(__file__).parent.parent / "docs" / "writing-optimizers.md"
+
+
+def _page_classes() -> dict:
+    """The imports and classes of the page's code blocks, run in one namespace (the
+    blocks' training loops are run by tests/test_docs.py)."""
+    blocks = re.findall(r"^```python\n(.*?)^```", PAGE.read_text(), re.S | re.M)
+    namespace: dict = {"__name__": "writing_optimizers"}
+    for block in blocks:
+        tree = ast.parse(block)
+        tree.body = [
+            node
+            for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef))
+        ]
+        exec(compile(tree, str(PAGE), "exec"), namespace)
+    return namespace
+
+
+PAGE_CLASSES = _page_classes()
+LaProp = PAGE_CLASSES["LaProp"]
+LaPropW = PAGE_CLASSES["LaPropW"]
+LaPropOnce = PAGE_CLASSES["LaPropOnce"]
+NormalizedMomentum = PAGE_CLASSES["NormalizedMomentum"]
+
+
+def laprop_reference(
+    params, grads, lr, b1=0.9, b2=0.999, eps=1e-15, wd=0.0, decay=None
+):
+    """LaProp in NumPy, float64, leaf by leaf; `decay(path)`: which leaves decay."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    p = [np.asarray(x, np.float64) for _, x in flat]
+    mu = [np.zeros_like(x) for x in p]
+    nu = [np.zeros_like(x) for x in p]
+    history = []
+    for t, g_tree in enumerate(grads, start=1):
+        g_leaves = treedef.flatten_up_to(g_tree)
+        for i, g in enumerate(g_leaves):
+            if g is None:
+                continue
+            g = np.asarray(g, np.float64)
+            nu[i] = b2 * nu[i] + (1 - b2) * g * g
+            mu[i] = b1 * mu[i] + (1 - b1) * g / (np.sqrt(nu[i] / (1 - b2**t)) + eps)
+            u = -lr * mu[i] / (1 - b1**t)
+            if decay is not None and decay(flat[i][0]):
+                u = u - lr * wd * p[i]
+            p[i] = p[i] + u
+        history.append(jax.tree.unflatten(treedef, [x.copy() for x in p]))
+    return history
+
+
+def assert_close(actual, expected, rtol=2e-5, atol=2e-6):
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(np.asarray(a, np.float64), e, rtol=rtol, atol=atol)
+
+
+def run_steps(opt, params, grads, donate=False, **extra):
+    """The parameters after each step (with `donate`, only the last one is alive:
+    each step consumes its inputs) and the last state."""
+    if donate:
+        params = jax.tree.map(jnp.copy, params)  # the caller's stay alive
+    state = opt.init(params)
+    history = []
+    for g in grads:
+        params, state = opt.step(g, state, params, donate=donate, **extra)
+        history.append(params)
+    return history, state
+
+
+@pytest.mark.parametrize("donate", [False, True], ids=["step", "donated step"])
+def test_laprop_matches_numpy_over_many_steps(donate):
+    params = nested_tree(seed=3)
+    grads = list(grad_stream(params, 25, seed=4))
+    history, _ = run_steps(LaProp(3e-2), params, grads, donate=donate)
+    expected = laprop_reference(params, grads, 3e-2)
+    assert_close(history[-1], expected[-1])
+    assert not np.allclose(expected[-1]["dense"]["w"], params["dense"]["w"], atol=0.1)
+
+
+def test_laprop_update_and_optax_form_agree_with_step():
+    params = nested_tree(seed=5)
+    grads = list(grad_stream(params, 12, seed=6))
+    opt = LaProp(1e-2, b1=0.8)
+    stepped, _ = run_steps(opt, params, grads)
+
+    state, by_update = opt.init(params), params
+    tx = opt.to_optax()
+    optax_state, by_optax = tx.init(params), params
+    for g in grads:
+        updates, state = opt.update(g, state, by_update)
+        by_update = eqxopt.apply_updates(by_update, updates)
+        updates, optax_state = tx.update(g, optax_state, by_optax)
+        by_optax = optax.apply_updates(by_optax, updates)
+    assert_close(by_update, jax.tree.map(np.asarray, stepped[-1]), rtol=1e-6, atol=1e-7)
+    assert_close(by_optax, jax.tree.map(np.asarray, stepped[-1]), rtol=1e-6, atol=1e-7)
+
+
+def test_none_gradients_and_non_float_leaves_are_left_alone():
+    params = {"w": jnp.ones((3, 4)), "frozen": jnp.full(5, 2.0), "n": jnp.arange(3)}
+    grads = [
+        {"w": g["w"], "frozen": None, "n": None}
+        for g in grad_stream({"w": params["w"]}, 6, seed=1)
+    ]
+    history, state = run_steps(LaProp(1e-2), params, grads)
+    np.testing.assert_array_equal(history[-1]["frozen"], params["frozen"])
+    np.testing.assert_array_equal(history[-1]["n"], params["n"])
+    np.testing.assert_array_equal(state.mu["frozen"], jnp.zeros(5))
+    expected = laprop_reference(
+        {"w": params["w"]}, [{"w": g["w"]} for g in grads], 1e-2
+    )
+    assert_close(history[-1]["w"], expected[-1]["w"])
+
+
+def test_low_precision_parameters_keep_their_dtype_and_compute_in_float32():
+    params = {"w": jnp.linspace(-1, 1, 12, dtype=jnp.bfloat16).reshape(3, 4)}
+    grads = [eqxopt.tree_cast(g, jnp.bfloat16) for g in grad_stream(params, 5, seed=2)]
+    history, state = run_steps(LaProp(1e-2), params, grads)
+    assert history[-1]["w"].dtype == jnp.bfloat16
+    assert state.mu["w"].dtype == jnp.bfloat16  # stored like its parameter
+    expected = laprop_reference(params, grads, 1e-2)
+    assert_close(history[-1], expected[-1], rtol=2e-2, atol=2e-2)
+
+
+def test_quantized_moments_follow_the_declarations():
+    """`nu` is declared non-negative: its 8-bit storage is the unsigned map, `mu`'s
+    the signed one; the run stays close to the float32 one."""
+    params = {"w": jax.random.normal(jax.random.key(0), (64, 64))}
+    grads = list(grad_stream(params, 10, seed=7))
+    q = eqxopt.Blockwise8bit(block_size=64, min_size=256)
+    quantized = LaProp(1e-3, mu_dtype=q, nu_dtype=q)
+    state = quantized.init(params)
+    assert isinstance(state.mu["w"], eqxopt.QuantizedArray)
+    assert state.nu["w"].map_name.endswith("unsigned")
+    assert not state.mu["w"].map_name.endswith("unsigned")
+    low, _ = run_steps(quantized, params, grads)
+    full, _ = run_steps(LaProp(1e-3), params, grads)
+    moved = np.abs(np.asarray(full[-1]["w"] - params["w"])).max()
+    error = np.abs(np.asarray(low[-1]["w"] - full[-1]["w"])).max()
+    assert error < 0.05 * moved
+
+
+def test_new_hyperparameter_values_and_schedules_reuse_the_compiled_step():
+    params = nested_tree(seed=1)
+    grads = next(grad_stream(params, 1))
+
+    @eqx.filter_jit
+    def train_step(opt, state, params, grads):
+        return opt.step(grads, state, params)
+
+    opt = LaProp(1e-3)
+    train_step(opt, opt.init(params), params, grads)
+    with compiles() as compiled:
+        for lr in (3e-4, jnp.asarray(2e-3)):
+            again = LaProp(lr, b1=0.95)
+            train_step(again, again.init(params), params, grads)
+    assert compiled == []
+
+
+def test_a_schedule_is_evaluated_at_the_step():
+    params = {"w": jnp.ones(4)}
+    grads = list(grad_stream(params, 6, seed=3))
+    schedule = eqxopt.WarmupCosine(1e-2, 0.0, 2, 6)
+    history, _ = run_steps(LaProp(schedule), params, grads)
+    # LaProp's first update has size lr * |g| / |g| = lr: zero at step 0 of warmup.
+    np.testing.assert_allclose(history[0]["w"], params["w"], atol=0)
+    assert not np.allclose(history[-1]["w"], params["w"])
+
+
+def test_the_native_kernels_run_an_element_wise_rule_where_they_are_on():
+    params = nested_tree(seed=2)
+    report = extend.explain_kernels(LaProp(1e-3), params)
+    lines = [line for line in report.splitlines() if "LaProp.leaf on" in line]
+    assert len(lines) == len(jax.tree.leaves(params))
+    if eqxopt.native_kernels_available():
+        assert all(line.endswith("native kernel") for line in lines), report
+    else:
+        assert not any(line.endswith("native kernel") for line in lines), report
+
+
+def test_a_layer_wise_rule_runs_as_xla_code():
+    params = nested_tree(seed=2)
+    report = extend.explain_kernels(NormalizedMomentum(1e-3), params)
+    lines = [line for line in report.splitlines() if ".leaf on" in line]
+    assert lines and not any(line.endswith("native kernel") for line in lines), report
+
+
+def test_normalized_momentum_matches_numpy():
+    params = nested_tree(seed=8)
+    grads = list(grad_stream(params, 15, seed=9))
+    history, _ = run_steps(NormalizedMomentum(1e-2, momentum=0.8), params, grads)
+    p = [np.asarray(x, np.float64) for x in jax.tree.leaves(params)]
+    v = [np.zeros_like(x) for x in p]
+    for g_tree in grads:
+        for i, g in enumerate(jax.tree.leaves(g_tree)):
+            v[i] = 0.8 * v[i] + np.asarray(g, np.float64)
+            p[i] = p[i] - 1e-2 * v[i] / (np.sqrt(np.mean(v[i] ** 2)) + 1e-8)
+    assert_close(jax.tree.leaves(history[-1]), p)
+
+
+def test_a_decay_mask_selects_the_leaves_that_decay():
+    params = nested_tree(seed=4)
+    grads = list(grad_stream(params, 10, seed=5))
+    opt = LaPropW(
+        1e-2, weight_decay=0.1, mask=lambda p: jax.tree.map(lambda x: x.ndim == 2, p)
+    )
+    history, _ = run_steps(opt, params, grads)
+    shapes = {
+        jax.tree_util.keystr(k): x.ndim
+        for k, x in jax.tree_util.tree_leaves_with_path(params)
+    }
+    expected = laprop_reference(
+        params,
+        grads,
+        1e-2,
+        wd=0.1,
+        decay=lambda path: shapes[jax.tree_util.keystr(path)] == 2,
+    )
+    assert_close(history[-1], expected[-1])
+    with pytest.raises(ValueError, match="mask"):
+        LaPropW(1e-2, mask={"no": True}).init(params)
+
+
+def test_values_computed_once_per_step_give_the_same_numbers():
+    params = nested_tree(seed=6)
+    grads = list(grad_stream(params, 10, seed=7))
+    once, _ = run_steps(LaPropOnce(1e-2), params, grads)
+    each, _ = run_steps(LaProp(1e-2), params, grads)
+    assert_close(once[-1], jax.tree.map(np.asarray, each[-1]), rtol=1e-6, atol=1e-7)
+
+
+def test_field_helpers_validate_at_construction():
+    with pytest.raises(ValueError, match="b1"):
+        LaProp(1e-3, b1=1.5)
+    with pytest.raises(ValueError, match="learning_rate"):
+        LaProp(-1.0)
+    with pytest.raises(TypeError, match="nu_dtype"):
+        LaProp(1e-3, nu_dtype="not a dtype")
+    with pytest.raises(TypeError, match="velocity_dtype"):
+        NormalizedMomentum(1e-3, velocity_dtype=3)
+
+
+def test_a_wrong_state_is_refused_naming_the_argument():
+    params = {"w": jnp.ones(3)}
+    grads = {"w": jnp.ones(3)}
+    other = eqxopt.AdamW(1e-3).init(params)
+    with pytest.raises(TypeError, match="state"):
+        LaProp(1e-3).update(grads, other, params)
+    with pytest.raises(TypeError, match="state"):
+        LaProp(1e-3).step(grads, other, params)
+
+
+class _State(eqx.Module):
+    step: Int[Array, ""]
+    mu: PyTree
+
+
+def _declare(**attributes):
+    body = {
+        "__annotations__": {
+            "learning_rate": extend.ScalarOrSchedule,
+            "mu_dtype": extend.DTypeLike,
+            "mask": extend.MaskLike,
+            "b1": extend.ScalarOrSchedule,
+        },
+        "learning_rate": extend.learning_rate_field(),
+        "mu_dtype": extend.dtype_field(storage=True),
+        "mask": extend.mask_field(),
+        "b1": extend.hyper(0.9),
+        "state_type": _State,
+        "elementwise": True,
+        "leaf": lambda self, h, t, g, p, mu: (-h.learning_rate * g, mu),
+    }
+    body.update(attributes)
+    return type("Mine", (extend.AbstractLeafwiseOptimizer,), body)
+
+
+def test_a_correct_declaration_makes_a_working_optimizer():
+    cls = _declare(moments=(extend.Moment("mu", dtype="mu_dtype"),))
+    params = {"w": jnp.ones(3)}
+    new, _ = cls(0.5).step({"w": jnp.ones(3)}, cls(0.5).init(params), params)
+    np.testing.assert_allclose(new["w"], 0.5)
+
+
+@pytest.mark.parametrize(
+    "attributes, message",
+    [
+        (
+            {"moments": ("mu",)},
+            r"Mine.moments must hold eqxopt.extend.Moment declarations",
+        ),
+        (
+            {"moments": (extend.Moment("mu", dtype="b1"),)},
+            r"Mine: Moment\('mu', dtype='b1'\) names no dtype option",
+        ),
+        (
+            {"moments": (extend.Moment("mu", dtype="mu_type"),)},
+            r"Mine: Moment\('mu', dtype='mu_type'\) names no dtype option",
+        ),
+        (
+            {"moments": (extend.Moment("mu", fill="initial"),)},
+            r"Mine: Moment\('mu', fill='initial'\) names no field",
+        ),
+        (
+            {"moments": (extend.Moment("nu"),)},
+            r"Mine: its state _State has no field for the moments \['nu'\]",
+        ),
+        (
+            {"moments": (extend.Moment("mu"),), "decay_mask": "b1"},
+            r"Mine: decay_mask='b1' names no mask option",
+        ),
+    ],
+)
+def test_a_wrong_declaration_fails_when_the_class_is_made(attributes, message):
+    with pytest.raises(TypeError, match=message):
+        _declare(**attributes)
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"name": "2mu"}, r"Moment: name must be a field name, got '2mu'"),
+        (
+            {"name": "mu", "dtype": jnp.float32},
+            r"Moment\('mu'\): dtype names the field",
+        ),
+        (
+            {"name": "mu", "nonnegative": 1},
+            r"Moment\('mu'\): nonnegative must be a bool",
+        ),
+    ],
+)
+def test_a_bad_moment_is_refused(arguments, message):
+    with pytest.raises(TypeError, match=message):
+        extend.Moment(**arguments)
+
+
+def test_moment_like_makes_a_declared_moment_as_the_engine_does():
+    q = eqxopt.Blockwise8bit(block_size=64, min_size=64)
+    opt = LaProp(1e-3, nu_dtype=q)
+    params = {"w": jnp.ones((16, 16)), "n": jnp.arange(2)}
+    made = extend.moment_like(opt, params, "nu")
+    assert isinstance(made["w"], eqxopt.QuantizedArray)
+    assert made["w"].map_name.endswith("unsigned")
+    assert made["n"] is None
+    expected = opt.init(params).nu["w"]
+    np.testing.assert_array_equal(made["w"].codes, expected.codes)
+    with pytest.raises(
+        TypeError, match="LaProp makes a moment 'v' that its `moments` do not declare"
+    ):
+        extend.moment_like(opt, params, "v")
+
+
+def test_extend_lists_what_it_exports():
+    assert sorted(extend.__all__) == extend.__all__
+    for name in extend.__all__:
+        assert hasattr(extend, name), name
+
+
+def test_the_api_reference_documents_every_name():
+    page = (PAGE.parent / "api" / "extend.md").read_text()
+    documented = set(re.findall(r"^::: eqxopt\.extend\.(\w+)$", page, re.M))
+    aliases = set(re.findall(r"^- `(\w+)`", page, re.M))
+    aliases |= {"Params", "Grads", "Updates", "State"}
+    assert sorted(set(extend.__all__) - documented - aliases) == []
