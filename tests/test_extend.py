@@ -384,3 +384,32 @@ def test_the_api_reference_documents_every_name():
     aliases = set(re.findall(r"^- `(\w+)`", page, re.M))
     aliases |= {"Params", "Grads", "Updates", "State"}
     assert sorted(set(extend.__all__) - documented - aliases) == []
+
+
+class _ReturnsAnotherState(LaProp):
+    def run(self, grads, state, params, *, apply):
+        out, new = super().run(grads, state, params, apply=apply)
+        return out, eqxopt.AdamState(step=new.step, mu=new.mu, nu=new.nu)
+
+
+class _ReturnsAnotherTree(LaProp):
+    def run(self, grads, state, params, *, apply):
+        out, new = super().run(grads, state, params, apply=apply)
+        return {"other": jnp.zeros(2)}, new
+
+
+@pytest.mark.parametrize("cls", [_ReturnsAnotherState, _ReturnsAnotherTree])
+def test_the_annotations_check_what_a_transform_returns(cls):
+    """The signatures' annotations (updates sharing the parameters' structure, the
+    state of the optimizer's own `state_type`) are checked by jaxtyping and
+    beartype on their own: an optimizer whose rule returns the wrong tree or
+    another optimizer's state fails its first call, not later."""
+    import jaxtyping
+
+    params = {"w": jnp.ones(3)}
+    opt = cls(1e-3)
+    with pytest.raises(
+        jaxtyping.TypeCheckError,
+        match=r"(?s)the return value.*Expected type: tuple\[PyTree.*, .P.\], writing_optimizers.LaPropState\]",
+    ):
+        opt.update(params, opt.init(params), params)
