@@ -394,8 +394,14 @@ class _ReturnsAnotherState(LaProp):
 
 class _ReturnsAnotherTree(LaProp):
     def run(self, grads, state, params, *, apply):
-        out, new = super().run(grads, state, params, apply=apply)
+        _, new = super().run(grads, state, params, apply=apply)
         return {"other": jnp.zeros(2)}, new
+
+
+EXPECTED_RETURN = (
+    r"(?s)the return value.*"
+    r"Expected type: tuple\[PyTree.*, .P.\], writing_optimizers.LaPropState\]"
+)
 
 
 @pytest.mark.parametrize("cls", [_ReturnsAnotherState, _ReturnsAnotherTree])
@@ -410,6 +416,6 @@ def test_the_annotations_check_what_a_transform_returns(cls):
     opt = cls(1e-3)
     with pytest.raises(
         jaxtyping.TypeCheckError,
-        match=r"(?s)the return value.*Expected type: tuple\[PyTree.*, .P.\], writing_optimizers.LaPropState\]",
+        match=EXPECTED_RETURN,
     ):
         opt.update(params, opt.init(params), params)
