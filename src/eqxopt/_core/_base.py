@@ -466,12 +466,28 @@ def _typechecked(method: Callable, state_type: type | None = None) -> Callable:
     return jaxtyped(typechecker=beartype)(method)
 
 
+class _NoParameter:
+    """Where a stand-in for the parameters has a leaf whose gradient is `None`: a
+    leaf that is not an array (as an Equinox model's activation functions are),
+    so the stand-in has the parameters' structure and gets no update there."""
+
+    def __repr__(self) -> str:
+        return "<no parameter given>"
+
+
+_NO_PARAMETER = _NoParameter()
+
+
 def _stand_in(grads: Grads) -> Params:
     """For an `update` called without params (whose transform reads none): zeros
-    shaped like the gradients, `None` where a gradient is `None`. Every rule then
-    runs as with the parameters (a weight decay of 0 times zeros is 0, whatever
-    the parameters hold) and returns updates in the gradients' dtypes."""
-    return jax.tree.map(jnp.zeros_like, grads)
+    shaped like the gradients, a non-array leaf where a gradient is `None`. Every
+    rule then runs as with the parameters (a weight decay of 0 times zeros is 0,
+    whatever the parameters hold) and returns updates in the gradients' dtypes."""
+    return jax.tree.map(
+        lambda g: _NO_PARAMETER if g is None else jnp.zeros_like(g),
+        grads,
+        is_leaf=lambda g: g is None,
+    )
 
 
 def _checked(
