@@ -348,7 +348,7 @@ def test_every_transform_with_a_moment_storage_option_is_listed():
 
 @pytest.mark.parametrize("name", sorted(MOMENT_STORAGE))
 def test_a_moment_is_stored_unsigned_exactly_when_it_is_never_negative(name):
-    """The sign each transform declares for its moments (`Moment(..., nonnegative=...)`),
+    """The sign each transform declares for its moments (`Moment(nonnegative=)`),
     read by every storage choice, against what the moments do: run in float32 on
     gradients of both signs, a moment that never goes negative must be stored in
     the unsigned map, and one that does in the signed map. A building block and
