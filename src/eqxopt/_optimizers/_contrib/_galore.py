@@ -24,6 +24,7 @@ from ..._core._fields import (
     values_at,
 )
 from ..._core._masks import decay_flags
+from ..._core._param_sharding import split_like
 from ..._core._real import RealOnly
 from ..._core._tree import (
     align_grads,
@@ -132,14 +133,17 @@ class GaLore(AbstractTransform):
                 return full_like_leaf(p, 0.0, dtype)
             left, _, r = plan
             shape = (r, p.shape[1]) if left else (p.shape[0], r)
-            return jnp.zeros(shape, stored_dtype(dtype, p.dtype))
+            # Split like the dimension of the parameter it keeps: `split_like`.
+            dims = (None, 1) if left else (0, None)
+            return split_like(jnp.zeros(shape, stored_dtype(dtype, p.dtype)), p, dims)
 
         def projector(p):
             plan = _plan(p, self.rank)
             if plan is None:
                 return None
-            _, rows, r = plan
-            return jnp.zeros((rows, r), compute_dtype(p.dtype))
+            left, rows, r = plan
+            dims = (0, None) if left else (1, None)  # its rows are p's rows or columns
+            return split_like(jnp.zeros((rows, r), compute_dtype(p.dtype)), p, dims)
 
         return GaLoreState(
             step=zero_step(),

@@ -11,6 +11,7 @@ from jaxtyping import Array, Float, Int, PyTree
 from ..._core._base import Params
 from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
 from ..._core._leafwise import AbstractLeafwiseOptimizer
+from ..._core._param_sharding import split_like
 from ..._core._real import RealOnly
 from ..._core._tree import (
     abs_sq,
@@ -93,7 +94,8 @@ class SM3(AbstractLeafwiseOptimizer):
             size = _accumulator_size(jnp.shape(p))
             if (size,) == jnp.shape(p):  # a vector's: shaped and placed like it
                 return full_like_leaf(p)
-            return jnp.zeros((size,), p.dtype)
+            # Split over the devices that hold the parameter: `split_like`.
+            return split_like(jnp.zeros((size,), p.dtype), p)
 
         return SM3State(
             step=zero_step(),
