@@ -89,7 +89,11 @@ class GaLore(AbstractTransform):
     as `optax.contrib.galore` with its default base optimizer (`scale_by_adam`)
     and default dimension numbers (every 2-D leaf projected). The SVD runs in at
     least float32. Real parameters only (the projection uses transposes, not
-    conjugate transposes, as optax does).
+    conjugate transposes, as optax does). On a mesh, a matrix split over mesh
+    axes has its projector and low-rank moments split over the same axes (each
+    along a dimension they divide), so each device holds about `1/N` of them; a
+    step gathers them where the projection needs them whole (within the step
+    only).
 
     **Arguments:**
 

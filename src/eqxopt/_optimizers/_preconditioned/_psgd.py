@@ -217,6 +217,16 @@ class PSGDKron(AbstractTransform):
     update decisions come from the key in the state, so a run is reproducible.
     The per-leaf update-RMS clip and the weight decay are as in `kron.py`.
 
+    On a mesh, for a leaf split over mesh axes (FSDP's `P('fsdp', None)` and the
+    like), `init` splits its factors over the same axes (along the block axis
+    where the device count divides the number of blocks, else along each
+    factor's rows), so each device holds about `1/N` of them. A step gathers them
+    where it applies them (within the step only) and fits each block's factors
+    on one device, the devices taking the blocks of every leaf in turn, the
+    results shared by collectives: the same numbers as on one device.
+    `block_size` changes the maths; a mesh run equals the one-device run of the
+    same `block_size`.
+
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.

@@ -125,6 +125,16 @@ class Shampoo(AbstractTransform):
     follows the distributed Shampoo paper's algorithm (arXiv 2309.06497) without
     its momentum, Nesterov and coupled weight decay options.
 
+    On a mesh, for a leaf split over mesh axes (FSDP's `P('fsdp', None)` and the
+    like), `init` splits its factors and roots over the same axes: along the
+    block axis where the device count divides the number of blocks, else along
+    each block's rows, so each device holds about `1/N` of them. A step gathers a
+    leaf's roots (within the step only) where it applies them, and computes each
+    block's inverse roots on one device, the devices taking the blocks of every
+    leaf in turn, the results shared by collectives: the same numbers as on one
+    device. `block_size` changes the maths (a blocked preconditioner is not the
+    full one); a mesh run equals the one-device run of the same `block_size`.
+
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.

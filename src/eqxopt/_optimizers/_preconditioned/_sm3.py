@@ -68,7 +68,10 @@ class SM3(AbstractLeafwiseOptimizer):
 
     Vectors and scalars keep a full accumulator (`acc = acc + g**2`, Adagrad).
     `optax.sm3` gives the same numbers, but fails on scalar (0-d) leaves; here they
-    work like one-element vectors. Real parameters only.
+    work like one-element vectors. Real parameters only. On a mesh, a leaf split
+    over mesh axes has its accumulator vector split over them too (where they
+    divide its length), so each device holds `1/N` of it; a step gathers it
+    where it needs each axis' values whole (within the step only).
 
     **Arguments:**
 

@@ -135,7 +135,13 @@ class SOAP(AbstractTransform):
     A leaf with no preconditioned axis (a scalar, a 1-D leaf, every axis too long)
     gets plain Adam. On a mesh (Explicit or Auto axes) a split leaf with a
     preconditioned axis has its gradient, value and moments gathered (once each
-    a step on Explicit axes), and its update and moments keep its sharding. optax
+    a step on Explicit axes), and its update and moments keep its sharding. Its
+    statistics and eigenbases are split over the axes that split it (each axis'
+    matrices along their rows, the leaf's other axes along their columns), so each
+    device holds about `1/N` of them; a step gathers them where it uses them
+    (within the step only) and computes each eigendecomposition and refresh on
+    one device, the devices taking the matrices of every leaf in turn, the
+    results shared by collectives: the same numbers as on one device. optax
     has no SOAP (optax issue 1580); this follows the authors' reference PyTorch
     implementation without its `merge_dims` and `normalize_grads` options.
 
