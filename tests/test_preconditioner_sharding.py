@@ -178,5 +178,35 @@ def test_preconditioner_state_split_like_fsdp_parameters_and_roots_once_per_mesh
     print(out)
 
 
+EXAMPLE_SCRIPT = textwrap.dedent(
+    """
+    import numpy as np
+
+    from helpers import load_script
+
+    example = load_script("examples/fsdp_preconditioned.py")
+    # SOAP's first update (its third step) is sensitive to rounding in its new
+    # eigenbasis (the example's docstring says why): 1e-3 there.
+    for optimizer, rtol in (("shampoo", 1e-5), ("soap", 1e-3)):
+        figures = example.main(steps=4, optimizer=optimizer)
+        assert figures["preconditioner_per_device"] <= 1 / 8 + 0.05, figures
+        assert figures["state_per_device"] <= 1 / 8 + 0.05, figures
+        assert figures["one_device_preconditioner"] == 1.0, figures
+        np.testing.assert_allclose(
+            figures["losses"], figures["one_device_losses"], rtol=rtol)
+    print("EXAMPLE-OK")
+    """
+)
+
+
+def test_fsdp_example_holds_an_eighth_of_the_preconditioner_per_device():
+    """examples/fsdp_preconditioned.py, a few steps with Shampoo and with SOAP:
+    each device holds at most 1/8 + 5% of the preconditioner and of the whole
+    state, and the losses are those of one device."""
+    out = run_on_8_devices(EXAMPLE_SCRIPT)
+    assert "EXAMPLE-OK" in out, out
+    assert "per device of" in out, out
+
+
 if __name__ == "__main__":
     pytest.main([__file__, "-q", "-s"])
