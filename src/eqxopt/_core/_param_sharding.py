@@ -3,7 +3,8 @@
 State shaped like its parameter is made like it (`_tree.full_like_leaf`), so it is
 placed like it by construction. State made from a parameter but shaped otherwise
 (quantized blocks, a statistic with one of the parameter's dimensions reduced away:
-`reduced_like`) is placed by `where` it lies: its concrete sharding or, traced
+`reduced_like`, a preconditioner's factors and stacks of per-block matrices:
+`split_like`) is placed by `where` it lies: its concrete sharding or, traced
 (`jax.jit` or `jax.eval_shape` of `init`) on a mesh of Explicit axes, the sharding
 in its type. So a state that follows FSDP-sharded parameters is split from the
 start, and `jax.eval_shape(opt.init, params)` records where each leaf lies (on the
@@ -53,6 +54,53 @@ def where(p: Any) -> Where | None:
     return Where(mesh, spec, put)
 
 
+def _axes(entry: Any) -> tuple[Any, ...]:
+    """The mesh axes of one `PartitionSpec` entry (a name, a tuple of them, None)."""
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def _size(mesh: Any, axes: tuple[Any, ...]) -> int:
+    size = 1
+    for name in axes:
+        size *= mesh.shape[name]
+    return size
+
+
+def _entry(axes: tuple[Any, ...]) -> Any:
+    return axes[0] if len(axes) == 1 else axes
+
+
+def spec_like(
+    shape: tuple[int, ...],
+    found: Where,
+    dims: tuple[int | None, ...],
+    spread: bool,
+) -> PartitionSpec:
+    """The `PartitionSpec` of an array of `shape` made from a parameter that lies
+    at `found`: dimension `i` split like the parameter's dimension `dims[i]`
+    (where one is named and its axes divide it); with `spread`, the parameter's
+    axes left unused split the first other dimension whose size they divide
+    (so each device holds about `1/N` of it)."""
+    spec: list[Any] = [None] * len(shape)
+    used: set[Any] = set()
+    for i, d in enumerate(dims):
+        axes = () if d is None else _axes(found.spec[d])
+        if axes and shape[i] % _size(found.mesh, axes) == 0:
+            spec[i] = _entry(axes)
+            used.update(axes)
+    if spread:
+        left = tuple(a for e in found.spec for a in _axes(e) if a not in used)
+        size = _size(found.mesh, left)
+        if left and size > 1:
+            for i, n in enumerate(shape):
+                if spec[i] is None and n >= size and n % size == 0:
+                    spec[i] = _entry(left)
+                    break
+    return PartitionSpec(*spec)
+
+
 def reduced_like(x: Any, p: Any, axis: int) -> Any:
     """`x`, a statistic of the parameter `p` over its dimension `axis` (shaped like
     `p` without it), placed like `p` along the dimensions it keeps (replicated on
@@ -61,5 +109,23 @@ def reduced_like(x: Any, p: Any, axis: int) -> Any:
     found = where(p)
     if found is None:
         return x
-    kept = found.spec[:axis] + found.spec[axis + 1 :]
-    return found.put(x, NamedSharding(found.mesh, PartitionSpec(*kept)))
+    kept = tuple(d for d in range(p.ndim) if d != axis)
+    spec = spec_like(x.shape, found, kept, spread=False)
+    return found.put(x, NamedSharding(found.mesh, spec))
+
+
+def split_like(x: Any, p: Any, dims: tuple[int | None, ...] = ()) -> Any:
+    """`x`, state made from the parameter `p` but shaped otherwise (a Kronecker
+    factor, an eigenbasis, a projector, a stack of per-block matrices), split
+    over the mesh axes that split `p`: dimension `i` of `x` like dimension
+    `dims[i]` of `p` (`None`: no such dimension), and the axes of `p` left over
+    along the first other dimension of `x` they divide (a stack's leading one
+    first), so each device holds about `1/N` of it as it holds `1/N` of `p`.
+    Replicated on `p`'s mesh where no dimension divides; as it is where `where`
+    finds no mesh. A step keeps each state leaf's placement; where the maths
+    needs such a leaf whole, the compiler gathers it inside the step."""
+    found = where(p)
+    if found is None:
+        return x
+    spec = spec_like(x.shape, found, dims, spread=True)
+    return found.put(x, NamedSharding(found.mesh, spec))

@@ -25,6 +25,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._masks import decay_flags
+from ..._core._param_sharding import split_like
 from ..._core._real import RealOnly
 from ..._core._tree import (
     align_grads,
@@ -89,7 +90,11 @@ class GaLore(AbstractTransform):
     as `optax.contrib.galore` with its default base optimizer (`scale_by_adam`)
     and default dimension numbers (every 2-D leaf projected). The SVD runs in at
     least float32. Real parameters only (the projection uses transposes, not
-    conjugate transposes, as optax does).
+    conjugate transposes, as optax does). On a mesh, a matrix split over mesh
+    axes has its projector and low-rank moments split over the same axes (each
+    along a dimension they divide), so each device holds about `1/N` of them; a
+    step gathers them where the projection needs them whole (within the step
+    only).
 
     **Arguments:**
 
@@ -135,14 +140,17 @@ class GaLore(AbstractTransform):
                 return full_like_leaf(p, 0.0, dtype)
             left, _, r = plan
             shape = (r, p.shape[1]) if left else (p.shape[0], r)
-            return jnp.zeros(shape, stored_dtype(dtype, p.dtype))
+            # Split like the dimension of the parameter it keeps: `split_like`.
+            dims = (None, 1) if left else (0, None)
+            return split_like(jnp.zeros(shape, stored_dtype(dtype, p.dtype)), p, dims)
 
         def projector(p):
             plan = _plan(p, self.rank)
             if plan is None:
                 return None
-            _, rows, r = plan
-            return jnp.zeros((rows, r), compute_dtype(p.dtype))
+            left, rows, r = plan
+            dims = (0, None) if left else (1, None)  # its rows are p's rows or columns
+            return split_like(jnp.zeros((rows, r), compute_dtype(p.dtype)), p, dims)
 
         return GaLoreState(
             step=zero_step(),

@@ -22,7 +22,9 @@ from ..._core._fields import (
     values_at,
     weight_decay_field,
 )
+from ..._core._param_sharding import split_like
 from ..._core._real import RealOnly
+from ..._core._round_robin import map_round_robin, work_mesh
 from ..._core._tree import (
     align_grads,
     compute_dtype,
@@ -216,6 +218,16 @@ class PSGDKron(AbstractTransform):
     update decisions come from the key in the state, so a run is reproducible.
     The per-leaf update-RMS clip and the weight decay are as in `kron.py`.
 
+    On a mesh, for a leaf split over mesh axes (FSDP's `P('fsdp', None)` and the
+    like), `init` splits its factors over the same axes (along the block axis
+    where the device count divides the number of blocks, else along each
+    factor's rows), so each device holds about `1/N` of them. A step gathers them
+    where it applies them (within the step only) and fits each block's factors
+    on one device, the devices taking the blocks of every leaf in turn, the
+    results shared by collectives: the same numbers as on one device.
+    `block_size` changes the maths; a mesh run equals the one-device run of the
+    same `block_size`.
+
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
@@ -295,7 +307,12 @@ class PSGDKron(AbstractTransform):
                     if self._diagonal(p, b)
                     else jnp.eye(b, dtype=dtype)
                 )
-                out.append(jnp.broadcast_to(scale * one, (lay.blocks, *one.shape)))
+                # Split over the devices that hold the parameter: `split_like`.
+                out.append(
+                    split_like(
+                        jnp.broadcast_to(scale * one, (lay.blocks, *one.shape)), p
+                    )
+                )
             return tuple(out)
 
         return PSGDKronState(
@@ -326,6 +343,10 @@ class PSGDKron(AbstractTransform):
         mu_leaves = param_def.flatten_up_to(state.mu)
         q_leaves = param_def.flatten_up_to(state.q)
         out: list[list[Any]] = [[], [], []]
+        # The momentum and the probes of every leaf first, then the fit of every
+        # block's factors at once (on a mesh, each block on one device:
+        # `map_round_robin`), then each leaf's update.
+        fitted = []
         # Each probe's key is the leaf's place among the non-empty float leaves, so
         # leaves that get none (empty, or not float) do not change the others'.
         places = _places(param_leaves)
@@ -345,40 +366,49 @@ class PSGDKron(AbstractTransform):
             dtype = compute_dtype(p.dtype)
             k = t.astype(dtype)
             b1 = h.b1.astype(dtype)
-            g32, p32 = g.astype(dtype), p.astype(dtype)
-            new_mu = b1 * mu.astype(dtype) + (1 - b1) * g32
+            new_mu = b1 * mu.astype(dtype) + (1 - b1) * g.astype(dtype)
             debiased = new_mu / (1 - b1**k)
             lay = self._layout(p)
-            shape = lay.shape
-
-            def blocks(x, lay=lay, shape=shape):
-                return to_blocks(x.reshape(shape), lay)
-
             probe = jax.random.normal(
                 jax.random.fold_in(k_probe, index), p.shape, dtype
             )
-            fit_to = debiased if self.momentum_into_precond_update else g32
-            precond_lr = h.precond_lr.astype(dtype)
+            fit_to = debiased if self.momentum_into_precond_update else g
+            place = len(out[0])
+            out[0].append(None)  # the update, once the factors are fitted
+            out[1].append(new_mu.astype(mu.dtype))
+            out[2].append(qs)
+            fitted.append((place, p, dtype, lay, debiased, fit_to, probe))
 
-            def fit(qs, fit_to=fit_to, probe=probe, blocks=blocks, lr=precond_lr):
+        def blocks(x, lay):
+            return to_blocks(x.reshape(lay.shape), lay)
+
+        def fit(all_qs):
+            problems = []
+            for qs, (_, _, dtype, lay, _, fit_to, probe) in zip(all_qs, fitted):
                 qs = _shards.cond(balance, jax.vmap(_balance), lambda qs: qs, qs)
-                return jax.vmap(_update_factors, in_axes=(0, 0, 0, None))(
-                    qs, blocks(fit_to), blocks(probe), lr
-                )
+                lr = jnp.broadcast_to(h.precond_lr.astype(dtype), (lay.blocks,))
+                fit_blocks = blocks(fit_to.astype(dtype), lay)
+                problems.append((qs, fit_blocks, blocks(probe, lay), lr))
+            return map_round_robin(
+                lambda problem: _update_factors(*problem), problems, mesh
+            )
 
-            qs = _shards.cond(update, fit, lambda qs: qs, qs)
+        mesh = work_mesh((grads, params))
+        all_qs = _shards.cond(
+            update, fit, lambda qs: qs, [out[2][place] for place, *_ in fitted]
+        )
+        for qs, (place, p, dtype, lay, debiased, _, _) in zip(all_qs, fitted):
             qs = tuple(q.astype(dtype) for q in qs)
             pre_blocks = jax.vmap(
                 lambda x, qs: _apply(_apply(x, qs), qs, transpose=True)
-            )(blocks(debiased), qs)
+            )(blocks(debiased, lay), qs)
             pre = from_blocks(pre_blocks, lay).reshape(p.shape)
             rms = jnp.sqrt(jnp.mean(pre * pre))
             pre = pre * jnp.minimum(1.0, 1.1 / (rms + 1e-12)).astype(dtype)
             if p.ndim >= 2:
-                pre = pre + h.weight_decay.astype(dtype) * p32
-            out[0].append(-h.learning_rate.astype(dtype) * pre)
-            out[1].append(new_mu.astype(mu.dtype))
-            out[2].append(qs)
+                pre = pre + h.weight_decay.astype(dtype) * p.astype(dtype)
+            out[0][place] = -h.learning_rate.astype(dtype) * pre
+            out[2][place] = qs
         updates, mu, q = (param_def.unflatten(c) for c in out)
         return updates, PSGDKronState(
             step=t, key=jax.random.key_data(next_key), mu=mu, q=q

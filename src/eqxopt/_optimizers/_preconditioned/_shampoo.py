@@ -20,7 +20,9 @@ from ..._core._fields import (
     values_at,
     weight_decay_field,
 )
+from ..._core._param_sharding import split_like
 from ..._core._real import RealOnly
+from ..._core._round_robin import map_round_robin, work_mesh
 from ..._core._tree import (
     align_grads,
     compute_dtype,
@@ -124,6 +126,16 @@ class Shampoo(AbstractTransform):
     follows the distributed Shampoo paper's algorithm (arXiv 2309.06497) without
     its momentum, Nesterov and coupled weight decay options.
 
+    On a mesh, for a leaf split over mesh axes (FSDP's `P('fsdp', None)` and the
+    like), `init` splits its factors and roots over the same axes: along the
+    block axis where the device count divides the number of blocks, else along
+    each block's rows, so each device holds about `1/N` of them. A step gathers a
+    leaf's roots (within the step only) where it applies them, and computes each
+    block's inverse roots on one device, the devices taking the blocks of every
+    leaf in turn, the results shared by collectives: the same numbers as on one
+    device. `block_size` changes the maths (a blocked preconditioner is not the
+    full one); a mesh run equals the one-device run of the same `block_size`.
+
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
@@ -185,8 +197,12 @@ class Shampoo(AbstractTransform):
                 return None
             dtype = compute_dtype(p.dtype)
             make = jnp.eye if eye else (lambda b, dtype: jnp.zeros((b, b), dtype))
+            # Split over the devices that hold the parameter (by blocks where
+            # their count divides the blocks, else by rows): `split_like`.
             return tuple(
-                jnp.broadcast_to(make(b, dtype=dtype), (lay.blocks, b, b))
+                split_like(
+                    jnp.broadcast_to(make(b, dtype=dtype), (lay.blocks, b, b)), p
+                )
                 for b in lay.block
             )
 
@@ -211,7 +227,7 @@ class Shampoo(AbstractTransform):
         refresh = (t % self.precondition_frequency) == 0
         use_shampoo = t >= start
 
-        def leaf(g, p, mu, nu, factors, roots, lay):
+        def filtered_and_factors(g, mu, nu, factors, lay):
             dtype = g.dtype
             k = t.astype(dtype)
             b1, b2 = h.b1.astype(dtype), h.b2.astype(dtype)
@@ -224,33 +240,37 @@ class Shampoo(AbstractTransform):
             else:
                 nu = nu + g * g
                 graft = filtered / (jnp.sqrt(nu) + geps)
-            if lay is None:
-                return graft, mu, nu, factors, roots
-            blocks = to_blocks(g, lay)
-            summed = b2 == 1
-            weight = jnp.where(summed, 1.0, 1 - b2).astype(dtype)
-            factors = tuple(
-                b2 * f + weight * jax.vmap(lambda x, i=i: _outer(x, i))(blocks)
-                for i, f in enumerate(factors)
-            )
-            correction = jnp.where(summed, 1.0, 1 - b2**k).astype(dtype)
-            eps = h.eps.astype(dtype)
+            if lay is not None:
+                blocks = to_blocks(g, lay)
+                weight = jnp.where(b2 == 1, 1.0, 1 - b2).astype(dtype)
+                factors = tuple(
+                    b2 * f + weight * jax.vmap(lambda x, i=i: _outer(x, i))(blocks)
+                    for i, f in enumerate(factors)
+                )
+            return filtered, graft, mu, nu, factors
+
+        def root_problems(factors, lay, dtype):
+            # One problem per block and axis: the factor and its leaf's constants.
+            k, b2 = t.astype(dtype), h.b2.astype(dtype)
+            correction = jnp.where(b2 == 1, 1.0, 1 - b2**k).astype(dtype)
             root = (
                 jnp.asarray(2 * len(lay.block), dtype)
                 if self.inv_root_override is None
                 else self.inv_root_override.astype(dtype)
             )
+            constants = (correction, h.eps.astype(dtype), root)
+            return [
+                (f, *(jnp.broadcast_to(c, f.shape[:1]) for c in constants))
+                for f in factors
+            ]
 
-            def compute(factors, roots):
-                del roots
-                return tuple(
-                    jax.vmap(lambda a: inverse_root(a / correction, eps, root))(f)
-                    for f in factors
-                )
+        def one_root(problem):
+            factor, correction, eps, root = problem
+            return inverse_root(factor / correction, eps, root)
 
-            roots = _shards.cond(
-                refresh, compute, lambda factors, roots: roots, factors, roots
-            )
+        def direction(filtered, graft, roots, lay):
+            if lay is None:
+                return graft
             s = jax.vmap(_precondition)(to_blocks(filtered, lay), roots)
             d = to_blocks(graft, lay)
             axes = tuple(range(1, s.ndim))
@@ -259,8 +279,7 @@ class Shampoo(AbstractTransform):
             positive = s_norm > 0
             scale = jnp.where(positive, d_norm / jnp.where(positive, s_norm, 1), 0)
             grafted = from_blocks(s * scale, lay)
-            direction = jnp.where(use_shampoo, grafted, graft)
-            return direction, mu, nu, factors, roots
+            return jnp.where(use_shampoo, grafted, graft)
 
         param_leaves, param_def = jax.tree.flatten(params)
         grad_leaves = align_grads(grads, params)
@@ -268,28 +287,54 @@ class Shampoo(AbstractTransform):
             param_def.flatten_up_to(tree)
             for tree in (state.mu, state.nu, state.factors, state.roots)
         ]
+        # The filter, the graft and the factors of every leaf first, then the
+        # inverse roots of every factor at once (on a mesh, each on one device:
+        # `map_round_robin`), then each leaf's direction.
         out: list[list[Any]] = [[], [], [], [], []]
+        stepped = []
         for g, p, mu, nu, factors, roots in zip(grad_leaves, param_leaves, *columns):
             if g is None or not is_float_leaf(p):
                 for column, value in zip(out, (None, mu, nu, factors, roots)):
                     column.append(value)
                 continue
             dtype = compute_dtype(p.dtype)
-            p32 = p.astype(dtype)
-            direction, new_mu, new_nu, factors, roots = leaf(
-                g.astype(dtype),
-                p32,
-                mu.astype(dtype),
-                nu.astype(dtype),
-                factors,
-                roots,
-                self._layout(p),
+            lay = self._layout(p)
+            filtered, graft, new_mu, new_nu, factors = filtered_and_factors(
+                g.astype(dtype), mu.astype(dtype), nu.astype(dtype), factors, lay
             )
-            lr, wd = h.learning_rate.astype(dtype), h.weight_decay.astype(dtype)
-            out[0].append(-lr * (direction + wd * p32))
+            place = len(out[0])
+            out[0].append(None)  # the update, once the roots are known
             out[1].append(new_mu.astype(mu.dtype))
             out[2].append(new_nu.astype(nu.dtype))
             out[3].append(factors)
             out[4].append(roots)
+            stepped.append((place, p, dtype, lay, filtered, graft))
+
+        blocked = [(place, dtype, lay) for place, _, dtype, lay, *_ in stepped if lay]
+        mesh = work_mesh((grads, params))
+
+        def compute(factors, roots):
+            del roots
+            problems = [
+                problem
+                for (_, dtype, lay), f in zip(blocked, factors)
+                for problem in root_problems(f, lay, dtype)
+            ]
+            found = iter(map_round_robin(one_root, problems, mesh))
+            return [tuple(next(found) for _ in f) for f in factors]
+
+        new_roots = _shards.cond(
+            refresh,
+            compute,
+            lambda factors, roots: roots,
+            [out[3][place] for place, *_ in blocked],
+            [out[4][place] for place, *_ in blocked],
+        )
+        for (place, *_), roots in zip(blocked, new_roots):
+            out[4][place] = roots
+        for place, p, dtype, lay, filtered, graft in stepped:
+            d = direction(filtered, graft, out[4][place], lay)
+            lr, wd = h.learning_rate.astype(dtype), h.weight_decay.astype(dtype)
+            out[0][place] = -lr * (d + wd * p.astype(dtype))
         updates, mu, nu, factors, roots = (param_def.unflatten(c) for c in out)
         return updates, ShampooState(step=t, mu=mu, nu=nu, factors=factors, roots=roots)

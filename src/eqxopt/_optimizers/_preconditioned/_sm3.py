@@ -12,6 +12,7 @@ from ..._core._base import Params
 from ..._core._fields import ScalarOrSchedule, hyper, learning_rate_field
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._moments import Moment
+from ..._core._param_sharding import split_like
 from ..._core._real import RealOnly
 from ..._core._tree import (
     abs_sq,
@@ -68,7 +69,10 @@ class SM3(AbstractLeafwiseOptimizer):
 
     Vectors and scalars keep a full accumulator (`acc = acc + g**2`, Adagrad).
     `optax.sm3` gives the same numbers, but fails on scalar (0-d) leaves; here they
-    work like one-element vectors. Real parameters only.
+    work like one-element vectors. Real parameters only. On a mesh, a leaf split
+    over mesh axes has its accumulator vector split over them too (where they
+    divide its length), so each device holds `1/N` of it; a step gathers it
+    where it needs each axis' values whole (within the step only).
 
     **Arguments:**
 
@@ -96,7 +100,8 @@ class SM3(AbstractLeafwiseOptimizer):
             size = _accumulator_size(jnp.shape(p))
             if (size,) == jnp.shape(p):  # a vector's: shaped and placed like it
                 return full_like_leaf(p)
-            return jnp.zeros((size,), p.dtype)
+            # Split over the devices that hold the parameter: `split_like`.
+            return split_like(jnp.zeros((size,), p.dtype), p)
 
         return SM3State(
             step=zero_step(),

@@ -22,7 +22,9 @@ from ..._core._fields import (
     values_at,
     weight_decay_field,
 )
+from ..._core._param_sharding import split_like
 from ..._core._real import RealOnly
+from ..._core._round_robin import map_round_robin, work_mesh
 from ..._core._shards import (
     AxisName,
     Layout,
@@ -134,7 +136,13 @@ class SOAP(AbstractTransform):
     A leaf with no preconditioned axis (a scalar, a 1-D leaf, every axis too long)
     gets plain Adam. On a mesh (Explicit or Auto axes) a split leaf with a
     preconditioned axis has its gradient, value and moments gathered (once each
-    a step on Explicit axes), and its update and moments keep its sharding. optax
+    a step on Explicit axes), and its update and moments keep its sharding. Its
+    statistics and eigenbases are split over the axes that split it (each axis'
+    matrices along their rows, the leaf's other axes along their columns), so each
+    device holds about `1/N` of them; a step gathers them where it uses them
+    (within the step only) and computes each eigendecomposition and refresh on
+    one device, the devices taking the matrices of every leaf in turn, the
+    results shared by collectives: the same numbers as on one device. optax
     has no SOAP (optax issue 1580); this follows the authors' reference PyTorch
     implementation without its `merge_dims` and `normalize_grads` options.
 
@@ -203,9 +211,11 @@ class SOAP(AbstractTransform):
                 return None
             dtype = compute_dtype(p.dtype)
             shape = global_shape(p, layout)  # the whole leaf's, in shard_map
+            # Axis i's matrices split like the parameter along their rows, and
+            # over its other axes along their columns: `split_like`.
             return tuple(
-                jnp.zeros((d, d), dtype) if on else None
-                for d, on in zip(shape, self._axes(shape))
+                split_like(jnp.zeros((d, d), dtype), p, (i, None)) if on else None
+                for i, (d, on) in enumerate(zip(shape, self._axes(shape)))
             )
 
         leaves, treedef = jax.tree.flatten(params)
@@ -229,12 +239,11 @@ class SOAP(AbstractTransform):
         step_size = lr * jnp.sqrt(1 - step_power(b2, k)) / (1 - step_power(b1, k))
 
         def first(g, p, mu, nu, gg, q):
-            # Only the statistics and their eigenbases; no parameter change.
+            # Only the statistics (their eigenbases come next); no parameter change.
             gg = tuple(
                 None if m is None else (1 - sb) * _outer(g, i) for i, m in enumerate(gg)
             )
-            q = tuple(None if m is None else _eigenbasis(m) for m in gg)
-            return jnp.zeros_like(p), mu, nu, gg, q
+            return jnp.zeros_like(p), mu, nu, gg
 
         def later(g, p, mu, nu, gg, q):
             g_rot = _project(g, q)
@@ -247,25 +256,18 @@ class SOAP(AbstractTransform):
                 None if m is None else sb * m + (1 - sb) * _outer(g, i)
                 for i, m in enumerate(gg)
             )
+            return stepped - p, mu_plain, nu, gg
 
-            def rebase(nu, q):
-                new_q = []
-                for i, (m, o) in enumerate(zip(gg, q)):
-                    if m is None:
-                        new_q.append(None)
-                        continue
-                    estimated = jnp.diag(o.T @ m @ o)
-                    order = jnp.argsort(-estimated, stable=True)
-                    nu = jnp.take(nu, order, axis=i)
-                    o = o[:, order]
-                    new_q.append(jnp.linalg.qr(m @ o)[0])
-                return nu, tuple(new_q)
+        def rotated(mu, nu, q, orders):
+            # After a refresh: nu's entries follow their sorted eigenvectors, and
+            # the first moment (`mu`, unrotated) is expressed in the new basis.
+            def sort(nu):
+                for i, order in enumerate(orders):
+                    nu = nu if order is None else jnp.take(nu, order, axis=i)
+                return nu
 
-            nu, q = _shards.cond(
-                refresh, _like_inputs(rebase), lambda nu, q: (nu, q), nu, q
-            )
-            mu = _project(mu_plain, q)
-            return stepped - p, mu, nu, gg, q
+            nu = _shards.cond(refresh, sort, lambda nu: nu, nu)
+            return _project(mu, q), nu
 
         param_leaves, param_def = jax.tree.flatten(params)
         grad_leaves = align_grads(grads, params)
@@ -275,6 +277,10 @@ class SOAP(AbstractTransform):
         q_leaves = param_def.flatten_up_to(state.q)
         layouts = self._layouts(params)
         out: list[list[Any]] = [[], [], [], [], []]
+        # The moments and statistics of every leaf first, then the eigenbases of
+        # every statistic at once (on a mesh, each on one device:
+        # `map_round_robin`), then each leaf's moments in its new basis.
+        stepped = []
         for g, p, mu, nu, gg, q, layout in zip(
             grad_leaves,
             param_leaves,
@@ -301,7 +307,7 @@ class SOAP(AbstractTransform):
                 whole(mu.astype(dtype)),
                 whole(nu.astype(dtype)),
             )
-            u, new_mu, new_nu, new_gg, new_q = _shards.cond(
+            u, new_mu, new_nu, new_gg = _shards.cond(
                 k == 0,
                 _like_inputs(first, skip=1),
                 _like_inputs(later, skip=1),
@@ -309,13 +315,80 @@ class SOAP(AbstractTransform):
                 gg,
                 q,
             )
+            place = len(out[0])
             out[0].append(back(u))
-            out[1].append(back(new_mu.astype(mu.dtype)))
-            out[2].append(back(new_nu.astype(nu.dtype)))
+            out[1].append(None)  # the moments, once the eigenbases are known
+            out[2].append(None)
             out[3].append(new_gg)
-            out[4].append(new_q)
+            out[4].append(q)
+            stepped.append((place, mu, nu, new_mu, new_nu, back))
+
+        def matrices(tree):
+            return [m for place, *_ in stepped for m in tree[place] if m is not None]
+
+        def per_leaf(found):
+            found = iter(found)
+            return [
+                tuple(None if m is None else next(found) for m in out[3][place])
+                for place, *_ in stepped
+            ]
+
+        mesh = work_mesh((grads, params))
+        statistics, bases = matrices(out[3]), matrices(out[4])
+        unsorted = [jnp.arange(m.shape[0]) for m in statistics]
+
+        def eigenbases(statistics, bases):
+            del bases
+            found = map_round_robin(_eigenbasis, [m[None] for m in statistics], mesh)
+            return [q[0].astype(m.dtype) for q, m in zip(found, statistics)], unsorted
+
+        def refreshed(statistics, bases):
+            found = map_round_robin(
+                lambda pair: _refreshed(*pair),
+                [(m[None], o[None]) for m, o in zip(statistics, bases)],
+                mesh,
+            )
+            return (
+                [q[0].astype(o.dtype) for (q, _), o in zip(found, bases)],
+                [order[0] for _, order in found],
+            )
+
+        def kept(statistics, bases):
+            return bases, unsorted
+
+        new_bases, orders = _shards.cond(
+            k == 0,
+            eigenbases,
+            lambda *a: _shards.cond(refresh, refreshed, kept, *a),
+            statistics,
+            bases,
+        )
+        for (place, mu, nu, new_mu, new_nu, back), q, order in zip(
+            stepped, per_leaf(new_bases), per_leaf(orders)
+        ):
+            new_mu, new_nu = _shards.cond(
+                k == 0,
+                lambda mu, nu, q, order: (mu, nu),
+                _like_inputs(rotated),
+                new_mu,
+                new_nu,
+                q,
+                order,
+            )
+            out[1][place] = back(new_mu.astype(mu.dtype))
+            out[2][place] = back(new_nu.astype(nu.dtype))
+            out[4][place] = q
         updates, mu, nu, gg, q = (param_def.unflatten(column) for column in out)
         return updates, SOAPState(step=increment(state.step), mu=mu, nu=nu, gg=gg, q=q)
+
+
+def _refreshed(statistic: Array, basis: Array) -> tuple[Array, Array]:
+    """A refreshed eigenbasis of `statistic` from the last one, `basis`: its
+    columns sorted by the estimated eigenvalues `diag(basis^T statistic basis)`,
+    then one step of power iteration and a QR; and that sorting order."""
+    estimated = jnp.diag(basis.T @ statistic @ basis)
+    order = jnp.argsort(-estimated, stable=True)
+    return jnp.linalg.qr(statistic @ basis[:, order])[0], order
 
 
 _NO_GATHER = (lambda x: x), (lambda x: x)
@@ -352,13 +425,14 @@ def _gather_once(p: Array) -> tuple[Any, Any]:
 
 
 def _like_inputs(rule: Any, skip: int = 0) -> Any:
-    """`rule`, its outputs cast to the dtypes of its inputs after the first `skip`
-    (output `i` like input `skip + i`): the two branches of a cond must agree, and
-    float64 hyperparameters (under jax_enable_x64) would otherwise widen float32
-    leaves in one of them."""
+    """`rule`, its outputs (a tuple) cast to the dtypes of its inputs after the
+    first `skip` (output `i` like input `skip + i`): the two branches of a cond
+    must agree, and float64 hyperparameters (under jax_enable_x64) would
+    otherwise widen float32 leaves in one of them."""
 
     def run(*args):
         out = rule(*args)
-        return jax.tree.map(lambda o, x: o.astype(x.dtype), out, args[skip:])
+        like = args[skip : skip + len(out)]
+        return jax.tree.map(lambda o, x: o.astype(x.dtype), out, like)
 
     return run
