@@ -114,6 +114,8 @@ def test_init_only_reexports():
             "from ._native import NativeBackend as _NativeBackend"
         ):
             continue  # the optional native backend, which registers itself
+        if ast.unparse(node) == "from . import extend as extend":
+            continue  # the one public submodule: the authoring API
         if isinstance(node, ast.ImportFrom) and node.level == 1:
             if not (node.module or "").startswith("_"):
                 problems.append(f"line {node.lineno}: import from a public module")
