@@ -85,6 +85,31 @@ def test_api_members_are_documented_methods(site):
         assert callable(obj) or isinstance(obj, property), member
 
 
+def test_api_entries_link_the_public_names_they_mention(site):
+    """A public name written as inline code in a docstring (`Adam`) links to its
+    entry, on the same page or another; code examples stay plain code."""
+    targets, examples_with_links = [], []
+    for page in _api_pages(site):
+        source = page.read_text()
+        examples_with_links += [
+            page.parent.name
+            for block in re.findall(r"<pre.*?</pre>", source, re.S)
+            if "autorefs" in block
+        ]
+        for href in re.findall(r'<a class="autorefs[^"]*"[^>]*href="([^"]*)"', source):
+            path, anchor = href.split("#")
+            targets.append((page.parent.name, (page.parent / path).resolve(), anchor))
+    assert examples_with_links == []
+    for source_page, target, anchor in targets:
+        assert f'id="{anchor}"' in (target / "index.html").read_text(), (
+            f"{source_page} links to a missing entry {anchor}"
+        )
+    adam = (site / "api" / "adam").resolve()
+    base = (site / "api" / "base").resolve()
+    assert ("adam", adam, "eqxopt.Adam") in targets  # AdamW's "see `Adam`"
+    assert ("transforms", base, "eqxopt.Chain") in targets  # across pages
+
+
 def test_header_shows_the_version(site):
     header = re.search(
         r'class="md-header__topic">\s*<span class="md-ellipsis">\s*([^<]*?)\s*</span>',
