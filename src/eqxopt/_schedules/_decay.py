@@ -124,9 +124,9 @@ class ExponentialDecay(AbstractSchedule):
     $$
     \begin{aligned}
     d &= s - \mathrm{transition\_begin} \\
-    p &= d / \mathrm{transition\_steps}
-        && \text{($\lfloor d / \mathrm{transition\_steps} \rfloor$ if
-            \texttt{staircase})} \\
+    p &= \begin{cases} \lfloor d / \mathrm{transition\_steps} \rfloor
+        & \text{\texttt{staircase}} \\
+        d / \mathrm{transition\_steps} & \text{otherwise} \end{cases} \\
     f(s) &= \begin{cases} \mathrm{init\_value} & d \le 0 \\
         \mathrm{init\_value} \cdot \mathrm{decay\_rate}^p & \text{otherwise} \end{cases}
     \end{aligned}
@@ -173,9 +173,11 @@ class CosineDecay(AbstractSchedule):
     With $D$ = `decay_steps`:
 
     $$
-    c = \min(s, D), \qquad k = \tfrac{1}{2} \left(1 + \cos \frac{\pi c}{D}\right),
-    \qquad f(s) = \mathrm{init\_value} \cdot
+    \begin{aligned}
+    c &= \min(s, D), \qquad k = \tfrac{1}{2} \left(1 + \cos \frac{\pi c}{D}\right) \\
+    f(s) &= \mathrm{init\_value} \cdot
         \left((1 - \alpha)\, k^{\mathrm{exponent}} + \alpha\right)
+    \end{aligned}
     $$
 
     Equal to `optax.cosine_decay_schedule` (which returns `inf` at the end for an

@@ -232,10 +232,10 @@ class ScaleByTrustRatio(AbstractBlock):
 
     $$
     \begin{aligned}
-    p_n &= \max(\|p\|, \mathrm{min\_norm}), \quad u_n
-        = \max(\|u\|, \mathrm{min\_norm}) \\
+    p_n &= \max(\|p\|, \mathrm{min\_norm}) \\
+    u_n &= \max(\|u\|, \mathrm{min\_norm}) \\
     u &\leftarrow u \cdot \mathrm{trust\_coefficient} \cdot \frac{p_n}{u_n + \epsilon}
-        && \text{($u$ unchanged if $p_n$ or $u_n$ is 0)}
+        && \text{(unchanged if $p_n$ or $u_n$ is 0)}
     \end{aligned}
     $$
 

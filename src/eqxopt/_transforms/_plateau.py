@@ -51,17 +51,16 @@ class ReduceOnPlateau(AbstractTransform):
     \begin{aligned}
     \mathrm{improved} &= \mathrm{mean} < (1 - \mathrm{rtol}) \cdot \mathrm{best}
         - \mathrm{atol} \\
-    \mathrm{best} &\leftarrow \mathrm{mean} \text{ if improved}, \quad
-        \mathrm{plateau} \leftarrow \begin{cases} 0 & \text{improved} \\
-        \mathrm{plateau} + 1 & \text{otherwise} \end{cases} \\
-    &\text{if } \mathrm{cooldown} > 0: \quad
-        \mathrm{cooldown} \leftarrow \mathrm{cooldown} - 1,
-        \quad \mathrm{plateau} \leftarrow 0 \\
-    &\text{else if } \mathrm{plateau} \ge \mathrm{patience}: \quad
-        \mathrm{scale} \leftarrow
-            \max(\mathrm{scale} \cdot \mathrm{factor}, \mathrm{min\_scale}),
-        \quad \mathrm{plateau} \leftarrow 0,
-        \quad \mathrm{cooldown} \leftarrow \mathrm{cooldown\_steps} \\
+    \mathrm{best} &\leftarrow \mathrm{mean}, \quad \mathrm{plateau} \leftarrow 0
+        && \text{if improved} \\
+    \mathrm{plateau} &\leftarrow \mathrm{plateau} + 1 && \text{otherwise} \\
+    \mathrm{cooldown} &\leftarrow \mathrm{cooldown} - 1, \quad \mathrm{plateau}
+        \leftarrow 0 && \text{then, if } \mathrm{cooldown} > 0 \\
+    \mathrm{scale} &\leftarrow
+        \max(\mathrm{scale} \cdot \mathrm{factor}, \mathrm{min\_scale})
+        && \text{else if } \mathrm{plateau} \ge \mathrm{patience}, \\
+    \mathrm{plateau} &\leftarrow 0, \quad
+        \mathrm{cooldown} \leftarrow \mathrm{cooldown\_steps} && \text{and then} \\
     u &= \mathrm{scale} \cdot g
     \end{aligned}
     $$

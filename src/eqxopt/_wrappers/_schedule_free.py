@@ -57,8 +57,8 @@ class ScheduleFree(AbstractSingleWrapper):
     \begin{aligned}
     z' &= z + u && \text{($u$: inner's update at $y$)} \\
     \mathrm{max\_lr} &\leftarrow \max(\mathrm{max\_lr}, \mathrm{lr}), \quad
-        w = \mathrm{max\_lr}^{\mathrm{weight\_lr\_power}}, \quad W \leftarrow W + w,
-            \quad c = w / W \\
+        w = \mathrm{max\_lr}^{\mathrm{weight\_lr\_power}} \\
+    W &\leftarrow W + w, \quad c = w / W \\
     x &= \left(y - (1 - b_1)\, z\right) / b_1 && \text{(the previous $x$)} \\
     x' &= (1 - c)\, x + c\, z' \\
     y' &= b_1 x' + (1 - b_1)\, z'

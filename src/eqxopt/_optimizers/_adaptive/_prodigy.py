@@ -61,15 +61,15 @@ class Prodigy(AbstractEngineTransform):
     estimates itself; `learning_rate` is a multiplier (schedule) around 1.
 
     With `t = step + 1`, `sched` the learning rate at `step`, sums `<., .>` and
-    `|.|_1` over every leaf that has a gradient:
+    `|.|_1` over every leaf that has a gradient (with `safeguard_warmup`, $s$ adds
+    $(d / d_0)\, d\, g$ instead of $(d / d_0)\, \mathrm{dlr}\, g$):
 
     $$
     \begin{aligned}
     \mathrm{dlr} &= d \cdot \mathrm{sched} \cdot \sqrt{1 - b_2^t} / (1 - b_1^t) \\
     \mu &\leftarrow b_1 \mu + (1 - b_1)\, d\, g \\
     \nu &\leftarrow b_2 \nu + (1 - b_2) (d\, g)^2 \\
-    s &\leftarrow b_3 s + (d / d_0)\, \mathrm{dlr}\, g
-        && \text{(\texttt{safeguard\_warmup}: $(d / d_0)\, d\, g$)} \\
+    s &\leftarrow b_3 s + (d / d_0)\, \mathrm{dlr}\, g \\
     \mathrm{numerator} &\leftarrow b_3\, \mathrm{numerator}
         + (d / d_0)\, \mathrm{dlr} \langle g, p_0 - p \rangle \\
     d' &= \max\left(d, d_\mathrm{coef} \cdot \mathrm{numerator} / \|s\|_1\right) \\

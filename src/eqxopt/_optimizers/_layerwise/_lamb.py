@@ -140,15 +140,14 @@ class LARS(AbstractTrustRatioOptimizer):
     r"""LARS: SGD with momentum and a layer-wise trust ratio (You et al., 2017).
 
     For each leaf, with `lr` the learning rate at `step` and $\|x\|$ the Frobenius norm
-    of the whole leaf:
+    of the whole leaf (the trust ratio is 1 where $\|p\|$ or $\|r\|$ is 0):
 
     $$
     \begin{aligned}
     r &= g + \mathrm{weight\_decay} \cdot p
         && \text{(decay only where \texttt{weight\_decay\_mask})} \\
     r &\leftarrow \mathrm{trust\_coefficient} \cdot \frac{\|p\|}{\|r\| + \epsilon}\, r
-        && \text{(only where \texttt{trust\_ratio\_mask}; ratio 1 where $\|p\|$ or
-            $\|r\|$ is 0)} \\
+        && \text{(only where \texttt{trust\_ratio\_mask})} \\
     v &\leftarrow \mathrm{momentum} \cdot v + \mathrm{lr} \cdot r \\
     p &\leftarrow p - v && \text{(\texttt{nesterov=False})} \\
     p &\leftarrow p - (\mathrm{lr} \cdot r + \mathrm{momentum} \cdot v)

@@ -213,7 +213,8 @@ class DAdaptSGD(AbstractEngineTransform):
     around 1.
 
     With norms over every leaf that has a gradient, `lr` the learning rate at the
-    current step and `g0` the norm of the first non-zero gradient:
+    current step and `g0` the norm of the first non-zero gradient (the $\min$ with
+    `growth_rate * d` only when `growth_rate` is given):
 
     $$
     \begin{aligned}
@@ -222,8 +223,7 @@ class DAdaptSGD(AbstractEngineTransform):
     s &\leftarrow s + \mathrm{dlr}\, g \\
     G &\leftarrow G + \mathrm{dlr}^2 \|g\|^2 \\
     d' &= \max\left(d, \min\left(\frac{\|s\|^2 - G}{\|s\|},
-        \mathrm{growth\_rate} \cdot d\right)\right)
-        && \text{(no $\min$ when \texttt{growth\_rate} is \texttt{None})} \\
+        \mathrm{growth\_rate} \cdot d\right)\right) \\
     p &\leftarrow \mathrm{momentum} \cdot p + (1 - \mathrm{momentum}) (p_0 - s)
     \end{aligned}
     $$

@@ -116,15 +116,14 @@ class DoG(AbstractDistanceOverGradients):
     squared gradient norms.
 
     With norms over the whole tree, `g` the gradient plus `weight_decay * p`
-    (where `mask`) and `lr` the learning rate at the current step:
+    (where `mask`) and `lr` the learning rate at the current step ($\eta$ is
+    `init_value` at the first step if `init_step="learning_rate"`):
 
     $$
     \begin{aligned}
     r &\leftarrow \max(r, \|p - p_0\|) && \text{($r$ starts at \texttt{r\_eps})} \\
     G &\leftarrow G + \|g\|^2 \\
-    \eta &= r / \sqrt{G + \epsilon}
-        && \text{(\texttt{init\_value} at the first step, if
-            \texttt{init\_step="learning\_rate"})} \\
+    \eta &= r / \sqrt{G + \epsilon} \\
     p &\leftarrow p - \mathrm{lr} \cdot \eta\, g
     \end{aligned}
     $$

@@ -57,9 +57,9 @@ class MADGRAD(AbstractLeafwiseOptimizer):
     s &\leftarrow s + \lambda g \\
     z &= p_0 - \frac{s}{v^{1/3} + \epsilon}
         && \text{($s / 0$ read as 0 when $\epsilon = 0$)} \\
-    p' &= \mathrm{momentum} \cdot p + (1 - \mathrm{momentum})\, z
-        - (\mathrm{lr} + \epsilon)\, \mathrm{weight\_decay} \cdot p
-        && \text{(the last term if \texttt{decouple\_decay})}
+    p' &= \mathrm{momentum} \cdot p + (1 - \mathrm{momentum})\, z \\
+    &\quad - (\mathrm{lr} + \epsilon)\, \mathrm{weight\_decay} \cdot p
+        && \text{(if \texttt{decouple\_decay})}
     \end{aligned}
     $$
 

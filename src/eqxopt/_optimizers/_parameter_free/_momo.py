@@ -261,7 +261,8 @@ class MomoAdam(AbstractEngineTransform):
 
     With `f` the loss (passed as `value=`), `t = step + 1`, `lr` the learning
     rate at `step`, inner products over the whole tree, `c = 1 + lr *
-    weight_decay` and `bc1 = 1 - b1**t`:
+    weight_decay` and `bc1 = 1 - b1**t` ($\tau = 0$ when
+    $\langle \mu, \mu / D \rangle \le 2.2 \cdot 10^{-16}$):
 
     $$
     \begin{aligned}
@@ -272,8 +273,7 @@ class MomoAdam(AbstractEngineTransform):
     \gamma &\leftarrow b_1 \gamma + (1 - b_1) \langle g, p \rangle \\
     \tau &= \min\left(\frac{\mathrm{lr}}{\mathrm{bc}_1},
         \frac{\max\left(c\, (\bar f - \mathrm{bc}_1 \mathrm{lb} - \gamma)
-            + \langle \mu, p \rangle, 0\right)}{\langle \mu, \mu / D \rangle}\right)
-        && \text{($0$ when $\langle \mu, \mu / D \rangle \le 2.2 \cdot 10^{-16}$)} \\
+            + \langle \mu, p \rangle, 0\right)}{\langle \mu, \mu / D \rangle}\right) \\
     p &\leftarrow p - \tau \mu / D -
         \frac{\mathrm{lr} \cdot \mathrm{weight\_decay}}{c}\, p
     \end{aligned}

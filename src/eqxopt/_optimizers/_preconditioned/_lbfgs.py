@@ -375,13 +375,15 @@ class LBFGS(AbstractTransform):
     With `s_i = p_{i+1} - p_i`, `y_i = g_{i+1} - g_i` over the last `memory_size`
     updates, `H` the L-BFGS inverse-Hessian estimate (two-loop recursion, initial
     scale `<s, y> / <y, y>` of the newest pair, or `min(1, 1 / |g|)` at the first
-    update when `scale_init_precond`), and `lr` the learning rate at `step`:
+    update when `scale_init_precond`), `lr` the learning rate at `step`, and the
+    step size $\eta$ from a zoom line search for the strong Wolfe conditions
+    (sufficient decrease and small curvature):
 
     $$
     \begin{aligned}
     d &= -\mathrm{lr} \cdot H g \\
     \eta &= \operatorname{zoom\_linesearch}(\mathrm{value\_fn}, p, d)
-        && \text{(strong Wolfe: sufficient decrease and small curvature)} \\
+        && \text{(strong Wolfe)} \\
     p &\leftarrow p + \eta\, d
     \end{aligned}
     $$

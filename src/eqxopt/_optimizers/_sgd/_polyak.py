@@ -56,11 +56,12 @@ class PolyakSGD(AbstractEngineTransform):
         \max(f - f_\mathrm{min}, 0) & \text{(\texttt{"sps+"})} \end{cases} \\
     \mathrm{rate} &= \min\left(\frac{\mathrm{gap}}{\|g\|^2 + \epsilon},
         \mathrm{max\_learning\_rate}\right)
-        && \text{($0$ when $\|g\|^2 + \epsilon \le 2.2 \cdot 10^{-16}$, so a zero
-            gradient gives no step)} \\
+        && \text{($0$ if $\|g\|^2 + \epsilon \le 2.2 \cdot 10^{-16}$)} \\
     p &\leftarrow p - s \cdot \mathrm{rate} \cdot g
     \end{aligned}
     $$
+
+    so a zero gradient gives no step.
 
     **The loss is a keyword of `update` and `step`:**
 

@@ -35,15 +35,15 @@ class Rprop(AbstractLeafwiseOptimizer):
     r"""Rprop without weight backtracking (Riedmiller & Braun, 1993; Igel &
     Hüsken's iRprop-).
 
-    For each element, with `q = g * g_prev`:
+    For each element, with $q = g \cdot g_\mathrm{prev}$ and $\eta_+$, $\eta_-$ =
+    `eta_plus`, `eta_minus`:
 
     $$
     \begin{aligned}
-    \mathrm{size} &\leftarrow \operatorname{clip}\left(\mathrm{size} \cdot
-        \begin{cases} \eta_+ & q > 0 \\ \eta_- & q < 0 \\ 1 & q = 0 \end{cases},
-        \mathrm{min\_step\_size}, \mathrm{max\_step\_size}\right) \\
-    g &\leftarrow 0 \text{ where } q < 0
-        && \text{(after a sign flip: no step this time)} \\
+    f &= \begin{cases} \eta_+ & q > 0 \\ \eta_- & q < 0 \\ 1 & q = 0 \end{cases} \\
+    \mathrm{size} &\leftarrow \operatorname{clip}(\mathrm{size} \cdot f,
+        \mathrm{min\_step\_size}, \mathrm{max\_step\_size}) \\
+    g &\leftarrow 0 \text{ where } q < 0 && \text{(no step after a sign flip)} \\
     p &\leftarrow p - \mathrm{size} \cdot \operatorname{sign}(g) \\
     g_\mathrm{prev} &\leftarrow g
     \end{aligned}

@@ -144,8 +144,8 @@ class ScheduleFreeSGD(AbstractScheduleFree):
     \begin{aligned}
     z' &= z - \mathrm{lr} \cdot (g + \mathrm{weight\_decay} \cdot y) \\
     \mathrm{max\_lr} &\leftarrow \max(\mathrm{max\_lr}, \mathrm{lr}), \quad
-        w = \mathrm{max\_lr}^{\mathrm{weight\_lr\_power}}, \quad W \leftarrow W + w,
-            \quad c = w / W \\
+        w = \mathrm{max\_lr}^{\mathrm{weight\_lr\_power}} \\
+    W &\leftarrow W + w, \quad c = w / W \\
     x &= \left(y - (1 - b_1)\, z\right) / b_1 && \text{(the previous $x$)} \\
     x' &= (1 - c)\, x + c\, z' \\
     y' &= b_1 x' + (1 - b_1)\, z'
