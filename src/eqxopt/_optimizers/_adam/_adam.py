@@ -282,7 +282,8 @@ class AbstractNAdam(AbstractAdamOptions):
 
 _NADAM_FORMULA = r"""
     For each leaf, with `t = step + 1`, `lr` the learning rate at `step`, and the
-    momentum coefficients `mu_i = b1 * (1 - 0.5 * 0.96**(i * momentum_decay))`:
+    momentum coefficients $\mu_i = b_1 (1 - \tfrac{1}{2} \cdot 0.96^{i \psi})$ ($\psi$ =
+    `momentum_decay`):
 
     $$
     \begin{aligned}
@@ -297,9 +298,9 @@ _NADAM_FORMULA = r"""
 
     Two conventions are in use, and `momentum_decay` picks between them:
 
-    - `momentum_decay=inf` (the default) makes every `mu_i = b1`, so that
-      `m_hat = b1 * mu / (1 - b1**(t+1)) + (1 - b1) * g / (1 - b1**t)`: this is
-      `optax.nadam` / `optax.adam(..., nesterov=True)`.
+    - `momentum_decay=inf` (the default) makes every $\mu_i = b_1$, so that
+      $\hat m = \frac{b_1 \mu}{1 - b_1^{t+1}} + \frac{(1 - b_1)\, g}{1 - b_1^t}$:
+      this is `optax.nadam` / `optax.adam(..., nesterov=True)`.
     - a finite `momentum_decay` (torch's default is `0.004`) is Dozat's momentum
       warm-up schedule as `torch.optim.NAdam` implements it.
 """
@@ -310,7 +311,7 @@ class NAdam(AbstractNAdam):
         """NAdam: Adam with Nesterov momentum (Dozat, 2016).
 """
         + _NADAM_FORMULA
-        + """
+        + r"""
     Same as `optax.nadam` (default) and `torch.optim.NAdam(momentum_decay=...)`
     without weight decay (torch's `eps` is added outside the root, as here).
 
@@ -318,7 +319,7 @@ class NAdam(AbstractNAdam):
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
     - `b1`, `b2`, `eps`, `eps_root`: as for `Adam`.
-    - `momentum_decay`: `psi >= 0` in the schedule above; `inf` (default) for a
+    - `momentum_decay`: $\psi \ge 0$ in the schedule above; `inf` (default) for a
       constant `b1` (optax), `0.004` for torch's default.
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
@@ -363,7 +364,8 @@ class AMSGrad(AbstractAdamOptions):
     second moment, so the effective step size never grows.
 
     For each leaf, with `t = step + 1`, `lr`, `wd` the learning rate and weight decay
-    at `step`, `c1 = 1 - b1**t` (`1` if `bias_correction_mu=False`), `c2 = 1 - b2**t`:
+    at `step`, $c_1 = 1 - b_1^t$ ($1$ if `bias_correction_mu=False`) and
+    $c_2 = 1 - b_2^t$:
 
     $$
     \begin{aligned}

@@ -47,8 +47,8 @@ class RAdam(AbstractAdamLike):
     r"""Rectified Adam (Liu et al., 2020).
 
     For each leaf, with `t = step + 1`, `lr`, `wd` the learning rate and weight decay
-    at `step`, `rho_inf = 2 / (1 - b2) - 1` and
-    `rho_t = rho_inf - 2 * t * b2**t / (1 - b2**t)`:
+    at `step`, $\rho_\infty = 2 / (1 - b_2) - 1$ and
+    $\rho_t = \rho_\infty - 2 t\, b_2^t / (1 - b_2^t)$:
 
     $$
     \begin{aligned}
