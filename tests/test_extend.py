@@ -400,24 +400,46 @@ class _ReturnsAnotherTree(LaProp):
         return {"other": jnp.zeros(2)}, new
 
 
-EXPECTED_RETURN = (
-    r"(?s)the return value.*"
-    r"Expected type: tuple\[PyTree.*, .P.\], writing_optimizers.LaPropState\]"
-)
-
-
-@pytest.mark.parametrize("cls", [_ReturnsAnotherState, _ReturnsAnotherTree])
-def test_the_annotations_check_what_a_transform_returns(cls):
-    """The signatures' annotations (updates sharing the parameters' structure, the
-    state of the optimizer's own `state_type`) are checked by jaxtyping and
-    beartype on their own: an optimizer whose rule returns the wrong tree or
-    another optimizer's state fails its first call, not later."""
+def test_the_annotations_check_the_state_a_transform_returns():
+    """The signatures' annotations (the state of the optimizer's own `state_type`)
+    are checked by jaxtyping and beartype on their own: an optimizer whose rule
+    returns another optimizer's state fails its first call, not later."""
     import jaxtyping
 
     params = {"w": jnp.ones(3)}
-    opt = cls(1e-3)
+    opt = _ReturnsAnotherState(1e-3)
     with pytest.raises(
         jaxtyping.TypeCheckError,
-        match=EXPECTED_RETURN,
+        match=r"(?s)the return value.*Expected type: tuple\[.*, "
+        r"writing_optimizers.LaPropState\]",
     ):
         opt.update(params, opt.init(params), params)
+
+
+def test_updates_of_another_structure_are_refused_naming_the_leaf():
+    params = {"w": jnp.ones(3)}
+    opt = _ReturnsAnotherTree(1e-3)
+    with pytest.raises(
+        TypeError,
+        match=r"^_ReturnsAnotherTree.transform returned updates does not have the "
+        r"tree structure of params: params has \['w'\] that updates lacks",
+    ):
+        opt.update(params, opt.init(params), params)
+
+
+@pytest.mark.parametrize("filtered", [False, True], ids=["model", "eqx.filter"])
+def test_models_with_non_array_leaves_or_none_step_and_update(filtered):
+    """An Equinox model has functions among its leaves, and a filtered one `None`
+    there: updates and new parameters have its structure either way."""
+    model = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.key(0))
+    params = eqx.filter(model, eqx.is_inexact_array) if filtered else model
+    grads = eqx.filter_grad(lambda m: jnp.sum(m(jnp.ones(2)) ** 2))(model)
+    for opt in (LaProp(1e-2), NormalizedMomentum(1e-2), eqxopt.AdamW(1e-2)):
+        state = opt.init(params)
+        updates, _ = opt.update(grads, state, params)
+        new, _ = opt.step(grads, state, params)
+        stepped = eqxopt.apply_updates(params, updates)
+        assert jax.tree.structure(new) == jax.tree.structure(params)
+        arrays = (eqx.filter(new, eqx.is_array), eqx.filter(stepped, eqx.is_array))
+        for a, b in zip(*map(jax.tree.leaves, arrays), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6)

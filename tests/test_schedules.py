@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import math
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -1058,6 +1059,19 @@ def test_plot_schedules_errors(tmp_path, kwargs, error, match):
     args.update(kwargs)
     with pytest.raises(error, match=match):
         eqxopt.plot_schedules(**args)
+
+
+def test_plot_schedules_without_matplotlib_says_how_to_install_it(
+    tmp_path, monkeypatch
+):
+    """eqxopt is on no package index: the message gives the install from a checkout
+    (as README does), not `pip install "eqxopt[plot]"`."""
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails
+    with pytest.raises(ImportError, match=r"pip install \"\.\[plot\]\"` in a checkout"):
+        eqxopt.plot_schedules(eqxopt.Constant(1.0), tmp_path / "x.png", 10)
+    assert not (tmp_path / "x.png").exists()
+    assert 'pip install ".[plot]"' in (eqxopt.plot_schedules.__doc__ or "")
+    assert "eqxopt[plot]" not in (eqxopt.plot_schedules.__doc__ or "")
 
 
 def test_gallery_script_builds_every_schedule():

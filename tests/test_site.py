@@ -5,6 +5,7 @@ merged into a class), the header names the version, formulas are typeset, and th
 examples page shows every script of `examples/`."""
 
 import html
+import inspect
 import os
 import pathlib
 import re
@@ -84,6 +85,31 @@ def test_api_members_are_documented_methods(site):
         assert callable(obj) or isinstance(obj, property), member
 
 
+def test_api_entries_link_the_public_names_they_mention(site):
+    """A public name written as inline code in a docstring (`Adam`) links to its
+    entry, on the same page or another; code examples stay plain code."""
+    targets, examples_with_links = [], []
+    for page in _api_pages(site):
+        source = page.read_text()
+        examples_with_links += [
+            page.parent.name
+            for block in re.findall(r"<pre.*?</pre>", source, re.S)
+            if "autorefs" in block
+        ]
+        for href in re.findall(r'<a class="autorefs[^"]*"[^>]*href="([^"]*)"', source):
+            path, anchor = href.split("#")
+            targets.append((page.parent.name, (page.parent / path).resolve(), anchor))
+    assert examples_with_links == []
+    for source_page, target, anchor in targets:
+        assert f'id="{anchor}"' in (target / "index.html").read_text(), (
+            f"{source_page} links to a missing entry {anchor}"
+        )
+    adam = (site / "api" / "adam").resolve()
+    base = (site / "api" / "base").resolve()
+    assert ("adam", adam, "eqxopt.Adam") in targets  # AdamW's "see `Adam`"
+    assert ("transforms", base, "eqxopt.Chain") in targets  # across pages
+
+
 def test_header_shows_the_version(site):
     header = re.search(
         r'class="md-header__topic">\s*<span class="md-ellipsis">\s*([^<]*?)\s*</span>',
@@ -100,6 +126,51 @@ def test_formulas_are_typeset(site):
         source = (site / page / "index.html").read_text()
         assert 'class="arithmatex"' in source, page
         assert "katex.min.js" in source and "javascripts/katex.js" in source, page
+
+
+# Public classes whose formulas are still plain code blocks, each with the reason.
+PLAIN_FORMULAS_ALLOWED = {
+    "Shampoo": "converted separately",
+    "SOAP": "converted separately",
+    "PSGDKron": "converted separately",
+    "SM3": "converted separately",
+    "GaLore": "converted separately",
+}
+# A fenced block without a language (or "text") holding an assignment or update.
+_PLAIN_FORMULA_BLOCK = re.compile(
+    r"^[ \t]*```(?:text)?[ \t]*\n((?:(?![ \t]*```).*\n)*?)[ \t]*```", re.M
+)
+# An inline code span holding an equation with arithmetic, `u = g + wd * p`.
+_INLINE_FORMULA = re.compile(r"`([^`\n]*\s=\s[^`\n]*[-+*/][^`\n]*)`")
+_KATEX = re.compile(r"\$\$|(?<![$\w])\$[^$\n]+\$")
+
+
+def _plain_formula(doc: str) -> str | None:
+    """The first formula of a docstring written as code instead of for KaTeX."""
+    for block in _PLAIN_FORMULA_BLOCK.findall(doc):
+        if re.search(r"=|<-|\u2190", block):
+            return block.strip().splitlines()[0]
+    if not _KATEX.search(doc):
+        inline = _INLINE_FORMULA.search(doc)
+        if inline is not None:
+            return inline.group(1)
+    return None
+
+
+def test_docstring_formulas_are_typeset():
+    """A public class's formula is written for KaTeX ($$...$$ or $...$), not as a
+    code block or, with no KaTeX anywhere in the docstring, an inline code span."""
+    plain = {}
+    for name in eqxopt.__all__:
+        obj = getattr(eqxopt, name)
+        if isinstance(obj, type):
+            formula = _plain_formula(inspect.getdoc(obj) or "")
+            if formula is not None:
+                plain[name] = formula
+    unexpected = {n: f for n, f in plain.items() if n not in PLAIN_FORMULAS_ALLOWED}
+    assert unexpected == {}, f"formulas as code, not typeset: {unexpected}"
+    typeset = sorted(set(PLAIN_FORMULAS_ALLOWED) - set(plain))
+    assert typeset == [], f"typeset now: remove from PLAIN_FORMULAS_ALLOWED: {typeset}"
 
 
 def test_examples_page_shows_every_script_and_its_plot(site):

@@ -16,6 +16,7 @@ from . import _backend, _dispatch, _placement
 from ._checks import (
     Renamed,
     check_grads,
+    check_outputs,
     check_state,
     name_converters,
     refuse_renamed,
@@ -74,15 +75,16 @@ jax.tree_util.register_pytree_node(
 
 
 # What the public methods take and return. Parameters may hold anything (activation
-# functions, integer buffers); gradients and updates hold float arrays or `None`.
-# The structure name "P" ties updates (and new parameters) to the parameters, leaf
-# for leaf (`None` where a leaf gets no update). Gradients may hold `None` for a
-# whole subtree, so their structure is checked by `check_grads`, which names the
-# leaf where the trees part.
-Params = PyTree[Any, "P"]
+# functions, integer buffers, `None` where a model was filtered); gradients and
+# updates hold float arrays or `None`. That the three share one structure, leaf for
+# leaf (`None` where a leaf has no gradient or gets no update), is checked by
+# `check_grads` and `check_outputs`, which name the leaf where the trees part: a
+# jaxtyping structure name cannot say it, since it reads `None` as a leaf in a tree
+# of `Inexact | None` and as no leaf in a tree of `Any`.
+Params = PyTree[Any]
 _FloatOrNone = Inexact[Array, "..."] | None  # pyright: ignore[reportOperatorIssue]
 Grads = PyTree[_FloatOrNone]
-Updates = PyTree[_FloatOrNone, "P"]
+Updates = PyTree[_FloatOrNone]
 State = PyTree[Any]
 
 
@@ -512,9 +514,11 @@ def _checked(
             "has state; call update(grads, state, params))"
         ) from None
     with promotion_for(params, grads):
-        return _typechecked(method, _state_type(type(opt)))(
+        out, new_state = _typechecked(method, _state_type(type(opt)))(
             opt, grads, state, params, **extra
         )
+    check_outputs(opt, method.__name__, out, params)
+    return out, new_state
 
 
 # XLA pairs donated input buffers with outputs of the same shape in order, so the

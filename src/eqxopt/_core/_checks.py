@@ -16,7 +16,7 @@ from jaxtyping import Array, Float, Float32, Int, PyTree
 from . import _jax_api
 from ._dispatch import static_key
 from ._jax_api import is_tracer
-from ._structure import describe as _describe, structure_mismatch
+from ._structure import describe as _describe, is_none, structure_mismatch
 from ._tree import INT32_MAX, align_grads, default_float, is_float_leaf, leaf_paths
 
 
@@ -108,6 +108,19 @@ def check_grads(grads: PyTree, params: PyTree) -> list[Any]:
                 f"{p.dtype}; cast the gradient to the parameter's dtype"
             )
     return aligned
+
+
+def check_outputs(opt: Any, method: str, out: PyTree, params: PyTree) -> None:
+    """Raises a `TypeError` naming the transform and the leaf where what its
+    `transform` (updates) or `transform_step` (new parameters) returned does not
+    have the parameters' structure (`None` counts as a leaf in both)."""
+    if jax.tree.structure(out, is_leaf=is_none) == jax.tree.structure(
+        params, is_leaf=is_none
+    ):
+        return
+    what = "new parameters" if method == "transform_step" else "updates"
+    error = structure_mismatch(out, what, params, "params")
+    raise TypeError(f"{type(opt).__name__}.{method} returned {error}")
 
 
 _NOUNS = {"params": "parameters", "grads": "gradients"}

@@ -211,17 +211,20 @@ def _cycle_lengths(up: Any, down: Any) -> tuple[Array, Array]:
 
 
 class Cyclic(AbstractSchedule):
-    """Cyclical learning rates (Smith, 2017): triangles between `base_lr` and
+    r"""Cyclical learning rates (Smith, 2017): triangles between `base_lr` and
     `max_lr`, `step_size_up` steps up then `step_size_down` down.
 
     With `T = step_size_up + step_size_down`, cycle `n = floor(s / T) + 1` and
     `r = s mod T`:
 
-    ```
-    h = r / step_size_up                       for r <= step_size_up
-    h = (T - r) / step_size_down               otherwise
-    f(s) = base_lr + (max_lr - base_lr) * h * scale
-    ```
+    $$
+    \begin{aligned}
+    h &= \begin{cases} r / \mathrm{step\_size\_up} & r \le \mathrm{step\_size\_up} \\
+        (T - r) / \mathrm{step\_size\_down} & \text{otherwise} \end{cases} \\
+    f(s) &= \mathrm{base\_lr} + (\mathrm{max\_lr} - \mathrm{base\_lr}) \cdot h
+        \cdot \mathrm{scale}
+    \end{aligned}
+    $$
 
     where `scale = 1` (`"triangular"`), `1 / 2 ** (n - 1)` (`"triangular2"`) or
     `gamma ** s` (`"exp_range"`). torch's `CyclicLR` with these modes (torch's
@@ -333,16 +336,24 @@ def _sgdr_columns(cycles: Any) -> list[Array]:
 
 
 class SGDR(AbstractSchedule):
-    """Stochastic gradient descent with warm restarts (Loshchilov & Hutter, 2017):
+    r"""Stochastic gradient descent with warm restarts (Loshchilov & Hutter, 2017):
     a sequence of warmup-cosine cycles, each starting where the last one ended.
 
     Cycle `i` lasts `decay_steps_i` steps; within it, at local step `t`:
 
-    ```
-    f = init + (peak - init) * t / warmup                              for t < warmup
-    f = peak * ((1 - a) * (0.5 * (1 + cos(pi * c / (decay - warmup)))) ** exponent + a)
-        where c = min(t - warmup, decay - warmup), a = end / peak (0 if peak == 0)
-    ```
+    $$
+    \begin{aligned}
+    f &= \mathrm{init} + (\mathrm{peak} - \mathrm{init})\, t / \mathrm{warmup}
+        && t < \mathrm{warmup} \\
+    f &= \mathrm{peak} \left((1 - a) \left(\tfrac{1}{2} \left(1 + \cos
+        \frac{\pi c}{\mathrm{decay} - \mathrm{warmup}}\right)\right)^{\mathrm{exponent}}
+            + a\right)
+        && \text{otherwise}
+    \end{aligned}
+    $$
+
+    where $c = \min(t - \mathrm{warmup}, \mathrm{decay} - \mathrm{warmup})$ and
+    $a = \mathrm{end} / \mathrm{peak}$ ($0$ if $\mathrm{peak} = 0$).
 
     and after the last cycle its end value is held. Equal to `optax.sgdr_schedule`
     (whose cycles are `optax.warmup_cosine_decay_schedule`s), and to torch's

@@ -48,12 +48,17 @@ class AbstractTransition(AbstractSchedule):
 
 
 class Polynomial(AbstractTransition):
-    """Polynomial decay from `init_value` to `end_value` over `transition_steps`.
+    r"""Polynomial decay from `init_value` to `end_value` over `transition_steps`.
 
-    ```
-    c = clip(s - transition_begin, 0, transition_steps)
-    f(s) = (init_value - end_value) * (1 - c / transition_steps) ** power + end_value
-    ```
+    $$
+    \begin{aligned}
+    c &= \operatorname{clip}(
+        s - \mathrm{transition\_begin}, 0, \mathrm{transition\_steps}) \\
+    f(s) &= (\mathrm{init\_value} - \mathrm{end\_value})
+        \left(1 - \frac{c}{\mathrm{transition\_steps}}\right)^{\mathrm{power}}
+        + \mathrm{end\_value}
+    \end{aligned}
+    $$
 
     Equal to `optax.polynomial_schedule`. optax silently turns `transition_steps <= 0`
     into a constant `init_value` and a negative `transition_begin` into 0; here both
@@ -79,12 +84,16 @@ class Polynomial(AbstractTransition):
 
 
 class Linear(AbstractTransition):
-    """Linear interpolation from `init_value` to `end_value` over `transition_steps`.
+    r"""Linear interpolation from `init_value` to `end_value` over `transition_steps`.
 
-    ```
-    c = clip(s - transition_begin, 0, transition_steps)
-    f(s) = (init_value - end_value) * (1 - c / transition_steps) + end_value
-    ```
+    $$
+    \begin{aligned}
+    c &= \operatorname{clip}(
+        s - \mathrm{transition\_begin}, 0, \mathrm{transition\_steps}) \\
+    f(s) &= (\mathrm{init\_value} - \mathrm{end\_value})
+        \left(1 - \frac{c}{\mathrm{transition\_steps}}\right) + \mathrm{end\_value}
+    \end{aligned}
+    $$
 
     Equal to `optax.linear_schedule` (errors instead of optax's silent fallbacks, as
     for `Polynomial`). Also torch's `LinearLR` with `init_value = base_lr *
@@ -109,15 +118,19 @@ class Linear(AbstractTransition):
 
 
 class ExponentialDecay(AbstractSchedule):
-    """Exponential decay by `decay_rate` every `transition_steps`, optionally in stairs
+    r"""Exponential decay by `decay_rate` every `transition_steps`, optionally in stairs
     and bounded by `end_value`.
 
-    ```
-    d = s - transition_begin
-    p = d / transition_steps            (floor(d / transition_steps) if staircase)
-    f(s) = init_value                   for d <= 0
-    f(s) = init_value * decay_rate ** p otherwise
-    ```
+    $$
+    \begin{aligned}
+    d &= s - \mathrm{transition\_begin} \\
+    p &= \begin{cases} \lfloor d / \mathrm{transition\_steps} \rfloor
+        & \text{\texttt{staircase}} \\
+        d / \mathrm{transition\_steps} & \text{otherwise} \end{cases} \\
+    f(s) &= \begin{cases} \mathrm{init\_value} & d \le 0 \\
+        \mathrm{init\_value} \cdot \mathrm{decay\_rate}^p & \text{otherwise} \end{cases}
+    \end{aligned}
+    $$
 
     then clipped from below by `end_value` when `decay_rate < 1` (from above when
     `decay_rate > 1`). Equal to `optax.exponential_decay`, except that optax silently
@@ -160,9 +173,11 @@ class CosineDecay(AbstractSchedule):
     With $D$ = `decay_steps`:
 
     $$
-    c = \min(s, D), \qquad k = \tfrac{1}{2} \left(1 + \cos \frac{\pi c}{D}\right),
-    \qquad f(s) = \mathrm{init\_value} \cdot
+    \begin{aligned}
+    c &= \min(s, D), \qquad k = \tfrac{1}{2} \left(1 + \cos \frac{\pi c}{D}\right) \\
+    f(s) &= \mathrm{init\_value} \cdot
         \left((1 - \alpha)\, k^{\mathrm{exponent}} + \alpha\right)
+    \end{aligned}
     $$
 
     Equal to `optax.cosine_decay_schedule` (which returns `inf` at the end for an
@@ -205,11 +220,11 @@ class CosineDecay(AbstractSchedule):
 
 
 class StepDecay(AbstractSchedule):
-    """Multiply by `gamma` every `step_size` steps.
+    r"""Multiply by `gamma` every `step_size` steps.
 
-    ```
-    f(s) = init_value * gamma ** floor(s / step_size)
-    ```
+    $$
+    f(s) = \mathrm{init\_value} \cdot \gamma^{\lfloor s / \mathrm{step\_size} \rfloor}
+    $$
 
     torch's `StepLR(optimizer, step_size, gamma)` with `init_value` the optimizer's
     learning rate (torch multiplies in float64 step by step; this takes a power,
@@ -235,11 +250,13 @@ class StepDecay(AbstractSchedule):
 
 
 class MultiStepDecay(AbstractSchedule):
-    """Multiply by `gamma` at each milestone.
+    r"""Multiply by `gamma` at each milestone.
 
-    ```
-    f(s) = init_value * gamma ** (number of milestones <= s)
-    ```
+    $$
+    f(s) = \mathrm{init\_value} \cdot \gamma^{\#\{i \,:\, \mathrm{milestone}_i \le s\}}
+    $$
+
+    (the exponent is the number of milestones $\le s$).
 
     torch's `MultiStepLR(optimizer, milestones, gamma)`; a repeated milestone counts
     twice, as in torch. The number of milestones is structure, the steps are an int32

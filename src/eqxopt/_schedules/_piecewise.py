@@ -49,11 +49,12 @@ def _boundaries_and_scales(
 
 
 class PiecewiseConstant(AbstractSchedule):
-    """A value multiplied by a factor at each boundary step.
+    r"""A value multiplied by a factor at each boundary step.
 
-    ```
-    f(s) = init_value * prod(scale_i for every boundary_i <= s)
-    ```
+    $$
+    f(s) = \mathrm{init\_value} \prod_{i \,:\, \mathrm{boundary}_i \le s}
+        \mathrm{scale}_i
+    $$
 
     Equal to `optax.piecewise_constant_schedule`, except that scales must be finite:
     optax computes `v * 0 + inf * v` and returns NaN at every step for an infinite
@@ -150,14 +151,17 @@ def _schedule_tuple(name: str, schedules: Any) -> tuple[AbstractSchedule, ...]:
 
 
 class Join(AbstractSchedule):
-    """Schedules run one after another: from `boundaries[i - 1]` on, `schedules[i]`
+    r"""Schedules run one after another: from `boundaries[i - 1]` on, `schedules[i]`
     is called on the step minus that boundary.
 
-    ```
-    f(s) = schedules[0](s)                          for s < b[0]
-    f(s) = schedules[i](s - b[i - 1])               for b[i - 1] <= s < b[i]
-    (b = boundaries)
-    ```
+    $$
+    f(s) = \begin{cases}
+    \mathrm{schedules}_0(s) & s < b_0 \\
+    \mathrm{schedules}_i(s - b_{i-1}) & b_{i-1} \le s < b_i
+    \end{cases}
+    $$
+
+    with $b$ = `boundaries`.
 
     Equal to `optax.join_schedules`; torch's `SequentialLR`. The number of schedules
     is structure; the boundaries are an int32 array field.

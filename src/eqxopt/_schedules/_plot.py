@@ -1,4 +1,4 @@
-"""Drawing schedules to a PNG (matplotlib is an optional extra: `eqxopt[plot]`)."""
+"""Drawing schedules to a PNG (matplotlib is optional: `pip install ".[plot]"`)."""
 
 import math
 import pathlib
@@ -83,15 +83,18 @@ def plot_schedules(
 
     **Returns:** the path written, as a `pathlib.Path`.
 
-    Needs matplotlib (`pip install "eqxopt[plot]"`); it is imported only here and
-    drawn without pyplot, so no window opens and no global state changes.
+    Needs matplotlib (in a checkout of eqxopt, `pip install ".[plot]"`, or
+    `pip install matplotlib`); it is imported only here and drawn without pyplot,
+    so no window opens and no global state changes.
     """
     try:
         from matplotlib.figure import Figure
-    except ImportError as error:  # pragma: no cover - depends on the environment
+    except ImportError as error:
+        # eqxopt is on no package index, so `pip install "eqxopt[plot]"` finds nothing.
         raise ImportError(
             "plot_schedules needs matplotlib; install it with "
-            '`pip install "eqxopt[plot]"`'
+            '`pip install ".[plot]"` in a checkout of eqxopt, or `pip install '
+            "matplotlib`"
         ) from error
     pairs = _labelled(schedules)
     xs = _step_range(steps)

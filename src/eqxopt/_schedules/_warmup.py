@@ -135,12 +135,17 @@ class AbstractWarmup(AbstractSchedule):
 
 
 class WarmupConstant(AbstractWarmup):
-    """Linear warmup from `init_value` to `peak_value`, then constant.
+    r"""Linear warmup from `init_value` to `peak_value`, then constant.
 
-    ```
-    f(s) = init_value + (peak_value - init_value) * s / W      for s < W = warmup_steps
-    f(s) = peak_value                                          otherwise
-    ```
+    $$
+    f(s) = \begin{cases}
+    \mathrm{init\_value} + (\mathrm{peak\_value}
+        - \mathrm{init\_value})\, s / W & s < W \\
+    \mathrm{peak\_value} & \text{otherwise}
+    \end{cases}
+    $$
+
+    with $W$ = `warmup_steps`.
 
     Equal to `optax.warmup_constant_schedule` for `warmup_steps >= 1`. With
     `warmup_steps == 0` this gives `peak_value` at every step, where optax gives

@@ -68,14 +68,18 @@ class ScaleByAdamState(eqx.Module):
 
 
 class ScaleByAdam(AbstractBlock):
-    """Adam's direction (Kingma & Ba, 2015) without the learning rate: with
+    r"""Adam's direction (Kingma & Ba, 2015) without the learning rate: with
     `t = step + 1`,
 
-    ```
-    mu = b1 * mu + (1 - b1) * u
-    nu = b2 * nu + (1 - b2) * u**2
-    u  = (mu / (1 - b1**t)) / (sqrt(nu / (1 - b2**t) + eps_root) + eps)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, u \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, u^2 \\
+    u &\leftarrow
+        \frac{\mu / (1 - b_1^t)}{\sqrt{\nu / (1 - b_2^t) + \epsilon_\mathrm{root}} +
+            \epsilon}
+    \end{aligned}
+    $$
 
     With `nesterov=True` the first moment is Dozat's Nesterov estimate
     `b1 * mu / (1 - b1**(t+1)) + (1 - b1) * u / (1 - b1**t)`. The same as
@@ -154,14 +158,20 @@ def _initial_scale(name: str, value: Any) -> float:
 
 
 class ScaleByRms(AbstractBlock):
-    """Divides by the root of a moving average of squared updates (RMSProp's
+    r"""Divides by the root of a moving average of squared updates (RMSProp's
     scaling, Hinton 2012), with `t = step + 1`:
 
-    ```
-    nu = decay * nu + (1 - decay) * u**2
-    v  = nu / (1 - decay**t)   if bias_correction, else nu
-    u  = u / sqrt(v + eps)     if eps_in_sqrt, else u / (sqrt(v) + eps)
-    ```
+    $$
+    \begin{aligned}
+    \nu &\leftarrow \mathrm{decay} \cdot \nu + (1 - \mathrm{decay})\, u^2 \\
+    v &= \begin{cases} \nu / (1
+        - \mathrm{decay}^t) & \text{\texttt{bias\_correction}} \\
+        \nu & \text{otherwise} \end{cases} \\
+    u &\leftarrow \begin{cases} u / \sqrt{v + \epsilon} & \text{\texttt{eps\_in\_sqrt}}
+        \\
+        u / (\sqrt{v} + \epsilon) & \text{otherwise} \end{cases}
+    \end{aligned}
+    $$
 
     The same as `optax.scale_by_rms`.
 
@@ -217,13 +227,17 @@ class ScaleBySign(AbstractBlock):
 
 
 class ScaleByTrustRatio(AbstractBlock):
-    """Scales each leaf's update by its trust ratio (You et al., 2017, 2019: LARS
+    r"""Scales each leaf's update by its trust ratio (You et al., 2017, 2019: LARS
     and LAMB's layer-wise scaling), with `||.||` the leaf's Euclidean norm:
 
-    ```
-    pn = max(||p||, min_norm);  un = max(||u||, min_norm)
-    u  = u * trust_coefficient * pn / (un + eps)     (u unchanged if pn or un is 0)
-    ```
+    $$
+    \begin{aligned}
+    p_n &= \max(\|p\|, \mathrm{min\_norm}) \\
+    u_n &= \max(\|u\|, \mathrm{min\_norm}) \\
+    u &\leftarrow u \cdot \mathrm{trust\_coefficient} \cdot \frac{p_n}{u_n + \epsilon}
+        && \text{(unchanged if $p_n$ or $u_n$ is 0)}
+    \end{aligned}
+    $$
 
     The same as `optax.scale_by_trust_ratio`.
 
@@ -258,10 +272,15 @@ class ScaleByTrustRatio(AbstractBlock):
 
 
 class ScaleByLearningRate(AbstractLeafwiseOptimizer):
-    """Multiplies updates by the learning rate at the step and, with `flip_sign`
-    (the default), by `-1`: `u = -lr * u`, the last link of an optimizer written
-    as a chain (its other links give a direction to descend along). The same as
-    `optax.scale_by_learning_rate`.
+    r"""Multiplies updates by the learning rate at the step and, with `flip_sign`
+    (the default), by `-1`:
+
+    $$
+    u \leftarrow -\mathrm{lr} \cdot u
+    $$
+
+    the last link of an optimizer written as a chain (its other links give a
+    direction to descend along). The same as `optax.scale_by_learning_rate`.
 
     **Arguments:**
 
@@ -298,12 +317,15 @@ class TraceState(eqx.Module):
 
 
 class Trace(AbstractBlock):
-    """Momentum (heavy ball, or Nesterov's):
+    r"""Momentum (heavy ball, or Nesterov's):
 
-    ```
-    trace = decay * trace + u
-    u     = trace                  (u + decay * trace with nesterov)
-    ```
+    $$
+    \begin{aligned}
+    \mathrm{trace} &\leftarrow \mathrm{decay} \cdot \mathrm{trace} + u \\
+    u &\leftarrow \mathrm{trace}
+        && \text{($u + \mathrm{decay} \cdot \mathrm{trace}$ with \texttt{nesterov})}
+    \end{aligned}
+    $$
 
     The same as `optax.trace`; `Chain(Trace(m), ScaleByLearningRate(lr))` is
     `SGD(lr, momentum=m)` from the second step on (torch's first step copies the

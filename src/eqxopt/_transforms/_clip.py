@@ -115,9 +115,13 @@ class AbstractLeafClip(AbstractTransform):
 
 
 class ClipByValue(AbstractLeafClip):
-    """Clips every gradient element to `[-max_delta, max_delta]`:
-    `u = clip(g, -max_delta, max_delta)`. The same as `optax.clip` and
-    `torch.nn.utils.clip_grad_value_`.
+    r"""Clips every gradient element to `[-max_delta, max_delta]`:
+
+    $$
+    u = \operatorname{clip}(g, -\mathrm{max\_delta}, \mathrm{max\_delta})
+    $$
+
+    The same as `optax.clip` and `torch.nn.utils.clip_grad_value_`.
 
     **Arguments:**
 
@@ -225,9 +229,14 @@ class ClipByGlobalNorm(AbstractTransform):
 
 
 class ClipByBlockRMS(AbstractLeafClip):
-    """Clips each leaf ("block") so its root-mean-square is at most `threshold`:
-    `u = g / max(1, sqrt(mean(g**2)) / threshold)`. The same as
-    `optax.clip_by_block_rms`.
+    r"""Clips each leaf ("block") so its root-mean-square is at most `threshold`:
+
+    $$
+    u = \frac{g}{\max\left(1, \sqrt{\operatorname{mean}(g^2)} /
+        \mathrm{threshold}\right)}
+    $$
+
+    The same as `optax.clip_by_block_rms`.
 
     **Arguments:**
 
@@ -289,13 +298,16 @@ def _axes(name: str, value: Any) -> tuple[int, ...] | None:
 
 
 class AdaptiveGradClip(AbstractLeafClip):
-    """Adaptive gradient clipping (Brock et al., 2021, NFNets), unit-wise:
+    r"""Adaptive gradient clipping (Brock et al., 2021, NFNets), unit-wise:
 
-    ```
-    max_u = clipping * max(||p||_unit, eps)
-    u = g                                    if ||g||_unit < max_u
-    u = g * max_u / max(||g||_unit, 1e-6)    otherwise
-    ```
+    $$
+    \begin{aligned}
+    u_\mathrm{max} &= \mathrm{clipping} \cdot \max(\|p\|_\mathrm{unit}, \epsilon) \\
+    u &= \begin{cases} g & \|g\|_\mathrm{unit} < u_\mathrm{max} \\
+        g \cdot u_\mathrm{max} / \max(\|g\|_\mathrm{unit}, 10^{-6}) & \text{otherwise}
+            \end{cases}
+    \end{aligned}
+    $$
 
     A "unit" is a row of the parameter: norms are taken over axis 0 for 2-D and
     3-D leaves, axes 0-2 for 4-D (HWIO convolutions), 0-3 for 5-D, and over the whole

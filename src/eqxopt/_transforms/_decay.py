@@ -80,8 +80,13 @@ class AbstractWeightDecay(AbstractTransform):
 
 
 class AddDecayedWeights(AbstractWeightDecay):
-    """Adds `weight_decay * p` to the gradient of every masked leaf:
-    `u = g + weight_decay * p`. Placed before an optimizer this is L2
+    r"""Adds `weight_decay * p` to the gradient of every masked leaf:
+
+    $$
+    u = g + \mathrm{weight\_decay} \cdot p
+    $$
+
+    Placed before an optimizer this is L2
     regularisation (coupled decay: `Chain(AddDecayedWeights(wd), SGD(lr))` is
     `torch.optim.SGD(weight_decay=wd)`); the same as `optax.add_decayed_weights`.
     For decay decoupled from an adaptive optimizer use `DecoupledWeightDecay`.
@@ -106,9 +111,13 @@ class AddDecayedWeights(AbstractWeightDecay):
 
 
 class DecoupledWeightDecay(AbstractWeightDecay):
-    """Decoupled weight decay (Loshchilov & Hutter, 2019) as a link placed after an
-    optimizer: `u = u - lr * weight_decay * p`, with `lr` the learning rate at the
-    current step and `p` the parameter before the update.
+    r"""Decoupled weight decay (Loshchilov & Hutter, 2019) as a link placed after an
+    optimizer, with `lr` the learning rate at the current step and `p` the
+    parameter before the update:
+
+    $$
+    u \leftarrow u - \mathrm{lr} \cdot \mathrm{weight\_decay} \cdot p
+    $$
 
     `Chain(Adam(lr), DecoupledWeightDecay(lr, wd, mask=m))` is `AdamW(lr, wd)`
     restricted to the leaves in `m`: the same as `optax.adamw(lr, weight_decay=wd,
@@ -152,11 +161,12 @@ def _seed(name: str, value: Any) -> int:
 
 
 class AddNoise(AbstractTransform):
-    """Annealed Gaussian gradient noise (Neelakantan et al., 2015):
+    r"""Annealed Gaussian gradient noise (Neelakantan et al., 2015):
 
-    ```
-    u = g + sqrt(eta / (step + 1)**gamma) * N(0, 1)
-    ```
+    $$
+    u = g + \sqrt{\eta / (\mathrm{step} + 1)^\gamma} \cdot n,
+        \qquad n \sim \mathcal{N}(0, 1)
+    $$
 
     The same as `optax.add_noise(eta, gamma, key=seed)` with the same numbers drawn
     (leaf `i` of the parameters uses the `i`-th key split from the step's key).
@@ -208,11 +218,15 @@ class AddNoise(AbstractTransform):
 
 
 class Centralize(AbstractTransform):
-    """Gradient centralisation (Yong et al., 2020): every leaf with two or more
-    dimensions has its mean over all axes but the first subtracted,
-    `u = g - mean(g, axis=(1, ..., ndim - 1))`; scalars and vectors pass unchanged.
-    The same as `optax.centralize`. (The first axis is the output axis of Equinox
-    `Linear` and `Conv` weights.)
+    r"""Gradient centralisation (Yong et al., 2020): every leaf with two or more
+    dimensions has its mean over all axes but the first subtracted:
+
+    $$
+    u = g - \operatorname{mean}(g, \mathrm{axis} = (1, \ldots, \mathrm{ndim} - 1))
+    $$
+
+    Scalars and vectors pass unchanged. The same as `optax.centralize`. (The first
+    axis is the output axis of Equinox `Linear` and `Conv` weights.)
     """
 
     reads_params = None  # the parameters are not read (`params_needed`)

@@ -36,7 +36,7 @@ class ReduceOnPlateauState(eqx.Module):
 
 
 class ReduceOnPlateau(AbstractTransform):
-    """Multiplies the incoming updates by a scale that drops by `factor` when the
+    r"""Multiplies the incoming updates by a scale that drops by `factor` when the
     loss has not improved for `patience` evaluations, as
     `optax.contrib.reduce_on_plateau`. It also gives the learning-rate factor of
     `torch.optim.lr_scheduler.ReduceLROnPlateau(mode="min", threshold=rtol)`
@@ -47,14 +47,23 @@ class ReduceOnPlateau(AbstractTransform):
     the loss to every `update`/`step` as `value=loss`. Every `accumulation_size`
     calls, the mean of the losses given is one evaluation:
 
-    ```
-    improved = mean < (1 - rtol) * best - atol
-    best = mean if improved;  plateau = 0 if improved else plateau + 1
-    if cooldown > 0:   cooldown -= 1, plateau = 0
-    elif plateau >= patience:   scale = max(scale * factor, min_scale),
-                                plateau = 0, cooldown = cooldown_steps
-    u = scale * g
-    ```
+    $$
+    \begin{aligned}
+    \mathrm{improved} &= \mathrm{mean} < (1 - \mathrm{rtol}) \cdot \mathrm{best}
+        - \mathrm{atol} \\
+    \mathrm{best} &\leftarrow \mathrm{mean}, \quad \mathrm{plateau} \leftarrow 0
+        && \text{if improved} \\
+    \mathrm{plateau} &\leftarrow \mathrm{plateau} + 1 && \text{otherwise} \\
+    \mathrm{cooldown} &\leftarrow \mathrm{cooldown} - 1, \quad \mathrm{plateau}
+        \leftarrow 0 && \text{then, if } \mathrm{cooldown} > 0 \\
+    \mathrm{scale} &\leftarrow
+        \max(\mathrm{scale} \cdot \mathrm{factor}, \mathrm{min\_scale})
+        && \text{else if } \mathrm{plateau} \ge \mathrm{patience}, \\
+    \mathrm{plateau} &\leftarrow 0, \quad
+        \mathrm{cooldown} \leftarrow \mathrm{cooldown\_steps} && \text{and then} \\
+    u &= \mathrm{scale} \cdot g
+    \end{aligned}
+    $$
 
     `patience`, `cooldown` and `accumulation_size` may change between calls (a new
     `ReduceOnPlateau` with other values reuses the compiled step). Raised, the

@@ -63,14 +63,16 @@ class ParamEMAState(eqx.Module):
 
 
 class ParamEMA(AbstractSingleWrapper):
-    """Keeps an exponential moving average of the parameters alongside `inner`,
+    r"""Keeps an exponential moving average of the parameters alongside `inner`,
     for evaluation (Polyak averaging, "EMA weights"). The updates are `inner`'s,
     unchanged; after each step, with `p_new` the parameters it gives (`p + u` in
     `p`'s dtype)
 
-    ```
-    ema = decay * ema + (1 - decay) * p_new     (ema starts as the params)
-    ```
+    $$
+    \mathrm{ema} \leftarrow \mathrm{decay} \cdot \mathrm{ema} + (1
+        - \mathrm{decay})\, p_\mathrm{new}
+    \qquad \text{(ema starts as the params)}
+    $$
 
     Read the averaged model with `state.averaged(params)`. The average is kept in at
     least float32, so a bf16 model's average does not stall on rounding. (optax's
@@ -156,14 +158,18 @@ class LookaheadState(eqx.Module):
 
 
 class Lookahead(AbstractSingleWrapper):
-    """Lookahead (Zhang et al., 2019): `inner` takes `sync_period` fast steps, then
+    r"""Lookahead (Zhang et al., 2019): `inner` takes `sync_period` fast steps, then
     the slow weights move a fraction `alpha` towards the fast ones and the fast
     weights restart from there:
 
-    ```
-    fast = p + u                                      every step
-    slow = slow + alpha * (fast - slow);  p = slow    every sync_period-th step
-    ```
+    $$
+    \begin{aligned}
+    \mathrm{fast} &= p + u && \text{every step} \\
+    \mathrm{slow} &\leftarrow \mathrm{slow} + \alpha\, (\mathrm{fast} - \mathrm{slow}),
+        \quad
+        p \leftarrow \mathrm{slow} && \text{every \texttt{sync\_period}-th step}
+    \end{aligned}
+    $$
 
     The parameters are the fast weights and the slow weights live in the state
     (`optax.lookahead` instead asks for a `LookaheadParams(fast, slow)` tree; the

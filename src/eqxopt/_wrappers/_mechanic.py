@@ -59,24 +59,31 @@ class MechanicState(eqx.Module):
 
 
 class Mechanic(AbstractSingleWrapper):
-    """Mechanic (Cutkosky, Defazio & Mehta, 2023, "Mechanic: A Learning Rate
+    r"""Mechanic (Cutkosky, Defazio & Mehta, 2023, "Mechanic: A Learning Rate
     Tuner"): learns the scale of `inner`'s steps online, so that `inner` can run
     with learning rate 1 (or a schedule peaking at 1).
 
     The parameters are `x = x0 + sum(s) * delta`, where `delta` accumulates
     `inner`'s updates `u` and `x0` is the parameters at the first update. With
-    `betas = 1 - 0.1**i` (`i = 1 .. num_betas`) and `S = sum(s)`:
+    $\beta = 1 - 0.1^i$ for $i = 1, \ldots,$ `num_betas` (one scale $s$ for each,
+    computed side by side) and $S = \sum s$:
 
-    ```
-    g' = g + weight_decay * S * |g| / (|x| + eps) * x     (|.|: norm over the tree)
-    delta = (x0 - x) / (S + eps)                         (the accumulated steps)
-    h  = <g', delta>
-    m  = max(betas * m, |h| + eps)
-    v  = betas**2 * v + h**2
-    r  = betas * r + clip(h, -m_old, m_old) * s
-    s  = (s_init / num_betas * m + max(r, 0)) / (sqrt(v) + eps)
-    x' = x0 - sum(s) * (delta - u)
-    ```
+    $$
+    \begin{aligned}
+    g' &= g + \mathrm{weight\_decay} \cdot S\, \frac{\|g\|}{\|x\| + \epsilon}\, x
+        && \text{($\|\cdot\|$: norm over the tree)} \\
+    \delta &= (x_0 - x) / (S + \epsilon) && \text{(the accumulated steps)} \\
+    h &= \langle g', \delta \rangle \\
+    m &\leftarrow \max(\beta\, m, |h| + \epsilon) \\
+    v &\leftarrow \beta^2 v + h^2 \\
+    r &\leftarrow \beta\, r
+        + \operatorname{clip}(h, -m_\mathrm{old}, m_\mathrm{old})\, s \\
+    s &\leftarrow
+        \frac{s_\mathrm{init} / \mathrm{num\_betas} \cdot m + \max(r, 0)}{\sqrt{v} +
+            \epsilon} \\
+    x' &= x_0 - \textstyle\sum s \cdot (\delta - u)
+    \end{aligned}
+    $$
 
     The same as `optax.contrib.mechanize(inner)`, which this matches. The inner
     optimizer sees the raw gradients; its learning rate should be about 1 (the

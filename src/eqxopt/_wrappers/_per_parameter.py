@@ -68,9 +68,14 @@ def _per_leaf(multipliers: Any, params: Params) -> list[Any]:
 
 
 class LearningRateMultipliers(AbstractSingleWrapper):
-    """Multiplies `inner`'s update of each leaf by that leaf's multiplier,
-    `u = m * inner(g)`: one optimizer with its own learning rate per parameter
-    group (embeddings, biases, ...) and no `Partition`.
+    r"""Multiplies `inner`'s update of each leaf by that leaf's multiplier $m$:
+
+    $$
+    u = m \cdot \operatorname{inner}(g)
+    $$
+
+    One optimizer with its own learning rate per parameter group (embeddings,
+    biases, ...) and no `Partition`.
 
     For optimizers whose update is proportional to the learning rate, weight decay
     included (SGD with momentum, Adam, AdamW, Lion, ...), `m = lr_group / lr` is
@@ -111,10 +116,14 @@ class LearningRateMultipliers(AbstractSingleWrapper):
 
 
 class Maximize(AbstractSingleWrapper):
-    """Ascends instead of descending: `inner` is given the negated gradients,
-    `u = inner(-g)`, as torch's `maximize=True` (which every torch optimizer
-    applies to the gradient first, before momentum and weight decay). The state is
-    `inner`'s.
+    r"""Ascends instead of descending: `inner` is given the negated gradients,
+
+    $$
+    u = \operatorname{inner}(-g)
+    $$
+
+    as torch's `maximize=True` (which every torch optimizer applies to the gradient
+    first, before momentum and weight decay). The state is `inner`'s.
 
     **Arguments:**
 

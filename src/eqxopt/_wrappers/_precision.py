@@ -145,13 +145,14 @@ class StochasticRoundingState(eqx.Module):
 
 
 class StochasticRounding(AbstractSingleWrapper):
-    """Applies `inner`'s updates to bf16 and float16 parameters with stochastic
+    r"""Applies `inner`'s updates to bf16 and float16 parameters with stochastic
     rounding, so updates smaller than the parameter's resolution are not lost: with
     `u` the (float32) update,
 
-    ```
-    p = round_stochastic(p + u)     E[round_stochastic(x)] = x
-    ```
+    $$
+    p \leftarrow \operatorname{round\_stochastic}(p + u),
+    \qquad \mathbb{E}[\operatorname{round\_stochastic}(x)] = x
+    $$
 
     For bf16 this is torchao's `bf16_stochastic_round`: 16 random bits are added to
     the low half of the float32 `p + u` and cut off (see
@@ -280,16 +281,19 @@ class KahanSummationState(eqx.Module):
 
 
 class KahanSummation(AbstractSingleWrapper):
-    """Applies `inner`'s updates to bf16 and float16 parameters with Kahan
+    r"""Applies `inner`'s updates to bf16 and float16 parameters with Kahan
     (compensated) summation, as optimi's `kahan_sum=True`: a buffer `c` in the
     parameter's dtype keeps what each rounding lost and adds it back at the next
     step. With `u` the (float32) update,
 
-    ```
-    v = u + c                  (float32)
-    p_new = p + round(v)       (both roundings to nearest, in p's dtype)
-    c = round(v - (p_new - p))
-    ```
+    $$
+    \begin{aligned}
+    v &= u + c && \text{(float32)} \\
+    p_\mathrm{new} &= p + \operatorname{round}(v)
+        && \text{(both roundings to nearest, in $p$'s dtype)} \\
+    c &\leftarrow \operatorname{round}\left(v - (p_\mathrm{new} - p)\right)
+    \end{aligned}
+    $$
 
     As in optimi, the compensated update is rounded to the parameter's dtype
     before it is added, so `update` returns it exactly: `eqxopt.apply_updates` (or

@@ -38,7 +38,7 @@ class SAMState(eqx.Module):
 
 
 class SAM(AbstractSingleWrapper):
-    """Sharpness-Aware Minimization (Foret et al., 2021, "Sharpness-Aware
+    r"""Sharpness-Aware Minimization (Foret et al., 2021, "Sharpness-Aware
     Minimization for Efficiently Improving Generalization"): `inner` steps with
     the gradient at the worst point of a ball of radius `rho` around the
     parameters (to first order), which steers training towards flat minima.
@@ -46,11 +46,14 @@ class SAM(AbstractSingleWrapper):
     Each update takes the gradient `g` at `p` (the `grads` passed in), makes the
     ascent step and a second gradient call, and hands that gradient to `inner`:
 
-    ```
-    e  = rho * g / |g|                (|g|: the norm over the whole tree)
-    g2 = grad_fn(p + e, *fn_args)
-    p  = p + inner(g2)                (inner sees g2, at the parameters p)
-    ```
+    $$
+    \begin{aligned}
+    e &= \rho\, g / \|g\| && \text{($\|g\|$: the norm over the whole tree)} \\
+    g_2 &= \operatorname{grad\_fn}(p + e, \ldots) && \text{(with \texttt{*fn\_args})} \\
+    p &\leftarrow p + \operatorname{inner}(g_2)
+        && \text{(inner sees $g_2$, at the parameters $p$)}
+    \end{aligned}
+    $$
 
     A train step (the second gradient is computed inside the compiled step):
 

@@ -48,18 +48,22 @@ class ScheduleFreeWrapperState(eqx.Module):
 
 
 class ScheduleFree(AbstractSingleWrapper):
-    """Schedule-Free (Defazio et al., 2024, "The Road Less Scheduled") around any
+    r"""Schedule-Free (Defazio et al., 2024, "The Road Less Scheduled") around any
     base optimizer: `inner`'s updates `u` move the iterate `z`, the parameters `y`
     interpolate between `z` and the running average `x`, and gradients are taken
     at `y`. With `lr` the learning rate at `step`:
 
-    ```
-    z' = z + u                             (u: inner's update at y)
-    max_lr = max(max_lr, lr);  w = max_lr**weight_lr_power;  W = W + w;  c = w / W
-    x  = (y - (1 - b1) * z) / b1           (the previous x)
-    x' = (1 - c) * x + c * z'
-    y' = b1 * x' + (1 - b1) * z'
-    ```
+    $$
+    \begin{aligned}
+    z' &= z + u && \text{($u$: inner's update at $y$)} \\
+    \mathrm{max\_lr} &\leftarrow \max(\mathrm{max\_lr}, \mathrm{lr}), \quad
+        w = \mathrm{max\_lr}^{\mathrm{weight\_lr\_power}} \\
+    W &\leftarrow W + w, \quad c = w / W \\
+    x &= \left(y - (1 - b_1)\, z\right) / b_1 && \text{(the previous $x$)} \\
+    x' &= (1 - c)\, x + c\, z' \\
+    y' &= b_1 x' + (1 - b_1)\, z'
+    \end{aligned}
+    $$
 
     Evaluate the model at `eval_params(state, params)` (`x`). Turn the base
     optimizer's momentum off (`Adam(lr, b1=0.0)`, `SGD(lr)`): the interpolation

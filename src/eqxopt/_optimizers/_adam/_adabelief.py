@@ -17,16 +17,19 @@ from ._adam_like import (
 
 
 class AdaBelief(AbstractAdamLike):
-    """AdaBelief (Zhuang et al., 2020): Adam whose second moment tracks how far each
+    r"""AdaBelief (Zhuang et al., 2020): Adam whose second moment tracks how far each
     gradient is from the running mean (the "belief") rather than its size.
 
     For each leaf, with `t = step + 1` and `lr` the learning rate at `step`:
 
-    ```
-    mu = b1 * mu + (1 - b1) * g
-    nu = b2 * nu + (1 - b2) * (g - mu)**2 + eps_root
-    p  = p - lr * (mu / (1 - b1**t)) / (sqrt(nu / (1 - b2**t)) + eps)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2) (g - \mu)^2 + \epsilon_\mathrm{root} \\
+    p &\leftarrow p - \mathrm{lr} \cdot
+        \frac{\mu / (1 - b_1^t)}{\sqrt{\nu / (1 - b_2^t)} + \epsilon}
+    \end{aligned}
+    $$
 
     The same as `optax.adabelief`, including its defaults `eps = eps_root = 1e-16`
     (the paper uses `eps = 1e-8`, `eps_root = 0`), and `eps_root` added to the stored

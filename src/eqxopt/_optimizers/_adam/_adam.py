@@ -280,23 +280,27 @@ class AbstractNAdam(AbstractAdamOptions):
         return -h.learning_rate * direction, mu, nu
 
 
-_NADAM_FORMULA = """
+_NADAM_FORMULA = r"""
     For each leaf, with `t = step + 1`, `lr` the learning rate at `step`, and the
-    momentum coefficients `mu_i = b1 * (1 - 0.5 * 0.96**(i * momentum_decay))`:
+    momentum coefficients $\mu_i = b_1 (1 - \tfrac{1}{2} \cdot 0.96^{i \psi})$ ($\psi$ =
+    `momentum_decay`):
 
-    ```
-    mu = b1 * mu + (1 - b1) * g
-    nu = b2 * nu + (1 - b2) * g**2
-    m_hat = (1 - mu_t) * g / (1 - mu_1 ... mu_t)
-            + mu_{t+1} * mu / (1 - mu_1 ... mu_{t+1})
-    p  = p - lr * m_hat / (sqrt(nu / (1 - b2**t) + eps_root) + eps)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    \hat m &= \frac{(1 - \mu_t)\, g}{1 - \mu_1 \cdots \mu_t}
+        + \frac{\mu_{t+1}\, \mu}{1 - \mu_1 \cdots \mu_{t+1}} \\
+    p &\leftarrow p - \mathrm{lr} \cdot
+        \frac{\hat m}{\sqrt{\nu / (1 - b_2^t) + \epsilon_\mathrm{root}} + \epsilon}
+    \end{aligned}
+    $$
 
     Two conventions are in use, and `momentum_decay` picks between them:
 
-    - `momentum_decay=inf` (the default) makes every `mu_i = b1`, so that
-      `m_hat = b1 * mu / (1 - b1**(t+1)) + (1 - b1) * g / (1 - b1**t)`: this is
-      `optax.nadam` / `optax.adam(..., nesterov=True)`.
+    - `momentum_decay=inf` (the default) makes every $\mu_i = b_1$, so that
+      $\hat m = \frac{b_1 \mu}{1 - b_1^{t+1}} + \frac{(1 - b_1)\, g}{1 - b_1^t}$:
+      this is `optax.nadam` / `optax.adam(..., nesterov=True)`.
     - a finite `momentum_decay` (torch's default is `0.004`) is Dozat's momentum
       warm-up schedule as `torch.optim.NAdam` implements it.
 """
@@ -307,7 +311,7 @@ class NAdam(AbstractNAdam):
         """NAdam: Adam with Nesterov momentum (Dozat, 2016).
 """
         + _NADAM_FORMULA
-        + """
+        + r"""
     Same as `optax.nadam` (default) and `torch.optim.NAdam(momentum_decay=...)`
     without weight decay (torch's `eps` is added outside the root, as here).
 
@@ -315,7 +319,7 @@ class NAdam(AbstractNAdam):
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
     - `b1`, `b2`, `eps`, `eps_root`: as for `Adam`.
-    - `momentum_decay`: `psi >= 0` in the schedule above; `inf` (default) for a
+    - `momentum_decay`: $\psi \ge 0$ in the schedule above; `inf` (default) for a
       constant `b1` (optax), `0.004` for torch's default.
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
@@ -356,20 +360,30 @@ NU_CORRECTIONS = ("before_max", "after_max", "none")
 
 
 class AMSGrad(AbstractAdamOptions):
-    """AMSGrad (Reddi et al., 2018): Adam that divides by the running maximum of the
+    r"""AMSGrad (Reddi et al., 2018): Adam that divides by the running maximum of the
     second moment, so the effective step size never grows.
 
     For each leaf, with `t = step + 1`, `lr`, `wd` the learning rate and weight decay
-    at `step`, `c1 = 1 - b1**t` (`1` if `bias_correction_mu=False`), `c2 = 1 - b2**t`:
+    at `step`, $c_1 = 1 - b_1^t$ ($1$ if `bias_correction_mu=False`) and
+    $c_2 = 1 - b_2^t$:
 
-    ```
-    mu = b1 * mu + (1 - b1) * g
-    nu = b2 * nu + (1 - b2) * g**2
-    nu_correction="before_max":  nu_max = max(nu_max, nu / c2);  v = nu_max
-    nu_correction="after_max":   nu_max = max(nu_max, nu);       v = nu_max / c2
-    nu_correction="none":        nu_max = max(nu_max, nu);       v = nu_max
-    p  = p - lr * ((mu / c1) / (sqrt(v + eps_root) + eps) + wd * p)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    \nu_\mathrm{max} &\leftarrow \max(\nu_\mathrm{max}, \nu / c_2), \quad v
+        = \nu_\mathrm{max}
+        && \text{(\texttt{nu\_correction="before\_max"})} \\
+    \nu_\mathrm{max} &\leftarrow \max(\nu_\mathrm{max}, \nu), \quad v
+        = \nu_\mathrm{max} / c_2
+        && \text{(\texttt{nu\_correction="after\_max"})} \\
+    \nu_\mathrm{max} &\leftarrow \max(\nu_\mathrm{max}, \nu), \quad v = \nu_\mathrm{max}
+        && \text{(\texttt{nu\_correction="none"})} \\
+    p &\leftarrow p - \mathrm{lr} \left(
+        \frac{\mu / c_1}{\sqrt{v + \epsilon_\mathrm{root}} + \epsilon}
+        + \mathrm{wd} \cdot p \right)
+    \end{aligned}
+    $$
 
     The libraries differ in where the bias correction of the second moment goes:
     `"before_max"` (default) is `optax.amsgrad`; `"after_max"` is
@@ -441,14 +455,19 @@ class AbstractAdamax(AbstractAdamLike):
         return (mu / h.bias1) / nu, h.learning_rate, mu, nu
 
 
-_ADAMAX_FORMULA = """
+# Ends before the end of its last line, which AdamaxW extends with its decay term.
+_ADAMAX_FORMULA = r"""
     For each leaf, with `t = step + 1` and `lr` the learning rate at `step`:
 
-    ```
-    mu = b1 * mu + (1 - b1) * g
-    nu = max(b2 * nu, |g| + eps)          (the infinity norm; no bias correction)
-    p  = p - lr * (mu / (1 - b1**t)) / nu{decay}
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow \max(b_2 \nu, |g| + \epsilon)
+        && \text{(the infinity norm; no bias correction)} \\
+    p &\leftarrow p - \mathrm{lr} \cdot \frac{\mu / (1 - b_1^t)}{\nu}"""
+_ADAMAX_FORMULA_END = r"""
+    \end{aligned}
+    $$
 """
 
 
@@ -456,7 +475,8 @@ class Adamax(AbstractAdamax):
     __doc__ = (
         """Adamax: Adam with the infinity norm (Kingma & Ba, 2015, section 7.1).
 """
-        + _ADAMAX_FORMULA.format(decay="")
+        + _ADAMAX_FORMULA
+        + _ADAMAX_FORMULA_END
         + """
     Same as `optax.adamax` and `torch.optim.Adamax` (without its coupled
     `weight_decay`). The state's `nu` holds the infinity norm.
@@ -476,7 +496,9 @@ class AdamaxW(AbstractAdamax):
     __doc__ = (
         """AdamaxW: Adamax with decoupled weight decay.
 """
-        + _ADAMAX_FORMULA.format(decay=" - lr * wd * p")
+        + _ADAMAX_FORMULA
+        + r" - \mathrm{lr} \cdot \mathrm{wd} \cdot p"
+        + _ADAMAX_FORMULA_END
         + """
     with `wd` the weight decay at `step` and `p` the parameter before the update.
     Same as `optax.adamaxw` (torch's `Adamax` only has coupled L2 decay).

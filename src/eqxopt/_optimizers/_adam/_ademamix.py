@@ -46,19 +46,23 @@ class AdEMAMixState(eqx.Module):
 
 
 class AdEMAMix(AbstractLeafwiseOptimizer):
-    """AdEMAMix (Pagliardini et al., 2024): AdamW whose numerator mixes a fast and a
+    r"""AdEMAMix (Pagliardini et al., 2024): AdamW whose numerator mixes a fast and a
     very slow exponential moving average of the gradients.
 
     For each leaf, with `t = step + 1` and `lr`, `wd`, `alpha`, `b3` the values at
     `step` (each may be a schedule, as the paper warms up `alpha` and `b3`):
 
-    ```
-    m1 = b1 * m1 + (1 - b1) * g
-    m2 = b3 * m2 + (1 - b3) * g                    (not bias-corrected)
-    nu = b2 * nu + (1 - b2) * g**2
-    p  = p - lr * ((m1 / (1 - b1**t) + alpha * m2)
-                   / (sqrt(nu / (1 - b2**t) + eps_root) + eps) + wd * p)
-    ```
+    $$
+    \begin{aligned}
+    m_1 &\leftarrow b_1 m_1 + (1 - b_1)\, g \\
+    m_2 &\leftarrow b_3 m_2 + (1 - b_3)\, g && \text{(not bias-corrected)} \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    p &\leftarrow p - \mathrm{lr} \left(
+        \frac{m_1 / (1 - b_1^t) + \alpha\, m_2}
+            {\sqrt{\nu / (1 - b_2^t) + \epsilon_\mathrm{root}} + \epsilon}
+        + \mathrm{wd} \cdot p \right)
+    \end{aligned}
+    $$
 
     The same as `optax.contrib.ademamix` (which stores `nu` in `mu_dtype`; here it
     is `nu_dtype`). torch.optim has no AdEMAMix.

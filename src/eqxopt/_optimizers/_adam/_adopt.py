@@ -16,21 +16,25 @@ from ._adam_like import AbstractAdamLike, b2_field, ema, eps_field
 
 
 class ADOPT(AbstractAdamLike):
-    """ADOPT (Taniguchi et al., 2024): normalises the gradient by the second moment
+    r"""ADOPT (Taniguchi et al., 2024): normalises the gradient by the second moment
     of the *previous* steps, then averages, so it converges for any `b2`.
 
     For each leaf, with `s = step` (before the increment) and `lr` the learning rate
     at `s`; on the first step (`s = 0`) `b1` is taken as `1` and `b2` as `0`, so the
     first update is zero and only initialises `nu = g**2`:
 
-    ```
-    x  = g / max(sqrt(nu), eps)                       (nu from the previous step)
-    x  = clip(x, -s**0.25, s**0.25)                   (if clip=True)
-    nu = b2 * nu + (1 - b2) * g**2
-    mu = b1 * mu + (1 - b1) * x
-    p  = p - lr * mu                                  (nesterov=False)
-    p  = p - lr * (b1 * mu + (1 - b1) * x)            (nesterov=True)
-    ```
+    $$
+    \begin{aligned}
+    x &= g / \max(\sqrt{\nu}, \epsilon) && \text{($\nu$ from the previous step)} \\
+    x &\leftarrow \operatorname{clip}(x, -s^{1/4}, s^{1/4})
+        && \text{(if \texttt{clip=True})} \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, x \\
+    p &\leftarrow p - \mathrm{lr} \cdot \mu && \text{(\texttt{nesterov=False})} \\
+    p &\leftarrow p - \mathrm{lr} \left(b_1 \mu + (1 - b_1)\, x\right)
+        && \text{(\texttt{nesterov=True})}
+    \end{aligned}
+    $$
 
     The same as `optax.contrib.adopt` with its default `clip_value_fn = s**0.25`.
     torch.optim has no ADOPT.

@@ -7,20 +7,24 @@ from ._adam_like import AbstractAdamW, adam_direction
 
 
 class CAdamW(AbstractAdamW):
-    """Cautious AdamW (C-AdamW; Liang et al., 2024, "Cautious Optimizers").
+    r"""Cautious AdamW (C-AdamW; Liang et al., 2024, "Cautious Optimizers").
 
     AdamW, except that each coordinate of the Adam direction whose sign disagrees
     with the current gradient is set to zero, and the rest are scaled up so the
     step keeps its size. Per leaf (tensor) `P` with `d` elements, with `t = step + 1`
     and `lr`, `wd` the learning rate and weight decay at `step`:
 
-    ```
-    mu = b1 * mu + (1 - b1) * g
-    nu = b2 * nu + (1 - b2) * g**2
-    u  = (mu / (1 - b1**t)) / (sqrt(nu / (1 - b2**t) + eps_root) + eps)
-    phi = 1 where u * g > 0, else 0
-    p  = p - lr * (u * phi * d / (sum(phi) + 1) + wd * p)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    u &= \frac{\mu / (1 - b_1^t)}{\sqrt{\nu / (1 - b_2^t) + \epsilon_\mathrm{root}} +
+        \epsilon} \\
+    \phi &= \begin{cases} 1 & u\, g > 0 \\ 0 & \text{otherwise} \end{cases} \\
+    p &\leftarrow p - \mathrm{lr} \left(
+        \frac{u\, \phi\, d}{\sum \phi + 1} + \mathrm{wd} \cdot p \right)
+    \end{aligned}
+    $$
 
     This is Algorithm 1 of the paper as the authors' code (`kyleliang919/C-Optim`,
     `c_adamw.py`) implements it: the paper writes `u * g >= 0`, the code `> 0`

@@ -41,18 +41,21 @@ class OptimisticAdamState(eqx.Module):
 
 
 class OptimisticAdam(AbstractAdamOptions):
-    """Optimistic Adam (Daskalakis et al., 2018): Adam's direction extrapolated with
+    r"""Optimistic Adam (Daskalakis et al., 2018): Adam's direction extrapolated with
     the previous one, which damps the cycling of plain Adam on saddle-point (GAN,
     min-max) problems.
 
     For each leaf, with `t = step + 1`, `lr` the learning rate at `step`:
 
-    ```
-    mu = b1 * mu + (1 - b1) * g
-    nu = b2 * nu + (1 - b2) * g**2
-    r  = m_hat / (sqrt(nu / (1 - b2**t) + eps_root) + eps)
-    p  = p - lr * ((alpha + beta) * r - beta * r_prev)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    r &= \frac{\hat m}{\sqrt{\nu / (1 - b_2^t) + \epsilon_\mathrm{root}} + \epsilon} \\
+    p &\leftarrow p - \mathrm{lr} \left((\alpha + \beta)\, r
+        - \beta\, r_\mathrm{prev}\right)
+    \end{aligned}
+    $$
 
     where `m_hat` is the Nesterov first moment (as `Adam(nesterov=True)`; plain
     `mu / (1 - b1**t)` with `nesterov=False`) and `r_prev` the previous step's `r`

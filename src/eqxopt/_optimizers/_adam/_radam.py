@@ -44,21 +44,27 @@ def rho_t(b2: Array, t: Array) -> Array:
 
 
 class RAdam(AbstractAdamLike):
-    """Rectified Adam (Liu et al., 2020).
+    r"""Rectified Adam (Liu et al., 2020).
 
     For each leaf, with `t = step + 1`, `lr`, `wd` the learning rate and weight decay
-    at `step`, `rho_inf = 2 / (1 - b2) - 1` and
-    `rho_t = rho_inf - 2 * t * b2**t / (1 - b2**t)`:
+    at `step`, $\rho_\infty = 2 / (1 - b_2) - 1$ and
+    $\rho_t = \rho_\infty - 2 t\, b_2^t / (1 - b_2^t)$:
 
-    ```
-    mu = b1 * mu + (1 - b1) * g
-    nu = b2 * nu + (1 - b2) * g**2
-    m_hat = mu / (1 - b1**t)
-    r = sqrt((rho_t - 4) (rho_t - 2) rho_inf / ((rho_inf - 4) (rho_inf - 2) rho_t))
-    u = r * m_hat / (sqrt(nu / (1 - b2**t) + eps_root) + eps)   if rho_t >= threshold
-    u = m_hat                                                   otherwise
-    p = p - lr * (u + wd * p)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    \hat m &= \mu / (1 - b_1^t) \\
+    r &= \sqrt{\frac{(\rho_t - 4)(\rho_t - 2)\, \rho_\infty}
+        {(\rho_\infty - 4)(\rho_\infty - 2)\, \rho_t}} \\
+    u &= \begin{cases}
+        \dfrac{r\, \hat m}{\sqrt{\nu / (1 - b_2^t) + \epsilon_\mathrm{root}} + \epsilon}
+            & \rho_t \ge \mathrm{threshold} \\
+        \hat m & \text{otherwise}
+    \end{cases} \\
+    p &\leftarrow p - \mathrm{lr} \left(u + \mathrm{wd} \cdot p\right)
+    \end{aligned}
+    $$
 
     `rho_t` is computed without cancellation (see `rho_t`), as accurate as torch's
     float64 value; `optax.radam` evaluates the formula above in float32, which

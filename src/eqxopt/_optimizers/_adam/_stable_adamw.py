@@ -7,7 +7,7 @@ from ._adam_like import AbstractAdamW, adam_direction
 
 
 class StableAdamW(AbstractAdamW):
-    """StableAdamW (Wortsman et al., 2023, "Stable and low-precision training for
+    r"""StableAdamW (Wortsman et al., 2023, "Stable and low-precision training for
     large-scale vision-language models", Algorithm 2): AdamW whose step size is cut,
     per tensor, when the gradient is large compared with the second moment (the
     AdaFactor-style update clipping that prevents loss spikes).
@@ -15,14 +15,20 @@ class StableAdamW(AbstractAdamW):
     Per leaf, with `t = step + 1` and `lr`, `wd` the learning rate and weight decay
     at `step`:
 
-    ```
-    mu = b1 * mu + (1 - b1) * g
-    nu = b2 * nu + (1 - b2) * g**2
-    m_hat, v_hat = mu / (1 - b1**t), nu / (1 - b2**t)
-    rms = sqrt(mean(g**2 / max(v_hat, eps**2)))          (over the leaf)
-    eta = lr / max(1, rms)
-    p  = p - eta * (m_hat / (sqrt(v_hat + eps_root) + eps) + wd * p)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    \hat m &= \mu / (1 - b_1^t), \quad \hat v = \nu / (1 - b_2^t) \\
+    \mathrm{rms} &=
+        \sqrt{\operatorname{mean}\left(g^2 / \max(\hat v, \epsilon^2)\right)}
+        && \text{(over the leaf)} \\
+    \eta &= \mathrm{lr} / \max(1, \mathrm{rms}) \\
+    p &\leftarrow p - \eta \left(
+        \frac{\hat m}{\sqrt{\hat v + \epsilon_\mathrm{root}} + \epsilon}
+        + \mathrm{wd} \cdot p \right)
+    \end{aligned}
+    $$
 
     The paper writes the moments with bias-corrected decays
     `b_hat = b * (1 - b**(t-1)) / (1 - b**t)`, which gives exactly `m_hat` and

@@ -17,18 +17,22 @@ from ._adam_like import (
 
 
 class Yogi(AbstractAdamLike):
-    """Yogi (Zaheer et al., 2018): the second moment moves towards `g**2` by a step
+    r"""Yogi (Zaheer et al., 2018): the second moment moves towards `g**2` by a step
     of fixed size `(1 - b2) * g**2`, so the effective learning rate cannot jump up
     when gradients shrink.
 
     For each leaf, with `t = step + 1` and `lr` the learning rate at `step`, and
     both moments starting at `initial_accumulator_value`:
 
-    ```
-    mu = b1 * mu + (1 - b1) * g
-    nu = nu - (1 - b2) * sign(nu - g**2) * g**2
-    p  = p - lr * (mu / (1 - b1**t)) / (sqrt(nu / (1 - b2**t) + eps_root) + eps)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow \nu - (1 - b_2) \operatorname{sign}(\nu - g^2)\, g^2 \\
+    p &\leftarrow p - \mathrm{lr} \cdot
+        \frac{\mu / (1 - b_1^t)}{\sqrt{\nu / (1 - b_2^t) + \epsilon_\mathrm{root}} +
+            \epsilon}
+    \end{aligned}
+    $$
 
     The same as `optax.yogi` (which bias-corrects both moments, as here; the paper
     does not). torch.optim has no Yogi.

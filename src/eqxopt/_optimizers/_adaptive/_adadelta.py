@@ -32,17 +32,19 @@ class AdadeltaState(eqx.Module):
 
 
 class Adadelta(AbstractLeafwiseOptimizer):
-    """Adadelta (Zeiler, 2012).
+    r"""Adadelta (Zeiler, 2012).
 
     For each leaf, with `lr` the learning rate at the current step:
 
-    ```
-    g   = g + weight_decay * p                         (L2 penalty)
-    Eg  = rho * Eg + (1 - rho) * g**2
-    dx  = sqrt(Edx + eps) / sqrt(Eg + eps) * g
-    Edx = rho * Edx + (1 - rho) * dx**2
-    p   = p - lr * dx
-    ```
+    $$
+    \begin{aligned}
+    g &\leftarrow g + \mathrm{weight\_decay} \cdot p && \text{(L2 penalty)} \\
+    E_g &\leftarrow \rho\, E_g + (1 - \rho)\, g^2 \\
+    \Delta x &= \frac{\sqrt{E_{\Delta x} + \epsilon}}{\sqrt{E_g + \epsilon}}\, g \\
+    E_{\Delta x} &\leftarrow \rho\, E_{\Delta x} + (1 - \rho)\, \Delta x^2 \\
+    p &\leftarrow p - \mathrm{lr} \cdot \Delta x
+    \end{aligned}
+    $$
 
     The same as `optax.adadelta` (with `learning_rate=1.0` for its default
     `None`) and `torch.optim.Adadelta`; both add the weight decay to the gradient

@@ -31,16 +31,22 @@ class AdagradState(eqx.Module):
 
 
 class Adagrad(AbstractLeafwiseOptimizer):
-    """Adagrad (Duchi et al., 2011).
+    r"""Adagrad (Duchi et al., 2011).
 
     For each leaf, with `lr` the learning rate at the current step:
 
-    ```
-    g = g + weight_decay * p                    (L2 penalty, if weight_decay > 0)
-    s = s + g**2                                (s starts at initial_accumulator_value)
-    p = p - lr * g / sqrt(s + eps)              (eps_in_sqrt=True, optax)
-    p = p - lr * g / (sqrt(s) + eps)            (eps_in_sqrt=False, torch)
-    ```
+    $$
+    \begin{aligned}
+    g &\leftarrow g + \mathrm{weight\_decay} \cdot p
+        && \text{(L2 penalty, if \texttt{weight\_decay > 0})} \\
+    s &\leftarrow s + g^2
+        && \text{($s$ starts at \texttt{initial\_accumulator\_value})} \\
+    p &\leftarrow p - \mathrm{lr} \cdot g / \sqrt{s + \epsilon}
+        && \text{(\texttt{eps\_in\_sqrt=True}, optax)} \\
+    p &\leftarrow p - \mathrm{lr} \cdot g / (\sqrt{s} + \epsilon)
+        && \text{(\texttt{eps\_in\_sqrt=False}, torch)}
+    \end{aligned}
+    $$
 
     Where `s == 0` (only possible while every gradient so far was zero) the update
     is zero.

@@ -40,19 +40,22 @@ class AdanState(eqx.Module):
 
 
 class Adan(AbstractLeafwiseOptimizer):
-    """Adan (Xie et al., 2022), as implemented by `optax.adan`.
+    r"""Adan (Xie et al., 2022), as implemented by `optax.adan`.
 
     For each leaf, with `t = step + 1`, `lr` the learning rate at `step` and
     `d = g - prev_grad` (`d = 0` on the first update):
 
-    ```
-    mu    = b1 * mu + (1 - b1) * g
-    delta = b2 * delta + (1 - b2) * d
-    nu    = b3 * nu + (1 - b3) * (g + (1 - b2) * d)**2
-    r     = (mu / (1 - b1**t) + (1 - b2) * delta / (1 - b2**t))
-            / (sqrt(nu / (1 - b3**t) + eps_root) + eps)
-    p     = p - lr * (r + weight_decay * p)      (decay only where `mask`)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \delta &\leftarrow b_2 \delta + (1 - b_2)\, d \\
+    \nu &\leftarrow b_3 \nu + (1 - b_3) \left(g + (1 - b_2)\, d\right)^2 \\
+    r &= \frac{\mu / (1 - b_1^t) + (1 - b_2)\, \delta / (1 - b_2^t)}
+        {\sqrt{\nu / (1 - b_3^t) + \epsilon_\mathrm{root}} + \epsilon} \\
+    p &\leftarrow p - \mathrm{lr} \left(r + \mathrm{weight\_decay} \cdot p\right)
+        && \text{(decay only where \texttt{mask})}
+    \end{aligned}
+    $$
 
     The betas are decay rates of the old value (as in Adam and optax's code; the
     paper writes `1 - beta`), and the moments are bias-corrected, as in optax. The

@@ -57,21 +57,26 @@ class ProdigyState(eqx.Module):
 
 
 class Prodigy(AbstractEngineTransform):
-    """Prodigy (Mishchenko & Defazio, 2023): AdamW with a learning rate `d` that it
+    r"""Prodigy (Mishchenko & Defazio, 2023): AdamW with a learning rate `d` that it
     estimates itself; `learning_rate` is a multiplier (schedule) around 1.
 
     With `t = step + 1`, `sched` the learning rate at `step`, sums `<., .>` and
-    `|.|_1` over every leaf that has a gradient:
+    `|.|_1` over every leaf that has a gradient (with `safeguard_warmup`, $s$ adds
+    $(d / d_0)\, d\, g$ instead of $(d / d_0)\, \mathrm{dlr}\, g$):
 
-    ```
-    dlr = d * sched * sqrt(1 - b2**t) / (1 - b1**t)
-    mu = b1 * mu + (1 - b1) * d * g
-    nu = b2 * nu + (1 - b2) * (d * g)**2
-    s  = b3 * s + (d / d0) * dlr * g       (safeguard_warmup: (d / d0) * d * g)
-    numerator = b3 * numerator + (d / d0) * dlr * <g, params0 - p>
-    d' = max(d, d_coef * numerator / |s|_1)
-    p  = p - dlr * (mu / (sqrt(nu) + d' * eps) + weight_decay * p)
-    ```
+    $$
+    \begin{aligned}
+    \mathrm{dlr} &= d \cdot \mathrm{sched} \cdot \sqrt{1 - b_2^t} / (1 - b_1^t) \\
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, d\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2) (d\, g)^2 \\
+    s &\leftarrow b_3 s + (d / d_0)\, \mathrm{dlr}\, g \\
+    \mathrm{numerator} &\leftarrow b_3\, \mathrm{numerator}
+        + (d / d_0)\, \mathrm{dlr} \langle g, p_0 - p \rangle \\
+    d' &= \max\left(d, d_\mathrm{coef} \cdot \mathrm{numerator} / \|s\|_1\right) \\
+    p &\leftarrow p - \mathrm{dlr} \left(\frac{\mu}{\sqrt{\nu} + d' \epsilon}
+        + \mathrm{weight\_decay} \cdot p\right)
+    \end{aligned}
+    $$
 
     The same as `optax.contrib.prodigy` (`b3` is its `beta3`, default
     `sqrt(b2)`; `d0` its `estim_lr0`; `d_coef` its `estim_lr_coef`), except that

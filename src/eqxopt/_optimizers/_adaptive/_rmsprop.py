@@ -36,24 +36,32 @@ class RMSPropState(eqx.Module):
 
 
 class RMSProp(AbstractLeafwiseOptimizer):
-    """RMSProp (Hinton, 2012), optionally centered (Graves, 2013) and with momentum.
+    r"""RMSProp (Hinton, 2012), optionally centered (Graves, 2013) and with momentum.
 
     For each leaf, with `lr` the learning rate at the current step and `t = step +
     1`:
 
-    ```
-    g   = g + weight_decay * p                         (L2 penalty)
-    nu  = decay * nu + (1 - decay) * g**2
-    mu  = decay * mu + (1 - decay) * g                 (centered only)
-    v   = nu - mu**2  if centered  else nu             (each divided by 1 - decay**t
-                                                         if bias_correction)
-    s   = lr * g / sqrt(v + eps)                       (eps_in_sqrt=True, optax)
-    s   = lr * g / (sqrt(v) + eps)                     (eps_in_sqrt=False, torch)
-    buf = momentum * buf + s                           (momentum given)
-    p   = p - s                                        (no momentum)
-    p   = p - buf                                      (momentum)
-    p   = p - (s + momentum * buf)                     (momentum, nesterov=True)
-    ```
+    $$
+    \begin{aligned}
+    g &\leftarrow g + \mathrm{weight\_decay} \cdot p && \text{(L2 penalty)} \\
+    \nu &\leftarrow \mathrm{decay} \cdot \nu + (1 - \mathrm{decay})\, g^2 \\
+    \mu &\leftarrow \mathrm{decay} \cdot \mu + (1 - \mathrm{decay})\, g
+        && \text{(centered only)} \\
+    v &= \begin{cases} \nu
+        - \mu^2 & \text{centered} \\ \nu & \text{otherwise} \end{cases}
+        && \text{(each divided by $1 - \mathrm{decay}^t$ if \texttt{bias\_correction})}
+            \\
+    s &= \mathrm{lr} \cdot g / \sqrt{v + \epsilon}
+        && \text{(\texttt{eps\_in\_sqrt=True}, optax)} \\
+    s &= \mathrm{lr} \cdot g / (\sqrt{v} + \epsilon)
+        && \text{(\texttt{eps\_in\_sqrt=False}, torch)} \\
+    b &\leftarrow \mathrm{momentum} \cdot b + s && \text{(momentum given)} \\
+    p &\leftarrow p - s && \text{(no momentum)} \\
+    p &\leftarrow p - b && \text{(momentum)} \\
+    p &\leftarrow p - (s + \mathrm{momentum} \cdot b)
+        && \text{(momentum, \texttt{nesterov=True})}
+    \end{aligned}
+    $$
 
     **Conventions.** The defaults are `optax.rmsprop`'s (`decay=0.9`, `eps=1e-8`
     inside the root) and the maths matches it in every option. `torch.optim.RMSprop`

@@ -76,19 +76,23 @@ class SophiaState(eqx.Module):
 
 
 class Sophia(AbstractTransform):
-    """Sophia (Liu et al., 2023, "Sophia: A Scalable Stochastic Second-order
+    r"""Sophia (Liu et al., 2023, "Sophia: A Scalable Stochastic Second-order
     Optimizer for Language Model Pre-training"): a moving average of gradients
     divided by a moving average `nu` of the Hessian's diagonal, clipped element-wise.
 
     With `t = step + 1`, and `h` a fresh estimate of the Hessian's diagonal taken
     every `update_interval` steps (at steps 0, k, 2k, ...):
 
-    ```
-    mu = b1 * mu + (1 - b1) * g
-    u  = clip((mu / (1 - b1**t)) / max(gamma * nu, eps), -c, c)    (nu before this step)
-    p  = p - lr * (u + weight_decay * p)        (decay only where `mask`)
-    nu = b2 * nu + (1 - b2) * h                  (only at an estimate step)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    u &= \operatorname{clip}\left(\frac{\mu / (1 - b_1^t)}{\max(\gamma \nu, \epsilon)},
+        -c, c\right) && \text{($\nu$ before this step)} \\
+    p &\leftarrow p - \mathrm{lr} \left(u + \mathrm{weight\_decay} \cdot p\right)
+        && \text{(decay only where \texttt{mask})} \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, h && \text{(only at an estimate step)}
+    \end{aligned}
+    $$
 
     The estimate is Sophia-H's Hutchinson estimator by default: with Rademacher
     signs `r` drawn from the key in the state, `h = r * (Hessian @ r)`, a

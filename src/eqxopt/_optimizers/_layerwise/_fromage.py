@@ -27,14 +27,15 @@ class FromageState(eqx.Module):
 
 
 class Fromage(AbstractTrustRatioOptimizer):
-    """Fromage (Bernstein et al., 2020): steps of relative size `lr` per layer.
+    r"""Fromage (Bernstein et al., 2020): steps of relative size `lr` per layer.
 
-    For each leaf, with `lr` the learning rate at `step` and `|x|` the Frobenius norm
+    For each leaf, with `lr` the learning rate at `step` and $\|x\|$ the Frobenius norm
     of the whole leaf, each clipped below at `min_norm`:
 
-    ```
-    p = (p - lr * (|p| / |g|) * g) / sqrt(1 + lr**2)
-    ```
+    $$
+    p \leftarrow
+        \frac{p - \mathrm{lr} \cdot (\|p\| / \|g\|)\, g}{\sqrt{1 + \mathrm{lr}^2}}
+    $$
 
     The same as `optax.fromage` (which writes it as the trust-ratio step scaled by
     `1 / sqrt(1 + lr**2)` plus a weight decay of `1 / sqrt(1 + lr**2) - 1`).

@@ -137,19 +137,23 @@ class LARSState(eqx.Module):
 
 
 class LARS(AbstractTrustRatioOptimizer):
-    """LARS: SGD with momentum and a layer-wise trust ratio (You et al., 2017).
+    r"""LARS: SGD with momentum and a layer-wise trust ratio (You et al., 2017).
 
-    For each leaf, with `lr` the learning rate at `step` and `|x|` the Frobenius norm
-    of the whole leaf:
+    For each leaf, with `lr` the learning rate at `step` and $\|x\|$ the Frobenius norm
+    of the whole leaf (the trust ratio is 1 where $\|p\|$ or $\|r\|$ is 0):
 
-    ```
-    r = g + weight_decay * p                      (decay only where weight_decay_mask)
-    r = trust_coefficient * |p| / (|r| + eps) * r (only where trust_ratio_mask;
-                                                   ratio 1 where |p| or |r| is 0)
-    v = momentum * v + lr * r
-    p = p - v                                     (nesterov=False)
-    p = p - (lr * r + momentum * v)               (nesterov=True)
-    ```
+    $$
+    \begin{aligned}
+    r &= g + \mathrm{weight\_decay} \cdot p
+        && \text{(decay only where \texttt{weight\_decay\_mask})} \\
+    r &\leftarrow \mathrm{trust\_coefficient} \cdot \frac{\|p\|}{\|r\| + \epsilon}\, r
+        && \text{(only where \texttt{trust\_ratio\_mask})} \\
+    v &\leftarrow \mathrm{momentum} \cdot v + \mathrm{lr} \cdot r \\
+    p &\leftarrow p - v && \text{(\texttt{nesterov=False})} \\
+    p &\leftarrow p - (\mathrm{lr} \cdot r + \mathrm{momentum} \cdot v)
+        && \text{(\texttt{nesterov=True})}
+    \end{aligned}
+    $$
 
     The same as `optax.lars`. The learning rate is applied before the momentum
     buffer, as in optax (so a schedule's past values stay in the buffer).

@@ -43,20 +43,23 @@ class NovoGradState(eqx.Module):
 
 
 class NovoGrad(AbstractLeafwiseOptimizer):
-    """NovoGrad (Ginsburg et al., 2019): Adam-like steps with one second moment per
+    r"""NovoGrad (Ginsburg et al., 2019): Adam-like steps with one second moment per
     layer.
 
-    For each leaf, with `lr` the learning rate at `step` and `|g|` the Frobenius norm
+    For each leaf, with `lr` the learning rate at `step` and $\|g\|$ the Frobenius norm
     of the leaf's gradient:
 
-    ```
-    nu = |g|**2                                       (first step)
-    nu = b2 * nu + (1 - b2) * |g|**2                  (later steps)
-    r  = g / (sqrt(nu + eps_root) + eps) + weight_decay * p
-    mu = r                                            (first step)
-    mu = b1 * mu + r                                  (later steps)
-    p  = p - lr * mu
-    ```
+    $$
+    \begin{aligned}
+    \nu &\leftarrow \begin{cases} \|g\|^2 & \text{first step} \\
+        b_2 \nu + (1 - b_2) \|g\|^2 & \text{later steps} \end{cases} \\
+    r &= \frac{g}{\sqrt{\nu + \epsilon_\mathrm{root}} + \epsilon}
+        + \mathrm{weight\_decay} \cdot p \\
+    \mu &\leftarrow \begin{cases} r & \text{first step} \\
+        b_1 \mu + r & \text{later steps} \end{cases} \\
+    p &\leftarrow p - \mathrm{lr} \cdot \mu
+    \end{aligned}
+    $$
 
     The same as `optax.novograd` (note `mu` is a sum, not an average: no `1 - b1`
     factor, no bias correction). "First step" is the optimizer's first update: a leaf

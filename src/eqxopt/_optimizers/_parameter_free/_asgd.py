@@ -34,21 +34,23 @@ class ASGDState(eqx.Module):
 
 
 class ASGD(AbstractLeafwiseOptimizer):
-    """Averaged SGD (Polyak & Juditsky, 1992; the step sizes of Xu, 2011), as
+    r"""Averaged SGD (Polyak & Juditsky, 1992; the step sizes of Xu, 2011), as
     `torch.optim.ASGD`: SGD with a decaying step size and a shrinkage of the
     parameters, which keeps a running average of its iterates from step `t0` on.
 
     With `k` the number of updates done before this one and `lr` the learning
     rate at `k`:
 
-    ```
-    eta = lr / (1 + lambd * lr * k)**alpha
-    mu  = 1 / max(1, k - t0)
-    g   = g + weight_decay * p
-    p   = p * (1 - lambd * eta) - eta * g
-    ax  = p                    if mu == 1
-          ax + mu * (p - ax)   otherwise
-    ```
+    $$
+    \begin{aligned}
+    \eta &= \mathrm{lr} / (1 + \lambda\, \mathrm{lr}\, k)^\alpha \\
+    \mu &= 1 / \max(1, k - t_0) \\
+    g &\leftarrow g + \mathrm{weight\_decay} \cdot p \\
+    p &\leftarrow p\, (1 - \lambda \eta) - \eta\, g \\
+    a &\leftarrow \begin{cases} p & \mu = 1 \\ a + \mu\, (p
+        - a) & \text{otherwise} \end{cases}
+    \end{aligned}
+    $$
 
     The same as `torch.optim.ASGD` (its step sizes `eta` and `mu`, which torch
     keeps in the state, are functions of the step here; a learning-rate schedule

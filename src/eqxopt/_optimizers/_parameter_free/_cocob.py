@@ -43,21 +43,24 @@ class COCOBState(eqx.Module):
 
 
 class COCOB(AbstractLeafwiseOptimizer):
-    """COCOB-Backprop (Orabona & Tommasi, 2017, "Training Deep Networks without
+    r"""COCOB-Backprop (Orabona & Tommasi, 2017, "Training Deep Networks without
     Learning Rates Through Coin Betting", Algorithm 2): each coordinate bets a
     fraction of the wealth it has won on the sign of minus the gradient.
 
     For each element, with `lr` the learning rate at the current step and `c`
     the scaled gradient:
 
-    ```
-    c  = lr * (g + weight_decay * p)     (decay only where `mask`)
-    L  = max(L, |c|)                     (L starts at eps)
-    G  = G + |c|
-    R  = max(R - Re(conj(c) * (p - p0)), 0)
-    C  = C - c
-    p  = p0 + C / (L * max(G + L, alpha * L)) * (L + R)
-    ```
+    $$
+    \begin{aligned}
+    c &= \mathrm{lr} \cdot (g + \mathrm{weight\_decay} \cdot p)
+        && \text{(decay only where \texttt{mask})} \\
+    L &\leftarrow \max(L, |c|) && \text{($L$ starts at \texttt{eps})} \\
+    G &\leftarrow G + |c| \\
+    R &\leftarrow \max\left(R - \operatorname{Re}(\bar c\, (p - p_0)), 0\right) \\
+    C &\leftarrow C - c \\
+    p &\leftarrow p_0 + \frac{C}{L \max(G + L, \alpha L)}\, (L + R)
+    \end{aligned}
+    $$
 
     The same as `optax.contrib.cocob` (the learning rate there too scales the
     gradients, not the step; keep it at `1.0` unless you mean that). Complex

@@ -50,7 +50,7 @@ class DAdaptAdamWState(eqx.Module):
 
 
 class DAdaptAdamW(AbstractEngineTransform):
-    """D-Adaptation AdamW (Defazio & Mishchenko, 2023, "Learning-Rate-Free
+    r"""D-Adaptation AdamW (Defazio & Mishchenko, 2023, "Learning-Rate-Free
     Learning by D-Adaptation"): AdamW whose learning rate `d` grows with a lower
     bound on the distance to the solution (in the infinity norm); `learning_rate`
     is a multiplier (schedule) around 1.
@@ -58,15 +58,20 @@ class DAdaptAdamW(AbstractEngineTransform):
     With `t = step + 1`, `sched` the learning rate at `step`, `r = sqrt(b2)` and
     sums `<., .>` and `|.|_1` over every leaf that has a gradient:
 
-    ```
-    dlr = d * sched * sqrt(1 - b2**t) / (1 - b1**t)
-    num = r * num + (1 - r) * dlr * <g, s / (sqrt(nu) + eps)>   (old s, nu)
-    mu  = b1 * mu + (1 - b1) * dlr * g
-    nu  = b2 * nu + (1 - b2) * |g|**2
-    s   = r * s + (1 - r) * dlr * g
-    d'  = max(d, num / ((1 - r) * |s|_1))
-    p   = p - mu / (sqrt(nu) + eps) - weight_decay * dlr * p
-    ```
+    $$
+    \begin{aligned}
+    \mathrm{dlr} &= d \cdot \mathrm{sched} \cdot \sqrt{1 - b_2^t} / (1 - b_1^t) \\
+    \mathrm{num} &\leftarrow r\, \mathrm{num} + (1 - r)\, \mathrm{dlr}
+        \left\langle g, \frac{s}{\sqrt{\nu} + \epsilon} \right\rangle
+        && \text{(old $s$, $\nu$)} \\
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, \mathrm{dlr}\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2) |g|^2 \\
+    s &\leftarrow r s + (1 - r)\, \mathrm{dlr}\, g \\
+    d' &= \max\left(d, \frac{\mathrm{num}}{(1 - r) \|s\|_1}\right) \\
+    p &\leftarrow p - \frac{\mu}{\sqrt{\nu} + \epsilon}
+        - \mathrm{weight\_decay} \cdot \mathrm{dlr} \cdot p
+    \end{aligned}
+    $$
 
     The same as `optax.contrib.dadapt_adamw` (`betas=(b1, b2)`, `estim_lr0` is
     `d0`), which takes the bias correction in `dlr` always (the authors'
@@ -202,23 +207,26 @@ class DAdaptSGDState(eqx.Module):
 
 
 class DAdaptSGD(AbstractEngineTransform):
-    """D-Adaptation SGD (Defazio & Mishchenko, 2023, "Learning-Rate-Free Learning
+    r"""D-Adaptation SGD (Defazio & Mishchenko, 2023, "Learning-Rate-Free Learning
     by D-Adaptation"): dual averaging whose step size `d` grows with a lower bound
     on the distance to the solution; `learning_rate` is a multiplier (schedule)
     around 1.
 
     With norms over every leaf that has a gradient, `lr` the learning rate at the
-    current step and `g0` the norm of the first non-zero gradient:
+    current step and `g0` the norm of the first non-zero gradient (the $\min$ with
+    `growth_rate * d` only when `growth_rate` is given):
 
-    ```
-    g   = g + weight_decay * p
-    dlr = d * lr / g0
-    s   = s + dlr * g
-    G   = G + dlr**2 * |g|**2
-    d'  = max(d, min((|s|**2 - G) / |s|, growth_rate * d))
-          (no min when growth_rate is None)
-    p   = momentum * p + (1 - momentum) * (p0 - s)
-    ```
+    $$
+    \begin{aligned}
+    g &\leftarrow g + \mathrm{weight\_decay} \cdot p \\
+    \mathrm{dlr} &= d \cdot \mathrm{lr} / g_0 \\
+    s &\leftarrow s + \mathrm{dlr}\, g \\
+    G &\leftarrow G + \mathrm{dlr}^2 \|g\|^2 \\
+    d' &= \max\left(d, \min\left(\frac{\|s\|^2 - G}{\|s\|},
+        \mathrm{growth\_rate} \cdot d\right)\right) \\
+    p &\leftarrow \mathrm{momentum} \cdot p + (1 - \mathrm{momentum}) (p_0 - s)
+    \end{aligned}
+    $$
 
     The same as the authors' `dadaptation.DAdaptSGD` (facebookresearch/
     dadaptation), except that `d` is kept while `s` is zero and a step with a zero

@@ -111,20 +111,22 @@ class DoGState(eqx.Module):
 
 
 class DoG(AbstractDistanceOverGradients):
-    """DoG, "Distance over Gradients" (Ivgi et al., 2023): SGD whose step size is
+    r"""DoG, "Distance over Gradients" (Ivgi et al., 2023): SGD whose step size is
     the largest distance travelled from the start over the root of the summed
     squared gradient norms.
 
     With norms over the whole tree, `g` the gradient plus `weight_decay * p`
-    (where `mask`) and `lr` the learning rate at the current step:
+    (where `mask`) and `lr` the learning rate at the current step ($\eta$ is
+    `init_value` at the first step if `init_step="learning_rate"`):
 
-    ```
-    r   = max(r, |p - p0|)           (r starts at r_eps)
-    G   = G + |g|**2
-    eta = r / sqrt(G + eps)          (init_value at the first step, if
-                                      init_step="learning_rate")
-    p   = p - lr * eta * g
-    ```
+    $$
+    \begin{aligned}
+    r &\leftarrow \max(r, \|p - p_0\|) && \text{($r$ starts at \texttt{r\_eps})} \\
+    G &\leftarrow G + \|g\|^2 \\
+    \eta &= r / \sqrt{G + \epsilon} \\
+    p &\leftarrow p - \mathrm{lr} \cdot \eta\, g
+    \end{aligned}
+    $$
 
     `r_eps` is `init_value` (`init_step="distance"`), `init_value * (1 + |p0|)`
     (`"heuristic"`; `init` must then get the real parameters), or `0`
@@ -212,18 +214,21 @@ class DoWGState(eqx.Module):
 
 
 class DoWG(AbstractDistanceOverGradients):
-    """DoWG, "Distance over Weighted Gradients" (Khaled et al., 2023): DoG with the
+    r"""DoWG, "Distance over Weighted Gradients" (Khaled et al., 2023): DoG with the
     squared gradient norms weighted by the squared distance estimate.
 
     With norms over the whole tree, `g` the gradient plus `weight_decay * p`
     (where `mask`) and `lr` the learning rate at the current step:
 
-    ```
-    r2  = max(r2, |p - p0|**2)        (r2 starts at init_estim_sq_dist)
-    v   = v + r2 * |g|**2
-    eta = r2 / (sqrt(v) + eps)
-    p   = p - lr * eta * g
-    ```
+    $$
+    \begin{aligned}
+    r^2 &\leftarrow \max(r^2, \|p - p_0\|^2)
+        && \text{($r^2$ starts at \texttt{init\_estim\_sq\_dist})} \\
+    v &\leftarrow v + r^2 \|g\|^2 \\
+    \eta &= r^2 / (\sqrt{v} + \epsilon) \\
+    p &\leftarrow p - \mathrm{lr} \cdot \eta\, g
+    \end{aligned}
+    $$
 
     The same as `optax.contrib.dowg`, except that only leaves with a gradient
     count towards the norms. Complex leaves use `|.|**2`.

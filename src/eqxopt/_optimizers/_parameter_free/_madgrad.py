@@ -40,7 +40,7 @@ class MADGRADState(eqx.Module):
 
 
 class MADGRAD(AbstractLeafwiseOptimizer):
-    """MADGRAD (Defazio & Jelassi, 2021, "Adaptivity without Compromise: A
+    r"""MADGRAD (Defazio & Jelassi, 2021, "Adaptivity without Compromise: A
     Momentumized, Adaptive, Dual Averaged Gradient Method for Stochastic
     Optimization"): dual averaging with a cube-root AdaGrad scaling and momentum by
     averaging the iterates.
@@ -48,15 +48,20 @@ class MADGRAD(AbstractLeafwiseOptimizer):
     For each element, with `k` the number of updates done before this one and
     `lr` the learning rate at `k`:
 
-    ```
-    g    = g + weight_decay * p          (unless decouple_decay)
-    lamb = (lr + eps) * sqrt(k + 1)
-    v    = v + lamb * |g|**2
-    s    = s + lamb * g
-    z    = p0 - s / (v**(1/3) + eps)     (s / 0 read as 0 when eps = 0)
-    p'   = momentum * p + (1 - momentum) * z
-         - (lr + eps) * weight_decay * p (if decouple_decay)
-    ```
+    $$
+    \begin{aligned}
+    g &\leftarrow g + \mathrm{weight\_decay} \cdot p
+        && \text{(unless \texttt{decouple\_decay})} \\
+    \lambda &= (\mathrm{lr} + \epsilon) \sqrt{k + 1} \\
+    v &\leftarrow v + \lambda |g|^2 \\
+    s &\leftarrow s + \lambda g \\
+    z &= p_0 - \frac{s}{v^{1/3} + \epsilon}
+        && \text{($s / 0$ read as 0 when $\epsilon = 0$)} \\
+    p' &= \mathrm{momentum} \cdot p + (1 - \mathrm{momentum})\, z \\
+    &\quad - (\mathrm{lr} + \epsilon)\, \mathrm{weight\_decay} \cdot p
+        && \text{(if \texttt{decouple\_decay})}
+    \end{aligned}
+    $$
 
     The same as the authors' `madgrad.MADGRAD` (facebookresearch/madgrad) and
     `optax.contrib.madgrad` (which has no `decouple_decay`). Complex leaves

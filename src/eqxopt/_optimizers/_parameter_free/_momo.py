@@ -121,7 +121,7 @@ class MomoState(eqx.Module):
 
 
 class Momo(AbstractEngineTransform):
-    """Momo (Schaipp et al., 2023, "MoMo: Momentum Models for Adaptive Learning
+    r"""Momo (Schaipp et al., 2023, "MoMo: Momentum Models for Adaptive Learning
     Rates"): SGD with momentum whose step size is capped by a Polyak-type step
     from a model of the loss; needs the loss value.
 
@@ -129,14 +129,19 @@ class Momo(AbstractEngineTransform):
     current step, `b = beta` (`0` at the first step), inner products over the
     whole tree and `c = 1 + lr * weight_decay`:
 
-    ```
-    f_avg = b * f_avg + (1 - b) * f
-    mu    = b * mu + (1 - b) * g
-    gamma = b * gamma + (1 - b) * <g, p>
-    tau   = min(lr, max(c * (f_avg - lb - gamma) + <mu, p>, 0) / |mu|**2)
-            (0 when |mu|**2 <= 2.2e-16)
-    p     = p - tau * mu - (lr * weight_decay / c) * p
-    ```
+    $$
+    \begin{aligned}
+    \bar f &\leftarrow b \bar f + (1 - b)\, f \\
+    \mu &\leftarrow b \mu + (1 - b)\, g \\
+    \gamma &\leftarrow b \gamma + (1 - b) \langle g, p \rangle \\
+    \tau &= \min\left(\mathrm{lr},
+        \frac{\max\left(c\, (\bar f - \mathrm{lb} - \gamma) + \langle \mu, p \rangle,
+            0\right)}
+        {\|\mu\|^2}\right)
+        && \text{($0$ when $\|\mu\|^2 \le 2.2 \cdot 10^{-16}$)} \\
+    p &\leftarrow p - \tau \mu - \frac{\mathrm{lr} \cdot \mathrm{weight\_decay}}{c}\, p
+    \end{aligned}
+    $$
 
     With `adapt_lower_bound`, the lower bound `lb` (starting at `lower_bound`)
     is updated each step as in the paper's Momo* (optax's `adapt_lower_bound`).
@@ -250,25 +255,29 @@ class MomoAdamState(eqx.Module):
 
 
 class MomoAdam(AbstractEngineTransform):
-    """MomoAdam (Schaipp et al., 2023, "MoMo: Momentum Models for Adaptive
+    r"""MomoAdam (Schaipp et al., 2023, "MoMo: Momentum Models for Adaptive
     Learning Rates"): Adam whose step size is capped by a Polyak-type step from a
     model of the loss; needs the loss value.
 
     With `f` the loss (passed as `value=`), `t = step + 1`, `lr` the learning
     rate at `step`, inner products over the whole tree, `c = 1 + lr *
-    weight_decay` and `bc1 = 1 - b1**t`:
+    weight_decay` and `bc1 = 1 - b1**t` ($\tau = 0$ when
+    $\langle \mu, \mu / D \rangle \le 2.2 \cdot 10^{-16}$):
 
-    ```
-    f_avg = b1 * f_avg + (1 - b1) * f
-    mu    = b1 * mu + (1 - b1) * g
-    nu    = b2 * nu + (1 - b2) * |g|**2
-    D     = eps + sqrt(nu / (1 - b2**t))
-    gamma = b1 * gamma + (1 - b1) * <g, p>
-    tau   = min(lr / bc1,
-                max(c * (f_avg - bc1 * lb - gamma) + <mu, p>, 0) / <mu, mu / D>)
-            (0 when <mu, mu / D> <= 2.2e-16)
-    p     = p - tau * mu / D - (lr * weight_decay / c) * p
-    ```
+    $$
+    \begin{aligned}
+    \bar f &\leftarrow b_1 \bar f + (1 - b_1)\, f \\
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2) |g|^2 \\
+    D &= \epsilon + \sqrt{\nu / (1 - b_2^t)} \\
+    \gamma &\leftarrow b_1 \gamma + (1 - b_1) \langle g, p \rangle \\
+    \tau &= \min\left(\frac{\mathrm{lr}}{\mathrm{bc}_1},
+        \frac{\max\left(c\, (\bar f - \mathrm{bc}_1 \mathrm{lb} - \gamma)
+            + \langle \mu, p \rangle, 0\right)}{\langle \mu, \mu / D \rangle}\right) \\
+    p &\leftarrow p - \tau \mu / D -
+        \frac{\mathrm{lr} \cdot \mathrm{weight\_decay}}{c}\, p
+    \end{aligned}
+    $$
 
     With `adapt_lower_bound`, the lower bound `lb` (starting at `lower_bound`)
     is updated each step as in the paper's Momo* (optax's `adapt_lower_bound`).

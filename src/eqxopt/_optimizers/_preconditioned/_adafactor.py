@@ -95,9 +95,10 @@ class Adafactor(AbstractTransform):
 
     $$
     \begin{aligned}
-    r &\leftarrow \beta r + (1 - \beta) \operatorname{mean}_a(G),
-        \quad c \leftarrow \beta c + (1 - \beta) \operatorname{mean}_b(G)
-        && \text{(factored: v\_row, v\_col)} \\
+    r &\leftarrow \beta r + (1 - \beta) \operatorname{mean}_a(G)
+        && \text{(factored: v\_row)} \\
+    c &\leftarrow \beta c + (1 - \beta) \operatorname{mean}_b(G)
+        && \text{(factored: v\_col)} \\
     u &= g \big/ \left( \sqrt{r / \operatorname{mean}_b(r)} \, \sqrt{c} \right)
         && \text{(factored, broadcast back)} \\
     v &\leftarrow \beta v + (1 - \beta)\, G, \quad u = g / \sqrt{v}
@@ -108,8 +109,9 @@ class Adafactor(AbstractTransform):
     u &\leftarrow \mathrm{lr} \cdot u \\
     u &\leftarrow u \cdot \max(\operatorname{rms}(p), 10^{-3})
         && \text{(if multiply\_by\_parameter\_scale)} \\
-    m &\leftarrow \mathrm{momentum} \cdot m + (1 - \mathrm{momentum})\, u, \quad u = m
+    m &\leftarrow \mathrm{momentum} \cdot m + (1 - \mathrm{momentum})\, u
         && \text{(if momentum)} \\
+    u &\leftarrow m && \text{(if momentum)} \\
     p &\leftarrow p - (u + \mathrm{weight\_decay\_rate} \cdot p)
         && \text{(decay where the mask says)}
     \end{aligned}

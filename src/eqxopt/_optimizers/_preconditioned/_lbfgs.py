@@ -369,20 +369,24 @@ def _two_loop(
 
 
 class LBFGS(AbstractTransform):
-    """L-BFGS (Liu & Nocedal, 1989) with a zoom linesearch, for deterministic
+    r"""L-BFGS (Liu & Nocedal, 1989) with a zoom linesearch, for deterministic
     (full-batch) problems.
 
     With `s_i = p_{i+1} - p_i`, `y_i = g_{i+1} - g_i` over the last `memory_size`
     updates, `H` the L-BFGS inverse-Hessian estimate (two-loop recursion, initial
     scale `<s, y> / <y, y>` of the newest pair, or `min(1, 1 / |g|)` at the first
-    update when `scale_init_precond`), and `lr` the learning rate at `step`:
+    update when `scale_init_precond`), `lr` the learning rate at `step`, and the
+    step size $\eta$ from a zoom line search for the strong Wolfe conditions
+    (sufficient decrease and small curvature):
 
-    ```
-    d = -lr * H g
-    eta = zoom_linesearch(value_fn, p, d)   (strong Wolfe: sufficient decrease
-                                             and small curvature)
-    p = p + eta * d
-    ```
+    $$
+    \begin{aligned}
+    d &= -\mathrm{lr} \cdot H g \\
+    \eta &= \operatorname{zoom\_linesearch}(\mathrm{value\_fn}, p, d)
+        && \text{(strong Wolfe)} \\
+    p &\leftarrow p + \eta\, d
+    \end{aligned}
+    $$
 
     The linesearch is Nocedal & Wright's Algorithms 3.5 and 3.6 with the
     approximate-decrease criterion of Hager & Zhang, as `optax.lbfgs` (whose

@@ -35,16 +35,19 @@ class NoisySGDState(eqx.Module):
 
 
 class NoisySGD(AbstractEngineTransform):
-    """SGD with annealed Gaussian noise added to the gradient (Neelakantan et al.,
+    r"""SGD with annealed Gaussian noise added to the gradient (Neelakantan et al.,
     2015).
 
     For each leaf, with `t = step` (0 for the first update) and `lr` the learning
     rate at `step`:
 
-    ```
-    sigma**2 = eta / (1 + t)**gamma          (the noise variance)
-    p = p - lr * (g + sigma * n),            n ~ N(0, 1) elementwise
-    ```
+    $$
+    \begin{aligned}
+    \sigma^2 &= \eta / (1 + t)^\gamma && \text{(the noise variance)} \\
+    p &\leftarrow p - \mathrm{lr} \cdot (g + \sigma n),
+        && n \sim \mathcal{N}(0, 1) \text{ elementwise}
+    \end{aligned}
+    $$
 
     The noise comes from the key in the state: each step splits it into the next
     state's key and a sampling key, and the sampling key is split once more into

@@ -24,13 +24,14 @@ class OptimisticGradientDescentState(eqx.Module):
 
 
 class OptimisticGradientDescent(AbstractLeafwiseOptimizer):
-    """Optimistic gradient descent (Mokhtari et al., 2019), the generalised form.
+    r"""Optimistic gradient descent (Mokhtari et al., 2019), the generalised form.
 
     For each leaf, with `lr` the learning rate at the current step:
 
-    ```
-    p = p - lr * ((alpha + beta) * g - beta * g_prev)
-    ```
+    $$
+    p \leftarrow p - \mathrm{lr} \left((\alpha + \beta)\, g
+        - \beta\, g_\mathrm{prev}\right)
+    $$
 
     where `g_prev` is the previous step's gradient, and the current gradient on
     the first step (so the first step is plain gradient descent with rate `lr *

@@ -44,18 +44,24 @@ class PolyakSGDState(eqx.Module):
 
 
 class PolyakSGD(AbstractEngineTransform):
-    """SGD with the stochastic Polyak step size (Loizou et al., 2021).
+    r"""SGD with the stochastic Polyak step size (Loizou et al., 2021).
 
     With `f` the loss at the current parameters (passed as `value=`), `|g|**2`
     the squared norm of the whole gradient tree and `s` the scaling at the
     current step:
 
-    ```
-    gap  = f - f_min                  ("sps")     or max(f - f_min, 0)  ("sps+")
-    rate = min(gap / (|g|**2 + eps), max_learning_rate)
-           (0 when |g|**2 + eps <= 2.2e-16, so a zero gradient gives no step)
-    p    = p - s * rate * g
-    ```
+    $$
+    \begin{aligned}
+    \mathrm{gap} &= \begin{cases} f - f_\mathrm{min} & \text{(\texttt{"sps"})} \\
+        \max(f - f_\mathrm{min}, 0) & \text{(\texttt{"sps+"})} \end{cases} \\
+    \mathrm{rate} &= \min\left(\frac{\mathrm{gap}}{\|g\|^2 + \epsilon},
+        \mathrm{max\_learning\_rate}\right)
+        && \text{($0$ if $\|g\|^2 + \epsilon \le 2.2 \cdot 10^{-16}$)} \\
+    p &\leftarrow p - s \cdot \mathrm{rate} \cdot g
+    \end{aligned}
+    $$
+
+    so a zero gradient gives no step.
 
     **The loss is a keyword of `update` and `step`:**
 

@@ -32,18 +32,22 @@ class RpropState(eqx.Module):
 
 
 class Rprop(AbstractLeafwiseOptimizer):
-    """Rprop without weight backtracking (Riedmiller & Braun, 1993; Igel &
+    r"""Rprop without weight backtracking (Riedmiller & Braun, 1993; Igel &
     Hüsken's iRprop-).
 
-    For each element, with `q = g * g_prev`:
+    For each element, with $q = g \cdot g_\mathrm{prev}$ and $\eta_+$, $\eta_-$ =
+    `eta_plus`, `eta_minus`:
 
-    ```
-    size   = clip(size * (eta_plus if q > 0 else eta_minus if q < 0 else 1),
-                  min_step_size, max_step_size)
-    g      = 0  where q < 0                  (after a sign flip: no step this time)
-    p      = p - size * sign(g)
-    g_prev = g
-    ```
+    $$
+    \begin{aligned}
+    f &= \begin{cases} \eta_+ & q > 0 \\ \eta_- & q < 0 \\ 1 & q = 0 \end{cases} \\
+    \mathrm{size} &\leftarrow \operatorname{clip}(\mathrm{size} \cdot f,
+        \mathrm{min\_step\_size}, \mathrm{max\_step\_size}) \\
+    g &\leftarrow 0 \text{ where } q < 0 && \text{(no step after a sign flip)} \\
+    p &\leftarrow p - \mathrm{size} \cdot \operatorname{sign}(g) \\
+    g_\mathrm{prev} &\leftarrow g
+    \end{aligned}
+    $$
 
     The same as `torch.optim.Rprop` (`etas=(eta_minus, eta_plus)`,
     `step_sizes=(min_step_size, max_step_size)`).

@@ -133,20 +133,24 @@ _WARMUP_AS_SCHEDULE = (
 
 
 class ScheduleFreeSGD(AbstractScheduleFree):
-    """Schedule-Free SGD (Defazio et al., 2024, "The Road Less Scheduled").
+    r"""Schedule-Free SGD (Defazio et al., 2024, "The Road Less Scheduled").
 
     The parameters the optimizer holds and steps are `y`, where gradients are
     taken; the state holds the SGD iterate `z`; the averaged sequence `x`, at which
     to evaluate the model, is `eval_params(state, params)`. With `lr` the learning
     rate at `step`:
 
-    ```
-    z' = z - lr * (g + weight_decay * y)
-    max_lr = max(max_lr, lr);  w = max_lr**weight_lr_power;  W = W + w;  c = w / W
-    x  = (y - (1 - b1) * z) / b1           (the previous x)
-    x' = (1 - c) * x + c * z'
-    y' = b1 * x' + (1 - b1) * z'
-    ```
+    $$
+    \begin{aligned}
+    z' &= z - \mathrm{lr} \cdot (g + \mathrm{weight\_decay} \cdot y) \\
+    \mathrm{max\_lr} &\leftarrow \max(\mathrm{max\_lr}, \mathrm{lr}), \quad
+        w = \mathrm{max\_lr}^{\mathrm{weight\_lr\_power}} \\
+    W &\leftarrow W + w, \quad c = w / W \\
+    x &= \left(y - (1 - b_1)\, z\right) / b_1 && \text{(the previous $x$)} \\
+    x' &= (1 - c)\, x + c\, z' \\
+    y' &= b_1 x' + (1 - b_1)\, z'
+    \end{aligned}
+    $$
 
     The same as `optax.contrib.schedule_free_sgd`, except that the averaging
     weight uses the same learning rate as the step, `lr(step)` (optax evaluates a
@@ -188,15 +192,18 @@ class ScheduleFreeSGD(AbstractScheduleFree):
 
 
 class ScheduleFreeAdamW(AbstractScheduleFree):
-    """Schedule-Free AdamW (Defazio et al., 2024, "The Road Less Scheduled").
+    r"""Schedule-Free AdamW (Defazio et al., 2024, "The Road Less Scheduled").
 
     As `ScheduleFreeSGD`, with the base step of AdamW without momentum (the
     interpolation `b1` replaces it). With `t = step + 1`:
 
-    ```
-    nu = b2 * nu + (1 - b2) * g**2
-    z' = z - lr * (g / (sqrt(nu / (1 - b2**t)) + eps) + weight_decay * y)
-    ```
+    $$
+    \begin{aligned}
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    z' &= z - \mathrm{lr} \left(\frac{g}{\sqrt{\nu / (1 - b_2^t)} + \epsilon}
+        + \mathrm{weight\_decay} \cdot y\right)
+    \end{aligned}
+    $$
 
     followed by the averaging of `ScheduleFreeSGD`. The same as
     `optax.contrib.schedule_free_adamw` (with the same note on schedules); `eps`

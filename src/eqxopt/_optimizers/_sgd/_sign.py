@@ -31,14 +31,14 @@ class SignSGDState(eqx.Module):
 
 
 class SignSGD(AbstractLeafwiseOptimizer):
-    """SignSGD (Bernstein et al., 2018): steps of fixed size along the gradient's
+    r"""SignSGD (Bernstein et al., 2018): steps of fixed size along the gradient's
     signs.
 
     For each element, with `lr` the learning rate at the current step:
 
-    ```
-    p = p - lr * sign(g)
-    ```
+    $$
+    p \leftarrow p - \mathrm{lr} \cdot \operatorname{sign}(g)
+    $$
 
     The same as `optax.sign_sgd` (torch has no equivalent).
 
@@ -79,14 +79,16 @@ class SignumState(AbstractMomentumState):
 
 
 class Signum(AbstractLeafwiseOptimizer):
-    """Signum (Bernstein et al., 2018): SignSGD on a moving average of gradients.
+    r"""Signum (Bernstein et al., 2018): SignSGD on a moving average of gradients.
 
     For each element, with `lr` the learning rate at the current step:
 
-    ```
-    mu = beta * mu + (1 - beta) * g
-    p  = p - lr * sign(mu)
-    ```
+    $$
+    \begin{aligned}
+    \mu &\leftarrow \beta \mu + (1 - \beta)\, g \\
+    p &\leftarrow p - \mathrm{lr} \cdot \operatorname{sign}(\mu)
+    \end{aligned}
+    $$
 
     The same as `optax.signum` (no bias correction: it would not change the
     sign). torch has no equivalent.
