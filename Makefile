@@ -38,8 +38,8 @@ test-slow: $(STAMP)
 # The fast tier on a copy of the package without its native CPU backend
 # (src/eqxopt/_native deleted): the core must import and pass every test that does
 # not need the kernels (those marked needs_compiler skip). NO_NATIVE_TESTS picks the
-# files (default: all); CI runs the engine-wide ones: every optimizer of the catalog,
-# the seeds' worked examples, the dispatcher, make_train_step, packing, eqxopt.extend.
+# files (default: all); CI runs the engine-wide ones: the import structure, the
+# seeds' worked examples, the dispatcher, make_train_step, packing, eqxopt.extend.
 NO_NATIVE_TESTS ?=
 NO_NATIVE := .no-native
 test-no-native: $(STAMP)

@@ -2,6 +2,7 @@
 of the programs XLA compiles (through `jax.monitoring`, not eqxopt's caches)."""
 
 import contextlib
+import importlib
 import importlib.util
 import os
 import pathlib
@@ -275,3 +276,11 @@ def in_place(fn: Callable[[], Any]) -> Any:
     )
     with backend.tracing(trace):
         return fn()
+
+
+def enable_x64(on: bool = True) -> Any:
+    """A context in which `jax_enable_x64` is `on`: `jax.enable_x64` where this JAX
+    has it, else `jax.experimental.enable_x64` (the oldest JAX supported)."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(on)
+    return importlib.import_module("jax.experimental").enable_x64(on)

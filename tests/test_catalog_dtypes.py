@@ -20,7 +20,7 @@ import pytest
 
 import eqxopt
 from catalog import all_cases, swept
-from helpers import nested_tree
+from helpers import enable_x64, nested_tree
 
 CASES = all_cases()
 NAMES = {c.name for c in CASES}
@@ -319,7 +319,7 @@ def test_float64_runs_match_optax_float64_runs(name):
     sums over the parameters (`d`, distances, Momo's loss model). The runs then
     agree with optax's to float64 rounding, where a float32 learning rate or norm
     is 1e-8 off."""
-    with jax.enable_x64(True):
+    with enable_x64(True):
         start = nested_tree(dtype=jnp.float64)
         loss = make_loss(nested_tree(7, dtype=jnp.float64))
         ours = run_ours(CASE_NAMED[name], start, loss, steps=5)
@@ -332,7 +332,7 @@ def test_float64_runs_match_optax_float64_runs(name):
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 @pytest.mark.slow
 def test_float64_leaves_keep_their_dtype_under_x64(case):
-    with jax.enable_x64(True):
+    with enable_x64(True):
         params = nested_tree(dtype=jnp.float64)
         loss = make_loss(nested_tree(7, dtype=jnp.float64))
         opt = case.make()

@@ -14,6 +14,7 @@ from helpers import (
     assert_histories_close,
     assert_moved,
     assert_trees_close,
+    enable_x64,
     grad_stream,
     nested_tree,
     run_eqxopt,
@@ -389,7 +390,7 @@ def test_dadapt_adamw_matches_optax_on_a_quadratic_where_d_grows():
 def test_dadapt_adamw_matches_optax_on_a_quadratic_in_float64():
     # The state's d follows the float64 leaves (as every whole-tree statistic),
     # so the closed loop stays on optax's float64 run. optax promotes implicitly.
-    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+    with enable_x64(True), jax.numpy_dtype_promotion("standard"):
         params = nested_tree(dtype=jnp.float64)
         targets = nested_tree(seed=7, dtype=jnp.float64)
 

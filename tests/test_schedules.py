@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 import eqxopt
 from helpers import (
     assert_histories_close,
+    enable_x64,
     grad_stream,
     load_script,
     nested_tree,
@@ -584,7 +585,7 @@ def test_schedules_compute_in_float64_under_x64(name):
     that of every hyperparameter), equal to float64 references to rounding: in
     float32 its values would be 1e-8 off."""
     make, reference = X64_CASES[name]
-    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+    with enable_x64(True), jax.numpy_dtype_promotion("standard"):
         schedule = make()
         ours = np.asarray(jax.jit(schedule)(STEPS))
         traced = np.asarray(evaluate(schedule, STEPS))
@@ -593,7 +594,7 @@ def test_schedules_compute_in_float64_under_x64(name):
     atol = 1e-14 * float(np.max(np.abs(ref)))
     np.testing.assert_allclose(ours, ref, rtol=1e-13, atol=atol)
     np.testing.assert_allclose(traced, ref, rtol=1e-13, atol=atol)
-    with jax.enable_x64(False):
+    with enable_x64(False):
         assert make()(STEPS).dtype == jnp.float32
 
 
