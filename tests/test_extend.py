@@ -192,7 +192,8 @@ def test_the_native_kernels_run_an_element_wise_rule_where_they_are_on():
     params = nested_tree(seed=2)
     report = extend.explain_kernels(LaProp(1e-3), params)
     if not eqxopt.native_kernels_available():
-        assert report.startswith("The native CPU kernels are not "), report
+        # One line saying why: not installed, not built, or not for this JAX.
+        assert len(report.splitlines()) == 1 and "native CPU kernels" in report
         return
     lines = [line for line in report.splitlines() if "LaProp.leaf on" in line]
     assert len(lines) == len(jax.tree.leaves(params))
