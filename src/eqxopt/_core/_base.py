@@ -22,7 +22,7 @@ from ._checks import (
     refuse_renamed,
     renames,
 )
-from ._jax_api import is_tracer
+from ._jax_api import holds_tracer, is_tracer
 from ._moments import Moment, check_declarations
 from ._placement import placing_init, raise_if_misplaced
 from ._tree import apply_updates, cast_like, promotion_for
@@ -382,14 +382,15 @@ def _entry_call(
     # Where the inputs live (`None` in a process of one device), read once for the
     # outputs' placement and the backend.
     inputs = _placement.read(grads, params, state, donated=donate)
-    backend = _backend.active()
     backend_placement = None
-    if backend is not None and inputs is not None and donate:
-        backend_placement = backend.placement(inputs.leaves, inputs.shardings)
+    if donate and inputs is not None:
+        backend = _backend.active()
+        if backend is not None:
+            backend_placement = backend.placement(inputs.leaves, inputs.shardings)
     key = _EntryKey(
         step,
         donate,
-        donate and not any(map(is_tracer, jax.tree.leaves(grads))),
+        donate and not holds_tracer(grads),
         _placement.signature(inputs),
         backend_placement,
     )

@@ -16,6 +16,7 @@ that is one of the inputs is the caller's very object.
 """
 
 import dataclasses
+import functools
 import struct
 import warnings
 from collections.abc import Callable, Hashable, Sequence
@@ -282,10 +283,11 @@ def _first(obj: Any) -> _First:
 
 @dataclasses.dataclass(eq=False)
 class _Direct:
-    """One `jax.jit` of `fn(static, *args)` for calls whose leaves are all concrete
+    """The `jax.jit`s of `fn(static, *args)` for calls whose leaves are all concrete
     arrays, with the first argument's structure and packing (`treedef`, `layout`):
-    the other arguments go to `jax.jit` as the pytrees they are, so JAX's C++ code
-    flattens them (and keys its own cache by their structure)."""
+    one per structure of the other arguments, which `call` flattens once and passes
+    as plain arrays (flattening an Equinox module runs Python; `jax.jit` would
+    flatten it a second time)."""
 
     fn: Callable[..., Any]
     static: Hashable
@@ -294,18 +296,36 @@ class _Direct:
     donate: tuple[int, ...]
     compiler_options: tuple[tuple[str, Any], ...]
     traces: int = 0
-    jitted: Any = None
+    by_structure: dict[Any, Any] = dataclasses.field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        options = dict(self.compiler_options) or None
-        self.jitted = jax.jit(
-            self.run, donate_argnums=self.donate, compiler_options=options
-        )
+    def jitted(self, rest_def: Any) -> Any:
+        """The `jax.jit` taking `(packed first argument, *leaves of the others)`
+        for the other arguments' structure `rest_def` (a tuple's treedef)."""
+        found = self.by_structure.get(rest_def)
+        if found is None:
+            # Position 0 is the first argument; the others' leaves follow, in order.
+            starts, start = {}, 1
+            for position, child in enumerate(rest_def.children(), 1):
+                starts[position] = (start, child.num_leaves)
+                start += child.num_leaves
+            donated = tuple(
+                i
+                for position in self.donate
+                for i in range(starts[position][0], sum(starts[position]))
+            )
+            options = dict(self.compiler_options) or None
+            found = jax.jit(
+                functools.partial(self.run, rest_def),
+                donate_argnums=donated,
+                compiler_options=options,
+            )
+            self.by_structure[rest_def] = found
+        return found
 
-    def run(self, first: Any, *rest: Any) -> tuple[Any, _Outputs]:
+    def run(self, rest_def: Any, first: Any, *leaves: Any) -> tuple[Any, _Outputs]:
         self.traces += 1
         obj = self.treedef.unflatten(_unpack(self.layout, first))
-        return _outputs(self.fn(self.static, obj, *rest), {})
+        return _outputs(self.fn(self.static, obj, *rest_def.unflatten(leaves)), {})
 
 
 _programs: dict[tuple, _Program | _Direct] = {}
@@ -321,9 +341,18 @@ def clear_caches() -> None:
 _backend.on_change(clear_caches)
 
 
-def _all_concrete(args: Sequence[Any]) -> bool:
-    concrete = {array_type()}
-    return all(set(map(type, jax.tree.leaves(a))) <= concrete for a in args)
+@functools.cache
+def _concrete_types() -> frozenset[type]:
+    return frozenset({array_type()})
+
+
+def _flat_concrete(args: Sequence[Any]) -> tuple[list[Any], Any] | None:
+    """The leaves and treedef of `args` (one flatten) if every leaf is a concrete
+    array, else `None`."""
+    leaves, treedef = jax.tree.flatten(tuple(args))
+    if set(map(type, leaves)) <= _concrete_types():
+        return leaves, treedef
+    return None
 
 
 def _direct(
@@ -401,9 +430,10 @@ def call(
     called as it is."""
     first = _first(args[0])
     try:
-        if first.layout is not None and _all_concrete(args[1:]):
+        flat = _flat_concrete(args[1:]) if first.layout is not None else None
+        if flat is not None:
             direct = _direct(first, fn, static, donate, compiler_options)
-            payload, outputs = direct.jitted(first.pack(), *args[1:])
+            payload, outputs = direct.jitted(flat[1])(first.pack(), *flat[0])
             return _results(payload, outputs, [])
         general = _general(first, fn, static, args, donate, compiler_options)
         if general is None:
@@ -426,9 +456,10 @@ def lower(
     """The `jax.stages.Lowered` program that `call` with the same arguments runs:
     `.compile()` it to read XLA's `memory_analysis()` or optimized HLO."""
     first = _first(args[0])
-    if first.layout is not None and _all_concrete(args[1:]):
+    flat = _flat_concrete(args[1:]) if first.layout is not None else None
+    if flat is not None:
         direct = _direct(first, fn, static, donate, compiler_options)
-        return direct.jitted.lower(first.pack(), *args[1:])
+        return direct.jitted(flat[1]).lower(first.pack(), *flat[0])
     general = _general(first, fn, static, args, donate, compiler_options)
     if general is None:
         raise ValueError("lower takes concrete arrays, not the values of a trace")

@@ -30,6 +30,15 @@ def is_tracer(x: Any) -> bool:
     return isinstance(x, jax.Array) and type(x) is not array_type()
 
 
+def holds_tracer(tree: Any) -> bool:
+    """Whether some leaf of `tree` is a tracer (`is_tracer`), checked once per
+    distinct leaf type rather than per leaf (tracers are `jax.Array`s by an instance
+    check, not by subclass)."""
+    leaves = jax.tree.leaves(tree)
+    one_per_type = dict(zip(map(type, leaves), leaves)).values()
+    return any(map(is_tracer, one_per_type))
+
+
 @functools.cache
 def several_devices() -> bool:
     """Whether this process sees more than one device (of any process)."""
