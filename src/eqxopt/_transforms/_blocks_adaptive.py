@@ -326,8 +326,8 @@ class ScaleByBelief(AbstractTwoMomentBlock):
     With `nesterov=True` the first moment is Dozat's Nesterov estimate (see
     `ScaleByAdam`). The same as `optax.scale_by_belief`;
     `Chain(ScaleByBelief(b1, b2, eps, eps_root), ScaleByLearningRate(lr))` is
-    `AdaBelief(lr, b1, b2, eps, eps_root)`. The state is a `ScaleByAdamState`
-    whose `nu` holds the variance around `mu`.
+    `AdaBelief(lr, b1, b2, eps, eps_root=eps_root)`. The state is a
+    `ScaleByAdamState` whose `nu` holds the variance around `mu`.
 
     **Arguments:**
 
@@ -378,8 +378,8 @@ class ScaleByLion(AbstractBlock):
     $$
 
     The same as `optax.scale_by_lion`; `Chain(ScaleByLion(b1, b2),
-    AddDecayedWeights(wd), ScaleByLearningRate(lr))` is `Lion(lr, b1, b2, wd)`
-    (the `"hard"` mode).
+    AddDecayedWeights(wd), ScaleByLearningRate(lr))` is
+    `Lion(lr, b1, b2, weight_decay=wd)` (the `"hard"` mode).
 
     **Arguments:**
 
@@ -438,9 +438,9 @@ class ScaleByNovograd(AbstractBlock):
     $$
 
     The same as `optax.scale_by_novograd`; `Chain(ScaleByNovograd(b1, b2, eps,
-    eps_root, wd), ScaleByLearningRate(lr))` is `NovoGrad(lr, b1, b2, eps, wd,
-    eps_root=eps_root)` (whose default `eps` is `1e-6`, this block's optax's
-    `1e-8`).
+    eps_root, wd), ScaleByLearningRate(lr))` is `NovoGrad(lr, b1, b2, eps,
+    weight_decay=wd, eps_root=eps_root)` (whose default `eps` is `1e-6`, this
+    block's optax's `1e-8`).
 
     **Arguments:**
 
