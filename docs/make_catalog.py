@@ -417,6 +417,77 @@ CATALOG += [
         "a float64 NumPy transcription of the authors' `dadaptation.DAdaptSGD` over 40 steps on a quadratic where `d` grows over 100-fold, with and without momentum, weight decay and `growth_rate`",
         "rtol 1e-4, atol 1e-5 (float32 against the float64 transcription)",
     ),
+    # building blocks (an optimizer's direction without its learning rate)
+    (
+        "ScaleByAdamax",
+        "blocks",
+        "Kingma & Ba, ICLR 2015, section 7.1",
+        "`optax.scale_by_adamax` over 30 steps with a `None`-gradient leaf; chained with `ScaleByLearningRate`, `Adamax` and (with `AddDecayedWeights`) `AdamaxW`",
+        None,
+    ),
+    (
+        "ScaleByAmsgrad",
+        "blocks",
+        f"Reddi et al., *On the Convergence of Adam and Beyond*, ICLR 2018, {arxiv('1904.09237')}",
+        "`optax.scale_by_amsgrad` over 30 steps with a `None`-gradient leaf; chained with `ScaleByLearningRate`, `AMSGrad` (with and without the bias corrections)",
+        None,
+    ),
+    (
+        "ScaleByAdadelta",
+        "blocks",
+        f"Zeiler, *ADADELTA: An Adaptive Learning Rate Method*, 2012, {arxiv('1212.5701')}",
+        "`optax.scale_by_adadelta` over 30 steps with a `None`-gradient leaf; chained with `ScaleByLearningRate`, `Adadelta`",
+        None,
+    ),
+    (
+        "ScaleByAdan",
+        "blocks",
+        f"Xie et al., *Adan: Adaptive Nesterov Momentum Algorithm for Faster Optimizing Deep Models*, 2022, {arxiv('2208.06677')}",
+        "`optax.scale_by_adan` over 30 steps with a `None`-gradient leaf; chained with `ScaleByLearningRate`, `Adan`",
+        None,
+    ),
+    (
+        "ScaleByBelief",
+        "blocks",
+        f"Zhuang et al., *AdaBelief Optimizer*, NeurIPS 2020, {arxiv('2010.07468')}",
+        "`optax.scale_by_belief` over 30 steps with a `None`-gradient leaf; chained with `ScaleByLearningRate`, `AdaBelief` (nesterov too)",
+        "the default; atol 1e-5 with `nesterov=True` (Dozat's estimate cancels near zero, as for `ScaleByAdam`)",
+    ),
+    (
+        "ScaleByLion",
+        "blocks",
+        f"Chen et al., *Symbolic Discovery of Optimization Algorithms*, 2023, {arxiv('2302.06675')}",
+        "`optax.scale_by_lion` over 30 steps with a `None`-gradient leaf; chained with `ScaleByLearningRate`, `Lion` (the three modes)",
+        None,
+    ),
+    (
+        "ScaleByNovograd",
+        "blocks",
+        f"Ginsburg et al., *Stochastic Gradient Methods with Layer-wise Adaptive Moments for Training of Deep Networks*, 2019, {arxiv('1905.11286')}",
+        "`optax.scale_by_novograd` over 30 steps with a `None`-gradient leaf; chained with `ScaleByLearningRate`, `NovoGrad`",
+        None,
+    ),
+    (
+        "ScaleByRadam",
+        "blocks",
+        f"Liu et al., *On the Variance of the Adaptive Learning Rate and Beyond*, ICLR 2020, {arxiv('1908.03265')}",
+        "`optax.scale_by_radam` over 30 steps with a `None`-gradient leaf; chained with `ScaleByLearningRate`, `RAdam` (nesterov too), in float64",
+        "rtol 1e-10, atol 1e-12 in float64 against optax (in float32 optax's `rho_t` cancels, see `RAdam`); the default against `RAdam`",
+    ),
+    (
+        "ScaleByRss",
+        "blocks",
+        "Duchi, Hazan & Singer, *Adaptive Subgradient Methods for Online Learning and Stochastic Optimization*, JMLR 2011",
+        "`optax.scale_by_rss` over 30 steps with a `None`-gradient leaf; chained with `ScaleByLearningRate`, `Adagrad`",
+        None,
+    ),
+    (
+        "ScaleByYogi",
+        "blocks",
+        "Zaheer et al., *Adaptive Methods for Nonconvex Optimization*, NeurIPS 2018",
+        "`optax.scale_by_yogi` over 30 steps with a `None`-gradient leaf; chained with `ScaleByLearningRate`, `Yogi`",
+        None,
+    ),
 ]
 
 HEADER = """# The optimizer catalog

@@ -53,13 +53,16 @@ def _t_as(t: Int[Array, ""], like: Array) -> Array:
 
 
 class ScaleByAdamState(eqx.Module):
-    """State of `ScaleByAdam`.
+    """State of `ScaleByAdam` and of the other two-moment blocks (`ScaleByAdamax`,
+    `ScaleByBelief`, `ScaleByRadam`, `ScaleByYogi`).
 
     **Fields:**
 
     - `step`: int32 scalar, the number of updates done.
     - `mu`: first moment, shaped like params (`None` at non-float leaves).
-    - `nu`: second moment, shaped like params (`None` at non-float leaves).
+    - `nu`: second-moment statistic, shaped like params (`None` at non-float
+      leaves): the mean of squared updates for most, the infinity norm for
+      `ScaleByAdamax`, the variance around `mu` for `ScaleByBelief`.
     """
 
     step: Int[Array, ""]

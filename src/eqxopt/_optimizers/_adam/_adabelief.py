@@ -1,6 +1,9 @@
 """AdaBelief: Adam with the variance of the gradient around its mean."""
 
+from typing import Any
+
 import jax.numpy as jnp
+from jaxtyping import Array
 
 from ..._core._fields import (
     ScalarOrSchedule,
@@ -14,6 +17,17 @@ from ._adam_like import (
     first_moment_hat,
     nonnegative_field,
 )
+
+
+def belief_direction(
+    h: Any, g: Array, mu: Array, nu: Array, nesterov: bool
+) -> tuple[Array, Array, Array]:
+    """AdaBelief's moment updates and direction (see `AdaBelief`; `h` from
+    `bias_corrections`), shared with `ScaleByBelief`: `(direction, mu, nu)`."""
+    mu = ema(mu, g, h.b1)
+    nu = ema(nu, abs_sq(g - mu), h.b2) + h.eps_root
+    m_hat = first_moment_hat(mu, g, h, nesterov)
+    return m_hat / (jnp.sqrt(nu / h.bias2) + h.eps), mu, nu
 
 
 class AdaBelief(AbstractAdamLike):
@@ -53,8 +67,5 @@ class AdaBelief(AbstractAdamLike):
     elementwise = True
 
     def direction(self, h, g, mu, nu):
-        mu = ema(mu, g, h.b1)
-        nu = ema(nu, abs_sq(g - mu), h.b2) + h.eps_root
-        m_hat = first_moment_hat(mu, g, h, self.nesterov)
-        direction = m_hat / (jnp.sqrt(nu / h.bias2) + h.eps)
+        direction, mu, nu = belief_direction(h, g, mu, nu, self.nesterov)
         return direction, h.learning_rate, mu, nu

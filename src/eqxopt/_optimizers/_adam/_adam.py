@@ -4,7 +4,7 @@ AdamaxW (the maths and bases they share with the rest of the family are in
 
 import functools
 from types import SimpleNamespace
-from typing import Literal
+from typing import Any, Literal
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -359,6 +359,31 @@ NuCorrection = Literal["before_max", "after_max", "none"]
 NU_CORRECTIONS = ("before_max", "after_max", "none")
 
 
+def amsgrad_direction(
+    h: Any,
+    g: Array,
+    mu: Array,
+    nu: Array,
+    nu_max: Array,
+    nu_correction: NuCorrection,
+    bias_correction_mu: bool,
+) -> tuple[Array, Array, Array, Array]:
+    """AMSGrad's moment updates and direction (see `AMSGrad`; `h` from
+    `bias_corrections`), shared with `ScaleByAmsgrad`:
+    `(direction, mu, nu, nu_max)`."""
+    mu = ema(mu, g, h.b1)
+    nu = ema(nu, abs_sq(g), h.b2)
+    bias1 = h.bias1 if bias_correction_mu else 1.0
+    if nu_correction == "before_max":
+        nu_max = jnp.maximum(nu_max, nu / h.bias2)
+        v = nu_max
+    else:
+        nu_max = jnp.maximum(nu_max, nu)
+        v = nu_max / h.bias2 if nu_correction == "after_max" else nu_max
+    direction = (mu / bias1) / (jnp.sqrt(v + h.eps_root) + h.eps)
+    return direction, mu, nu, nu_max
+
+
 class AMSGrad(AbstractAdamOptions):
     r"""AMSGrad (Reddi et al., 2018): Adam that divides by the running maximum of the
     second moment, so the effective step size never grows.
@@ -423,17 +448,9 @@ class AMSGrad(AbstractAdamOptions):
 
     def leaf(self, h, t, g, p, mu, nu, nu_max, decayed):
         del t  # the bias corrections are in `h`
-        mu = ema(mu, g, h.b1)
-        nu = ema(nu, abs_sq(g), h.b2)
-        bias1 = h.bias1 if self.bias_correction_mu else 1.0
-        bias2 = h.bias2
-        if self.nu_correction == "before_max":
-            nu_max = jnp.maximum(nu_max, nu / bias2)
-            v = nu_max
-        else:
-            nu_max = jnp.maximum(nu_max, nu)
-            v = nu_max / bias2 if self.nu_correction == "after_max" else nu_max
-        direction = (mu / bias1) / (jnp.sqrt(v + h.eps_root) + h.eps)
+        direction, mu, nu, nu_max = amsgrad_direction(
+            h, g, mu, nu, nu_max, self.nu_correction, self.bias_correction_mu
+        )
         if decayed:
             direction = direction + h.weight_decay * p
         return -h.learning_rate * direction, mu, nu, nu_max
@@ -444,15 +461,24 @@ class AMSGrad(AbstractAdamOptions):
 # --------------------------------------------------------------------------------------
 
 
+def adamax_direction(
+    h: Any, g: Array, mu: Array, nu: Array
+) -> tuple[Array, Array, Array]:
+    """Adamax's moment updates and direction (see `Adamax`; `h` from
+    `bias_corrections`), shared with `ScaleByAdamax`: `(direction, mu, nu)`."""
+    mu = ema(mu, g, h.b1)
+    nu = jnp.maximum(h.b2 * nu, jnp.abs(g) + h.eps)
+    return (mu / h.bias1) / nu, mu, nu
+
+
 class AbstractAdamax(AbstractAdamLike):
     """Adamax's step (see `Adamax`), shared by `Adamax` and `AdamaxW`."""
 
     elementwise = True
 
     def direction(self, h, g, mu, nu):
-        mu = ema(mu, g, h.b1)
-        nu = jnp.maximum(h.b2 * nu, jnp.abs(g) + h.eps)
-        return (mu / h.bias1) / nu, h.learning_rate, mu, nu
+        direction, mu, nu = adamax_direction(h, g, mu, nu)
+        return direction, h.learning_rate, mu, nu
 
 
 # Ends before the end of its last line, which AdamaxW extends with its decay term.

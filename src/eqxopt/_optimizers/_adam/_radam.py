@@ -1,6 +1,7 @@
 """RAdam: Adam with a rectified adaptive learning rate."""
 
 from types import SimpleNamespace
+from typing import Any
 
 import jax.numpy as jnp
 from jaxtyping import Array, Int
@@ -41,6 +42,39 @@ def rho_t(b2: Array, t: Array) -> Array:
     terms = jnp.exp(i * log_b2) * -jnp.expm1(jnp.maximum(tf - i, 0.0) * log_b2)
     series = 2 * jnp.sum(jnp.where(i < tf, terms, 0.0)) / -jnp.expm1(tf * log_b2) - 1
     return jnp.where(t <= _SERIES_STEPS, series, direct)
+
+
+def rectification(h: SimpleNamespace, step: Int[Array, ""]) -> SimpleNamespace:
+    """`h` (with `b2` and `threshold`) with, for `t = step + 1`, `h.rectify`
+    (`rho_t >= threshold`) and the rectification factor `h.r` added: once per
+    step, shared by `RAdam` and `ScaleByRadam`."""
+    b2, t = h.b2, increment(step)
+    rho_inf = 2.0 / (1.0 - b2) - 1.0
+    rho = rho_t(b2, t)
+    h.rectify = rho >= h.threshold
+    # Clamped so the unselected branch stays finite while rho_t < 4.
+    safe_rho = jnp.where(h.rectify, rho, 5.0)
+    h.r = jnp.sqrt(
+        (safe_rho - 4.0)
+        * (safe_rho - 2.0)
+        * rho_inf
+        / ((rho_inf - 4.0) * (rho_inf - 2.0) * safe_rho)
+    )
+    return h
+
+
+def radam_direction(
+    h: Any, g: Array, mu: Array, nu: Array, nesterov: bool
+) -> tuple[Array, Array, Array]:
+    """RAdam's moment updates and direction (see `RAdam`; `h` from
+    `bias_corrections` and `rectification`), shared with `ScaleByRadam`:
+    `(direction, mu, nu)`."""
+    mu = ema(mu, g, h.b1)
+    nu = ema(nu, abs_sq(g), h.b2)
+    m_hat = first_moment_hat(mu, g, h, nesterov)
+    root = jnp.sqrt(nu / h.bias2 + h.eps_root)
+    adaptive = h.r * m_hat / (root + h.eps)
+    return jnp.where(h.rectify, adaptive, m_hat), mu, nu
 
 
 class RAdam(AbstractAdamLike):
@@ -99,25 +133,8 @@ class RAdam(AbstractAdamLike):
     elementwise = True
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
-        h = super().step_values(step)
-        b2, t = h.b2, increment(step)
-        rho_inf = 2.0 / (1.0 - b2) - 1.0
-        rho = rho_t(b2, t)
-        h.rectify = rho >= h.threshold
-        # Clamped so the unselected branch stays finite while rho_t < 4.
-        safe_rho = jnp.where(h.rectify, rho, 5.0)
-        h.r = jnp.sqrt(
-            (safe_rho - 4.0)
-            * (safe_rho - 2.0)
-            * rho_inf
-            / ((rho_inf - 4.0) * (rho_inf - 2.0) * safe_rho)
-        )
-        return h
+        return rectification(super().step_values(step), step)
 
     def direction(self, h, g, mu, nu):
-        mu = ema(mu, g, h.b1)
-        nu = ema(nu, abs_sq(g), h.b2)
-        m_hat = first_moment_hat(mu, g, h, self.nesterov)
-        root = jnp.sqrt(nu / h.bias2 + h.eps_root)
-        adaptive = h.r * m_hat / (root + h.eps)
-        return jnp.where(h.rectify, adaptive, m_hat), h.learning_rate, mu, nu
+        direction, mu, nu = radam_direction(h, g, mu, nu, self.nesterov)
+        return direction, h.learning_rate, mu, nu

@@ -1,6 +1,9 @@
 """Yogi: Adam with an additive second-moment update."""
 
+from typing import Any
+
 import jax.numpy as jnp
+from jaxtyping import Array
 
 from ..._core._fields import (
     ScalarOrSchedule,
@@ -14,6 +17,18 @@ from ._adam_like import (
     eps_field,
     nonnegative_field,
 )
+
+
+def yogi_direction(
+    h: Any, g: Array, mu: Array, nu: Array
+) -> tuple[Array, Array, Array]:
+    """Yogi's moment updates and direction (see `Yogi`; `h` from
+    `bias_corrections`), shared with `ScaleByYogi`: `(direction, mu, nu)`."""
+    mu = ema(mu, g, h.b1)
+    g2 = abs_sq(g)
+    nu = nu - (1 - h.b2) * jnp.sign(nu - g2) * g2
+    v_hat = nu / h.bias2
+    return (mu / h.bias1) / (jnp.sqrt(v_hat + h.eps_root) + h.eps), mu, nu
 
 
 class Yogi(AbstractAdamLike):
@@ -64,9 +79,5 @@ class Yogi(AbstractAdamLike):
     elementwise = True
 
     def direction(self, h, g, mu, nu):
-        mu = ema(mu, g, h.b1)
-        g2 = abs_sq(g)
-        nu = nu - (1 - h.b2) * jnp.sign(nu - g2) * g2
-        v_hat = nu / h.bias2
-        direction = (mu / h.bias1) / (jnp.sqrt(v_hat + h.eps_root) + h.eps)
+        direction, mu, nu = yogi_direction(h, g, mu, nu)
         return direction, h.learning_rate, mu, nu

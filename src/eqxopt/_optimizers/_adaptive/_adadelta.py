@@ -1,5 +1,7 @@
 """Adadelta: steps scaled by the ratio of running RMS of updates and gradients."""
 
+from typing import Any
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
@@ -13,6 +15,18 @@ from ..._core._fields import (
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._moments import Moment
 from ..._core._tree import abs_sq
+
+
+def adadelta_direction(
+    h: Any, g: Array, eg: Array, edx: Array
+) -> tuple[Array, Array, Array]:
+    """Adadelta's averages and step (see `Adadelta`, `h.rho`, `h.eps`), shared with
+    `ScaleByAdadelta`: `(delta, avg_sq_grad, avg_sq_delta)`."""
+    rho, eps = h.rho, h.eps
+    eg = rho * eg + (1 - rho) * abs_sq(g)
+    delta = jnp.sqrt(edx + eps) / jnp.sqrt(eg + eps) * g
+    edx = rho * edx + (1 - rho) * abs_sq(delta)
+    return delta, eg, edx
 
 
 class AdadeltaState(eqx.Module):
@@ -75,9 +89,5 @@ class Adadelta(AbstractLeafwiseOptimizer):
     elementwise = True
 
     def leaf(self, h, t, g, p, eg, edx):
-        rho, eps = h.rho, h.eps
-        g = g + h.weight_decay * p
-        eg = rho * eg + (1 - rho) * abs_sq(g)
-        delta = jnp.sqrt(edx + eps) / jnp.sqrt(eg + eps) * g
-        edx = rho * edx + (1 - rho) * abs_sq(delta)
+        delta, eg, edx = adadelta_direction(h, g + h.weight_decay * p, eg, edx)
         return -h.learning_rate * delta, eg, edx

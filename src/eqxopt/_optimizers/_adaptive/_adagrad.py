@@ -1,5 +1,7 @@
 """Adagrad: steps scaled by the root of the sum of all squared gradients."""
 
+from typing import Any
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
@@ -14,6 +16,18 @@ from ..._core._fields import (
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._moments import Moment
 from ..._core._tree import abs_sq
+
+
+def rss_direction(
+    h: Any, g: Array, s: Array, eps_in_sqrt: bool = True
+) -> tuple[Array, Array]:
+    """Adagrad's sum and scaled step (see `Adagrad`, `h.eps`), shared with
+    `ScaleByRss`: `(u, sum_of_squares)`; 0 where the sum is 0."""
+    s = s + abs_sq(g)
+    positive = s > 0
+    safe = jnp.where(positive, s, 1.0)
+    root = jnp.sqrt(safe + h.eps) if eps_in_sqrt else jnp.sqrt(safe) + h.eps
+    return jnp.where(positive, g * (1 / root), 0.0), s
 
 
 class AdagradState(eqx.Module):
@@ -84,12 +98,5 @@ class Adagrad(AbstractLeafwiseOptimizer):
     elementwise = True
 
     def leaf(self, h, t, g, p, s):
-        g = g + h.weight_decay * p
-        s = s + abs_sq(g)
-        positive = s > 0
-        safe = jnp.where(positive, s, 1.0)
-        if self.eps_in_sqrt:
-            scale = 1 / jnp.sqrt(safe + h.eps)
-        else:
-            scale = 1 / (jnp.sqrt(safe) + h.eps)
-        return -h.learning_rate * jnp.where(positive, g * scale, 0.0), s
+        u, s = rss_direction(h, g + h.weight_decay * p, s, self.eps_in_sqrt)
+        return -h.learning_rate * u, s

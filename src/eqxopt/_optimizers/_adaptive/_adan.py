@@ -1,5 +1,7 @@
 """Adan: adaptive Nesterov momentum."""
 
+from typing import Any
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
@@ -16,6 +18,30 @@ from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._moments import Moment
 from ..._core._schedule import known_number
 from ..._core._tree import abs_sq, step_power
+
+
+def check_adan_eps(eps: Any, eps_root: Any) -> None:
+    """Refuses `eps = eps_root = 0` (known values), shared with `ScaleByAdan`."""
+    if known_number(eps) == 0.0 and known_number(eps_root) == 0.0:
+        raise ValueError(
+            "eps and eps_root must not both be 0 (a zero gradient would divide 0 by 0)"
+        )
+
+
+def adan_direction(
+    h: Any, t: Int[Array, ""], g: Array, mu: Array, delta: Array, nu: Array, prev: Array
+) -> tuple[Array, Array, Array, Array, Array]:
+    """Adan's moment updates and direction at update `t` (see `Adan`), shared with
+    `ScaleByAdan`: `(direction, mu, delta, nu, prev_grad)`."""
+    b1, b2, b3 = h.b1, h.b2, h.b3
+    d = jnp.where(t == 1, 0.0, g - prev)  # no previous gradient on the first
+    mu = b1 * mu + (1 - b1) * g
+    delta = b2 * delta + (1 - b2) * d
+    nesterov = g + (1 - b2) * d
+    nu = b3 * nu + (1 - b3) * abs_sq(nesterov)
+    c1, c2, c3 = (1 - step_power(b, t) for b in (b1, b2, b3))
+    r = (mu / c1 + (1 - b2) * (delta / c2)) / (jnp.sqrt(nu / c3 + h.eps_root) + h.eps)
+    return r, mu, delta, nu, g
 
 
 class AdanState(eqx.Module):
@@ -99,23 +125,10 @@ class Adan(AbstractLeafwiseOptimizer):
     elementwise = True
 
     def __check_init__(self):
-        if known_number(self.eps) == 0.0 and known_number(self.eps_root) == 0.0:
-            raise ValueError(
-                "eps and eps_root must not both be 0 (a zero gradient would divide "
-                "0 by 0)"
-            )
+        check_adan_eps(self.eps, self.eps_root)
 
     def leaf(self, h, t, g, p, mu, delta, nu, prev, decayed):
-        b1, b2, b3 = h.b1, h.b2, h.b3
-        d = jnp.where(t == 1, 0.0, g - prev)  # no previous gradient on the first
-        mu = b1 * mu + (1 - b1) * g
-        delta = b2 * delta + (1 - b2) * d
-        nesterov = g + (1 - b2) * d
-        nu = b3 * nu + (1 - b3) * abs_sq(nesterov)
-        c1, c2, c3 = (1 - step_power(b, t) for b in (b1, b2, b3))
-        r = (mu / c1 + (1 - b2) * (delta / c2)) / (
-            jnp.sqrt(nu / c3 + h.eps_root) + h.eps
-        )
+        r, mu, delta, nu, g = adan_direction(h, t, g, mu, delta, nu, prev)
         if decayed:
             r = r + h.weight_decay * p
         return -h.learning_rate * r, mu, delta, nu, g

@@ -1,5 +1,7 @@
 """NovoGrad: layer-wise second moments."""
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -23,6 +25,37 @@ from ..._core._tree import (
     scalar_for_leaf,
     zero_step,
 )
+
+
+def leaf_scalars(params: Params) -> PyTree[Array | None]:
+    """One zero scalar per float leaf of `params` (NovoGrad's per-layer `nu`),
+    `None` elsewhere."""
+
+    def scalar(p):
+        return scalar_for_leaf(p) if is_float_leaf(p) else None
+
+    return jax.tree.map(scalar, params)
+
+
+def novograd_direction(
+    h: Any,
+    t: Int[Array, ""],
+    g: Array,
+    p: Array,
+    mu: Array,
+    nu: Array,
+    axis_name: AxisName,
+    name: str,
+) -> tuple[Array, Array]:
+    """NovoGrad's moments at update `t` (see `NovoGrad`), shared with
+    `ScaleByNovograd` (`name` is the class, for the sharding errors):
+    `(mu, nu)`; `mu` is also the direction."""
+    first = t == 1  # the optimizer's first update
+    sq_norm = shard_sum(jnp.sum(abs_sq(g)), axis_name, name)
+    nu = jnp.where(first, sq_norm, h.b2 * nu + (1 - h.b2) * sq_norm)
+    r = g / (jnp.sqrt(nu + h.eps_root) + h.eps) + h.weight_decay * p
+    mu = jnp.where(first, r, h.b1 * mu + r)
+    return mu, nu
 
 
 class NovoGradState(eqx.Module):
@@ -95,19 +128,10 @@ class NovoGrad(AbstractLeafwiseOptimizer):
 
     def init(self, params: Params) -> NovoGradState:
         # `nu` is one scalar per leaf, not shaped like it.
-        def scalar(p):
-            return scalar_for_leaf(p) if is_float_leaf(p) else None
-
         return NovoGradState(
-            step=zero_step(),
-            mu=float_leaves_like(params),
-            nu=jax.tree.map(scalar, params),
+            step=zero_step(), mu=float_leaves_like(params), nu=leaf_scalars(params)
         )
 
     def leaf(self, h, t, g, p, mu, nu):
-        first = t == 1  # the optimizer's first update
-        sq_norm = shard_sum(jnp.sum(abs_sq(g)), self.axis_name, "NovoGrad")
-        nu = jnp.where(first, sq_norm, h.b2 * nu + (1 - h.b2) * sq_norm)
-        r = g / (jnp.sqrt(nu + h.eps_root) + h.eps) + h.weight_decay * p
-        mu = jnp.where(first, r, h.b1 * mu + r)
+        mu, nu = novograd_direction(h, t, g, p, mu, nu, self.axis_name, "NovoGrad")
         return -h.learning_rate * mu, mu, nu

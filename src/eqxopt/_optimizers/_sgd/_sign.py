@@ -1,5 +1,7 @@
 """Sign-based optimizers: SignSGD, Signum and Lion."""
 
+from typing import Any, Literal
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
@@ -17,6 +19,26 @@ from ..._core._fields import (
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._moments import Moment
+
+LionMode = Literal["hard", "smooth", "refined"]
+LION_MODES = ("hard", "smooth", "refined")
+
+
+def lion_direction(
+    h: Any, g: Array, mu: Array, mode: LionMode = "hard"
+) -> tuple[Array, Array]:
+    """Lion's direction and momentum update (see `Lion`), shared with
+    `ScaleByLion`: `(direction, mu)`. `mode` is how the interpolation `c` becomes
+    the direction: `sign(c)` (`"hard"`, Lion's), `tanh(smooth_beta * c)`
+    (`"smooth"`) or `c` clipped to `sign(c)` where `|c| >= 1` (`"refined"`)."""
+    c = h.b1 * mu + (1 - h.b1) * g
+    if mode == "smooth":
+        direction = jnp.tanh(h.smooth_beta * c)
+    elif mode == "refined":
+        direction = jnp.where(jnp.abs(c) < 1.0, c, jnp.sign(c))
+    else:
+        direction = jnp.sign(c)
+    return direction, h.b2 * mu + (1 - h.b2) * g
 
 
 class SignSGDState(eqx.Module):
@@ -194,7 +216,7 @@ class Lion(AbstractLeafwiseOptimizer):
     elementwise = True
 
     def leaf(self, h, t, g, p, mu, decayed):
-        direction = jnp.sign(h.b1 * mu + (1 - h.b1) * g)
+        direction, mu = lion_direction(h, g, mu)
         if decayed:
             direction = direction + h.weight_decay * p
-        return -h.learning_rate * direction, h.b2 * mu + (1 - h.b2) * g
+        return -h.learning_rate * direction, mu
