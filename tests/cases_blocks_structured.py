@@ -14,13 +14,11 @@ def _loss_value(loss_fn, params):
 CASES = [
     CatalogCase(
         "Blocks-Stddev-OptimisticGradient-ParamBlockRms",
-        lambda decay=0.9, alpha=1.0, min_scale=1e-3, learning_rate=0.01: (
-            eqxopt.Chain(
-                eqxopt.ScaleByStddev(decay, eps=1e-6),
-                eqxopt.ScaleByOptimisticGradient(alpha, 0.5),
-                eqxopt.ScaleByParamBlockRms(min_scale),
-                eqxopt.ScaleByLearningRate(learning_rate),
-            )
+        lambda decay=0.9, alpha=1.0, min_scale=1e-3, learning_rate=0.01: eqxopt.Chain(
+            eqxopt.ScaleByStddev(decay, eps=1e-6),
+            eqxopt.ScaleByOptimisticGradient(alpha, 0.5),
+            eqxopt.ScaleByParamBlockRms(min_scale),
+            eqxopt.ScaleByLearningRate(learning_rate),
         ),
         vary=("decay", 0.8),
         invalid=(("decay", 1.0), ("alpha", -1.0), ("min_scale", -1.0)),

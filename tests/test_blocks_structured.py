@@ -4,8 +4,9 @@
 against optax's `scale_by_*` over 25 steps on a tree of matrices, vectors and a
 3-d leaf, and chained with `ScaleByLearningRate` against the fused optimizers that
 share their maths. Measured in float32 on CPU: the largest difference from optax
-is below 1e-6 relative (Polyak, DoG: a few ulps of their whole-leaf sums), so the
-tolerance is rtol=2e-5, atol=1e-6."""
+is 3.1e-6 absolute on updates of order 1 (1.2e-6 relative); relative ones up to
+1.7e-4 only on elements within 1e-3 of zero, 1e-7 absolute. Tolerance: rtol=2e-5,
+atol=1e-6 against optax, rtol=1e-6, atol=1e-7 against the fused optimizers."""
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +70,10 @@ def _close(got, want, rtol=RTOL, atol=ATOL):
     for k, (a, b) in enumerate(zip(got, want)):
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
             np.testing.assert_allclose(
-                np.asarray(x), np.reshape(np.asarray(y), np.shape(x)), rtol, atol,
+                np.asarray(x),
+                np.reshape(np.asarray(y), np.shape(x)),
+                rtol,
+                atol,
                 err_msg=f"step {k}",
             )
 
@@ -156,7 +160,8 @@ def test_rprop_is_optax_one_call_earlier():
     for k in range(STEPS - 1):
         grads_next = jax.tree.map(jnp.sign, got[k + 1])
         for ours, theirs, sign in zip(
-            jax.tree.leaves(got[k]), jax.tree.leaves(want[k + 1]),
+            jax.tree.leaves(got[k]),
+            jax.tree.leaves(want[k + 1]),
             jax.tree.leaves(grads_next),
         ):
             # Where eqxopt's next update is 0, the sign flipped (or g was 0).
@@ -259,9 +264,7 @@ def test_states_are_named():
     assert factored.v["b"].shape == (4,)
     dog = eqxopt.ScaleByDistanceOverGradients().init(params)
     assert dog.max_dist["w"].shape == () and dog.init_params["w"].shape == (6, 4)
-    assert isinstance(
-        eqxopt.ScaleByStddev().init(params), eqxopt.ScaleByStddevState
-    )
+    assert isinstance(eqxopt.ScaleByStddev().init(params), eqxopt.ScaleByStddevState)
 
 
 @pytest.mark.parametrize(
@@ -305,7 +308,7 @@ def test_invalid_values_name_the_argument(make, match):
 
 
 def test_invalid_types_name_the_argument():
-    with pytest.raises(TypeError, match="^decay_rate_fn must be None or a function"):
+    with pytest.raises(TypeError, match=r"^decay_rate_fn must be None or a function"):
         eqxopt.ScaleByFactoredRms(decay_rate_fn=0.5)
     with pytest.raises(TypeError, match="param_dtype"):
         eqxopt.ScaleByDistanceOverGradients(param_dtype="not a dtype")

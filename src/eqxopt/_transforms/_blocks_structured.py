@@ -105,9 +105,8 @@ class ScaleByRprop(AbstractBlock):
       `0 <= min_step_size <= max_step_size`, `max_step_size > 0`.
     """
 
-    learning_rate: ScalarOrSchedule = hyper(  # pyright: ignore[reportIncompatibleVariableOverride]
-        low=0.0, low_open=True, schedule=False
-    )
+    # The state's starting step size, used at `init`: not a schedule.
+    learning_rate: ScalarOrSchedule = hyper(low=0.0, low_open=True, schedule=False)
     eta_minus: ScalarOrSchedule = hyper(
         0.5, low=0.0, high=1.0, low_open=True, high_open=True
     )
@@ -270,7 +269,9 @@ class ScaleByStddev(AbstractBlock):
         del t, p
         mu = h.decay * mu + (1 - h.decay) * g
         nu = h.decay * nu + (1 - h.decay) * abs_sq(g)
-        mu_hat, nu_hat = (mu / h.bias, nu / h.bias) if self.bias_correction else (mu, nu)
+        mu_hat, nu_hat = (
+            (mu / h.bias, nu / h.bias) if self.bias_correction else (mu, nu)
+        )
         variance = nu_hat - abs_sq(mu_hat)
         if self.eps_in_sqrt:
             return g * jax.lax.rsqrt(variance + h.eps), mu, nu
@@ -658,6 +659,4 @@ class ScaleByFactoredRms(AbstractTransform):
             beta,
             h.epsilon,
         )
-        return scaled, ScaleByFactoredRmsState(
-            increment(state.step), v_row, v_col, v
-        )
+        return scaled, ScaleByFactoredRmsState(increment(state.step), v_row, v_col, v)
