@@ -488,6 +488,70 @@ CATALOG += [
         "`optax.scale_by_yogi` over 30 steps with a `None`-gradient leaf; chained with `ScaleByLearningRate`, `Yogi`",
         None,
     ),
+    # Structured building blocks (chained with ScaleByLearningRate)
+    (
+        "ScaleByRprop",
+        "blocks",
+        "Riedmiller & Braun, *A Direct Adaptive Method for Faster Backpropagation Learning: The RPROP Algorithm*, ICNN 1993",
+        "`optax.scale_by_rprop` over 25 steps on a tree of matrices, vectors and a 3-d leaf (the update its state holds, one call ahead of its output, optax PR 1725); chained, `Rprop`",
+        None,
+    ),
+    (
+        "ScaleBySm3",
+        "blocks",
+        f"Anil et al., *Memory-Efficient Adaptive Optimization*, NeurIPS 2019, {arxiv('1901.11150')}",
+        "`optax.scale_by_sm3` over 25 steps on a tree of matrices, vectors and a 3-d leaf, summed and decayed accumulators; chained, `SM3`",
+        None,
+    ),
+    (
+        "ScaleByStddev",
+        "blocks",
+        f"Graves, *Generating Sequences With Recurrent Neural Networks*, 2013, {arxiv('1308.0850')}",
+        "`optax.scale_by_stddev` over 25 steps on a tree of matrices, vectors and a 3-d leaf, 3 configurations (eps in and outside the root, bias correction)",
+        None,
+    ),
+    (
+        "ScaleByFactoredRms",
+        "blocks",
+        f"Shazeer & Stern, *Adafactor: Adaptive Learning Rates with Sublinear Memory Cost*, ICML 2018, {arxiv('1804.04235')}",
+        "`optax.scale_by_factored_rms` over 25 steps on a tree of matrices, vectors and a 3-d leaf: factored and unfactored, a custom `decay_rate_fn`; chained, `Adafactor` without clipping or parameter scale",
+        None,
+    ),
+    (
+        "ScaleByParamBlockNorm",
+        "blocks",
+        f"You et al., *Large Batch Training of Convolutional Networks*, 2017, {arxiv('1708.03888')}",
+        "`optax.scale_by_param_block_norm` over 25 steps on a tree of matrices, vectors and a 3-d leaf, with the floor reached and not",
+        None,
+    ),
+    (
+        "ScaleByParamBlockRms",
+        "blocks",
+        f"Shazeer & Stern, *Adafactor: Adaptive Learning Rates with Sublinear Memory Cost*, ICML 2018, {arxiv('1804.04235')}",
+        "`optax.scale_by_param_block_rms` over 25 steps on a tree of matrices, vectors and a 3-d leaf, with the floor reached and not",
+        None,
+    ),
+    (
+        "ScaleByOptimisticGradient",
+        "blocks",
+        f"Daskalakis et al., *Training GANs with Optimism*, ICLR 2018, {arxiv('1711.00141')}",
+        "`optax.scale_by_optimistic_gradient` over 25 steps on a tree of matrices, vectors and a 3-d leaf; chained, `OptimisticGradientDescent`",
+        None,
+    ),
+    (
+        "ScaleByPolyak",
+        "blocks",
+        f"Loizou et al., *Stochastic Polyak Step-size for SGD*, AISTATS 2021, {arxiv('2002.10542')}",
+        "`optax.scale_by_polyak` over 25 steps on a tree of matrices, vectors and a 3-d leaf (`sps` and `sps+`); chained, `PolyakSGD`",
+        None,
+    ),
+    (
+        "ScaleByDistanceOverGradients",
+        "blocks",
+        f"Ivgi et al., *DoG is SGD's Best Friend: A Parameter-Free Dynamic Step Size Schedule*, ICML 2023, {arxiv('2302.12022')}",
+        "`optax.scale_by_distance_over_gradients` over 25 steps on a tree of matrices, vectors and a 3-d leaf; chained, `DoG` on a one-leaf model",
+        None,
+    ),
 ]
 
 HEADER = """# The optimizer catalog

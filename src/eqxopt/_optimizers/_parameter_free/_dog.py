@@ -33,6 +33,18 @@ def _norm(params: PyTree, axis_name: AxisName) -> Float[Array, ""]:
     return root(sum_of_squares(jax.tree.leaves(params), axis_name, "DoG"))
 
 
+def dog_step_size(
+    max_dist: Array, sum_sq: Array, moved_sq: Array, grad_sq: Array, eps: Array
+) -> tuple[Array, Array, Array]:
+    """`(eta, max_dist, sum_sq)`: DoG's step size `max_dist / sqrt(sum_sq + eps)`
+    and its two statistics advanced by the squared distance `moved_sq` from the
+    start and the squared gradient norm `grad_sq` (whole-tree ones for `DoG`, one
+    leaf's for `ScaleByDistanceOverGradients`)."""
+    max_dist = jnp.maximum(max_dist, jnp.sqrt(moved_sq))
+    sum_sq = sum_sq + grad_sq
+    return max_dist / jnp.sqrt(sum_sq + eps), max_dist, sum_sq
+
+
 class AbstractDistanceOverGradients(AbstractEngineTransform):
     """DoG and DoWG: SGD (with coupled decay where `mask`) at a step size from two
     scalars of the state, a distance estimate and a sum of squared gradient
@@ -182,9 +194,9 @@ class DoG(AbstractDistanceOverGradients):
     def advance(
         self, h: Any, state: DoGState, total: Array
     ) -> tuple[Array, Array, Array]:
-        max_dist = jnp.maximum(state.max_dist, jnp.sqrt(total[0]))
-        sum_sq = state.sum_sq_norm_grads + total[1]
-        eta = max_dist / jnp.sqrt(sum_sq + h.eps)
+        eta, max_dist, sum_sq = dog_step_size(
+            state.max_dist, state.sum_sq_norm_grads, total[0], total[1], h.eps
+        )
         if self.init_step == "learning_rate":
             eta = jnp.where(state.step == 0, h.init_value, eta)
         return h.learning_rate * eta, max_dist, sum_sq

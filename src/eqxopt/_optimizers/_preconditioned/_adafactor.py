@@ -56,6 +56,99 @@ def _relative_step(step: Int[Array, ""]) -> Float[Array, ""]:
     return jnp.minimum(jnp.float32(1e-2), jax.lax.rsqrt(s + 1.0))
 
 
+def factored_axes(
+    shape: tuple[int, ...], factored: bool, min_dim_size_to_factor: int
+) -> tuple[int, int] | None:
+    """`(b, a)`: the second-largest and largest axis of a leaf of this shape, if
+    it is factored; `None` if it keeps a full second moment."""
+    if not factored or len(shape) < 2:
+        return None
+    order = np.argsort(shape)
+    if shape[order[-2]] < min_dim_size_to_factor:
+        return None
+    return int(order[-2]), int(order[-1])
+
+
+def factored_stats(params: Params, axes: list[Any]) -> tuple[PyTree, PyTree, PyTree]:
+    """The zero second-moment statistics `(v_row, v_col, v)` at `init`, for the
+    factored axes of each leaf of `params` (`axes`, in leaf order, from
+    `factored_axes`; `None` where a leaf is not factored)."""
+
+    def stats(p, leaf_axes):
+        if not is_float_leaf(p):
+            return None, None, None
+        if leaf_axes is None:
+            return None, None, full_like_leaf(p)
+        b, a = leaf_axes
+        return reduced_like_leaf(p, a), reduced_like_leaf(p, b), None
+
+    leaves, treedef = jax.tree.flatten(params)
+    rows, cols, full = zip(*map(stats, leaves, axes)) if leaves else ((), (), ())
+    return treedef.unflatten(rows), treedef.unflatten(cols), treedef.unflatten(full)
+
+
+def factored_rms(
+    grads: Grads,
+    params: Params,
+    stats: tuple[PyTree, PyTree, PyTree],
+    axes: list[Any],
+    layouts: list[Layout | None],
+    beta: Array,
+    eps: Array,
+) -> tuple[Updates, tuple[PyTree, PyTree, PyTree]]:
+    """Gradients divided by the factored estimate of their RMS, and the new
+    statistics `(v_row, v_col, v)` (decayed by `beta`, `eps` added to `g**2`); each
+    leaf's `axes` as in `factored_stats`, `layouts` its split on a mesh.
+    `Adafactor` and `ScaleByFactoredRms`."""
+    treedef = jax.tree.structure(params)
+    aligned = align_grads(grads, params)
+    factored_grads = treedef.unflatten(
+        [g if a is not None else None for g, a in zip(aligned, axes)]
+    )
+    full_grads = treedef.unflatten(
+        [g if a is None else None for g, a in zip(aligned, axes)]
+    )
+
+    def factored_rule(g, p, row, col, flag):
+        (b, a), layout = flag
+        whole = global_shape(p, layout)
+        sq = abs_sq(g) + eps
+        row_mean = shard_sum_dims(sq, a, layout) / whole[a]
+        col_mean = shard_sum_dims(sq, b, layout) / whole[b]
+        row = beta * row + (1.0 - beta) * row_mean
+        col = beta * col + (1.0 - beta) * col_mean
+        row_b = b - 1 if b > a else b  # axis b of the row statistics
+        # The row statistics keep the leaf's splits but along axis a.
+        row_total = shard_sum_dims(row, row_b, drop_dim(layout, a), keepdims=True)
+        row_factor = (row / (row_total / whole[b])) ** -0.5
+        col_factor = col**-0.5
+        u = g * jnp.expand_dims(row_factor, a) * jnp.expand_dims(col_factor, b)
+        return u, row, col
+
+    def full_rule(g, p, v):
+        v = beta * v + (1.0 - beta) * (abs_sq(g) + eps)
+        return g * v**-0.5, v
+
+    factored_u, (v_row, v_col) = map_leaves(
+        factored_rule,
+        factored_grads,
+        params,
+        stats[:2],
+        elementwise=False,
+        flags=[(a, lay) for a, lay in zip(axes, layouts)],
+    )
+    full_u, (v,) = map_leaves(
+        full_rule, full_grads, params, stats[2:], elementwise=False
+    )
+    scaled = jax.tree.map(
+        lambda x, y: y if x is None else x,
+        factored_u,
+        full_u,
+        is_leaf=lambda x: x is None,
+    )
+    return scaled, (v_row, v_col, v)
+
+
 class AdafactorState(eqx.Module):
     """State of `Adafactor`.
 
@@ -206,12 +299,7 @@ class Adafactor(AbstractTransform):
     def factored_axes(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
         """`(b, a)`: the second-largest and largest axis of a leaf of this shape, if
         it is factored; `None` if it keeps a full second moment."""
-        if not self.factored or len(shape) < 2:
-            return None
-        order = np.argsort(shape)
-        if shape[order[-2]] < self.min_dim_size_to_factor:
-            return None
-        return int(order[-2]), int(order[-1])
+        return factored_axes(shape, self.factored, self.min_dim_size_to_factor)
 
     def _layouts(self, params: Params) -> list[Layout | None]:
         return leaf_layouts(params, self.axis_name, "Adafactor", self.param_specs)
@@ -223,19 +311,11 @@ class Adafactor(AbstractTransform):
         return self.factored_axes(global_shape(p, layout))
 
     def init(self, params: Params) -> AdafactorState:
-        def stats(p, layout):
-            if not is_float_leaf(p):
-                return None, None, None
-            axes = self._leaf_axes(p, layout)
-            if axes is None:
-                return None, None, full_like_leaf(p)
-            b, a = axes
-            return reduced_like_leaf(p, a), reduced_like_leaf(p, b), None
-
         decay_flags(self.weight_decay_mask, params, "weight_decay_mask")  # checked
-        leaves, treedef = jax.tree.flatten(params)
         layouts = self._layouts(params)
-        rows, cols, full = zip(*map(stats, leaves, layouts)) if leaves else ((), (), ())
+        leaves = jax.tree.leaves(params)
+        axes = [self._leaf_axes(p, lay) for p, lay in zip(leaves, layouts)]
+        rows, cols, full = factored_stats(params, axes)
         momentum = None
         if self.momentum is not None:
             # dtype_momentum=None: the default float dtype, as it always was.
@@ -245,9 +325,9 @@ class Adafactor(AbstractTransform):
             momentum = float_leaves_like(params, dtype)
         return AdafactorState(
             step=zero_step(),
-            v_row=treedef.unflatten(rows),
-            v_col=treedef.unflatten(cols),
-            v=treedef.unflatten(full),
+            v_row=rows,
+            v_col=cols,
+            v=full,
             momentum=momentum,
         )
 
@@ -263,53 +343,11 @@ class Adafactor(AbstractTransform):
         t = since.astype(jnp.float32) + 1.0
         beta = 1.0 - t ** (-h.decay_rate)
 
-        leaves, treedef = jax.tree.flatten(params)
         layouts = self._layouts(params)
+        leaves = jax.tree.leaves(params)
         axes = [self._leaf_axes(p, lay) for p, lay in zip(leaves, layouts)]
-        aligned = align_grads(grads, params)
-        factored_grads = treedef.unflatten(
-            [g if a is not None else None for g, a in zip(aligned, axes)]
-        )
-        full_grads = treedef.unflatten(
-            [g if a is None else None for g, a in zip(aligned, axes)]
-        )
-
-        def factored_rule(g, p, row, col, flag):
-            (b, a), layout = flag
-            whole = global_shape(p, layout)
-            sq = abs_sq(g) + eps
-            row_mean = shard_sum_dims(sq, a, layout) / whole[a]
-            col_mean = shard_sum_dims(sq, b, layout) / whole[b]
-            row = beta * row + (1.0 - beta) * row_mean
-            col = beta * col + (1.0 - beta) * col_mean
-            row_b = b - 1 if b > a else b  # axis b of the row statistics
-            # The row statistics keep the leaf's splits but along axis a.
-            row_total = shard_sum_dims(row, row_b, drop_dim(layout, a), keepdims=True)
-            row_factor = (row / (row_total / whole[b])) ** -0.5
-            col_factor = col**-0.5
-            u = g * jnp.expand_dims(row_factor, a) * jnp.expand_dims(col_factor, b)
-            return u, row, col
-
-        def full_rule(g, p, v):
-            v = beta * v + (1.0 - beta) * (abs_sq(g) + eps)
-            return g * v**-0.5, v
-
-        factored_u, (v_row, v_col) = map_leaves(
-            factored_rule,
-            factored_grads,
-            params,
-            (state.v_row, state.v_col),
-            elementwise=False,
-            flags=[(a, lay) for a, lay in zip(axes, layouts)],
-        )
-        full_u, (v,) = map_leaves(
-            full_rule, full_grads, params, (state.v,), elementwise=False
-        )
-        scaled = jax.tree.map(
-            lambda x, y: y if x is None else x,
-            factored_u,
-            full_u,
-            is_leaf=lambda x: x is None,
+        scaled, (v_row, v_col, v) = factored_rms(
+            grads, params, (state.v_row, state.v_col, state.v), axes, layouts, beta, eps
         )
 
         threshold, momentum = h.clipping_threshold, h.momentum

@@ -53,6 +53,55 @@ def _expanded(shape: tuple[int, ...], axis: int) -> list[int]:
     return [1] * axis + [shape[axis]] + [1] * (len(shape) - axis - 1)
 
 
+def sm3_accumulators(params: Params) -> PyTree:
+    """The per-axis accumulators at `init`, zeros laid out as `SM3State` says."""
+
+    def accumulator(p):
+        if not is_float_leaf(p):
+            return None
+        size = _accumulator_size(jnp.shape(p))
+        if (size,) == jnp.shape(p):  # a vector's: shaped and placed like it
+            return full_like_leaf(p)
+        # Split over the devices that hold the parameter: `split_like`.
+        return split_like(jnp.zeros((size,), p.dtype), p)
+
+    return jax.tree.map(accumulator, params)
+
+
+def sm3_direction(
+    g: Array, a: Array, m: Array, b1: Array, b2: Array | None, eps: Array
+) -> tuple[Array, Array]:
+    """`(m, a)`: one leaf's new momentum (the direction) and accumulators. `b2`
+    weighs the old accumulators against `g**2` as `b2 * acc + (1 - b2) * g**2`
+    (`1` or `None`: `acc + g**2`, SM3's sum). `SM3` and `ScaleBySm3`."""
+    shape = g.shape
+    sq = abs_sq(g)
+    if b2 is not None:  # optax's weights: 1 for g**2 at b2 == 1
+        sq = jnp.where(b2 == 1, 1.0, 1 - b2) * sq
+    if g.ndim < 2:
+        floor = a.reshape(shape)
+    else:
+        splits = np.cumsum(shape)[:-1].tolist()
+        per_axis = jnp.split(a, splits)
+        floor = functools.reduce(
+            jnp.minimum,
+            [v.reshape(_expanded(shape, i)) for i, v in enumerate(per_axis)],
+        )
+    acc = floor + sq if b2 is None else b2 * floor + sq
+    if g.ndim < 2:
+        new_a = acc.reshape(-1)
+    else:
+        axes = range(g.ndim)
+        new_a = jnp.concatenate(
+            [
+                jnp.max(acc, axis=tuple(j for j in axes if j != i), initial=0.0)
+                for i in axes
+            ]
+        )
+    u = g * jnp.where(acc > 0, jax.lax.rsqrt(acc + eps), 0.0)
+    return b1 * m + (1 - b1) * u, new_a
+
+
 class SM3(AbstractLeafwiseOptimizer):
     """SM3-II (Anil et al., 2019) with momentum, as `optax.sm3`.
 
@@ -94,41 +143,12 @@ class SM3(AbstractLeafwiseOptimizer):
     elementwise = False
 
     def init(self, params: Params) -> SM3State:
-        def accumulator(p):
-            if not is_float_leaf(p):
-                return None
-            size = _accumulator_size(jnp.shape(p))
-            if (size,) == jnp.shape(p):  # a vector's: shaped and placed like it
-                return full_like_leaf(p)
-            # Split over the devices that hold the parameter: `split_like`.
-            return split_like(jnp.zeros((size,), p.dtype), p)
-
         return SM3State(
             step=zero_step(),
-            accumulators=jax.tree.map(accumulator, params),
+            accumulators=sm3_accumulators(params),
             momentum=float_leaves_like(params),
         )
 
     def leaf(self, h, t, g, p, a, m):
-        shape = g.shape
-        if g.ndim < 2:
-            acc = a.reshape(shape) + abs_sq(g)
-            new_a = acc.reshape(-1)
-        else:
-            splits = np.cumsum(shape)[:-1].tolist()
-            per_axis = jnp.split(a, splits)
-            floor = functools.reduce(
-                jnp.minimum,
-                [v.reshape(_expanded(shape, i)) for i, v in enumerate(per_axis)],
-            )
-            acc = floor + abs_sq(g)
-            axes = range(g.ndim)
-            new_a = jnp.concatenate(
-                [
-                    jnp.max(acc, axis=tuple(j for j in axes if j != i), initial=0.0)
-                    for i in axes
-                ]
-            )
-        u = g * jnp.where(acc > 0, jax.lax.rsqrt(acc + h.eps), 0.0)
-        m = h.momentum * m + (1 - h.momentum) * u
+        m, new_a = sm3_direction(g, a, m, h.momentum, None, h.eps)
         return -h.learning_rate * m, new_a, m

@@ -9,6 +9,14 @@ from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._moments import Moment
 
 
+def optimistic_direction(h, t, g, prev):
+    """`((alpha + beta) g - beta g_prev, g)`: the optimistic direction of one leaf
+    and the new previous gradient (`h.alpha`, `h.beta`; `t` the step count after
+    this update). `OptimisticGradientDescent` and `ScaleByOptimisticGradient`."""
+    prev = jnp.where(t == 1, g, prev)  # the first step: no previous gradient
+    return (h.alpha + h.beta) * g - h.beta * prev, g
+
+
 class OptimisticGradientDescentState(eqx.Module):
     """State of `OptimisticGradientDescent`.
 
@@ -59,5 +67,5 @@ class OptimisticGradientDescent(AbstractLeafwiseOptimizer):
     elementwise = True
 
     def leaf(self, h, t, g, p, prev):
-        prev = jnp.where(t == 1, g, prev)  # the first step: no previous gradient
-        return -h.learning_rate * ((h.alpha + h.beta) * g - h.beta * prev), g
+        direction, prev = optimistic_direction(h, t, g, prev)
+        return -h.learning_rate * direction, prev

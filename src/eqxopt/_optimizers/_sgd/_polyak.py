@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Int
+from jaxtyping import Array, Float, Int
 
 from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
@@ -29,6 +29,45 @@ from ..._core._tree import (
 
 # optax's guard against a zero gradient: jnp.finfo(float).eps.
 _TINY = float(np.finfo(np.float64).eps)
+
+
+def polyak_rate(
+    owner: Any, h: Any, grads: Grads, params: Params, value: Any
+) -> Float[Array, ""]:
+    """The Polyak step size `min(gap / (|g|**2 + eps), max_learning_rate)` (0 for a
+    vanishing denominator) from the loss `value`, checked, and `owner`'s `f_min`,
+    `eps`, `max_learning_rate` (their values `h`), `variant` and `axis_name`.
+    `PolyakSGD` and `ScaleByPolyak`."""
+    name = type(owner).__name__
+    if value is None:
+        raise TypeError(
+            f"{name} needs the loss at the current parameters: call "
+            "update/step with value=loss (a scalar)"
+        )
+    if jnp.ndim(value) != 0:
+        raise ValueError(f"value must be the scalar loss, got shape {jnp.shape(value)}")
+    if not jnp.issubdtype(jnp.result_type(value), jnp.floating):
+        raise TypeError(
+            f"value must be a float scalar, got dtype {jnp.result_type(value)}"
+        )
+    floats = [
+        g
+        for g, p in zip(align_grads(grads, params), jax.tree.leaves(params))
+        if is_float_leaf(p)
+    ]
+    sq_norm = sum_of_squares(floats, owner.axis_name, name, jnp.float32)
+    gap = jnp.asarray(value, jnp.float32) - h.f_min
+    if owner.variant == "sps+":
+        gap = jnp.maximum(gap, 0.0)
+    denominator = sq_norm + h.eps
+    return jnp.where(
+        denominator <= _TINY,
+        0.0,
+        jnp.minimum(
+            gap / jnp.where(denominator <= _TINY, 1.0, denominator),
+            h.max_learning_rate,
+        ),
+    )
 
 
 class PolyakSGDState(eqx.Module):
@@ -120,39 +159,8 @@ class PolyakSGD(AbstractEngineTransform):
         apply: bool,
         value: Any = None,
     ) -> tuple[Updates, PolyakSGDState]:
-        if value is None:
-            raise TypeError(
-                "PolyakSGD needs the loss at the current parameters: call "
-                "update/step with value=loss (a scalar)"
-            )
-        if jnp.ndim(value) != 0:
-            raise ValueError(
-                f"value must be the scalar loss, got shape {jnp.shape(value)}"
-            )
-        if not jnp.issubdtype(jnp.result_type(value), jnp.floating):
-            raise TypeError(
-                f"value must be a float scalar, got dtype {jnp.result_type(value)}"
-            )
-        floats = [
-            g
-            for g, p in zip(align_grads(grads, params), jax.tree.leaves(params))
-            if is_float_leaf(p)
-        ]
-        sq_norm = sum_of_squares(floats, self.axis_name, "PolyakSGD", jnp.float32)
         h = values_at(self, state.step)
-        gap = jnp.asarray(value, jnp.float32) - h.f_min
-        if self.variant == "sps+":
-            gap = jnp.maximum(gap, 0.0)
-        denominator = sq_norm + h.eps
-        rate = jnp.where(
-            denominator <= _TINY,
-            0.0,
-            jnp.minimum(
-                gap / jnp.where(denominator <= _TINY, 1.0, denominator),
-                h.max_learning_rate,
-            ),
-        )
-        scale = h.scaling * rate
+        scale = h.scaling * polyak_rate(self, h, grads, params, value)
 
         def rule(g, p):
             return (-scale * g,)

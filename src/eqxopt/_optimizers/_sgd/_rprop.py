@@ -1,5 +1,7 @@
 """Rprop: per-element step sizes adapted from the signs of successive gradients."""
 
+from typing import Any
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
@@ -12,6 +14,28 @@ from ..._core._schedule import known_number
 
 # The rule compares the signs of successive gradients: complex numbers have none.
 _WHY = "the sign of g * g_prev decides the step; complex numbers have no sign"
+
+
+def rprop_direction(h, g, size, prev):
+    """`(size * sign(g), size, g)` for one leaf: the step (to be subtracted), the
+    new step sizes and the new previous gradient, zeroed where the sign flipped
+    (`h.eta_minus`, `h.eta_plus`, `h.min_step_size`, `h.max_step_size`). `Rprop`
+    and `ScaleByRprop`."""
+    q = g * prev
+    factor = jnp.where(q > 0, h.eta_plus, jnp.where(q < 0, h.eta_minus, 1.0))
+    size = jnp.clip(size * factor, h.min_step_size, h.max_step_size)
+    g = jnp.where(q < 0, 0.0, g)
+    return size * jnp.sign(g), size, g
+
+
+def check_step_sizes(owner: Any) -> None:
+    """`min_step_size <= max_step_size` where both are known numbers."""
+    low, high = known_number(owner.min_step_size), known_number(owner.max_step_size)
+    if low is not None and high is not None and low > high:
+        raise ValueError(
+            "min_step_size must be <= max_step_size, got "
+            f"min_step_size={low!r} and max_step_size={high!r}"
+        )
 
 
 class RpropState(eqx.Module):
@@ -90,16 +114,8 @@ class Rprop(AbstractLeafwiseOptimizer):
     elementwise = True
 
     def __check_init__(self):
-        low, high = known_number(self.min_step_size), known_number(self.max_step_size)
-        if low is not None and high is not None and low > high:
-            raise ValueError(
-                "min_step_size must be <= max_step_size, got "
-                f"min_step_size={low!r} and max_step_size={high!r}"
-            )
+        check_step_sizes(self)
 
     def leaf(self, h, t, g, p, size, prev):
-        q = g * prev
-        factor = jnp.where(q > 0, h.eta_plus, jnp.where(q < 0, h.eta_minus, 1.0))
-        size = jnp.clip(size * factor, h.min_step_size, h.max_step_size)
-        g = jnp.where(q < 0, 0.0, g)
-        return -size * jnp.sign(g), size, g
+        step, size, g = rprop_direction(h, g, size, prev)
+        return -step, size, g
