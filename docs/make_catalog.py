@@ -287,6 +287,13 @@ CATALOG = [
         "rtol 2e-4, atol 2e-5 (float32 triangular solves against float64 inverses)",
     ),
     (
+        "LaProp",
+        "newer",
+        f"Ziyin et al., *LaProp: Separating Momentum and Adaptivity in Adam*, 2020, {arxiv('2002.04839')}",
+        "a torch transcription of the authors' `laprop.py` over 30 steps (masked weight decay; `update` and `step`); the paper's form in float64 with a schedule",
+        None,
+    ),
+    (
         "Prodigy",
         "newer",
         f"Mishchenko & Defazio, *Prodigy: An Expeditiously Adaptive Parameter-Free Learner*, 2023, {arxiv('2306.06101')}",

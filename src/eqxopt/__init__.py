@@ -64,6 +64,9 @@ from ._optimizers._adam._adopt import (
 from ._optimizers._adam._cautious import (
     CAdamW as CAdamW,
 )
+from ._optimizers._adam._laprop import (
+    LaProp as LaProp,
+)
 from ._optimizers._adam._optimistic_adam import (
     OptimisticAdam as OptimisticAdam,
     OptimisticAdamState as OptimisticAdamState,
@@ -410,6 +413,7 @@ __all__ = [
     "LARSState",
     "LBFGS",
     "LBFGSState",
+    "LaProp",
     "LearningRateMultipliers",
     "Linear",
     "LinearOneCycle",

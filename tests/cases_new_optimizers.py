@@ -1,0 +1,22 @@
+"""Catalog cases for the optimizers no other JAX library ships: LaProp, AdamMini,
+NorMuon, MARS."""
+
+import eqxopt
+from catalog import CatalogCase
+
+CASES = [
+    CatalogCase(
+        "LaProp",
+        lambda **kw: eqxopt.LaProp(
+            **{"learning_rate": 0.05, "weight_decay": 1e-3, **kw}
+        ),
+        vary=("b2", 0.9),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("b1", 1.0),
+            ("b2", 0.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+        ),
+    ),
+]
