@@ -294,6 +294,13 @@ CATALOG = [
         None,
     ),
     (
+        "AdamMini",
+        "newer",
+        f"Zhang et al., *Adam-mini: Use Fewer Learning Rates To Gain More*, 2024, {arxiv('2406.16793')}",
+        "a torch transcription of the authors' `Adam_mini` update over 30 steps, for each partition (`leaf`, `rows`, `columns`) with masked weight decay; the state of a model of matrices is 1.016x its parameters' bytes with `rows` (AdamW's: 2x)",
+        None,
+    ),
+    (
         "Prodigy",
         "newer",
         f"Mishchenko & Defazio, *Prodigy: An Expeditiously Adaptive Parameter-Free Learner*, 2023, {arxiv('2306.06101')}",

@@ -19,4 +19,19 @@ CASES = [
             ("weight_decay", -1.0),
         ),
     ),
+    CatalogCase(
+        "AdamMini",
+        lambda **kw: eqxopt.AdamMini(
+            **{"learning_rate": 0.05, "weight_decay": 1e-3, "partition": "rows", **kw}
+        ),
+        vary=("b1", 0.5),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("b1", 1.0),
+            ("b2", 0.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+            ("partition", "heads"),
+        ),
+    ),
 ]

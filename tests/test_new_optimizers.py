@@ -132,3 +132,122 @@ def test_laprop_errors_name_the_argument():
         eqxopt.LaProp(1e-3, weight_decay=-0.1)
     with pytest.raises(ValueError, match="learning_rate"):
         eqxopt.LaProp(-1e-3)
+
+
+# --------------------------------------------------------------------------------------
+# AdamMini
+# --------------------------------------------------------------------------------------
+
+
+def _torch_blocks(x, partition):
+    """`x` as `(blocks, block size)`, the blocks as `AdamMini(partition=...)` cuts
+    them (torch's `(out, in)` layout: the authors' per-output-neuron blocks are
+    `view(out, -1)`)."""
+    if x.ndim < 2 or partition == "leaf":
+        return x.reshape(1, -1)
+    if partition == "rows":
+        return x.reshape(x.shape[0], -1)
+    return x.reshape(-1, x.shape[-1]).T  # "columns"
+
+
+class TorchAdamMini(torch.optim.Optimizer):
+    """The update of the authors' `Adam_mini` (zyushun/Adam-mini) for one block
+    partition: one `vmean` per block, the decay `p *= 1 - lr * weight_decay` before
+    the step."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, partition="leaf"):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                state = self.state[p]
+                grad = _torch_blocks(p.grad, partition)
+                if not state:
+                    state.update(step=0, m=torch.zeros_like(grad))
+                    state["vmean"] = torch.zeros(grad.shape[0], 1)
+                state["vmean"].mul_(b2).add_(
+                    torch.mean(grad * grad, dim=1, keepdim=True), alpha=1 - b2
+                )
+                state["step"] += 1
+                if wd > 0.0:
+                    p.mul_(1 - lr * wd)
+                state["m"].lerp_(grad, 1 - b1)
+                c1 = 1 - b1 ** state["step"]
+                c2 = 1 - b2 ** state["step"]
+                h = (state["vmean"].sqrt() / c2**0.5).add_(eps)
+                update = state["m"] * ((1 / c1) / h)
+                if partition == "columns" and p.ndim >= 2:
+                    update = update.T
+                p.add_(update.reshape(p.shape), alpha=-lr)
+
+
+class _Partitioned(TorchAdamMini):
+    def __init__(self, params, partition, **kw):
+        super().__init__(params, **kw)
+        self.partition = partition
+
+    def step(self):
+        super().step(self.partition)
+
+
+@pytest.mark.parametrize("partition", ["leaf", "rows", "columns"])
+def test_adam_mini_matches_the_authors_code(partition):
+    opt = eqxopt.AdamMini(
+        2e-2, b2=0.95, weight_decay=0.05, partition=partition, mask=_is_matrix
+    )
+    actual = run_step(opt, PARAMS, GRADS)
+    expected = run_torch(
+        lambda ts: _Partitioned(
+            _matrix_groups(ts, weight_decay=0.05),
+            partition,
+            lr=2e-2,
+            betas=(0.9, 0.95),
+        ),
+        PARAMS,
+        GRADS,
+    )
+    assert_histories_close(actual, expected)
+
+
+def test_adam_mini_update_agrees_with_step():
+    opt = eqxopt.AdamMini(1e-2, partition="rows")
+    stepped = run_step(opt, PARAMS, GRADS)
+    updated = run_eqxopt(opt, PARAMS, GRADS)
+    assert_histories_close(updated, stepped, rtol=1e-6, atol=1e-7)
+
+
+def _state_bytes(state):
+    return sum(x.nbytes for x in jax.tree.leaves(state))
+
+
+def test_adam_mini_state_is_about_one_copy_of_the_parameters():
+    # A model of matrices: its state is the first moment plus one float per row.
+    key = iter(jax.random.split(jax.random.key(0), 4))
+    params = {
+        "embed": jax.random.normal(next(key), (512, 64)),
+        "layers": [jax.random.normal(next(key), (256, 64)) for _ in range(2)],
+        "head": jax.random.normal(next(key), (512, 64)),
+    }
+    param_bytes = _state_bytes(params)
+    mini = _state_bytes(eqxopt.AdamMini(1e-3, partition="rows").init(params))
+    leafwise = _state_bytes(eqxopt.AdamMini(1e-3).init(params))
+    adamw = _state_bytes(eqxopt.AdamW(1e-3).init(params))
+    assert mini < 1.1 * param_bytes  # measured 1.016: 1 + 1/64 per row, and the step
+    assert leafwise < 1.001 * param_bytes
+    assert adamw > 1.99 * param_bytes
+
+
+def test_adam_mini_errors_name_the_argument():
+    with pytest.raises(ValueError, match="partition"):
+        eqxopt.AdamMini(1e-3, partition="heads")
+    with pytest.raises(ValueError, match="b2"):
+        eqxopt.AdamMini(1e-3, b2=1.0)
+    with pytest.raises(ValueError, match="eps"):
+        eqxopt.AdamMini(1e-3, eps=0.0)
+    with pytest.raises(ValueError, match="weight_decay"):
+        eqxopt.AdamMini(1e-3, weight_decay=-1.0)

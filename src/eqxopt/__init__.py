@@ -54,6 +54,10 @@ from ._optimizers._adam._adam import (
 from ._optimizers._adam._adam_like import (
     AdamState as AdamState,
 )
+from ._optimizers._adam._adam_mini import (
+    AdamMini as AdamMini,
+    AdamMiniState as AdamMiniState,
+)
 from ._optimizers._adam._ademamix import (
     AdEMAMix as AdEMAMix,
     AdEMAMixState as AdEMAMixState,
@@ -357,6 +361,8 @@ __all__ = [
     "Adagrad",
     "AdagradState",
     "Adam",
+    "AdamMini",
+    "AdamMiniState",
     "AdamState",
     "AdamW",
     "Adamax",

@@ -1,3 +1,3 @@
 """The Adam family: Adam, AdamW, NAdam(W), AMSGrad, Adamax(W), RAdam, Yogi,
-AdaBelief, ADOPT, AdEMAMix, CAdamW, StableAdamW, OptimisticAdam, LaProp.
+AdaBelief, ADOPT, AdEMAMix, CAdamW, StableAdamW, OptimisticAdam, LaProp, AdamMini.
 """
