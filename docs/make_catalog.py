@@ -266,6 +266,13 @@ CATALOG = [
         None,
     ),
     (
+        "NorMuon",
+        "newer",
+        f"Li et al., *NorMuon: Making Muon more efficient and scalable*, 2025, {arxiv('2510.05491')}",
+        "a torch transcription of the authors' `normuon_update` (Newton-Schulz in float32) with its Adam group over 30 steps, Nesterov on and off, decay; the paper's RMS scaling (`consistent_rms`); a 3-D stack by mask",
+        None,
+    ),
+    (
         "SOAP",
         "newer",
         f"Vyas et al., *SOAP: Improving and Stabilizing Shampoo using Adam*, 2024, {arxiv('2409.11321')}",

@@ -251,3 +251,154 @@ def test_adam_mini_errors_name_the_argument():
         eqxopt.AdamMini(1e-3, eps=0.0)
     with pytest.raises(ValueError, match="weight_decay"):
         eqxopt.AdamMini(1e-3, weight_decay=-1.0)
+
+
+# --------------------------------------------------------------------------------------
+# NorMuon
+# --------------------------------------------------------------------------------------
+
+NS_EPS = 1e-7
+
+
+def _torch_newton_schulz(x, coeffs=(3.4445, -4.7750, 2.0315), steps=5):
+    """Jordan's `zeropower_via_newtonschulz5`, in float32 (the authors' runs in
+    bfloat16)."""
+    a, b, c = coeffs
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + NS_EPS)
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.mT if tall else x
+
+
+class TorchNorMuon(torch.optim.Optimizer):
+    """The authors' NorMuon (zichongli5/NorMuon `normuon_update`, single device):
+    a group with `normuon=True` gets NorMuon, the others their Adam group's update;
+    both decay `p *= 1 - lr * weight_decay` first."""
+
+    def __init__(self, groups, lr, weight_decay=0.0, nesterov=True):
+        defaults = dict(lr=lr, weight_decay=weight_decay, nesterov=nesterov)
+        defaults.update(beta=0.95, beta2=0.95, betas=(0.9, 0.999), normuon=True)
+        super().__init__(groups, defaults)
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, wd = group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                state = self.state[p]
+                p.mul_(1 - lr * wd)
+                if group["normuon"]:
+                    if not state:
+                        state["momentum"] = torch.zeros_like(p)
+                        state["second"] = torch.zeros_like(p[..., 0:1])
+                    p.add_(self._normuon(p.grad.clone(), state, group), alpha=-lr)
+                else:
+                    b1, b2 = group["betas"]
+                    if not state:
+                        state.update(step=0, m=torch.zeros_like(p))
+                        state["v"] = torch.zeros_like(p)
+                    state["step"] += 1
+                    state["m"].lerp_(p.grad, 1 - b1)
+                    state["v"].lerp_(p.grad.square(), 1 - b2)
+                    m = state["m"] / (1 - b1 ** state["step"])
+                    v = state["v"] / (1 - b2 ** state["step"])
+                    p.add_(m / (v.sqrt() + 1e-8), alpha=-lr)
+
+    @staticmethod
+    def _normuon(grad, state, group):
+        beta, beta2 = group["beta"], group["beta2"]
+        momentum, second = state["momentum"], state["second"]
+        momentum.lerp_(grad, 1 - beta)
+        update = grad.lerp_(momentum, beta) if group["nesterov"] else momentum
+        update = _torch_newton_schulz(update)
+        vnorm = update.norm(dim=(-2, -1), keepdim=True)
+        second.lerp_(torch.mean(update * update, dim=-1, keepdim=True), 1 - beta2)
+        update = update / (second.sqrt() + 1e-10)
+        update = update * (vnorm / (update.norm(dim=(-2, -1), keepdim=True) + 1e-10))
+        return update * max(1, grad.size(-2) / grad.size(-1)) ** 0.5
+
+
+MATRICES = {
+    "tall": jnp.asarray(np.random.default_rng(3).normal(size=(6, 3)), jnp.float32),
+    "wide": jnp.asarray(np.random.default_rng(4).normal(size=(3, 5)), jnp.float32),
+    "b": jnp.asarray(np.random.default_rng(5).normal(size=(5,)), jnp.float32),
+}
+MATRIX_GRADS = list(grad_stream(MATRICES, STEPS, seed=6))
+
+
+def _normuon_groups(tensors):
+    return [
+        {"params": [t for t in tensors if t.ndim == 2]},
+        {"params": [t for t in tensors if t.ndim < 2], "normuon": False},
+    ]
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_normuon_matches_the_authors_code(nesterov):
+    opt = eqxopt.NorMuon(
+        2e-2, weight_decay=0.05, adam_weight_decay=0.05, eps=NS_EPS, nesterov=nesterov
+    )
+    actual = run_step(opt, MATRICES, MATRIX_GRADS)
+    expected = run_torch(
+        lambda ts: TorchNorMuon(
+            _normuon_groups(ts), 2e-2, weight_decay=0.05, nesterov=nesterov
+        ),
+        MATRICES,
+        MATRIX_GRADS,
+    )
+    assert_histories_close(actual, expected)
+
+
+class TorchNorMuonRMS(TorchNorMuon):
+    """The paper's scaling: each matrix's step has RMS `rms` (before the learning
+    rate)."""
+
+    rms = 0.2
+
+    @staticmethod
+    def _normuon(grad, state, group):
+        update = TorchNorMuon._normuon(grad, state, group)
+        m, n = update.shape[-2:]
+        rms = TorchNorMuonRMS.rms
+        return update * (rms * (m * n) ** 0.5 / update.norm(dim=(-2, -1), keepdim=True))
+
+
+def test_normuon_consistent_rms_sets_the_rms_of_the_step():
+    opt = eqxopt.NorMuon(2e-2, eps=NS_EPS, consistent_rms=0.2)
+    actual = run_step(opt, MATRICES, MATRIX_GRADS)
+    expected = run_torch(
+        lambda ts: TorchNorMuonRMS(_normuon_groups(ts), 2e-2), MATRICES, MATRIX_GRADS
+    )
+    assert_histories_close(actual, expected)
+    step = np.asarray(actual[1]["tall"]) - np.asarray(actual[0]["tall"])
+    np.testing.assert_allclose(np.sqrt(np.mean(step**2)), 0.2 * 2e-2, rtol=1e-5)
+
+
+def test_normuon_on_a_stack_of_matrices_by_mask():
+    params = {"stack": jnp.stack([MATRICES["tall"], 2 * MATRICES["tall"]])}
+    grads = [{"stack": jnp.stack([g["tall"], -g["tall"]])} for g in MATRIX_GRADS]
+    opt = eqxopt.NorMuon(2e-2, eps=NS_EPS, muon_mask={"stack": True})
+    actual = run_step(opt, params, grads)
+    assert actual[-1]["stack"].shape == (2, 6, 3)
+    # Each matrix of the stack is its own NorMuon matrix.
+    alone = run_step(eqxopt.NorMuon(2e-2, eps=NS_EPS), MATRICES, MATRIX_GRADS)
+    np.testing.assert_allclose(
+        actual[-1]["stack"][0], alone[-1]["tall"], rtol=2e-5, atol=2e-6
+    )
+
+
+def test_normuon_errors_name_the_argument():
+    with pytest.raises(ValueError, match="beta2"):
+        eqxopt.NorMuon(1e-3, beta2=1.0)
+    with pytest.raises(ValueError, match="consistent_rms"):
+        eqxopt.NorMuon(1e-3, consistent_rms=0.0)
+    with pytest.raises(ValueError, match="ns_coeffs"):
+        eqxopt.NorMuon(1e-3, ns_coeffs=(1.0, 2.0))
+    with pytest.raises(ValueError, match=r"muon_mask selects params\['b'\]"):
+        eqxopt.NorMuon(1e-3, muon_mask={"b": True, "tall": True, "wide": True}).init(
+            MATRICES
+        )

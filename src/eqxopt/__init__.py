@@ -168,6 +168,10 @@ from ._optimizers._preconditioned._muon import (
     Muon as Muon,
     MuonState as MuonState,
 )
+from ._optimizers._preconditioned._normuon import (
+    NorMuon as NorMuon,
+    NorMuonState as NorMuonState,
+)
 from ._optimizers._preconditioned._psgd import (
     PSGDKron as PSGDKron,
     PSGDKronState as PSGDKronState,
@@ -450,6 +454,8 @@ __all__ = [
     "NAdamW",
     "NoisySGD",
     "NoisySGDState",
+    "NorMuon",
+    "NorMuonState",
     "NovoGrad",
     "NovoGradState",
     "OptimisticAdam",
