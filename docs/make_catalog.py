@@ -308,6 +308,13 @@ CATALOG = [
         None,
     ),
     (
+        "MARS",
+        "newer",
+        f"Yuan et al., *MARS: Unleashing the Power of Variance Reduction for Training Large Models*, 2024, {arxiv('2411.10438')}",
+        "a torch transcription of the authors' `mars.py` (MARS-AdamW, approximate form, `optimize_1d=True`) over 30 steps with masked weight decay, gradients on both sides of the clipping threshold; `update` and `step`",
+        None,
+    ),
+    (
         "Prodigy",
         "newer",
         f"Mishchenko & Defazio, *Prodigy: An Expeditiously Adaptive Parameter-Free Learner*, 2023, {arxiv('2306.06101')}",

@@ -54,4 +54,18 @@ CASES = [
             ("ns_coeffs", (1.0, 2.0)),
         ),
     ),
+    CatalogCase(
+        "MARS",
+        lambda **kw: eqxopt.MARS(**{"learning_rate": 0.05, "weight_decay": 1e-3, **kw}),
+        vary=("gamma", 0.1),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("b1", 1.0),
+            ("b2", 0.0),
+            ("eps", 0.0),
+            ("gamma", -0.1),
+            ("clip_norm", 0.0),
+            ("weight_decay", -1.0),
+        ),
+    ),
 ]

@@ -402,3 +402,90 @@ def test_normuon_errors_name_the_argument():
         eqxopt.NorMuon(1e-3, muon_mask={"b": True, "tall": True, "wide": True}).init(
             MATRICES
         )
+
+
+# --------------------------------------------------------------------------------------
+# MARS
+# --------------------------------------------------------------------------------------
+
+
+class TorchMARS(torch.optim.Optimizer):
+    """The authors' MARS (AGI-Arena/MARS `mars.py`), `mars_type="mars-adamw"`, its
+    approximate form (`is_approx=True`: the previous step's gradient) with
+    `optimize_1d=True` (MARS on every parameter)."""
+
+    def __init__(self, params, lr, betas=(0.95, 0.99), eps=1e-8, weight_decay=0.0):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        self.gamma = 0.025
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                state, grad = self.state[p], p.grad
+                if not state:
+                    state.update(step=0, last_grad=torch.zeros_like(p))
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                c = (grad - state["last_grad"]).mul(self.gamma * (b1 / (1.0 - b1)))
+                c = c.add(grad)
+                norm = torch.norm(c)
+                if norm > 1.0:
+                    c = c / norm
+                state["exp_avg"].mul_(b1).add_(c, alpha=1.0 - b1)
+                state["exp_avg_sq"].mul_(b2).addcmul_(c, c, value=1.0 - b2)
+                c1 = 1.0 - b1 ** state["step"]
+                c2 = 1.0 - b2 ** state["step"]
+                denom = state["exp_avg_sq"].sqrt().mul(1 / c2**0.5).add(eps).mul(c1)
+                p.add_(-lr * torch.mul(p, wd).add(state["exp_avg"].div(denom)))
+                state["last_grad"] = grad.clone()
+
+
+# Gradients of norms on both sides of the clipping threshold 1.
+MARS_GRADS = [
+    jax.tree.map(lambda g, k=k: g * (0.05 if k % 3 else 1.0), g)
+    for k, g in enumerate(GRADS)
+]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["update", "step"])
+def test_mars_matches_the_authors_code(fused):
+    opt = eqxopt.MARS(1e-2, weight_decay=0.05, mask=_is_matrix)
+    actual = (run_step if fused else run_eqxopt)(opt, PARAMS, MARS_GRADS)
+    expected = run_torch(
+        lambda ts: TorchMARS(_matrix_groups(ts, weight_decay=0.05), 1e-2),
+        PARAMS,
+        MARS_GRADS,
+    )
+    assert_histories_close(actual, expected)
+
+
+def test_mars_clipping_is_of_the_corrected_gradient():
+    # Both sides of the threshold are exercised: some leaves' corrected gradients
+    # have norm above 1 and some below.
+    def corrected_norms(k):
+        g, prev = MARS_GRADS[k], MARS_GRADS[k - 1]
+        c = jax.tree.map(lambda a, b: a + 0.025 * 0.95 / 0.05 * (a - b), g, prev)
+        return [float(jnp.linalg.norm(x)) for x in jax.tree.leaves(c)]
+
+    norms = [n for k in range(1, STEPS) for n in corrected_norms(k)]
+    assert min(norms) < 1.0 < max(norms)
+    # Without the clip the steps are others.
+    clipped = run_step(eqxopt.MARS(1e-2), PARAMS, MARS_GRADS)
+    unclipped = run_step(eqxopt.MARS(1e-2, clip_norm=None), PARAMS, MARS_GRADS)
+    assert not np.allclose(clipped[-1]["dense"]["w"], unclipped[-1]["dense"]["w"])
+
+
+def test_mars_errors_name_the_argument():
+    with pytest.raises(ValueError, match="gamma"):
+        eqxopt.MARS(1e-3, gamma=-0.1)
+    with pytest.raises(ValueError, match="clip_norm"):
+        eqxopt.MARS(1e-3, clip_norm=0.0)
+    with pytest.raises(ValueError, match="b1"):
+        eqxopt.MARS(1e-3, b1=1.0)
+    with pytest.raises(ValueError, match="weight_decay"):
+        eqxopt.MARS(1e-3, weight_decay=-1.0)

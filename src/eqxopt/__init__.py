@@ -71,6 +71,10 @@ from ._optimizers._adam._cautious import (
 from ._optimizers._adam._laprop import (
     LaProp as LaProp,
 )
+from ._optimizers._adam._mars import (
+    MARS as MARS,
+    MARSState as MARSState,
+)
 from ._optimizers._adam._optimistic_adam import (
     OptimisticAdam as OptimisticAdam,
     OptimisticAdamState as OptimisticAdamState,
@@ -433,6 +437,8 @@ __all__ = [
     "LookaheadState",
     "MADGRAD",
     "MADGRADState",
+    "MARS",
+    "MARSState",
     "Masked",
     "MaskedState",
     "Maximize",
