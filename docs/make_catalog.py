@@ -266,6 +266,13 @@ CATALOG = [
         None,
     ),
     (
+        "NorMuon",
+        "newer",
+        f"Li et al., *NorMuon: Making Muon more efficient and scalable*, 2025, {arxiv('2510.05491')}",
+        "a torch transcription of the authors' `normuon_update` (Newton-Schulz in float32) with its Adam group over 30 steps, Nesterov on and off, decay; the paper's RMS scaling (`consistent_rms`); a 3-D stack by mask",
+        None,
+    ),
+    (
         "SOAP",
         "newer",
         f"Vyas et al., *SOAP: Improving and Stabilizing Shampoo using Adam*, 2024, {arxiv('2409.11321')}",
@@ -285,6 +292,27 @@ CATALOG = [
         f"Li, *Preconditioned Stochastic Gradient Descent*, 2015, {arxiv('1512.04202')}; Kronecker factors: Li, *Preconditioner on Matrix Lie Group for SGD*, ICLR 2019, {arxiv('1809.10232')}; as PSGD-Kron in psgd_torch `kron.py`, psgd_jax and heavyball",
         "a NumPy float64 transcription of `kron.py`'s step (unpadded blocks, explicit inverses) fed the same key-derived probes and update draws, 2 configurations over 30 steps; a Kronecker-factored quadratic (condition number 1e4) reached in under half the steps of Adam at its best learning rate and schedule",
         "rtol 2e-4, atol 2e-5 (float32 triangular solves against float64 inverses)",
+    ),
+    (
+        "LaProp",
+        "newer",
+        f"Ziyin et al., *LaProp: Separating Momentum and Adaptivity in Adam*, 2020, {arxiv('2002.04839')}",
+        "a torch transcription of the authors' `laprop.py` over 30 steps (masked weight decay; `update` and `step`); the paper's form in float64 with a schedule",
+        None,
+    ),
+    (
+        "AdamMini",
+        "newer",
+        f"Zhang et al., *Adam-mini: Use Fewer Learning Rates To Gain More*, 2024, {arxiv('2406.16793')}",
+        "a torch transcription of the authors' `Adam_mini` update over 30 steps, for each partition (`leaf`, `rows`, `columns`) with masked weight decay; the state of a model of matrices is 1.016x its parameters' bytes with `rows` (AdamW's: 2x)",
+        None,
+    ),
+    (
+        "MARS",
+        "newer",
+        f"Yuan et al., *MARS: Unleashing the Power of Variance Reduction for Training Large Models*, 2024, {arxiv('2411.10438')}",
+        "a torch transcription of the authors' `mars.py` (MARS-AdamW, approximate form, `optimize_1d=True`) over 30 steps with masked weight decay, gradients on both sides of the clipping threshold; `update` and `step`",
+        None,
     ),
     (
         "Prodigy",

@@ -99,6 +99,15 @@ def test_laprop_matches_numpy_over_many_steps(donate):
     assert not np.allclose(expected[-1]["dense"]["w"], params["dense"]["w"], atol=0.1)
 
 
+def test_the_page_laprop_re_creates_eqxopt_laprop():
+    # The page's class is a teaching copy of the shipped one (without its decay).
+    params = nested_tree(seed=3)
+    grads = list(grad_stream(params, 30, seed=4))
+    page, _ = run_steps(LaProp(3e-2, b1=0.8), params, grads)
+    shipped, _ = run_steps(eqxopt.LaProp(3e-2, b1=0.8), params, grads)
+    assert_close(page[-1], jax.tree.map(np.asarray, shipped[-1]), rtol=1e-6, atol=1e-7)
+
+
 def test_laprop_update_and_optax_form_agree_with_step():
     params = nested_tree(seed=5)
     grads = list(grad_stream(params, 12, seed=6))

@@ -54,6 +54,10 @@ from ._optimizers._adam._adam import (
 from ._optimizers._adam._adam_like import (
     AdamState as AdamState,
 )
+from ._optimizers._adam._adam_mini import (
+    AdamMini as AdamMini,
+    AdamMiniState as AdamMiniState,
+)
 from ._optimizers._adam._ademamix import (
     AdEMAMix as AdEMAMix,
     AdEMAMixState as AdEMAMixState,
@@ -63,6 +67,13 @@ from ._optimizers._adam._adopt import (
 )
 from ._optimizers._adam._cautious import (
     CAdamW as CAdamW,
+)
+from ._optimizers._adam._laprop import (
+    LaProp as LaProp,
+)
+from ._optimizers._adam._mars import (
+    MARS as MARS,
+    MARSState as MARSState,
 )
 from ._optimizers._adam._optimistic_adam import (
     OptimisticAdam as OptimisticAdam,
@@ -160,6 +171,10 @@ from ._optimizers._preconditioned._lbfgs import (
 from ._optimizers._preconditioned._muon import (
     Muon as Muon,
     MuonState as MuonState,
+)
+from ._optimizers._preconditioned._normuon import (
+    NorMuon as NorMuon,
+    NorMuonState as NorMuonState,
 )
 from ._optimizers._preconditioned._psgd import (
     PSGDKron as PSGDKron,
@@ -389,6 +404,8 @@ __all__ = [
     "Adagrad",
     "AdagradState",
     "Adam",
+    "AdamMini",
+    "AdamMiniState",
     "AdamState",
     "AdamW",
     "Adamax",
@@ -445,6 +462,7 @@ __all__ = [
     "LARSState",
     "LBFGS",
     "LBFGSState",
+    "LaProp",
     "LearningRateMultipliers",
     "Linear",
     "LinearOneCycle",
@@ -454,6 +472,8 @@ __all__ = [
     "LookaheadState",
     "MADGRAD",
     "MADGRADState",
+    "MARS",
+    "MARSState",
     "Masked",
     "MaskedState",
     "Maximize",
@@ -475,6 +495,8 @@ __all__ = [
     "NAdamW",
     "NoisySGD",
     "NoisySGDState",
+    "NorMuon",
+    "NorMuonState",
     "NovoGrad",
     "NovoGradState",
     "OptimisticAdam",

@@ -431,26 +431,7 @@ class Muon(AbstractTransform):
                 direction = direction + wd * p
             return -lr * direction, mu
 
-        adam_lr = lr if h.adam_learning_rate is None else h.adam_learning_rate
-        b1, b2 = h.adam_b1, h.adam_b2
-        eps_root, adam_wd = h.adam_eps_root, h.adam_weight_decay
-
-        def adam_rule(g, p, mu, nu, decay):
-            mu = b1 * mu + (1 - b1) * g
-            nu = b2 * nu + (1 - b2) * abs_sq(g)
-            if nesterov:
-                mu_hat = b1 * mu / (1 - step_power(b1, increment(t))) + (1 - b1) * g / (
-                    1 - step_power(b1, t)
-                )
-            else:
-                mu_hat = mu / (1 - step_power(b1, t))
-            direction = mu_hat / (
-                jnp.sqrt(nu / (1 - step_power(b2, t)) + eps_root) + eps
-            )
-            if decay:
-                direction = direction + adam_wd * p
-            return -adam_lr * direction, mu, nu
-
+        adam_rule = adamw_rule(h, t, nesterov)
         not_muon = [not f for f in is_muon]
         muon_updates, (muon_mu,) = map_leaves(
             muon_rule,
@@ -470,6 +451,32 @@ class Muon(AbstractTransform):
         updates = _merge(muon_updates, adam_updates, params, is_muon)
         mu = _merge(muon_mu, adam_mu, params, is_muon)
         return updates, MuonState(step=t, mu=mu, nu=nu)
+
+
+def adamw_rule(h: Any, t: Int[Array, ""], nesterov: bool) -> Any:
+    """The AdamW rule of `Muon`'s other leaves (and `NorMuon`'s), `map_leaves`'s
+    `rule(g, p, mu, nu, decay)`, with the values `h` at this step (`adam_b1`,
+    `adam_b2`, `eps`, `adam_eps_root`, `adam_weight_decay`, `adam_learning_rate`
+    or else `learning_rate`) and `t = step + 1`."""
+    lr = h.learning_rate if h.adam_learning_rate is None else h.adam_learning_rate
+    b1, b2, eps = h.adam_b1, h.adam_b2, h.eps
+    eps_root, wd = h.adam_eps_root, h.adam_weight_decay
+
+    def rule(g, p, mu, nu, decay):
+        mu = b1 * mu + (1 - b1) * g
+        nu = b2 * nu + (1 - b2) * abs_sq(g)
+        if nesterov:
+            mu_hat = b1 * mu / (1 - step_power(b1, increment(t))) + (1 - b1) * g / (
+                1 - step_power(b1, t)
+            )
+        else:
+            mu_hat = mu / (1 - step_power(b1, t))
+        direction = mu_hat / (jnp.sqrt(nu / (1 - step_power(b2, t)) + eps_root) + eps)
+        if decay:
+            direction = direction + wd * p
+        return -lr * direction, mu, nu
+
+    return rule
 
 
 def _merge(a: PyTree, b: PyTree, params: Params, take_a: list[bool]) -> PyTree:

@@ -1,0 +1,71 @@
+"""Catalog cases for the optimizers no other JAX library ships: LaProp, AdamMini,
+NorMuon, MARS."""
+
+import eqxopt
+from catalog import CatalogCase
+
+CASES = [
+    CatalogCase(
+        "LaProp",
+        lambda **kw: eqxopt.LaProp(
+            **{"learning_rate": 0.05, "weight_decay": 1e-3, **kw}
+        ),
+        vary=("b2", 0.9),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("b1", 1.0),
+            ("b2", 0.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+        ),
+    ),
+    CatalogCase(
+        "AdamMini",
+        lambda **kw: eqxopt.AdamMini(
+            **{"learning_rate": 0.05, "weight_decay": 1e-3, "partition": "rows", **kw}
+        ),
+        vary=("b1", 0.5),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("b1", 1.0),
+            ("b2", 0.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+            ("partition", "heads"),
+        ),
+    ),
+    CatalogCase(
+        "NorMuon",
+        lambda **kw: eqxopt.NorMuon(
+            **{"learning_rate": 0.05, "weight_decay": 0.01, **kw}
+        ),
+        vary=("beta2", 0.5),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("beta", 1.0),
+            ("beta2", 1.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+            ("consistent_rms", 0.0),
+            ("adam_b1", 1.0),
+            ("adam_b2", 0.0),
+            ("adam_weight_decay", -1.0),
+            ("ns_steps", 0),
+            ("ns_coeffs", (1.0, 2.0)),
+        ),
+    ),
+    CatalogCase(
+        "MARS",
+        lambda **kw: eqxopt.MARS(**{"learning_rate": 0.05, "weight_decay": 1e-3, **kw}),
+        vary=("gamma", 0.1),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("b1", 1.0),
+            ("b2", 0.0),
+            ("eps", 0.0),
+            ("gamma", -0.1),
+            ("clip_norm", 0.0),
+            ("weight_decay", -1.0),
+        ),
+    ),
+]
