@@ -30,6 +30,7 @@ CASES = [
     "bench_native_shard.py",
     "bench_fsdp.py",
     "bench_zero1.py",
+    "bench_population.py",
 ]
 
 

@@ -64,3 +64,27 @@ def test_the_gpu_benchmark_runs_in_quick_mode_on_the_cpu(tmp_path):
     # of packed against the tree; per layout, its growth against optax's.
     assert len(summary) == 4 * 3 + 2 * (2 * 3 + 2) + 2
     assert all(line.endswith(")") and "x (target" in line for line in summary)
+
+
+@pytest.mark.slow
+def test_the_population_benchmark_runs_in_quick_mode(tmp_path):
+    results = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "bench_population.py", "--quick"],
+        cwd=ROOT / "benchmarks",
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT / "src"),
+            "EQXOPT_BENCH_RESULTS": str(results),
+        },
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads(results.read_text())["population"]
+    assert data["quick"] is True and data["rounds"] == 3 and data["members"] == 8
+    assert set(data["per_model_step_ms"]) == {"population", "sequential"}
+    assert all(t > 0 for t in data["per_model_step_ms"].values())
+    assert data["sequential_over_population"] > 0
+    assert "sequential / population" in done.stdout

@@ -225,6 +225,7 @@ from ._optimizers._sgd._sign import (
     Signum as Signum,
     SignumState as SignumState,
 )
+from ._population import population as population
 from ._schedules._cyclic import (
     SGDR as SGDR,
     CosineOneCycle as CosineOneCycle,
@@ -616,6 +617,7 @@ __all__ = [
     "native_kernels_available",
     "pack",
     "plot_schedules",
+    "population",
     "round_stochastic_bf16",
     "set_native_kernels",
     "set_split_compilation",
