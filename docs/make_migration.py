@@ -473,6 +473,13 @@ OPTAX_TRANSFORMS = [
         note="multiplies by `-lr`, a number or a schedule; `flip_sign=False` by `+lr`",
     ),
     Port("identity", "Identity", ()),
+    Port(
+        "ema",
+        "EMA",
+        (0.8, True, None),
+        note="an average of the updates; `ParamEMA(inner, decay)` keeps one of the "
+        "parameters",
+    ),
 ]
 
 OPTAX_TRANSFORM_ROWS = [
@@ -532,12 +539,6 @@ OPTAX_TRANSFORM_ROWS = [
         "`Lookahead(inner, sync_period, alpha)` (the slow weights live in the state, "
         "not in a `LookaheadParams`)",
         ("Lookahead",),
-    ),
-    Row(
-        ("ema",),
-        "`ParamEMA(inner, decay)` keeps an EMA of the parameters (optax's `ema` "
-        "averages the updates)",
-        ("ParamEMA",),
     ),
     Row(
         ("monitor", "measure_with_ema", "snapshot"),

@@ -243,7 +243,9 @@ from ._train_step import (
     make_train_step as make_train_step,
 )
 from ._transforms._blocks import (
+    EMA as EMA,
     AbstractBlock as AbstractBlock,
+    EMAState as EMAState,
     Identity as Identity,
     ScaleByAdam as ScaleByAdam,
     ScaleByAdamState as ScaleByAdamState,
@@ -390,6 +392,8 @@ __all__ = [
     "DoGState",
     "DoWG",
     "DoWGState",
+    "EMA",
+    "EMAState",
     "EmptyState",
     "ExponentialDecay",
     "Freeze",

@@ -3,7 +3,7 @@ centralisation, learning-rate reduction on plateau; and the states of those that
 keep only their step count (`StepState`) or nothing (`EmptyState`).
 
 - `_blocks.py`: the building blocks for `Chain` (`Identity`, `Stateless`, `Trace`,
-  `ScaleByAdam`, `ScaleByRms`, `ScaleBySign`, `ScaleByLearningRate`,
+  `ScaleByAdam`, `ScaleByRms`, `ScaleBySign`, `ScaleByLearningRate`, `EMA`,
   `ScaleByTrustRatio`).
 - `_clip.py`: `ClipByValue`, `ClipByGlobalNorm`, `ClipByBlockRMS`,
   `AdaptiveGradClip`, `global_norm`.

@@ -355,6 +355,66 @@ class Trace(AbstractBlock):
         return (g + h.decay * trace if self.nesterov else trace), trace
 
 
+class EMAState(eqx.Module):
+    """State of `EMA` (the fields of optax's `EmaState`).
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done (optax's `count`).
+    - `ema`: the moving average of the updates, shaped like params (`None` at
+      non-float leaves).
+    """
+
+    step: Int[Array, ""]
+    ema: PyTree[Float[Array, "..."] | None]
+
+
+class EMA(AbstractBlock):
+    r"""An exponential moving average of the updates, with `t = step + 1`:
+
+    $$
+    \begin{aligned}
+    \mathrm{ema} &\leftarrow \mathrm{decay} \cdot \mathrm{ema} + (1
+        - \mathrm{decay})\, u \\
+    u &\leftarrow \mathrm{ema} / (1 - \mathrm{decay}^t)
+        && \text{(\texttt{ema} itself without \texttt{debias})}
+    \end{aligned}
+    $$
+
+    The same as `optax.ema`: a link of a chain, averaging whatever reaches it
+    (`Trace` is the undamped sum, `decay * trace + u`). It averages updates, not
+    parameters: for an average of the weights to evaluate with, use `ParamEMA`.
+
+    **Arguments:**
+
+    - `decay`: decay of the average, in `[0, 1)`.
+    - `debias`: divide the average by `1 - decay**t` (a bool).
+    - `ema_dtype`: dtype to store the average in; `None` keeps each parameter's
+      (optax's `accumulator_dtype`).
+    """
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(accumulator_dtype=("ema_dtype",))
+
+    decay: ScalarOrSchedule = hyper(low=0.0, high=1.0, high_open=True)
+    debias: bool = flag_field(True, kw_only=False)
+    ema_dtype: DTypeLike = dtype_field(storage=True, kw_only=False)
+
+    state_type = EMAState
+    moments = (Moment("ema", dtype="ema_dtype"),)
+    elementwise = True
+
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        h = super().step_values(step)
+        h.bias = 1 - h.decay ** _t_as(increment(step), h.decay)
+        return h
+
+    def leaf(self, h, t, g, p, ema):
+        del t, p
+        ema = h.decay * ema + (1 - h.decay) * g
+        return (ema / h.bias if self.debias else ema), ema
+
+
 class Identity(AbstractBlock):
     """Passes updates through unchanged (`u = u`), as `optax.identity`: a
     placeholder link. It takes no arguments."""
