@@ -540,8 +540,23 @@ OPTAX_TRANSFORM_ROWS = [
         "not in a `LookaheadParams`)",
         ("Lookahead",),
     ),
+    Call(
+        "optax.snapshot(name, optax.tree.norm)",
+        "eqxopt.Snapshot(name, eqxopt.tree_norm)",
+        values=dict(name="norm"),
+        covers=("snapshot",),
+        note="read it with `eqxopt.tree_get(state, name)`",
+    ),
+    Call(
+        "optax.monitor({name: optax.measure_with_ema(optax.tree.norm, decay)})",
+        "eqxopt.MeasureWithEMA(eqxopt.tree_norm, decay)",
+        values=dict(name="norm", decay=0.8),
+        covers=("measure_with_ema",),
+        note="a link of its own that passes the updates on; the average is "
+        "`state.measurement`",
+    ),
     Row(
-        ("monitor", "measure_with_ema", "snapshot"),
+        ("monitor",),
         "`Monitor(inner)` records gradient and update norms in the state; states are "
         'named, so read `state["ClipByGlobalNorm"].norm` and the like; '
         "`hyperparameters(opt, state)` for the values in use",

@@ -1,12 +1,14 @@
 """Transforms and helpers ported from optax (issue 28), each against optax's own
 numbers over many steps."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import eqxopt
 from helpers import (
+    assert_trees_close,
     assert_histories_close,
     grad_stream,
     nested_tree,
@@ -78,3 +80,88 @@ def test_ema_refuses_bad_arguments():
         eqxopt.EMA(-0.1)
     with pytest.raises(TypeError, match="accumulator_dtype=: use ema_dtype="):
         eqxopt.EMA(0.9, accumulator_dtype=jnp.float32)
+
+
+# ------------------------------------------------- Snapshot and MeasureWithEMA
+
+
+def _is_large(updates):
+    return eqxopt.tree_norm(updates) > 1.0
+
+
+def _optax_is_large(updates):
+    return optax.tree.norm(updates) > 1.0
+
+
+@pytest.mark.parametrize("debias", [True, False])
+def test_snapshot_and_measure_with_ema_record_optax_measurements(debias):
+    params = nested_tree()
+    grads = list(grad_stream(params, STEPS))
+    with jax.numpy_dtype_promotion("standard"):
+        tx = optax.chain(
+            optax.sgd(0.1, 0.9),
+            optax.snapshot("norm", optax.tree.norm),
+            optax.monitor(
+                {"large": optax.measure_with_ema(_optax_is_large, 0.8, debias)}
+            ),
+        )
+        state = tx.init(params)
+    opt = eqxopt.Chain(
+        eqxopt.SGD(0.1, 0.9),
+        eqxopt.Snapshot("norm", eqxopt.tree_norm),
+        eqxopt.MeasureWithEMA(_is_large, 0.8, debias),
+    )
+    ours = opt.init(params)
+    theirs_p = ours_p = params
+    seen = []
+    for g in grads:
+        with jax.numpy_dtype_promotion("standard"):
+            updates, state = jax.jit(tx.update)(g, state, theirs_p)
+            theirs_p = optax.apply_updates(theirs_p, updates)
+        ours_p, ours = opt.step(g, ours, ours_p)
+        np.testing.assert_allclose(
+            eqxopt.tree_get(ours, "norm"), optax.tree.get(state, "norm"), rtol=2e-6
+        )
+        np.testing.assert_allclose(
+            ours["MeasureWithEMA"].measurement,
+            optax.tree.get(state, "large"),
+            rtol=2e-6,
+            atol=1e-7,
+        )
+        seen.append(float(ours["MeasureWithEMA"].measurement))
+    assert min(seen) == 0.0 and 0.5 < max(seen) < 1.0  # both outcomes averaged
+    # The updates pass through: the parameters are optax's (SGD's alone).
+    assert_trees_close(ours_p, theirs_p)
+
+
+def test_measure_with_ema_keeps_its_dtype():
+    params = {"w": jnp.ones(3, jnp.bfloat16)}
+    opt = eqxopt.MeasureWithEMA(_is_large, 0.9)
+    state = opt.init(params)
+    assert state.ema.dtype == jnp.float32  # a bool measurement, averaged in float32
+    _, state = opt.update({"w": jnp.ones(3, jnp.bfloat16)}, state, params)
+    assert state.measurement.dtype == jnp.float32
+    np.testing.assert_allclose(state.measurement, 1.0)
+    snap = eqxopt.Snapshot("sum", _total)
+    state = snap.init(params)
+    assert state.measurement["sum"].dtype == jnp.bfloat16
+    _, state = snap.update({"w": jnp.full(3, 2.0, jnp.bfloat16)}, state, params)
+    assert state.measurement["sum"].dtype == jnp.bfloat16
+    np.testing.assert_allclose(state.measurement["sum"].astype(jnp.float32), 6.0)
+
+
+def _total(tree):
+    return sum(jnp.sum(x) for x in jax.tree.leaves(tree))
+
+
+def test_measurements_refuse_bad_arguments():
+    with pytest.raises(TypeError, match="measure must be a function of the updates"):
+        eqxopt.Snapshot("norm", 3.0)
+    with pytest.raises(TypeError, match="measure_name must be a str"):
+        eqxopt.Snapshot(1, eqxopt.tree_norm)
+    with pytest.raises(TypeError, match="measure must be a function of the updates"):
+        eqxopt.MeasureWithEMA(None, 0.9)
+    with pytest.raises(ValueError, match="decay"):
+        eqxopt.MeasureWithEMA(eqxopt.tree_norm, 1.0)
+    with pytest.raises(TypeError, match="accumulator_dtype=: use ema_dtype="):
+        eqxopt.MeasureWithEMA(eqxopt.tree_norm, 0.9, accumulator_dtype=jnp.float32)

@@ -281,6 +281,12 @@ from ._transforms._finite import (
     ZeroNansState as ZeroNansState,
     apply_if_finite as apply_if_finite,
 )
+from ._transforms._measure import (
+    MeasureWithEMA as MeasureWithEMA,
+    MeasureWithEMAState as MeasureWithEMAState,
+    Snapshot as Snapshot,
+    SnapshotState as SnapshotState,
+)
 from ._transforms._plateau import (
     ReduceOnPlateau as ReduceOnPlateau,
     ReduceOnPlateauState as ReduceOnPlateauState,
@@ -426,6 +432,8 @@ __all__ = [
     "Masked",
     "MaskedState",
     "Maximize",
+    "MeasureWithEMA",
+    "MeasureWithEMAState",
     "Mechanic",
     "MechanicState",
     "Momo",
@@ -503,6 +511,8 @@ __all__ = [
     "SkipLargeUpdatesState",
     "SkipNonFinite",
     "SkipNonFiniteState",
+    "Snapshot",
+    "SnapshotState",
     "Sophia",
     "SophiaState",
     "StableAdamW",

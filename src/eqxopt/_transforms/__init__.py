@@ -9,6 +9,7 @@ keep only their step count (`StepState`) or nothing (`EmptyState`).
   `AdaptiveGradClip`, `global_norm`.
 - `_decay.py`: `AddDecayedWeights`, `DecoupledWeightDecay`, `AddNoise`, `Centralize`.
 - `_finite.py`: `SkipNonFinite`, `ZeroNans`, `apply_if_finite`.
+- `_measure.py`: `Snapshot`, `MeasureWithEMA`.
 - `_plateau.py`: `ReduceOnPlateau`.
 - `_state.py`: `EmptyState`, `StepState`.
 
