@@ -110,6 +110,11 @@ class Missing:
     note: str = ""
 
 
+def every_other_step(step: Any) -> Any:
+    """A predicate of the step count for the conditional wrappers' rows."""
+    return step % 2 == 0
+
+
 def sgd(lr: float = 0.1) -> Inner:
     return Inner("sgd", "SGD", (lr,))
 
@@ -562,7 +567,20 @@ OPTAX_TRANSFORM_ROWS = [
         "`hyperparameters(opt, state)` for the values in use",
         ("Monitor", "hyperparameters"),
     ),
-    Missing(("conditionally_mask", "conditionally_transform")),
+    Call(
+        "optax.conditionally_transform(optax.sgd(lr), fn)",
+        "eqxopt.ConditionallyTransform(eqxopt.SGD(lr), fn)",
+        values=dict(lr=0.1, fn=every_other_step),
+        covers=("conditionally_transform",),
+        note="`fn(step) -> bool`, static: one function, not a new lambda each time",
+    ),
+    Call(
+        "optax.conditionally_mask(optax.sgd(lr), fn)",
+        "eqxopt.ConditionallyMask(eqxopt.SGD(lr), fn)",
+        values=dict(lr=0.1, fn=every_other_step),
+        covers=("conditionally_mask",),
+        note="zero updates at the steps not taken",
+    ),
     Missing(("keep_params_nonnegative",)),
     Missing(("normalize_by_update_norm", "contrib.normalize")),
     Missing(("contrib.split_real_and_imaginary",)),

@@ -8,8 +8,8 @@ import pytest
 
 import eqxopt
 from helpers import (
-    assert_trees_close,
     assert_histories_close,
+    assert_trees_close,
     grad_stream,
     nested_tree,
     run_eqxopt,
@@ -165,3 +165,93 @@ def test_measurements_refuse_bad_arguments():
         eqxopt.MeasureWithEMA(eqxopt.tree_norm, 1.0)
     with pytest.raises(TypeError, match="accumulator_dtype=: use ema_dtype="):
         eqxopt.MeasureWithEMA(eqxopt.tree_norm, 0.9, accumulator_dtype=jnp.float32)
+
+
+# ------------------------------------- ConditionallyTransform, ConditionallyMask
+
+
+def _every_third(step):
+    return step % 3 == 0
+
+
+def _after_ten(step):
+    return step >= 10
+
+
+def _below(step, value):
+    return value < 1.0
+
+
+@pytest.mark.parametrize(
+    "ours,theirs",
+    [
+        (eqxopt.ConditionallyTransform, optax.conditionally_transform),
+        (eqxopt.ConditionallyMask, optax.conditionally_mask),
+    ],
+    ids=["transform", "mask"],
+)
+@pytest.mark.parametrize("predicate", [_every_third, _after_ten])
+def test_conditionally_matches_optax(ours, theirs, predicate):
+    # A stateful inner transform (its state holds on the steps not taken), then a
+    # learning rate, so the passed-through gradients move the parameters too.
+    params = nested_tree()
+    grads = list(grad_stream(params, STEPS))
+    expected = run_optax(
+        optax.chain(
+            theirs(optax.chain(optax.scale_by_adam(), optax.scale(3.0)), predicate),
+            optax.scale(-0.01),
+        ),
+        params,
+        grads,
+    )
+    opt = eqxopt.Chain(
+        ours(
+            eqxopt.Chain(
+                eqxopt.ScaleByAdam(), eqxopt.ScaleByLearningRate(3.0, flip_sign=False)
+            ),
+            predicate,
+        ),
+        eqxopt.ScaleByLearningRate(0.01),
+    )
+    assert_histories_close(run_eqxopt(opt, params, grads), expected)
+
+
+def test_conditionally_counts_every_call_and_holds_the_inner_state():
+    params = {"w": jnp.ones(2)}
+    opt = eqxopt.ConditionallyMask(eqxopt.Adam(0.1), _every_third)
+    state = opt.init(params)
+    assert isinstance(state, eqxopt.ConditionallyMaskState)
+    for _ in range(4):
+        updates, state = opt.update({"w": jnp.ones(2)}, state, params)
+    assert int(state.step) == 4
+    assert int(state.inner.step) == 2  # steps 0 and 3
+    np.testing.assert_allclose(updates["w"], -0.1, rtol=1e-5)
+
+
+def test_conditionally_forwards_extra_args():
+    params = {"w": jnp.ones(2)}
+    g = {"w": jnp.ones(2)}
+    opt = eqxopt.ConditionallyTransform(eqxopt.SGD(0.5), _below, True)
+    with jax.numpy_dtype_promotion("standard"):
+        tx = optax.conditionally_transform(optax.sgd(0.5), _below, True)
+        theirs = tx.update(g, tx.init(params), params, value=jnp.array(2.0))[0]
+    state = opt.init(params)
+    u, state = opt.update(g, state, params, value=jnp.array(2.0))
+    np.testing.assert_allclose(u["w"], theirs["w"])
+    np.testing.assert_allclose(u["w"], 1.0)  # not taken: the gradient passes
+    u, state = opt.update(g, state, params, value=jnp.array(0.5))
+    np.testing.assert_allclose(u["w"], -0.5)
+    without = eqxopt.ConditionallyTransform(eqxopt.SGD(0.5), _every_third)
+    with pytest.raises(TypeError, match="keyword argument"):
+        without.update(g, without.init(params), params, value=jnp.array(0.5))
+
+
+def test_conditionally_refuses_bad_arguments():
+    with pytest.raises(TypeError, match="should_transform_fn must be a function"):
+        eqxopt.ConditionallyMask(eqxopt.SGD(0.1), 3)
+    with pytest.raises(TypeError, match="inner"):
+        eqxopt.ConditionallyTransform(lambda g: g, _every_third)
+    opt = eqxopt.ConditionallyTransform(eqxopt.SGD(0.1), jnp.atleast_1d)
+    params = {"w": jnp.ones(2)}
+    with pytest.raises(TypeError, match="must return a bool scalar, got an array"):
+        opt.update(params, opt.init(params), params)
