@@ -479,6 +479,19 @@ OPTAX_TRANSFORMS = [
     ),
     Port("identity", "Identity", ()),
     Port(
+        "keep_params_nonnegative",
+        "KeepParamsNonnegative",
+        (),
+        note="the last link, after the learning rate",
+    ),
+    Port("normalize_by_update_norm", "NormalizeByUpdateNorm", (-0.05, 1e-3)),
+    Port(
+        "contrib.split_real_and_imaginary",
+        "SplitRealAndImaginary",
+        (Inner("adam", "Adam", (0.05,)),),
+        note="complex leaves as `RealImaginaryPair`s of real ones for `inner`",
+    ),
+    Port(
         "ema",
         "EMA",
         (0.8, True, None),
@@ -581,9 +594,13 @@ OPTAX_TRANSFORM_ROWS = [
         covers=("conditionally_mask",),
         note="zero updates at the steps not taken",
     ),
-    Missing(("keep_params_nonnegative",)),
-    Missing(("normalize_by_update_norm", "contrib.normalize")),
-    Missing(("contrib.split_real_and_imaginary",)),
+    Call(
+        "optax.contrib.normalize()",
+        "eqxopt.NormalizeByUpdateNorm(eps=0.0)",
+        values={},
+        covers=("contrib.normalize",),
+        note="`normalize_by_update_norm` with `scale_factor=1`, `eps=0`",
+    ),
     Row(
         ("flatten",),
         "`pack` (flat buffers per dtype, for the parameters themselves)",

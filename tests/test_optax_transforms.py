@@ -9,6 +9,7 @@ import pytest
 import eqxopt
 from helpers import (
     assert_histories_close,
+    assert_moved,
     assert_trees_close,
     grad_stream,
     nested_tree,
@@ -255,3 +256,111 @@ def test_conditionally_refuses_bad_arguments():
     params = {"w": jnp.ones(2)}
     with pytest.raises(TypeError, match="must return a bool scalar, got an array"):
         opt.update(params, opt.init(params), params)
+
+
+# --------------------- KeepParamsNonnegative, NormalizeByUpdateNorm, SplitReal...
+
+
+def test_keep_params_nonnegative_matches_optax():
+    params = jax.tree.map(jnp.abs, nested_tree())
+    grads = list(grad_stream(params, STEPS))
+    expected = run_optax(
+        optax.chain(optax.sgd(0.2, 0.5), optax.keep_params_nonnegative()),
+        params,
+        grads,
+    )
+    opt = eqxopt.Chain(eqxopt.SGD(0.2, 0.5), eqxopt.KeepParamsNonnegative())
+    actual = run_eqxopt(opt, params, grads)
+    assert_histories_close(actual, expected)
+    leaves = jax.tree.leaves(actual[-1])
+    assert min(float(jnp.min(x)) for x in leaves) == 0.0  # some landed on 0
+    assert all(bool(jnp.all(x >= 0)) for x in leaves)
+
+
+def test_keep_params_nonnegative_refuses_complex_and_needs_params():
+    opt = eqxopt.KeepParamsNonnegative()
+    with pytest.raises(TypeError, match="KeepParamsNonnegative"):
+        opt.init({"z": jnp.ones(2, jnp.complex64)})
+    params = {"w": jnp.ones(2)}
+    with pytest.raises(TypeError, match="KeepParamsNonnegative"):
+        opt.update(params, opt.init(params))
+
+
+@pytest.mark.parametrize(
+    "ours,theirs",
+    [
+        (
+            lambda: eqxopt.NormalizeByUpdateNorm(-0.05, 1e-3),
+            lambda: optax.normalize_by_update_norm(-0.05, 1e-3),
+        ),
+        (
+            lambda: eqxopt.NormalizeByUpdateNorm(eps=0.0),
+            lambda: optax.chain(optax.contrib.normalize(), optax.scale(-0.05)),
+        ),
+    ],
+    ids=["normalize_by_update_norm", "contrib.normalize"],
+)
+def test_normalize_by_update_norm_matches_optax(ours, theirs):
+    params = nested_tree()
+    grads = list(grad_stream(params, STEPS))
+    opt = ours()
+    if opt.scale_factor > 0:  # contrib.normalize: the step's sign and size after it
+        opt = eqxopt.Chain(opt, eqxopt.ScaleByLearningRate(0.05))
+    assert_histories_close(
+        run_eqxopt(opt, params, grads), run_optax(theirs(), params, grads)
+    )
+
+
+def test_normalize_by_update_norm_with_a_schedule_and_bad_values():
+    params = {"w": jnp.array([3.0, 4.0])}
+    opt = eqxopt.NormalizeByUpdateNorm(eqxopt.Linear(1.0, 2.0, 1), eps=0.0)
+    state = opt.init(params)
+    u, state = opt.update(params, state, params)
+    np.testing.assert_allclose(u["w"], [0.6, 0.8], rtol=1e-6)
+    u, state = opt.update(params, state, params)
+    np.testing.assert_allclose(u["w"], [1.2, 1.6], rtol=1e-6)
+    with pytest.raises(ValueError, match="eps"):
+        eqxopt.NormalizeByUpdateNorm(1.0, -1e-3)
+
+
+def test_split_real_and_imaginary_matches_optax():
+    rng = np.random.default_rng(0)
+
+    def tree(shape_seed):
+        del shape_seed
+        return {
+            "z": jnp.asarray(
+                rng.normal(size=(3, 2)) + 1j * rng.normal(size=(3, 2)), jnp.complex64
+            ),
+            "x": jnp.asarray(rng.normal(size=4), jnp.float32),
+        }
+
+    params = tree(0)
+    grads = [tree(k) for k in range(STEPS)]
+    expected = run_optax(
+        optax.contrib.split_real_and_imaginary(optax.adam(0.01)), params, grads
+    )
+    opt = eqxopt.SplitRealAndImaginary(eqxopt.Adam(0.01))
+    actual = run_eqxopt(opt, params, grads)
+
+    def parts(t):
+        return jax.tree.map(lambda x: (jnp.real(x), jnp.imag(x)), t)
+
+    assert_moved(parts(params), parts(expected[-1]), 2e-5, 2e-6)
+    for a, e in zip(actual, expected):
+        assert_trees_close(parts(a), parts(e))
+    # Adam on the pair is not Adam on the complex leaf (|z|^2 in one moment).
+    plain = run_eqxopt(eqxopt.Adam(0.01), params, grads)
+    assert not np.allclose(plain[-1]["z"], actual[-1]["z"], rtol=1e-3)
+    state = opt.init(params)
+    assert isinstance(state.inner.mu["z"], eqxopt.RealImaginaryPair)
+    assert state.inner.mu["z"].real.dtype == jnp.float32
+    # A real-only optimizer takes complex parameters through it.
+    rprop = eqxopt.SplitRealAndImaginary(eqxopt.Rprop(0.01))
+    new, _ = rprop.step(grads[0], rprop.init(params), params)
+    assert new["z"].dtype == jnp.complex64
+
+
+def test_split_real_and_imaginary_refuses_a_non_transform():
+    with pytest.raises(TypeError, match="inner"):
+        eqxopt.SplitRealAndImaginary(optax.adam(0.1))

@@ -4,9 +4,9 @@ keep only their step count (`StepState`) or nothing (`EmptyState`).
 
 - `_blocks.py`: the building blocks for `Chain` (`Identity`, `Stateless`, `Trace`,
   `ScaleByAdam`, `ScaleByRms`, `ScaleBySign`, `ScaleByLearningRate`, `EMA`,
-  `ScaleByTrustRatio`).
+  `ScaleByTrustRatio`, `KeepParamsNonnegative`).
 - `_clip.py`: `ClipByValue`, `ClipByGlobalNorm`, `ClipByBlockRMS`,
-  `AdaptiveGradClip`, `global_norm`.
+  `AdaptiveGradClip`, `NormalizeByUpdateNorm`, `global_norm`.
 - `_decay.py`: `AddDecayedWeights`, `DecoupledWeightDecay`, `AddNoise`, `Centralize`.
 - `_finite.py`: `SkipNonFinite`, `ZeroNans`, `apply_if_finite`.
 - `_measure.py`: `Snapshot`, `MeasureWithEMA`.

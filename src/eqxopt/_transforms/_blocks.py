@@ -30,6 +30,7 @@ from .._core._fields import (
 )
 from .._core._leafwise import AbstractLeafwiseOptimizer, map_leaves
 from .._core._moments import Moment
+from .._core._real import RealOnly
 from .._core._shards import AxisName, leaf_norm
 from .._core._tree import abs_sq, increment
 from ._state import EmptyState, StepState
@@ -300,6 +301,30 @@ class ScaleByLearningRate(AbstractLeafwiseOptimizer):
 
     def leaf(self, h, t, g, p):
         return ((-h.learning_rate if self.flip_sign else h.learning_rate) * g,)
+
+
+class KeepParamsNonnegative(AbstractBlock):
+    r"""Changes the updates so that no parameter goes below 0: where `p + u < 0`
+    the update is `-p` (the parameter lands on 0),
+
+    $$
+    u \leftarrow \begin{cases} -p & p + u < 0 \\ u & \text{otherwise} \end{cases}
+    $$
+
+    The same as `optax.keep_params_nonnegative`: the last link of a chain (after
+    the learning rate), for parameters that start non-negative (a negative one is
+    moved to 0). Real parameters only. It takes no arguments.
+    """
+
+    reads_params = "projection onto p >= 0 (it reads the parameters)"
+    real_only = RealOnly("the sign of the parameters")
+
+    state_type = StepState
+    moments = ()
+    elementwise = True
+
+    def leaf(self, h, t, g, p):
+        return (jnp.where(p + g < 0, -p.astype(g.dtype), g),)
 
 
 class TraceState(eqx.Module):

@@ -2,7 +2,8 @@
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
 Lookahead, ParamEMA, ConditionallyTransform, ConditionallyMask, Mechanic, SAM,
 ScheduleFree, StochasticRounding, KahanSummation, LearningRateMultipliers,
-Maximize, SkipLargeUpdates, Monitor (and, among the transforms, SkipNonFinite).
+Maximize, SkipLargeUpdates, Monitor, SplitRealAndImaginary (and, among the
+transforms, SkipNonFinite).
 """
 
 from ._accumulate import (
@@ -18,6 +19,11 @@ from ._averaging import (
 from ._chain import (
     Chain as Chain,
     ChainState as ChainState,
+)
+from ._complex import (
+    RealImaginaryPair as RealImaginaryPair,
+    SplitRealAndImaginary as SplitRealAndImaginary,
+    SplitRealAndImaginaryState as SplitRealAndImaginaryState,
 )
 from ._conditional import (
     ConditionallyMask as ConditionallyMask,
