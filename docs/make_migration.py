@@ -673,15 +673,22 @@ OPTAX_TRANSFORM_ROWS = [
         "`LBFGS.value_and_grad(state, params, fn, **data)`",
         ("LBFGS.value_and_grad",),
     ),
-    Missing(("scale_gradient",), "a `jax.custom_vjp` one-liner"),
+    Row(
+        ("scale_gradient",),
+        "`scale_gradient(inputs, scale)` (float leaves of a whole model; a traced "
+        "scale)",
+        ("scale_gradient",),
+    ),
     Row(
         ("apply_updates",),
         "`apply_updates` (keeps each parameter's dtype)",
         ("apply_updates",),
     ),
-    Missing(
+    Row(
         ("incremental_update", "periodic_update"),
-        "target-network helpers: a `jax.tree.map`",
+        "`incremental_update(new, old, step_size)`, `periodic_update(new, old, "
+        "steps, update_period)` (target networks; whole Equinox models too)",
+        ("incremental_update", "periodic_update"),
     ),
     Row(("init_empty_state",), "`EmptyState()`", ("EmptyState",)),
     Row(

@@ -364,3 +364,89 @@ def test_split_real_and_imaginary_matches_optax():
 def test_split_real_and_imaginary_refuses_a_non_transform():
     with pytest.raises(TypeError, match="inner"):
         eqxopt.SplitRealAndImaginary(optax.adam(0.1))
+
+
+# ------------------------- scale_gradient, incremental_update, periodic_update
+
+
+@pytest.mark.parametrize("scale", [0.5, -1.0, 0.0, 1.0])
+def test_scale_gradient_matches_optax(scale):
+    params = nested_tree()
+
+    def loss(scaler, p):
+        p = scaler(p, scale)
+        return sum(jnp.sum(jnp.sin(x) * x) for x in jax.tree.leaves(p))
+
+    with jax.numpy_dtype_promotion("standard"):
+        theirs_value, theirs = jax.value_and_grad(
+            lambda p: loss(optax.scale_gradient, p)
+        )(params)
+    ours_value, ours = jax.value_and_grad(lambda p: loss(eqxopt.scale_gradient, p))(
+        params
+    )
+    np.testing.assert_allclose(ours_value, theirs_value, rtol=1e-6)
+    assert_trees_close(ours, theirs, rtol=1e-6, atol=0)
+    plain = jax.grad(lambda p: loss(lambda x, s: x, p))(params)
+    assert_trees_close(ours, jax.tree.map(lambda g: scale * g, plain), 1e-6, 0)
+
+
+def test_scale_gradient_on_a_model_traced_and_bf16():
+    import equinox as eqx
+
+    model = eqx.nn.Linear(3, 2, key=jax.random.key(0))
+    x = jnp.ones(3)
+
+    @jax.jit
+    def grads(model, scale):
+        return eqx.filter_grad(lambda m: jnp.sum(eqxopt.scale_gradient(m, scale)(x)))(
+            model
+        )
+
+    half = grads(model, jnp.asarray(0.5))
+    full = eqx.filter_grad(lambda m: jnp.sum(m(x)))(model)
+    np.testing.assert_allclose(half.weight, 0.5 * full.weight)
+    w = jnp.ones(2, jnp.bfloat16)
+    g = jax.grad(lambda w: jnp.sum(eqxopt.scale_gradient(w, 3.0)).astype(jnp.float32))(
+        w
+    )
+    assert g.dtype == jnp.bfloat16
+    np.testing.assert_allclose(g.astype(jnp.float32), 3.0)
+    with pytest.raises(TypeError, match="scale must be a float"):
+        eqxopt.scale_gradient(w, "big")
+
+
+def test_target_network_helpers_match_optax():
+    # A target network over 30 steps of an online one: averaged and copied.
+    online = nested_tree()
+    grads = list(grad_stream(online, STEPS))
+    theirs_avg = ours_avg = theirs_copy = ours_copy = online
+    for step, g in enumerate(grads, start=1):
+        online = jax.tree.map(lambda p, g: p - 0.1 * g, online, g)
+        with jax.numpy_dtype_promotion("standard"):
+            theirs_avg = optax.incremental_update(online, theirs_avg, 0.1)
+            theirs_copy = optax.periodic_update(online, theirs_copy, step, 4)
+        ours_avg = eqxopt.incremental_update(online, ours_avg, 0.1)
+        ours_copy = eqxopt.periodic_update(online, ours_copy, step, 4)
+        assert_trees_close(ours_avg, theirs_avg, rtol=1e-6, atol=1e-7)
+        assert_trees_close(ours_copy, theirs_copy, rtol=0, atol=0)
+    assert_moved(nested_tree(), theirs_avg, 2e-5, 2e-6)
+
+
+def test_target_network_helpers_take_models_and_refuse_bad_values():
+    import equinox as eqx
+
+    a = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.key(0))
+    b = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.key(1))
+    mixed = eqxopt.incremental_update(a, b, 0.25)
+    np.testing.assert_allclose(
+        mixed.layers[0].weight,
+        0.25 * a.layers[0].weight + 0.75 * b.layers[0].weight,
+        rtol=1e-6,
+    )
+    assert eqxopt.periodic_update(a, b, 8, 4) is not None
+    with pytest.raises(ValueError, match="step_size"):
+        eqxopt.incremental_update(a, b, 1.5)
+    with pytest.raises(ValueError, match="update_period"):
+        eqxopt.periodic_update(a, b, 3, 0)
+    with pytest.raises(ValueError, match="steps"):
+        eqxopt.periodic_update(a, b, -1, 2)

@@ -293,9 +293,14 @@ from ._transforms._plateau import (
     ReduceOnPlateau as ReduceOnPlateau,
     ReduceOnPlateauState as ReduceOnPlateauState,
 )
+from ._transforms._scale_gradient import scale_gradient as scale_gradient
 from ._transforms._state import (
     EmptyState as EmptyState,
     StepState as StepState,
+)
+from ._transforms._target import (
+    incremental_update as incremental_update,
+    periodic_update as periodic_update,
 )
 from ._wrappers import (
     SAM as SAM,
@@ -554,13 +559,16 @@ __all__ = [
     "from_optax",
     "global_norm",
     "hyperparameters",
+    "incremental_update",
     "make_train_step",
     "map_leaves",
     "microbatch",
     "native_kernels_available",
     "pack",
+    "periodic_update",
     "plot_schedules",
     "round_stochastic_bf16",
+    "scale_gradient",
     "set_native_kernels",
     "set_split_compilation",
     "shard_state",

@@ -11,7 +11,9 @@ keep only their step count (`StepState`) or nothing (`EmptyState`).
 - `_finite.py`: `SkipNonFinite`, `ZeroNans`, `apply_if_finite`.
 - `_measure.py`: `Snapshot`, `MeasureWithEMA`.
 - `_plateau.py`: `ReduceOnPlateau`.
+- `_scale_gradient.py`: `scale_gradient`.
 - `_state.py`: `EmptyState`, `StepState`.
+- `_target.py`: `incremental_update`, `periodic_update` (target networks).
 
 Nothing is re-exported here: `eqxopt/__init__.py` imports each public name from
 the module that defines it.
