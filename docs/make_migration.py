@@ -479,6 +479,15 @@ OPTAX_TRANSFORMS = [
     ),
     Port("identity", "Identity", ()),
     Port(
+        "scale_by_backtracking_linesearch",
+        "ScaleByBacktrackingLinesearch",
+        (3, 1e-4, 0.8, 1.5, 1.0, 0.0, 0.0, False),
+        note="the loss function as `value_fn=` (with `value=`, `grad=` where "
+        "known), as `LBFGS`'s; `verbose` is left out: `state.decrease_error` says "
+        "how the search ended",
+        extra="lbfgs",
+    ),
+    Port(
         "keep_params_nonnegative",
         "KeepParamsNonnegative",
         (),
@@ -667,7 +676,6 @@ OPTAX_TRANSFORM_ROWS = [
         "inside `LBFGS`",
         ("LBFGS",),
     ),
-    Missing(("scale_by_backtracking_linesearch",)),
     Row(
         ("value_and_grad_from_state",),
         "`LBFGS.value_and_grad(state, params, fn, **data)`",

@@ -190,7 +190,7 @@ def test_catalog_page_is_current():
         # optax's other transforms (issue 28)
         "EMA", "KeepParamsNonnegative", "Snapshot", "MeasureWithEMA",
         "ConditionallyTransform", "ConditionallyMask", "NormalizeByUpdateNorm",
-        "SplitRealAndImaginary",
+        "SplitRealAndImaginary", "ScaleByBacktrackingLinesearch",
     }  # fmt: skip
     assert sorted(set(optimizers) - wrappers) == sorted(names)
 

@@ -450,3 +450,123 @@ def test_target_network_helpers_take_models_and_refuse_bad_values():
         eqxopt.periodic_update(a, b, 3, 0)
     with pytest.raises(ValueError, match="steps"):
         eqxopt.periodic_update(a, b, -1, 2)
+
+
+# ----------------------------------------------- ScaleByBacktrackingLinesearch
+
+_WEIGHTS = jax.tree.map(lambda p: jnp.abs(p) + 0.5, nested_tree(3))
+
+
+def _loss(params, scale=1.0):
+    # A convex loss whose curvature grows away from 1: the step size changes.
+    return scale * sum(
+        jnp.sum(a * (x - 1.0) ** 2 + 0.1 * x**4)
+        for a, x in zip(jax.tree.leaves(_WEIGHTS), jax.tree.leaves(params))
+    )
+
+
+def _linesearch_runs(ours, theirs, steps=STEPS, **data):
+    params = nested_tree()
+    with jax.numpy_dtype_promotion("standard"):
+        state = theirs.init(params)
+        update = jax.jit(
+            lambda g, s, p, v: theirs.update(
+                g, s, p, value=v, grad=g, value_fn=_loss, **data
+            )
+        )
+    expected, actual, states = [], [], []
+    theirs_p = ours_p = params
+    ours_state = ours.init(params)
+    for _ in range(steps):
+        with jax.numpy_dtype_promotion("standard"):
+            value, grads = jax.value_and_grad(_loss)(theirs_p, **data)
+            updates, state = update(grads, state, theirs_p, value)
+            theirs_p = optax.apply_updates(theirs_p, updates)
+        expected.append(theirs_p)
+        value, grads = jax.value_and_grad(_loss)(ours_p, **data)
+        updates, ours_state = ours.update(
+            grads, ours_state, ours_p, value=value, grad=grads, value_fn=_loss, **data
+        )
+        ours_p = eqxopt.apply_updates(ours_p, updates)
+        actual.append(ours_p)
+        states.append((state, ours_state))
+    return actual, expected, states
+
+
+@pytest.mark.parametrize(
+    "store_grad", [False, pytest.param(True, marks=pytest.mark.slow)]
+)
+def test_backtracking_linesearch_matches_optax(store_grad):
+    theirs = optax.chain(
+        optax.sgd(1.0),
+        optax.scale_by_backtracking_linesearch(15, store_grad=store_grad),
+    )
+    ours = eqxopt.Chain(
+        eqxopt.SGD(1.0), eqxopt.ScaleByBacktrackingLinesearch(15, store_grad=store_grad)
+    )
+    actual, expected, states = _linesearch_runs(ours, theirs)
+    assert_moved(nested_tree(), expected[-1], 2e-5, 2e-6)
+    for a, e in zip(actual, expected):
+        assert_trees_close(a, e)
+    rates = set()
+    for theirs_state, ours_state in states:
+        t, o = theirs_state[1], ours_state["ScaleByBacktrackingLinesearch"]
+        np.testing.assert_allclose(o.learning_rate, t.learning_rate, rtol=1e-6)
+        np.testing.assert_allclose(o.value, t.value, rtol=1e-6)
+        assert int(o.linesearch_steps) == int(t.info.num_linesearch_steps)
+        np.testing.assert_allclose(o.decrease_error, t.info.decrease_error, atol=1e-6)
+        if store_grad:
+            assert_trees_close(o.grad, t.grad, rtol=1e-5, atol=1e-5)
+        else:
+            assert o.grad is None and t.grad is None
+        rates.add(round(float(o.learning_rate), 6))
+    assert len(rates) > 3  # the search did change the step size
+
+
+def test_backtracking_linesearch_with_data_and_its_own_value():
+    # Optax's other arguments, data for value_fn, and value/grad left to eqxopt.
+    theirs = optax.chain(
+        optax.sgd(1.0),
+        optax.scale_by_backtracking_linesearch(6, 0.3, 0.5, 2.0, 0.8, 1e-3, 1e-3),
+    )
+    opt = eqxopt.ScaleByBacktrackingLinesearch(6, 0.3, 0.5, 2.0, 0.8, 1e-3, 1e-3)
+    ours = eqxopt.Chain(eqxopt.SGD(1.0), opt)
+    actual, expected, _ = _linesearch_runs(ours, theirs, scale=jnp.asarray(2.0))
+    for a, e in zip(actual, expected):
+        assert_trees_close(a, e)
+    params = nested_tree()
+    value, grads = jax.value_and_grad(_loss)(params)
+    full = ours.update(
+        grads, ours.init(params), params, value=value, grad=grads, value_fn=_loss
+    )[0]
+    bare = ours.update(grads, ours.init(params), params, value_fn=_loss)[0]
+    assert_trees_close(bare, full, rtol=1e-6, atol=1e-7)
+
+
+def test_backtracking_linesearch_takes_no_step_where_the_loss_is_not_finite():
+    params = {"w": jnp.ones(2)}
+    opt = eqxopt.ScaleByBacktrackingLinesearch(3)
+    updates, state = opt.update(
+        {"w": -jnp.ones(2)}, opt.init(params), params, value_fn=_nan_loss
+    )
+    np.testing.assert_array_equal(updates["w"], 0.0)
+    assert float(state.learning_rate) == 0.0 and jnp.isinf(state.decrease_error)
+
+
+def _nan_loss(params):
+    return jnp.sum(params["w"]) * jnp.nan
+
+
+def test_backtracking_linesearch_refuses_bad_arguments():
+    params = {"w": jnp.ones(2)}
+    opt = eqxopt.ScaleByBacktrackingLinesearch(3)
+    with pytest.raises(TypeError, match="need value_fn="):
+        opt.update(params, opt.init(params), params)
+    with pytest.raises(ValueError, match="max_backtracking_steps"):
+        eqxopt.ScaleByBacktrackingLinesearch(-1)
+    with pytest.raises(ValueError, match="decrease_factor"):
+        eqxopt.ScaleByBacktrackingLinesearch(3, decrease_factor=0.0)
+    with pytest.raises(ValueError, match="max_learning_rate"):
+        eqxopt.ScaleByBacktrackingLinesearch(3, max_learning_rate=0.0)
+    with pytest.raises(ValueError, match="slope_rtol"):
+        eqxopt.ScaleByBacktrackingLinesearch(3, slope_rtol=-1.0)

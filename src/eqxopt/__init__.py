@@ -283,6 +283,10 @@ from ._transforms._finite import (
     ZeroNansState as ZeroNansState,
     apply_if_finite as apply_if_finite,
 )
+from ._transforms._linesearch import (
+    ScaleByBacktrackingLinesearch as ScaleByBacktrackingLinesearch,
+    ScaleByBacktrackingLinesearchState as ScaleByBacktrackingLinesearchState,
+)
 from ._transforms._measure import (
     MeasureWithEMA as MeasureWithEMA,
     MeasureWithEMAState as MeasureWithEMAState,
@@ -512,6 +516,8 @@ __all__ = [
     "SOAPState",
     "ScaleByAdam",
     "ScaleByAdamState",
+    "ScaleByBacktrackingLinesearch",
+    "ScaleByBacktrackingLinesearchState",
     "ScaleByLearningRate",
     "ScaleByRms",
     "ScaleByRmsState",

@@ -9,6 +9,7 @@ keep only their step count (`StepState`) or nothing (`EmptyState`).
   `AdaptiveGradClip`, `NormalizeByUpdateNorm`, `global_norm`.
 - `_decay.py`: `AddDecayedWeights`, `DecoupledWeightDecay`, `AddNoise`, `Centralize`.
 - `_finite.py`: `SkipNonFinite`, `ZeroNans`, `apply_if_finite`.
+- `_linesearch.py`: `ScaleByBacktrackingLinesearch`.
 - `_measure.py`: `Snapshot`, `MeasureWithEMA`.
 - `_plateau.py`: `ReduceOnPlateau`.
 - `_scale_gradient.py`: `scale_gradient`.
