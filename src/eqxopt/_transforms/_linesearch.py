@@ -166,11 +166,14 @@ class ScaleByBacktrackingLinesearch(AbstractTransform):
 
         if value is None or grad is None:
             value0, g0 = jax.value_and_grad(loss)(p0)
+        else:
+            value0, g0 = None, None
         if value is not None:
             value0 = jnp.asarray(value).astype(real)
         if grad is not None:
             given = align_grads(grad, params)
             g0 = [given[i].astype(d) for i, d in zip(active, dtypes)]
+        assert value0 is not None and g0 is not None
         # optax's slope: the real part of <u, conj(grad)> (`vdot` conjugates u).
         slope = vdot(
             u, [jnp.conj(g) for g in g0], owner="ScaleByBacktrackingLinesearch"
