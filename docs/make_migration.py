@@ -110,6 +110,11 @@ class Missing:
     note: str = ""
 
 
+def every_other_step(step: Any) -> Any:
+    """A predicate of the step count for the conditional wrappers' rows."""
+    return step % 2 == 0
+
+
 def sgd(lr: float = 0.1) -> Inner:
     return Inner("sgd", "SGD", (lr,))
 
@@ -540,6 +545,35 @@ OPTAX_TRANSFORMS = [
         note="multiplies by `-lr`, a number or a schedule; `flip_sign=False` by `+lr`",
     ),
     Port("identity", "Identity", ()),
+    Port(
+        "scale_by_backtracking_linesearch",
+        "ScaleByBacktrackingLinesearch",
+        (3, 1e-4, 0.8, 1.5, 1.0, 0.0, 0.0, False),
+        note="the loss function as `value_fn=` (with `value=`, `grad=` where "
+        "known), as `LBFGS`'s; `verbose` is left out: `state.decrease_error` says "
+        "how the search ended",
+        extra="lbfgs",
+    ),
+    Port(
+        "keep_params_nonnegative",
+        "KeepParamsNonnegative",
+        (),
+        note="the last link, after the learning rate",
+    ),
+    Port("normalize_by_update_norm", "NormalizeByUpdateNorm", (-0.05, 1e-3)),
+    Port(
+        "contrib.split_real_and_imaginary",
+        "SplitRealAndImaginary",
+        (Inner("adam", "Adam", (0.05,)),),
+        note="complex leaves as `RealImaginaryPair`s of real ones for `inner`",
+    ),
+    Port(
+        "ema",
+        "EMA",
+        (0.8, True, None),
+        note="an average of the updates; `ParamEMA(inner, decay)` keeps one of the "
+        "parameters",
+    ),
 ]
 
 OPTAX_TRANSFORM_ROWS = [
@@ -600,23 +634,49 @@ OPTAX_TRANSFORM_ROWS = [
         "not in a `LookaheadParams`)",
         ("Lookahead",),
     ),
-    Row(
-        ("ema",),
-        "`ParamEMA(inner, decay)` keeps an EMA of the parameters (optax's `ema` "
-        "averages the updates)",
-        ("ParamEMA",),
+    Call(
+        "optax.snapshot(name, optax.tree.norm)",
+        "eqxopt.Snapshot(name, eqxopt.tree_norm)",
+        values=dict(name="norm"),
+        covers=("snapshot",),
+        note="read it with `eqxopt.tree_get(state, name)`",
+    ),
+    Call(
+        "optax.monitor({name: optax.measure_with_ema(optax.tree.norm, decay)})",
+        "eqxopt.MeasureWithEMA(eqxopt.tree_norm, decay)",
+        values=dict(name="norm", decay=0.8),
+        covers=("measure_with_ema",),
+        note="a link of its own that passes the updates on; the average is "
+        "`state.measurement`",
     ),
     Row(
-        ("monitor", "measure_with_ema", "snapshot"),
+        ("monitor",),
         "`Monitor(inner)` records gradient and update norms in the state; states are "
         'named, so read `state["ClipByGlobalNorm"].norm` and the like; '
         "`hyperparameters(opt, state)` for the values in use",
         ("Monitor", "hyperparameters"),
     ),
-    Missing(("conditionally_mask", "conditionally_transform")),
-    Missing(("keep_params_nonnegative",)),
-    Missing(("normalize_by_update_norm", "contrib.normalize")),
-    Missing(("contrib.split_real_and_imaginary",)),
+    Call(
+        "optax.conditionally_transform(optax.sgd(lr), fn)",
+        "eqxopt.ConditionallyTransform(eqxopt.SGD(lr), fn)",
+        values=dict(lr=0.1, fn=every_other_step),
+        covers=("conditionally_transform",),
+        note="`fn(step) -> bool`, static: one function, not a new lambda each time",
+    ),
+    Call(
+        "optax.conditionally_mask(optax.sgd(lr), fn)",
+        "eqxopt.ConditionallyMask(eqxopt.SGD(lr), fn)",
+        values=dict(lr=0.1, fn=every_other_step),
+        covers=("conditionally_mask",),
+        note="zero updates at the steps not taken",
+    ),
+    Call(
+        "optax.contrib.normalize()",
+        "eqxopt.NormalizeByUpdateNorm(eps=0.0)",
+        values={},
+        covers=("contrib.normalize",),
+        note="`normalize_by_update_norm` with `scale_factor=1`, `eps=0`",
+    ),
     Row(
         ("flatten",),
         "`pack` (flat buffers per dtype, for the parameters themselves)",
@@ -664,21 +724,27 @@ OPTAX_TRANSFORM_ROWS = [
         "inside `LBFGS`",
         ("LBFGS",),
     ),
-    Missing(("scale_by_backtracking_linesearch",)),
     Row(
         ("value_and_grad_from_state",),
         "`LBFGS.value_and_grad(state, params, fn, **data)`",
         ("LBFGS.value_and_grad",),
     ),
-    Missing(("scale_gradient",), "a `jax.custom_vjp` one-liner"),
+    Row(
+        ("scale_gradient",),
+        "`scale_gradient(inputs, scale)` (float leaves of a whole model; a traced "
+        "scale)",
+        ("scale_gradient",),
+    ),
     Row(
         ("apply_updates",),
         "`apply_updates` (keeps each parameter's dtype)",
         ("apply_updates",),
     ),
-    Missing(
+    Row(
         ("incremental_update", "periodic_update"),
-        "target-network helpers: a `jax.tree.map`",
+        "`incremental_update(new, old, step_size)`, `periodic_update(new, old, "
+        "steps, update_period)` (target networks; whole Equinox models too)",
+        ("incremental_update", "periodic_update"),
     ),
     Row(("init_empty_state",), "`EmptyState()`", ("EmptyState",)),
     Row(

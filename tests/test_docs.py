@@ -187,6 +187,10 @@ def test_catalog_page_is_current():
         "AbstractBlock", "Identity", "ScaleByAdam", "ScaleByLearningRate",
         "ScaleByRms", "ScaleBySign", "ScaleByTrustRatio", "Stateless", "Trace",
         "LearningRateMultipliers", "Maximize", "SkipLargeUpdates", "Monitor",
+        # optax's other transforms (issue 28)
+        "EMA", "KeepParamsNonnegative", "Snapshot", "MeasureWithEMA",
+        "ConditionallyTransform", "ConditionallyMask", "NormalizeByUpdateNorm",
+        "SplitRealAndImaginary", "ScaleByBacktrackingLinesearch",
     }  # fmt: skip
     assert sorted(set(optimizers) - wrappers) == sorted(names)
 

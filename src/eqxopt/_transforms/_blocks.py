@@ -30,6 +30,7 @@ from .._core._fields import (
 )
 from .._core._leafwise import AbstractLeafwiseOptimizer, map_leaves
 from .._core._moments import Moment
+from .._core._real import RealOnly
 from .._core._shards import AxisName, leaf_norm
 from .._core._tree import abs_sq, increment
 from ._state import EmptyState, StepState
@@ -305,6 +306,30 @@ class ScaleByLearningRate(AbstractLeafwiseOptimizer):
         return ((-h.learning_rate if self.flip_sign else h.learning_rate) * g,)
 
 
+class KeepParamsNonnegative(AbstractBlock):
+    r"""Changes the updates so that no parameter goes below 0: where `p + u < 0`
+    the update is `-p` (the parameter lands on 0),
+
+    $$
+    u \leftarrow \begin{cases} -p & p + u < 0 \\ u & \text{otherwise} \end{cases}
+    $$
+
+    The same as `optax.keep_params_nonnegative`: the last link of a chain (after
+    the learning rate), for parameters that start non-negative (a negative one is
+    moved to 0). Real parameters only. It takes no arguments.
+    """
+
+    reads_params = "projection onto p >= 0 (it reads the parameters)"
+    real_only = RealOnly("the sign of the parameters")
+
+    state_type = StepState
+    moments = ()
+    elementwise = True
+
+    def leaf(self, h, t, g, p):
+        return (jnp.where(p + g < 0, -p.astype(g.dtype), g),)
+
+
 class TraceState(eqx.Module):
     """State of `Trace`.
 
@@ -356,6 +381,66 @@ class Trace(AbstractBlock):
     def leaf(self, h, t, g, p, trace):
         trace = g + h.decay * trace
         return (g + h.decay * trace if self.nesterov else trace), trace
+
+
+class EMAState(eqx.Module):
+    """State of `EMA` (the fields of optax's `EmaState`).
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done (optax's `count`).
+    - `ema`: the moving average of the updates, shaped like params (`None` at
+      non-float leaves).
+    """
+
+    step: Int[Array, ""]
+    ema: PyTree[Float[Array, "..."] | None]
+
+
+class EMA(AbstractBlock):
+    r"""An exponential moving average of the updates, with `t = step + 1`:
+
+    $$
+    \begin{aligned}
+    \mathrm{ema} &\leftarrow \mathrm{decay} \cdot \mathrm{ema} + (1
+        - \mathrm{decay})\, u \\
+    u &\leftarrow \mathrm{ema} / (1 - \mathrm{decay}^t)
+        && \text{(\texttt{ema} itself without \texttt{debias})}
+    \end{aligned}
+    $$
+
+    The same as `optax.ema`: a link of a chain, averaging whatever reaches it
+    (`Trace` is the undamped sum, `decay * trace + u`). It averages updates, not
+    parameters: for an average of the weights to evaluate with, use `ParamEMA`.
+
+    **Arguments:**
+
+    - `decay`: decay of the average, in `[0, 1)`.
+    - `debias`: divide the average by `1 - decay**t` (a bool).
+    - `ema_dtype`: dtype to store the average in; `None` keeps each parameter's
+      (optax's `accumulator_dtype`).
+    """
+
+    # optax's spellings (`_checks.refuse_renamed`)
+    renamed_arguments = renames(accumulator_dtype=("ema_dtype",))
+
+    decay: ScalarOrSchedule = hyper(low=0.0, high=1.0, high_open=True)
+    debias: bool = flag_field(True, kw_only=False)
+    ema_dtype: DTypeLike = dtype_field(storage=True, kw_only=False)
+
+    state_type = EMAState
+    moments = (Moment("ema", dtype="ema_dtype"),)
+    elementwise = True
+
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        h = super().step_values(step)
+        h.bias = 1 - h.decay ** _t_as(increment(step), h.decay)
+        return h
+
+    def leaf(self, h, t, g, p, ema):
+        del t, p
+        ema = h.decay * ema + (1 - h.decay) * g
+        return (ema / h.bias if self.debias else ema), ema
 
 
 class Identity(AbstractBlock):

@@ -228,6 +228,53 @@ class ClipByGlobalNorm(AbstractTransform):
         return updates, GlobalNormState(step=increment(state.step), norm=grad_norm)
 
 
+class NormalizeByUpdateNorm(AbstractTransform):
+    r"""Divides all updates together by their global norm (plus `eps`) and
+    multiplies them by `scale_factor`:
+
+    $$
+    n = \sqrt{\textstyle\sum_\text{leaves} \sum u^2}, \qquad
+    u \leftarrow \mathrm{scale\_factor} \cdot \frac{u}{n + \epsilon}
+    $$
+
+    The same as `optax.normalize_by_update_norm`, and with `eps=0` as
+    `optax.contrib.normalize` (which is this with no `eps` and a factor of 1).
+    Leaves with a `None` update are left out of the norm. (With `eps=0`, all-zero
+    updates give NaN, as in optax.)
+
+    **Arguments:**
+
+    - `scale_factor`: multiplies the normalised updates (`-lr` for a normalised
+      descent step), a number or schedule (read at the step).
+    - `eps`: added to the norm, `>= 0`.
+    - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: the
+      norm of the whole model, each leaf summed over the named axes it is split
+      over, as the unsharded run. `None` (default): this device's updates only.
+    """
+
+    reads_params = None  # the parameters are not read (`params_needed`)
+
+    scale_factor: ScalarOrSchedule = hyper(1.0)
+    eps: ScalarOrSchedule = hyper(1e-6, low=0.0)
+    axis_name: AxisName = axis_name_field()
+
+    def init(self, params: Params) -> StepState:
+        return StepState(step=zero_step())
+
+    def transform(
+        self, grads: Grads, state: StepState, params: Params
+    ) -> tuple[Updates, StepState]:
+        n = norm(_float_grads(grads, params), self.axis_name, "NormalizeByUpdateNorm")
+        h = values_at(self, state.step)
+        divisor = (n + h.eps.astype(n.dtype)) / h.scale_factor.astype(n.dtype)
+
+        def rule(g, p):
+            return (g / divisor.astype(g.dtype),)
+
+        updates, _ = map_leaves(rule, grads, params, elementwise=True)
+        return updates, StepState(step=increment(state.step))
+
+
 class ClipByBlockRMS(AbstractLeafClip):
     r"""Clips each leaf ("block") so its root-mean-square is at most `threshold`:
 

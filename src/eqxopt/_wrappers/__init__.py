@@ -1,8 +1,9 @@
 """Transforms that hold other transforms (`AbstractWrapper`, which passes them the
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
-Lookahead, ParamEMA, Mechanic, SAM, ScheduleFree, StochasticRounding,
-KahanSummation, LearningRateMultipliers, Maximize, SkipLargeUpdates, Monitor (and,
-among the transforms, SkipNonFinite).
+Lookahead, ParamEMA, ConditionallyTransform, ConditionallyMask, Mechanic, SAM,
+ScheduleFree, StochasticRounding, KahanSummation, LearningRateMultipliers,
+Maximize, SkipLargeUpdates, Monitor, SplitRealAndImaginary (and, among the
+transforms, SkipNonFinite).
 """
 
 from ._accumulate import (
@@ -18,6 +19,17 @@ from ._averaging import (
 from ._chain import (
     Chain as Chain,
     ChainState as ChainState,
+)
+from ._complex import (
+    RealImaginaryPair as RealImaginaryPair,
+    SplitRealAndImaginary as SplitRealAndImaginary,
+    SplitRealAndImaginaryState as SplitRealAndImaginaryState,
+)
+from ._conditional import (
+    ConditionallyMask as ConditionallyMask,
+    ConditionallyMaskState as ConditionallyMaskState,
+    ConditionallyTransform as ConditionallyTransform,
+    ConditionallyTransformState as ConditionallyTransformState,
 )
 from ._mechanic import (
     Mechanic as Mechanic,

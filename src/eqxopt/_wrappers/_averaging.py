@@ -75,9 +75,10 @@ class ParamEMA(AbstractSingleWrapper):
     $$
 
     Read the averaged model with `state.averaged(params)`. The average is kept in at
-    least float32, so a bf16 model's average does not stall on rounding. (optax's
-    `ema` averages updates, not parameters; this follows timm's `ModelEmaV2` and
-    Flax's usual EMA, without debiasing since it starts at the parameters.)
+    least float32, so a bf16 model's average does not stall on rounding. (This
+    follows timm's `ModelEmaV2` and Flax's usual EMA, without debiasing since it
+    starts at the parameters. `EMA`, optax's `ema`, is another thing: a link that
+    averages the updates, not the parameters.)
 
     **Arguments:**
 

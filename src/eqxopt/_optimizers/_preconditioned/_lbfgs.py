@@ -21,6 +21,7 @@ from ..._core._fields import (
     learning_rate_field,
     values_at,
 )
+from ..._core._linesearch import add_scale, scalar_dtype, vdot
 from ..._core._shards import AxisName
 from ..._core._tree import (
     align_grads,
@@ -28,7 +29,6 @@ from ..._core._tree import (
     full_like_leaf,
     increment,
     is_float_leaf,
-    join_dtypes,
     zero_step,
 )
 
@@ -67,31 +67,8 @@ class LBFGSState(eqx.Module):
     linesearch_steps: Int[Array, ""]
 
 
-# Operations on lists of leaves (the float leaves that have a gradient).
-def _vdot(a: list[Array], b: list[Array], axis_name: AxisName = None) -> Array:
-    # Starting from float32 (not the default float, float64 under jax_enable_x64)
-    # keeps the result in the leaves' precision.
-    if axis_name is None:
-        total = sum((jnp.vdot(x, y) for x, y in zip(a, b)), jnp.zeros((), jnp.float32))
-        return jnp.real(total)
-    # Inside shard_map: each leaf's inner product over its blocks on every device.
-    partials = [jnp.vdot(x, y) for x, y in zip(a, b)]
-    dtype = jnp.result_type(jnp.float32, *partials) if partials else jnp.float32
-    return jnp.real(_shards.shard_total(partials, axis_name, "LBFGS", dtype))
-
-
-def _scalar_dtype(params: PyTree) -> Any:
-    """The real dtype of the linesearch's scalars and of the state's: float32, or
-    float64 when a float leaf is float64 or complex128."""
-    dtype = jnp.dtype(jnp.float32)
-    for p in jax.tree.leaves(params):
-        if is_float_leaf(p):
-            dtype = join_dtypes(dtype, jnp.finfo(compute_dtype(p.dtype)).dtype)
-    return dtype
-
-
-def _add_scale(a: list[Array], s: Array, b: list[Array]) -> list[Array]:
-    return [x + s * y for x, y in zip(a, b)]
+# Operations on lists of leaves (the float leaves that have a gradient); the
+# linesearches' shared ones are in `_core/_linesearch.py`.
 
 
 def _where(c: Array, a: list[Any], b: list[Any]) -> list[Any]:
@@ -153,11 +130,11 @@ def _zoom_linesearch(
     max_learning_rate = scalar(h.max_learning_rate)
 
     def on_line(stepsize):
-        value, grad = value_and_grad(_add_scale(params, stepsize, direction))
-        slope = scalar(_vdot([jnp.conj(g) for g in grad], direction, axis_name))
+        value, grad = value_and_grad(add_scale(params, stepsize, direction))
+        slope = scalar(vdot([jnp.conj(g) for g in grad], direction, axis_name))
         return scalar(value), grad, slope
 
-    slope0 = scalar(_vdot(direction, grad0, axis_name))
+    slope0 = scalar(vdot(direction, grad0, axis_name))
 
     def decrease_error(stepsize, value, slope):
         error = value - value0 - slope_rtol * stepsize * slope0
@@ -353,16 +330,16 @@ def _two_loop(
     indices = (memory_idx + jnp.arange(m)) % m
 
     def right(vec, i):
-        alpha = weights[i] * _vdot([x[i] for x in diff_params], vec, axis_name)
-        return _add_scale(vec, -alpha, [x[i] for x in diff_grads]), alpha
+        alpha = weights[i] * vdot([x[i] for x in diff_params], vec, axis_name)
+        return add_scale(vec, -alpha, [x[i] for x in diff_grads]), alpha
 
     vec, alphas = _shards.scan(right, g, indices, reverse=True)
     vec = [scale * v for v in vec]
 
     def left(vec, i_alpha):
         i, alpha = i_alpha
-        beta = weights[i] * _vdot([x[i] for x in diff_grads], vec, axis_name)
-        return _add_scale(vec, alpha - beta, [x[i] for x in diff_params]), beta
+        beta = weights[i] * vdot([x[i] for x in diff_grads], vec, axis_name)
+        return add_scale(vec, alpha - beta, [x[i] for x in diff_params]), beta
 
     vec, _ = _shards.scan(left, vec, (indices, alphas))
     return vec
@@ -490,7 +467,7 @@ class LBFGS(AbstractTransform):
             return jax.tree.map(make, params)
 
         memory = zeros((self.memory_size,))
-        real = _scalar_dtype(params)
+        real = scalar_dtype(params)
         return LBFGSState(
             step=zero_step(),
             prev_params=zeros(),
@@ -558,7 +535,7 @@ class LBFGS(AbstractTransform):
         dp = [jnp.where(first, 0.0, x - y) for x, y in zip(p, pick(state.prev_params))]
         dg = [jnp.where(first, 0.0, x - y) for x, y in zip(g, pick(state.prev_grads))]
         axis_name = self.axis_name
-        curvature = _vdot(dg, dp, axis_name)
+        curvature = vdot(dg, dp, axis_name)
         weight = jnp.where(first | (curvature == 0.0), 0.0, 1.0 / curvature)
         diff_params = [
             x.at[prev_idx].set(y) for x, y in zip(pick(state.diff_params), dp)
@@ -567,9 +544,9 @@ class LBFGS(AbstractTransform):
         weights = state.weights.at[prev_idx].set(weight.astype(real))
 
         if self.scale_init_precond:
-            norm_dg = _vdot(dg, dg, axis_name)
+            norm_dg = vdot(dg, dg, axis_name)
             scale = jnp.where(norm_dg > 0.0, curvature / norm_dg, 1.0)
-            capped = jnp.minimum(1.0, 1.0 / jnp.sqrt(_vdot(g, g, axis_name)))
+            capped = jnp.minimum(1.0, 1.0 / jnp.sqrt(vdot(g, g, axis_name)))
             scale = jnp.where(first, capped, scale)
         else:
             scale = jnp.ones((), real)
