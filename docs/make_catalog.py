@@ -158,6 +158,20 @@ CATALOG = [
         "atol 1e-5 against optax (optax drifts from the float64 rule by up to 7e-6); the default against the float64 rule",
     ),
     (
+        "SimplifiedAdEMAMix",
+        "adam",
+        f"Morwani et al., *Connections between Schedule-Free Optimizers, AdEMAMix, and Accelerated SGD Variants*, 2025, {arxiv('2502.02431')}",
+        "`optax.contrib.simplified_ademamix` (with decay, and an alpha schedule)",
+        None,
+    ),
+    (
+        "ACProp",
+        "adam",
+        f"Zhuang et al., *Momentum Centering and Asynchronous Update for Adaptive Gradient Methods*, NeurIPS 2021, {arxiv('2110.05454')}",
+        "`optax.contrib.acprop` (with decay)",
+        None,
+    ),
+    (
         "OptimisticAdam",
         "adam",
         f"Daskalakis et al., *Training GANs with Optimism*, ICLR 2018, {arxiv('1711.00141')}",

@@ -248,6 +248,11 @@ OPTAX_OPTIMIZERS = [
         (1e-2, 0.8, 0.99, 0.999, 4.0, 1e-6, 0.0, None, 0.05, None),
     ),
     Port(
+        "contrib.acprop",
+        "ACProp",
+        (1e-2, 0.8, 0.99, 1e-6, 1e-8, 0.05, None),
+    ),
+    Port(
         "contrib.adopt",
         "ADOPT",
         (1e-2, 0.8, 0.99, 1e-6, None),
@@ -300,6 +305,11 @@ OPTAX_OPTIMIZERS = [
         (1.0, (0.8, 0.99), None, 1e-8, 1e-2, 0.5, 0.05, False),
     ),
     Port(
+        "contrib.simplified_ademamix",
+        "SimplifiedAdEMAMix",
+        (1e-2, 0.8, 0.99, 2.0, 1e-6, 0.0, 0.05, None),
+    ),
+    Port(
         "contrib.schedule_free",
         "ScheduleFree",
         (Inner("adam", "Adam", (0.05, 0.0)), 0.05, 0.8, 2.0, None),
@@ -332,8 +342,6 @@ OPTAX_OPTIMIZER_ROWS = [
         covers=("optimistic_adam",),
         note="the deprecated form: `learning_rate=1, alpha=lr, beta=optimism`",
     ),
-    Missing(("contrib.acprop",)),
-    Missing(("contrib.simplified_ademamix",)),
     Row(
         ("contrib.sam",),
         "`SAM(inner, rho)` (opaque mode with a normalised SGD ascent step; "

@@ -37,6 +37,9 @@ from ._interop import (
     from_optax as from_optax,
 )
 from ._microbatch import microbatch as microbatch
+from ._optimizers._adam._acprop import (
+    ACProp as ACProp,
+)
 from ._optimizers._adam._adabelief import (
     AdaBelief as AdaBelief,
 )
@@ -57,6 +60,8 @@ from ._optimizers._adam._adam_like import (
 from ._optimizers._adam._ademamix import (
     AdEMAMix as AdEMAMix,
     AdEMAMixState as AdEMAMixState,
+    SimplifiedAdEMAMix as SimplifiedAdEMAMix,
+    SimplifiedAdEMAMixState as SimplifiedAdEMAMixState,
 )
 from ._optimizers._adam._adopt import (
     ADOPT as ADOPT,
@@ -336,6 +341,7 @@ __version__ = importlib.metadata.version("eqxopt")
 
 # Every public name, sorted (the API reference documents each: tests/test_docs.py).
 __all__ = [
+    "ACProp",
     "ADOPT",
     "AMSGrad",
     "AMSGradState",
@@ -495,6 +501,8 @@ __all__ = [
     "SignSGDState",
     "Signum",
     "SignumState",
+    "SimplifiedAdEMAMix",
+    "SimplifiedAdEMAMixState",
     "SkipLargeUpdates",
     "SkipLargeUpdatesState",
     "SkipNonFinite",

@@ -1,3 +1,4 @@
 """The Adam family: Adam, AdamW, NAdam(W), AMSGrad, Adamax(W), RAdam, Yogi,
-AdaBelief, ADOPT, AdEMAMix, CAdamW, StableAdamW, OptimisticAdam.
+AdaBelief, ACProp, ADOPT, AdEMAMix, SimplifiedAdEMAMix, CAdamW, StableAdamW,
+OptimisticAdam.
 """
