@@ -186,6 +186,13 @@ CATALOG = [
         None,
     ),
     (
+        "Cautious",
+        "adam",
+        f"Liang et al., *Cautious Optimizers: Improving Training with One Line of Code*, 2024, {arxiv('2411.16085')}",
+        "`CAdamW` (`Cautious(AdamW)`, and `Cautious(Adam)` then decoupled decay); float64 NumPy transcriptions around `Lion` and `SGD` with (Nesterov) momentum",
+        None,
+    ),
+    (
         "StableAdamW",
         "adam",
         f"Wortsman et al., *Stable and low-precision training for large-scale vision-language models*, NeurIPS 2023, {arxiv('2304.13013')}",

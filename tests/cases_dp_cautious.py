@@ -33,3 +33,26 @@ CASES = [
         invalid=(*BAD_UNIT, *BAD_DECAY, ("alpha", -1.0)),
     ),
 ]
+
+CASES += [
+    CatalogCase(
+        "Cautious-AdamW",
+        lambda **kw: eqxopt.Cautious(
+            eqxopt.AdamW(**{"learning_rate": 0.05, "weight_decay": 0.01, **kw})
+        ),
+        vary=("b2", 0.9),
+        invalid=(*BAD_UNIT, *BAD_DECAY),
+    ),
+    CatalogCase(
+        "Cautious-Lion-then-decay",
+        lambda **kw: eqxopt.Chain(
+            eqxopt.Cautious(
+                eqxopt.Lion(**{"learning_rate": 0.01, "weight_decay": 0.0, **kw})
+            ),
+            eqxopt.DecoupledWeightDecay(0.01, 0.1),
+        ),
+        # (With the same gradient at every step `b1` leaves Lion's sign alone.)
+        vary=("learning_rate", 0.02),
+        invalid=(("b1", 1.0), ("learning_rate", -1.0)),
+    ),
+]

@@ -294,6 +294,7 @@ from ._transforms._state import (
 )
 from ._wrappers import (
     SAM as SAM,
+    Cautious as Cautious,
     Chain as Chain,
     ChainState as ChainState,
     Freeze as Freeze,
@@ -376,6 +377,7 @@ __all__ = [
     "CAdamW",
     "COCOB",
     "COCOBState",
+    "Cautious",
     "Centralize",
     "Chain",
     "ChainState",

@@ -1,8 +1,8 @@
 """Transforms that hold other transforms (`AbstractWrapper`, which passes them the
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
 Lookahead, ParamEMA, Mechanic, SAM, ScheduleFree, StochasticRounding,
-KahanSummation, LearningRateMultipliers, Maximize, SkipLargeUpdates, Monitor (and,
-among the transforms, SkipNonFinite).
+KahanSummation, LearningRateMultipliers, Maximize, Cautious, SkipLargeUpdates,
+Monitor (and, among the transforms, SkipNonFinite).
 """
 
 from ._accumulate import (
@@ -14,6 +14,9 @@ from ._averaging import (
     LookaheadState as LookaheadState,
     ParamEMA as ParamEMA,
     ParamEMAState as ParamEMAState,
+)
+from ._cautious import (
+    Cautious as Cautious,
 )
 from ._chain import (
     Chain as Chain,
