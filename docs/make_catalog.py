@@ -38,6 +38,13 @@ CATALOG = [
         None,
     ),
     (
+        "DPSGD",
+        "sgd",
+        f"Abadi et al., *Deep Learning with Differential Privacy*, CCS 2016, {arxiv('1607.00133')}",
+        "`optax.contrib.dpsgd` on per-example gradients, with momentum, Nesterov and noise (the same seed, the same noise); noise statistics",
+        None,
+    ),
+    (
         "PolyakSGD",
         "sgd",
         f"Loizou et al., *Stochastic Polyak Step-size for SGD*, AISTATS 2021, {arxiv('2002.10542')}",

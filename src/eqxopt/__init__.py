@@ -182,6 +182,10 @@ from ._optimizers._preconditioned._soap import (
     SOAP as SOAP,
     SOAPState as SOAPState,
 )
+from ._optimizers._sgd._dpsgd import (
+    DPSGD as DPSGD,
+    DPSGDState as DPSGDState,
+)
 from ._optimizers._sgd._noisy_sgd import (
     NoisySGD as NoisySGD,
     NoisySGDState as NoisySGDState,
@@ -288,6 +292,12 @@ from ._transforms._plateau import (
     ReduceOnPlateau as ReduceOnPlateau,
     ReduceOnPlateauState as ReduceOnPlateauState,
 )
+from ._transforms._privacy import (
+    DifferentiallyPrivateAggregate as DifferentiallyPrivateAggregate,
+    DifferentiallyPrivateAggregateState as DifferentiallyPrivateAggregateState,
+    per_example_global_norm_clip as per_example_global_norm_clip,
+    per_example_layer_norm_clip as per_example_layer_norm_clip,
+)
 from ._transforms._state import (
     EmptyState as EmptyState,
     StepState as StepState,
@@ -392,8 +402,12 @@ __all__ = [
     "DAdaptAdamWState",
     "DAdaptSGD",
     "DAdaptSGDState",
+    "DPSGD",
+    "DPSGDState",
     "DecoupledWeightDecay",
     "DecoupledWeightDecayState",
+    "DifferentiallyPrivateAggregate",
+    "DifferentiallyPrivateAggregateState",
     "DoG",
     "DoGState",
     "DoWG",
@@ -537,6 +551,8 @@ __all__ = [
     "microbatch",
     "native_kernels_available",
     "pack",
+    "per_example_global_norm_clip",
+    "per_example_layer_norm_clip",
     "plot_schedules",
     "round_stochastic_bf16",
     "set_native_kernels",
