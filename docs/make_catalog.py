@@ -186,6 +186,13 @@ CATALOG = [
         None,
     ),
     (
+        "OptimisticAdamV1",
+        "adam",
+        f"Daskalakis et al., *Training GANs with Optimism*, ICLR 2018, {arxiv('1711.00141')}",
+        "`optax.optimistic_adam` (the deprecated form); `OptimisticAdam` with a unit learning rate under a schedule",
+        None,
+    ),
+    (
         "CAdamW",
         "adam",
         f"Liang et al., *Cautious Optimizers: Improving Training with One Line of Code*, 2024, {arxiv('2411.16085')}",

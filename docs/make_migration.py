@@ -356,12 +356,11 @@ OPTAX_OPTIMIZERS = [
 ]
 
 OPTAX_OPTIMIZER_ROWS = [
-    Call(
-        "optax.optimistic_adam(lr, optimism)",
-        "eqxopt.OptimisticAdam(1.0, alpha=lr, beta=optimism)",
-        values=dict(lr=0.05, optimism=0.5),
-        covers=("optimistic_adam",),
-        note="the deprecated form: `learning_rate=1, alpha=lr, beta=optimism`",
+    Port(
+        "optimistic_adam",
+        "OptimisticAdamV1",
+        (0.05, 0.5, 0.8, 0.99, 1e-6),
+        note="the deprecated form; also `OptimisticAdam(1.0, alpha=lr, beta=optimism)`",
     ),
     Row(
         ("contrib.sam",),

@@ -1,4 +1,5 @@
-"""Catalog cases for ACProp, SimplifiedAdEMAMix and the `Cautious` wrapper."""
+"""Catalog cases for ACProp, SimplifiedAdEMAMix, OptimisticAdamV1 and the `Cautious`
+wrapper."""
 
 import eqxopt
 from catalog import CatalogCase
@@ -35,6 +36,12 @@ CASES = [
 ]
 
 CASES += [
+    CatalogCase(
+        "OptimisticAdamV1",
+        _make(eqxopt.OptimisticAdamV1, optimism=0.02),
+        vary=("optimism", 0.01),
+        invalid=(*BAD_UNIT, ("optimism", -0.5)),
+    ),
     CatalogCase(
         "Cautious-AdamW",
         lambda **kw: eqxopt.Cautious(

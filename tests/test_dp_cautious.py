@@ -1,4 +1,4 @@
-"""ACProp and SimplifiedAdEMAMix against optax.contrib; `Cautious` against
+"""ACProp, SimplifiedAdEMAMix and OptimisticAdamV1 against optax; `Cautious` against
 `CAdamW` and a float64 NumPy transcription around Lion and SGD; DP-SGD and its
 clipping functions against optax (per-example gradients of 6 examples).
 
@@ -52,11 +52,40 @@ OPTAX_CASES = [
 ]
 
 
+def _optimistic_adam_v1(*args, **kwargs):
+    with pytest.warns(DeprecationWarning, match="optimistic_adam"):
+        return optax.optimistic_adam(*args, **kwargs)
+
+
+OPTAX_CASES += [
+    (
+        "OptimisticAdamV1",
+        lambda: eqxopt.OptimisticAdamV1(LR),
+        lambda: _optimistic_adam_v1(LR),
+    ),
+    (
+        "OptimisticAdamV1-options",
+        lambda: eqxopt.OptimisticAdamV1(
+            LR, optimism=0.03, b1=0.8, b2=0.99, eps=1e-6, eps_root=1e-8, nesterov=False
+        ),
+        lambda: _optimistic_adam_v1(LR, 0.03, 0.8, 0.99, 1e-6, 1e-8, nesterov=False),
+    ),
+]
+
+
 @pytest.mark.parametrize("case", OPTAX_CASES, ids=[c[0] for c in OPTAX_CASES])
 def test_matches_optax(case):
     _, make_ours, make_ref = case
     assert_histories_close(
         run_eqxopt(make_ours(), PARAMS, GRADS), run_optax(make_ref(), PARAMS, GRADS)
+    )
+
+
+def test_optimistic_adam_v1_is_optimistic_adam_with_unit_learning_rate():
+    lr = eqxopt.WarmupCosine(0.02, 0.002, 5, STEPS)  # optax's v1 takes no schedule
+    assert_histories_close(
+        run_eqxopt(eqxopt.OptimisticAdamV1(lr, optimism=0.01), PARAMS, GRADS),
+        run_eqxopt(eqxopt.OptimisticAdam(1.0, alpha=lr, beta=0.01), PARAMS, GRADS),
     )
 
 
@@ -75,6 +104,7 @@ def test_simplified_ademamix_alpha_schedule_matches_optax():
         (lambda: eqxopt.ACProp(LR, b2=1.0), "b2"),
         (lambda: eqxopt.ACProp(LR, eps_root=-1.0), "eps_root"),
         (lambda: eqxopt.SimplifiedAdEMAMix(LR, alpha=-1.0), "alpha"),
+        (lambda: eqxopt.OptimisticAdamV1(LR, optimism=-1.0), "optimism"),
         (lambda: eqxopt.SimplifiedAdEMAMix(LR, weight_decay=-0.1), "weight_decay"),
     ],
 )

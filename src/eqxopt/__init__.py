@@ -72,6 +72,7 @@ from ._optimizers._adam._cautious import (
 from ._optimizers._adam._optimistic_adam import (
     OptimisticAdam as OptimisticAdam,
     OptimisticAdamState as OptimisticAdamState,
+    OptimisticAdamV1 as OptimisticAdamV1,
 )
 from ._optimizers._adam._radam import (
     RAdam as RAdam,
@@ -466,6 +467,7 @@ __all__ = [
     "NovoGradState",
     "OptimisticAdam",
     "OptimisticAdamState",
+    "OptimisticAdamV1",
     "OptimisticGradientDescent",
     "OptimisticGradientDescentState",
     "PSGDKron",

@@ -1,4 +1,4 @@
 """The Adam family: Adam, AdamW, NAdam(W), AMSGrad, Adamax(W), RAdam, Yogi,
 AdaBelief, ACProp, ADOPT, AdEMAMix, SimplifiedAdEMAMix, CAdamW, StableAdamW,
-OptimisticAdam.
+OptimisticAdam, OptimisticAdamV1.
 """
