@@ -38,6 +38,13 @@ CATALOG = [
         None,
     ),
     (
+        "DPSGD",
+        "sgd",
+        f"Abadi et al., *Deep Learning with Differential Privacy*, CCS 2016, {arxiv('1607.00133')}",
+        "`optax.contrib.dpsgd` on per-example gradients, with momentum, Nesterov and noise (the same seed, the same noise); noise statistics",
+        None,
+    ),
+    (
         "PolyakSGD",
         "sgd",
         f"Loizou et al., *Stochastic Polyak Step-size for SGD*, AISTATS 2021, {arxiv('2002.10542')}",
@@ -158,6 +165,20 @@ CATALOG = [
         "atol 1e-5 against optax (optax drifts from the float64 rule by up to 7e-6); the default against the float64 rule",
     ),
     (
+        "SimplifiedAdEMAMix",
+        "adam",
+        f"Morwani et al., *Connections between Schedule-Free Optimizers, AdEMAMix, and Accelerated SGD Variants*, 2025, {arxiv('2502.02431')}",
+        "`optax.contrib.simplified_ademamix` (with decay, and an alpha schedule)",
+        None,
+    ),
+    (
+        "ACProp",
+        "adam",
+        f"Zhuang et al., *Momentum Centering and Asynchronous Update for Adaptive Gradient Methods*, NeurIPS 2021, {arxiv('2110.05454')}",
+        "`optax.contrib.acprop` (with decay)",
+        None,
+    ),
+    (
         "OptimisticAdam",
         "adam",
         f"Daskalakis et al., *Training GANs with Optimism*, ICLR 2018, {arxiv('1711.00141')}",
@@ -165,10 +186,24 @@ CATALOG = [
         None,
     ),
     (
+        "OptimisticAdamV1",
+        "adam",
+        f"Daskalakis et al., *Training GANs with Optimism*, ICLR 2018, {arxiv('1711.00141')}",
+        "`optax.optimistic_adam` (the deprecated form); `OptimisticAdam` with a unit learning rate under a schedule",
+        None,
+    ),
+    (
         "CAdamW",
         "adam",
         f"Liang et al., *Cautious Optimizers: Improving Training with One Line of Code*, 2024, {arxiv('2411.16085')}",
         "a NumPy transcription of the paper's Algorithm 1; Rosenbrock to below 1e-5 (no optax or torch equivalent)",
+        None,
+    ),
+    (
+        "Cautious",
+        "adam",
+        f"Liang et al., *Cautious Optimizers: Improving Training with One Line of Code*, 2024, {arxiv('2411.16085')}",
+        "`CAdamW` (`Cautious(AdamW)`, and `Cautious(Adam)` then decoupled decay); float64 NumPy transcriptions around `Lion` and `SGD` with (Nesterov) momentum",
         None,
     ),
     (

@@ -57,7 +57,8 @@ class Port:
     `optax.<optax>(*args[:k])`'s numbers or raises `TypeError`.
 
     - `extra`: what `update` needs beyond the gradients: `"value"` (the loss),
-      `"lbfgs"` (the loss and the loss function), `"obj_fn"` (the loss function).
+      `"lbfgs"` (the loss and the loss function), `"obj_fn"` (the loss function);
+      `"per_example"`: the gradients come as a batch of per-example ones.
     - `differs`: where optax's numbers differ on purpose, why (then they must
       differ, and the positional port is checked against the keyword one).
     """
@@ -209,6 +210,13 @@ OPTAX_OPTIMIZERS = [
         (0.05, 0.02, 0.6, 3),
         note="the same key gives the same noise",
     ),
+    Port(
+        "dpsgd",
+        "DPSGD",
+        (0.05, 1.0, 0.5, 3, 0.8, True),
+        note="per-example gradients; the same seed gives the same noise",
+        extra="per_example",
+    ),
     Port("novograd", "NovoGrad", (1e-2, 0.8, 0.3, 1e-6, 0.0, 0.05)),
     Port(
         "optimistic_adam_v2",
@@ -253,6 +261,11 @@ OPTAX_OPTIMIZERS = [
         (1e-2, 0.8, 0.99, 0.999, 4.0, 1e-6, 0.0, None, 0.05, None),
     ),
     Port(
+        "contrib.acprop",
+        "ACProp",
+        (1e-2, 0.8, 0.99, 1e-6, 1e-8, 0.05, None),
+    ),
+    Port(
         "contrib.adopt",
         "ADOPT",
         (1e-2, 0.8, 0.99, 1e-6, None),
@@ -268,6 +281,20 @@ OPTAX_OPTIMIZERS = [
         "contrib.dadapt_adamw",
         "DAdaptAdamW",
         (1.0, (0.8, 0.99), 1e-8, 1e-2, 0.05),
+    ),
+    Port(
+        "contrib.differentially_private_aggregate",
+        "DifferentiallyPrivateAggregate",
+        (1.0, 0.5, 3),
+        note="per-example gradients; `key=` is `seed=`, the same noise",
+        extra="per_example",
+    ),
+    Port(
+        "contrib.dpsgd",
+        "DPSGD",
+        (0.05, 1.0, 0.5, 3, 0.8, True),
+        note="per-example gradients; the same seed gives the same noise",
+        extra="per_example",
     ),
     Port("contrib.dog", "DoG", (1.0, ("heuristic", 1e-2), 1e-8, 0.05, None)),
     Port("contrib.dowg", "DoWG", (1.0, 1e-2, 1e-4, 0.05, None)),
@@ -305,6 +332,11 @@ OPTAX_OPTIMIZERS = [
         (1.0, (0.8, 0.99), None, 1e-8, 1e-2, 0.5, 0.05, False),
     ),
     Port(
+        "contrib.simplified_ademamix",
+        "SimplifiedAdEMAMix",
+        (1e-2, 0.8, 0.99, 2.0, 1e-6, 0.0, 0.05, None),
+    ),
+    Port(
         "contrib.schedule_free",
         "ScheduleFree",
         (Inner("adam", "Adam", (0.05, 0.0)), 0.05, 0.8, 2.0, None),
@@ -329,16 +361,12 @@ OPTAX_OPTIMIZERS = [
 ]
 
 OPTAX_OPTIMIZER_ROWS = [
-    Missing(("dpsgd", "contrib.dpsgd"), "differentially private SGD"),
-    Call(
-        "optax.optimistic_adam(lr, optimism)",
-        "eqxopt.OptimisticAdam(1.0, alpha=lr, beta=optimism)",
-        values=dict(lr=0.05, optimism=0.5),
-        covers=("optimistic_adam",),
-        note="the deprecated form: `learning_rate=1, alpha=lr, beta=optimism`",
+    Port(
+        "optimistic_adam",
+        "OptimisticAdamV1",
+        (0.05, 0.5, 0.8, 0.99, 1e-6),
+        note="the deprecated form; also `OptimisticAdam(1.0, alpha=lr, beta=optimism)`",
     ),
-    Missing(("contrib.acprop",)),
-    Missing(("contrib.simplified_ademamix",)),
     Row(
         ("contrib.sam",),
         "`SAM(inner, rho)` (opaque mode with a normalised SGD ascent step; "
@@ -599,14 +627,17 @@ OPTAX_TRANSFORM_ROWS = [
         "inside `AdaptiveGradClip`; not public",
         ("AdaptiveGradClip",),
     ),
-    Missing(
-        (
-            "per_example_global_norm_clip",
-            "per_example_layer_norm_clip",
-            "differentially_private_aggregate",
-            "contrib.differentially_private_aggregate",
-        ),
-        "DP-SGD",
+    Row(
+        ("per_example_global_norm_clip", "per_example_layer_norm_clip"),
+        "`per_example_global_norm_clip`, `per_example_layer_norm_clip` (the same "
+        "arguments and results; any tree of per-example gradients)",
+        ("per_example_global_norm_clip", "per_example_layer_norm_clip"),
+    ),
+    Row(
+        ("differentially_private_aggregate",),
+        "`DifferentiallyPrivateAggregate(l2_norm_clip, noise_multiplier, seed)` "
+        "(as `contrib.differentially_private_aggregate`)",
+        ("DifferentiallyPrivateAggregate",),
     ),
     Row(("global_norm",), "`global_norm`", ("global_norm",)),
     Row(

@@ -180,6 +180,7 @@ def test_catalog_page_is_current():
         "AbstractTransform", "AddDecayedWeights", "AddNoise", "AdaptiveGradClip",
         "Centralize", "Chain",
         "ClipByBlockRMS", "ClipByGlobalNorm", "ClipByValue", "DecoupledWeightDecay",
+        "DifferentiallyPrivateAggregate",
         "Freeze", "FromOptax", "KahanSummation", "Lookahead", "Masked", "MultiSteps",
         "ParamEMA", "Partition", "ReduceOnPlateau", "SkipNonFinite",
         "StochasticRounding", "ZeroNans",

@@ -201,6 +201,9 @@ def test_the_guide_lists_every_renamed_argument():
 # ------------------------------------------------------------------------ numbers
 
 
+PER_EXAMPLE = jnp.array([1.0, -0.5, 3.0, 0.25])
+
+
 def run(init, update, apply, extra=None):
     """Parameters after each of `STEPS` steps on `loss` (gradients at the current
     parameters), with the keyword arguments `extra` names."""
@@ -214,6 +217,10 @@ def run(init, update, apply, extra=None):
             kwargs = dict(value=value, value_fn=loss)
         elif extra == "obj_fn":
             kwargs = dict(obj_fn=loss)
+        elif extra == "per_example":  # a batch of 4 examples' gradients
+            grads = jax.tree.map(
+                lambda g: g * PER_EXAMPLE.reshape((4,) + (1,) * g.ndim), grads
+            )
         updates, state = update(grads, state, params, **kwargs)
         params = apply(params, updates)
         history.append(params)

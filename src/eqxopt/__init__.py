@@ -37,6 +37,9 @@ from ._interop import (
     from_optax as from_optax,
 )
 from ._microbatch import microbatch as microbatch
+from ._optimizers._adam._acprop import (
+    ACProp as ACProp,
+)
 from ._optimizers._adam._adabelief import (
     AdaBelief as AdaBelief,
 )
@@ -61,6 +64,8 @@ from ._optimizers._adam._adam_mini import (
 from ._optimizers._adam._ademamix import (
     AdEMAMix as AdEMAMix,
     AdEMAMixState as AdEMAMixState,
+    SimplifiedAdEMAMix as SimplifiedAdEMAMix,
+    SimplifiedAdEMAMixState as SimplifiedAdEMAMixState,
 )
 from ._optimizers._adam._adopt import (
     ADOPT as ADOPT,
@@ -78,6 +83,7 @@ from ._optimizers._adam._mars import (
 from ._optimizers._adam._optimistic_adam import (
     OptimisticAdam as OptimisticAdam,
     OptimisticAdamState as OptimisticAdamState,
+    OptimisticAdamV1 as OptimisticAdamV1,
 )
 from ._optimizers._adam._radam import (
     RAdam as RAdam,
@@ -191,6 +197,10 @@ from ._optimizers._preconditioned._sm3 import (
 from ._optimizers._preconditioned._soap import (
     SOAP as SOAP,
     SOAPState as SOAPState,
+)
+from ._optimizers._sgd._dpsgd import (
+    DPSGD as DPSGD,
+    DPSGDState as DPSGDState,
 )
 from ._optimizers._sgd._noisy_sgd import (
     NoisySGD as NoisySGD,
@@ -348,6 +358,12 @@ from ._transforms._plateau import (
     ReduceOnPlateau as ReduceOnPlateau,
     ReduceOnPlateauState as ReduceOnPlateauState,
 )
+from ._transforms._privacy import (
+    DifferentiallyPrivateAggregate as DifferentiallyPrivateAggregate,
+    DifferentiallyPrivateAggregateState as DifferentiallyPrivateAggregateState,
+    per_example_global_norm_clip as per_example_global_norm_clip,
+    per_example_layer_norm_clip as per_example_layer_norm_clip,
+)
 from ._transforms._scale_gradient import scale_gradient as scale_gradient
 from ._transforms._state import (
     EmptyState as EmptyState,
@@ -359,6 +375,7 @@ from ._transforms._target import (
 )
 from ._wrappers import (
     SAM as SAM,
+    Cautious as Cautious,
     Chain as Chain,
     ChainState as ChainState,
     ConditionallyMask as ConditionallyMask,
@@ -413,6 +430,7 @@ __version__ = importlib.metadata.version("eqxopt")
 
 # Every public name, sorted (the API reference documents each: tests/test_docs.py).
 __all__ = [
+    "ACProp",
     "ADOPT",
     "AMSGrad",
     "AMSGradState",
@@ -449,6 +467,7 @@ __all__ = [
     "CAdamW",
     "COCOB",
     "COCOBState",
+    "Cautious",
     "Centralize",
     "Chain",
     "ChainState",
@@ -467,8 +486,12 @@ __all__ = [
     "DAdaptAdamWState",
     "DAdaptSGD",
     "DAdaptSGDState",
+    "DPSGD",
+    "DPSGDState",
     "DecoupledWeightDecay",
     "DecoupledWeightDecayState",
+    "DifferentiallyPrivateAggregate",
+    "DifferentiallyPrivateAggregateState",
     "DoG",
     "DoGState",
     "DoWG",
@@ -538,6 +561,7 @@ __all__ = [
     "NovoGradState",
     "OptimisticAdam",
     "OptimisticAdamState",
+    "OptimisticAdamV1",
     "OptimisticGradientDescent",
     "OptimisticGradientDescentState",
     "PSGDKron",
@@ -623,6 +647,8 @@ __all__ = [
     "SignSGDState",
     "Signum",
     "SignumState",
+    "SimplifiedAdEMAMix",
+    "SimplifiedAdEMAMixState",
     "SkipLargeUpdates",
     "SkipLargeUpdatesState",
     "SkipNonFinite",
@@ -660,6 +686,8 @@ __all__ = [
     "microbatch",
     "native_kernels_available",
     "pack",
+    "per_example_global_norm_clip",
+    "per_example_layer_norm_clip",
     "periodic_update",
     "plot_schedules",
     "population",

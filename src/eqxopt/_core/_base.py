@@ -123,6 +123,11 @@ class AbstractTransform(eqx.Module):
     # optax's spelling of an argument -> eqxopt's (`_checks.refuse_renamed`).
     renamed_arguments: ClassVar[Mapping[str, Renamed]] = renames()
 
+    # Whether `transform` takes per-example gradients: each with a leading batch
+    # axis before its parameter's shape, as `jax.vmap(jax.grad(loss))` gives
+    # (`DifferentiallyPrivateAggregate`). The input checks then expect that axis.
+    per_example: ClassVar[bool] = False
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         refuse_renamed(cls, kwargs)
         return super().__new__(cls)
@@ -161,6 +166,12 @@ class AbstractTransform(eqx.Module):
         transform = _typechecked(type(self).transform, _state_type(type(self)))
         updates, new_state = transform(self, grads, state, params, **extra)
         return apply_updates(params, updates), new_state
+
+    def takes_per_example_grads(self) -> bool:
+        """Whether `update`/`step` take per-example gradients (a leading batch axis
+        on every gradient): by default the class's `per_example`; a `Chain`
+        answers for its first link."""
+        return self.per_example
 
     def params_needed(self) -> str | None:
         """What of this transform reads the parameters, as an error names it
@@ -481,13 +492,18 @@ class _NoParameter:
 _NO_PARAMETER = _NoParameter()
 
 
-def _stand_in(grads: Grads) -> Params:
+def _stand_in(grads: Grads, per_example: bool = False) -> Params:
     """For an `update` called without params (whose transform reads none): zeros
-    shaped like the gradients, a non-array leaf where a gradient is `None`. Every
-    rule then runs as with the parameters (a weight decay of 0 times zeros is 0,
-    whatever the parameters hold) and returns updates in the gradients' dtypes."""
+    shaped like the gradients (like one example's, for per-example gradients), a
+    non-array leaf where a gradient is `None`. Every rule then runs as with the
+    parameters (a weight decay of 0 times zeros is 0, whatever the parameters
+    hold) and returns updates in the gradients' dtypes."""
+
+    def zeros(g: Any) -> Any:
+        return jnp.zeros(g.shape[1:] if per_example else g.shape, g.dtype)
+
     return jax.tree.map(
-        lambda g: _NO_PARAMETER if g is None else jnp.zeros_like(g),
+        lambda g: _NO_PARAMETER if g is None else zeros(g),
         grads,
         is_leaf=lambda g: g is None,
     )
@@ -503,7 +519,8 @@ def _checked(
     params_given: bool = True,
 ) -> Any:
     # Our own checks first: they name the leaf; jaxtyping's would not.
-    check_grads(grads, params)
+    per_example = type(opt).__name__ if opt.takes_per_example_grads() else None
+    check_grads(grads, params, per_example)
     try:
         check_state(opt, state, params)
     except (TypeError, ValueError) as error:
@@ -535,7 +552,7 @@ def _entry(key: _EntryKey, opt, grads, first, second, extra):
     params, state = (first, second) if key.step else (second, first)
     params_given = params is not None
     if not params_given:  # `update(grads, state)`: `params_needed()` said none read
-        params = _stand_in(grads)
+        params = _stand_in(grads, opt.takes_per_example_grads())
     method = type(opt).transform_step if key.step else type(opt).transform
     backend = _backend.active()
 

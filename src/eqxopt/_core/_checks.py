@@ -82,10 +82,16 @@ def _fmt(x: float) -> str:
     return repr(x)
 
 
-def check_grads(grads: PyTree, params: PyTree) -> list[Any]:
+def check_grads(
+    grads: PyTree, params: PyTree, per_example: str | None = None
+) -> list[Any]:
     """Checks `grads` against `params` and returns the gradient of each params leaf
-    (`None` where absent). Raises naming the leaf path on any mismatch."""
+    (`None` where absent). Raises naming the leaf path on any mismatch. With
+    `per_example` (the name of the transform that takes them), each gradient has
+    a leading batch axis, of one size for every leaf, before its parameter's
+    shape."""
     aligned = align_grads(grads, params)
+    batch: tuple[str, int] | None = None
     for path, g, p in zip(leaf_paths(params), aligned, jax.tree.leaves(params)):
         if g is None:
             continue
@@ -98,7 +104,23 @@ def check_grads(grads: PyTree, params: PyTree) -> list[Any]:
             raise TypeError(
                 f"grads{path} must be an array or None, got {type(g).__name__}"
             )
-        if g.shape != p.shape:
+        if per_example is not None:
+            if g.ndim != p.ndim + 1 or g.shape[1:] != p.shape:
+                raise ValueError(
+                    f"grads{path} has shape {g.shape} but {per_example} takes "
+                    f"per-example gradients: a leading batch axis before "
+                    f"params{path}'s shape {p.shape} (as jax.vmap(jax.grad(loss)) "
+                    "gives)"
+                )
+            if batch is None:
+                batch = (path, g.shape[0])
+            elif g.shape[0] != batch[1]:
+                raise ValueError(
+                    f"grads{path} has a batch of {g.shape[0]} examples but "
+                    f"grads{batch[0]} has {batch[1]}; {per_example} takes one "
+                    "batch of per-example gradients"
+                )
+        elif g.shape != p.shape:
             raise ValueError(
                 f"grads{path} has shape {g.shape} but params{path} has shape {p.shape}"
             )

@@ -76,6 +76,17 @@ def abs_sq(x: Array) -> Array:
     return jnp.real(x * jnp.conj(x)) if jnp.iscomplexobj(x) else x * x
 
 
+def cautious_mask(u: Array, a: Array, b: Array) -> Array:
+    """The cautious masking of Liang et al. (2024) on one leaf: `u` where `a` and
+    `b` agree in sign (`real(a * conj(b)) > 0`), zero elsewhere, scaled by
+    `u.size / (count + 1)` for `count` the agreeing elements, so the step keeps
+    its size (the `+ 1` keeps it finite where none agree). `CAdamW` and the
+    `Cautious` wrapper both mask with it."""
+    agree = (jnp.real(a * jnp.conj(b)) > 0).astype(jnp.real(u).dtype)
+    scale = agree.size / (jnp.sum(agree) + 1)
+    return u * agree * scale
+
+
 def float_leaves_like(
     params: PyTree,
     dtype: Any = None,

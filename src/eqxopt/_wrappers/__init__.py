@@ -2,8 +2,8 @@
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
 Lookahead, ParamEMA, ConditionallyTransform, ConditionallyMask, Mechanic, SAM,
 ScheduleFree, StochasticRounding, KahanSummation, LearningRateMultipliers,
-Maximize, SkipLargeUpdates, Monitor, SplitRealAndImaginary (and, among the
-transforms, SkipNonFinite).
+Maximize, Cautious, SkipLargeUpdates, Monitor, SplitRealAndImaginary (and, among
+the transforms, SkipNonFinite).
 """
 
 from ._accumulate import (
@@ -15,6 +15,9 @@ from ._averaging import (
     LookaheadState as LookaheadState,
     ParamEMA as ParamEMA,
     ParamEMAState as ParamEMAState,
+)
+from ._cautious import (
+    Cautious as Cautious,
 )
 from ._chain import (
     Chain as Chain,

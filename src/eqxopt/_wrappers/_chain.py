@@ -103,6 +103,16 @@ class Chain(AbstractComposite):
         self.names = (
             _default_names(self.links) if names is None else _names(names, links)
         )
+        for i, link in enumerate(self.links[1:], 1):
+            if link.takes_per_example_grads():
+                raise ValueError(
+                    f"links[{i}] ({type(link).__name__}) takes per-example gradients, "
+                    "so it must be the first link (the links after it get its "
+                    "aggregated updates)"
+                )
+
+    def takes_per_example_grads(self) -> bool:
+        return self.links[0].takes_per_example_grads()
 
     @property
     def inners(self) -> tuple[AbstractTransform, ...]:

@@ -1,4 +1,4 @@
 """The Adam family: Adam, AdamW, NAdam(W), AMSGrad, Adamax(W), RAdam, Yogi,
-AdaBelief, ADOPT, AdEMAMix, CAdamW, StableAdamW, OptimisticAdam, LaProp, AdamMini,
-MARS.
+AdaBelief, ACProp, ADOPT, AdEMAMix, SimplifiedAdEMAMix, CAdamW, StableAdamW,
+OptimisticAdam, OptimisticAdamV1, LaProp, AdamMini, MARS.
 """

@@ -1,8 +1,7 @@
 """C-AdamW: cautious AdamW, which drops update coordinates that disagree with the
 current gradient."""
 
-import jax.numpy as jnp
-
+from ..._core._tree import cautious_mask
 from ._adam_like import AbstractAdamW, adam_direction
 
 
@@ -33,7 +32,10 @@ class CAdamW(AbstractAdamW):
     far as AdamW would move it). The decay uses the parameter from before the update
     (the authors' code, derived from an older Hugging Face AdamW, decays the updated
     parameter: a difference of order `lr**2 * wd`). Neither optax nor torch.optim
-    has this optimizer.
+    has this optimizer. `Cautious(AdamW(lr, weight_decay=0))` is `CAdamW(lr,
+    weight_decay=0)`; with decay, `Chain(Cautious(Adam(lr)),
+    DecoupledWeightDecay(lr, wd))` is `CAdamW(lr, weight_decay=wd)` (`Cautious`
+    masks the whole update of what it wraps, a decay inside it included).
 
     **Arguments:**
 
@@ -48,6 +50,4 @@ class CAdamW(AbstractAdamW):
 
     def direction(self, h, g, mu, nu):
         u, mu, nu, _ = adam_direction(h, g, mu, nu)
-        agree = (jnp.real(mu * jnp.conj(g)) > 0).astype(u.real.dtype)
-        scale = agree.size / (jnp.sum(agree) + 1)
-        return u * agree * scale, h.learning_rate, mu, nu
+        return cautious_mask(u, mu, g), h.learning_rate, mu, nu

@@ -9,6 +9,7 @@ from jaxtyping import Array, Float, Int, PyTree
 from ..._core._fields import (
     ScalarOrSchedule,
     flag_field,
+    hyper,
 )
 from ..._core._moments import Moment
 from ._adam_like import (
@@ -61,7 +62,8 @@ class OptimisticAdam(AbstractAdamOptions):
     `mu / (1 - b1**t)` with `nesterov=False`) and `r_prev` the previous step's `r`
     (`r` itself on the first step). The same as `optax.optimistic_adam_v2`; the
     deprecated `optax.optimistic_adam(lr, optimism)` is this with
-    `learning_rate=1, alpha=lr, beta=optimism`. torch.optim has no such optimizer.
+    `learning_rate=1, alpha=lr, beta=optimism`, and `OptimisticAdamV1` takes its
+    arguments. torch.optim has no such optimizer.
 
     **Arguments:**
 
@@ -92,13 +94,87 @@ class OptimisticAdam(AbstractAdamOptions):
     elementwise = True
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
-        h = bias_corrections(super().step_values(step), step)
-        h.first = step == 0
-        return h
+        return _with_first(super().step_values(step), step)
 
     def leaf(self, h, t, g, p, mu, nu, previous):
         del t  # the bias corrections are in `h`
-        r, mu, nu, _ = adam_direction(h, g, mu, nu, self.nesterov)
-        previous = jnp.where(h.first, r, previous)  # `r` itself on the first step
-        direction = (h.alpha + h.beta) * r - h.beta * previous
+        direction, mu, nu, r = _optimistic(h, g, mu, nu, previous, self.nesterov)
         return -h.learning_rate * direction, mu, nu, r
+
+
+def _with_first(h: SimpleNamespace, step: Int[Array, ""]) -> SimpleNamespace:
+    """`h` with the bias corrections and `h.first`, whether this is the first
+    step (which has no previous direction)."""
+    h = bias_corrections(h, step)
+    h.first = step == 0
+    return h
+
+
+def _optimistic(h, g, mu, nu, previous, nesterov, alpha=None, beta=None):
+    """Adam's moments, direction `r` and the optimistic `(alpha + beta) * r - beta *
+    r_prev` (`h.alpha`, `h.beta` unless given): `(direction, mu, nu, r)`."""
+    alpha = h.alpha if alpha is None else alpha
+    beta = h.beta if beta is None else beta
+    r, mu, nu, _ = adam_direction(h, g, mu, nu, nesterov)
+    previous = jnp.where(h.first, r, previous)  # `r` itself on the first step
+    return (alpha + beta) * r - beta * previous, mu, nu, r
+
+
+class OptimisticAdamV1(AbstractAdamOptions):
+    r"""Optimistic Adam in the first form of `optax.optimistic_adam` (deprecated
+    there for `optimistic_adam_v2`, which is `OptimisticAdam`): the same rule
+    with the learning rate weighting the current direction and the optimism the
+    difference to the previous one, each an absolute step size.
+
+    For each leaf, with `t = step + 1`, `lr` and `o` the learning rate and the
+    optimism at `step`:
+
+    $$
+    \begin{aligned}
+    \mu &\leftarrow b_1 \mu + (1 - b_1)\, g \\
+    \nu &\leftarrow b_2 \nu + (1 - b_2)\, g^2 \\
+    r &= \frac{\hat m}{\sqrt{\nu / (1 - b_2^t) + \epsilon_\mathrm{root}} + \epsilon} \\
+    p &\leftarrow p - \left((\mathrm{lr} + o)\, r - o\, r_\mathrm{prev}\right)
+    \end{aligned}
+    $$
+
+    with `m_hat` and `r_prev` as for `OptimisticAdam`: this is
+    `OptimisticAdam(1.0, alpha=lr, beta=o)`. A schedule for `learning_rate`
+    scales the current direction only (optax refuses one); `OptimisticAdam`
+    scales both terms. torch.optim has no such optimizer.
+
+    **Arguments:**
+
+    - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
+    - `optimism`: `o`, `>= 0`, or a schedule; `None` (default): the learning
+      rate, as optax.
+    - `b1`, `b2`, `eps`, `eps_root`: as for `Adam`.
+    - `nesterov`: a bool (default `True`, as optax).
+    - `mu_dtype`, `nu_dtype`: as for `Adam`.
+    """
+
+    # As optax's `optimistic_adam` after `learning_rate`, but by keyword only:
+    # eqxopt keeps `b1, b2, eps` by keyword for the whole optimistic family.
+    optimism: ScalarOrSchedule | None = hyper(
+        None, low=0.0, optional=True, kw_only=True
+    )
+    b1: ScalarOrSchedule = b1_field(kw_only=True)
+    b2: ScalarOrSchedule = b2_field(kw_only=True)
+    eps: ScalarOrSchedule = eps_field(kw_only=True)
+    eps_root: ScalarOrSchedule = nonnegative_field()
+    nesterov: bool = flag_field(True)
+
+    state_type = OptimisticAdamState
+    moments = OptimisticAdam.moments
+    elementwise = True
+
+    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+        return _with_first(super().step_values(step), step)
+
+    def leaf(self, h, t, g, p, mu, nu, previous):
+        del t  # the bias corrections are in `h`
+        optimism = h.learning_rate if h.optimism is None else h.optimism
+        direction, mu, nu, r = _optimistic(
+            h, g, mu, nu, previous, self.nesterov, h.learning_rate, optimism
+        )
+        return -direction, mu, nu, r

@@ -1,4 +1,4 @@
-"""Gradient descent and its sign, noise, Polyak, optimistic, resilient and
-schedule-free forms: SGD, NoisySGD, PolyakSGD, OptimisticGradientDescent, Rprop,
-SignSGD, Signum, Lion, ScheduleFreeSGD, ScheduleFreeAdamW.
+"""Gradient descent and its sign, noise, private, Polyak, optimistic, resilient and
+schedule-free forms: SGD, NoisySGD, DPSGD, PolyakSGD, OptimisticGradientDescent,
+Rprop, SignSGD, Signum, Lion, ScheduleFreeSGD, ScheduleFreeAdamW.
 """
