@@ -892,8 +892,13 @@ TORCH_OPTIMIZERS = [
         "SGD(params, lr, momentum, nesterov=True)",
         "SGD(lr, momentum, nesterov=True)",
         values=dict(lr=_TORCH_LR, momentum=0.8),
-        note="torch's `dampening=0`; other dampening missing; `weight_decay`: "
-        "`Chain(AddDecayedWeights(wd), SGD(...))`",
+        note="`weight_decay`: `Chain(AddDecayedWeights(wd), SGD(...))`",
+    ),
+    Call(
+        "SGD(params, lr, momentum, dampening)",
+        "SGD(lr, momentum, dampening=dampening)",
+        values=dict(lr=_TORCH_LR, momentum=0.8, dampening=0.3),
+        note="`dampening` is keyword-only (optax's third argument is `nesterov`)",
     ),
     Call(
         "Adam(params, lr, betas=(b1, b2), eps=eps)",
