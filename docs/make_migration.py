@@ -992,9 +992,10 @@ TORCH_OPTIMIZERS = [
     Row(("lr_scheduler",), "the schedules below", ("AbstractSchedule",)),
     Row(
         ("swa_utils",),
-        "`ParamEMA` for EMA weights; `AveragedModel`'s arithmetic mean and `SWALR` "
-        "are missing",
-        ("ParamEMA",),
+        "`AveragedModel` (its default arithmetic mean): `SWA(opt, start, every)`, "
+        "read with `state.averaged(params)`; `ParamEMA` for EMA weights; `SWALR`: "
+        "the schedule below",
+        ("SWA", "SWAState.averaged", "ParamEMA", "SWALR"),
     ),
     Row(
         ("swap_in_optimizer_params_and_state",),
@@ -1074,6 +1075,14 @@ TORCH_SCHEDULERS = [
         "[n])",
         "Join([Constant(lr * factor), ExponentialDecay(lr, 1, gamma)], [n])",
         values=dict(lr=0.5, factor=0.5, n=3, gamma=0.8),
+        steps=7,
+    ),
+    Call(
+        "swa_utils.SWALR(opt, swa_lr, anneal_epochs, anneal_strategy)",
+        "SWALR(lr, swa_lr, anneal_epochs, anneal_strategy)",
+        values=dict(lr=0.5, swa_lr=0.05, anneal_epochs=4, anneal_strategy="cos"),
+        note="in steps; after another schedule: `Join([sched, SWALR(...)], "
+        "[swa_start])`",
         steps=7,
     ),
     Call(

@@ -458,7 +458,8 @@ def test_torch_scheduler_row_gives_torch_learning_rates(row):
     values = row.values
     base = values.get("lr", values.get("base_lr", values.get("max_lr")))
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=base)
-    namespace = {**vars(torch.optim.lr_scheduler), **values, "opt": opt}
+    swa = {"swa_utils": torch.optim.swa_utils}  # SWALR is there
+    namespace = {**vars(torch.optim.lr_scheduler), **swa, **values, "opt": opt}
     scheduler = eval(row.theirs, namespace)
     theirs = []
     for _ in range(row.steps):

@@ -107,6 +107,14 @@ def np_wsd(s, peak, warmup, total, decay, init, end, shape):
     return np.where(s < warmup, ramp, end + (peak - end) * factor)
 
 
+def np_swalr(s, init, swa_lr, anneal, strategy):
+    """torch's SWALR in closed form, in NumPy float64."""
+    s = np.asarray(s, dtype=np.float64)
+    t = np.ones_like(s) if anneal == 0 else np.clip(s / anneal, 0.0, 1.0)
+    alpha = (1 - np.cos(np.pi * t)) / 2 if strategy == "cos" else t
+    return swa_lr * alpha + init * (1 - alpha)
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     name: str
@@ -136,6 +144,7 @@ SGDR_CYCLES = [
 ]
 SCALES = {300: 4.0, 1000: 0.25, 2200: 0.1}
 L = torch.optim.lr_scheduler
+SWA_UTILS = torch.optim.swa_utils
 
 CASES = [
     Case(
@@ -355,6 +364,25 @@ CASES = [
             f32(0.001),
         ),
     ),
+    Case(
+        "SWALR-cos",
+        eqxopt.SWALR(0.1, 0.005, 1000),
+        lambda: torch_values(
+            lambda o: SWA_UTILS.SWALR(o, f32(0.005), 1000, "cos"), f32(0.1)
+        ),
+    ),
+    Case(
+        "SWALR-linear",
+        eqxopt.SWALR(0.1, 0.02, 700, "linear"),
+        lambda: torch_values(
+            lambda o: SWA_UTILS.SWALR(o, f32(0.02), 700, "linear"), f32(0.1)
+        ),
+    ),
+    Case(
+        "SWALR-no-annealing",
+        eqxopt.SWALR(0.1, 0.02, 0),
+        lambda: torch_values(lambda o: SWA_UTILS.SWALR(o, f32(0.02), 0), f32(0.1)),
+    ),
     # torch's own versions of schedules that optax also has.
     Case(
         "Linear-vs-torch-LinearLR",
@@ -558,6 +586,10 @@ X64_CASES = {
             ),
             0.001,
         ),
+    ),
+    "SWALR": (
+        lambda: eqxopt.SWALR(0.1, 0.005, 1000),
+        lambda: np_swalr(np.arange(N_STEPS), 0.1, 0.005, 1000, "cos"),
     ),
     "WarmupStableDecay": (
         lambda: eqxopt.WarmupStableDecay(
@@ -1004,6 +1036,13 @@ ERRORS = [
         "end_value must be in",
     ),
     (
+        lambda: eqxopt.SWALR(1.0, 0.1, 10, "cosine"),
+        ValueError,
+        "anneal_strategy must be one of",
+    ),
+    (lambda: eqxopt.SWALR(1.0, 0.1, -1), ValueError, "anneal_steps must be >= 0"),
+    (lambda: eqxopt.SWALR(1.0, -0.1), ValueError, r"swa_lr must be in \[0.0"),
+    (
         lambda: eqxopt.SGD(learning_rate=lambda s: 0.1),
         TypeError,
         "Wrap plain functions of the step",
@@ -1445,6 +1484,11 @@ HUGE = [
         ),
     ),
     (
+        "SWALR",
+        lambda: eqxopt.SWALR(1.0, 0.1, 2**40, "linear"),
+        lambda: _formula(lambda s: np_swalr(s, 1.0, 0.1, 2**40, "linear")),
+    ),
+    (
         "WarmupStableDecay",
         lambda: eqxopt.WarmupStableDecay(0.5, 100, 2**40, decay_fraction=0.5),
         lambda: _formula(
@@ -1568,6 +1612,7 @@ SCHEDULE_FLOATS = [
         ["init_value", "gamma"],
     ),
     (eqxopt.Cyclic, dict(base_lr=0.1, max_lr=1.0), ["base_lr", "max_lr", "gamma"]),
+    (eqxopt.SWALR, dict(init_value=1.0, swa_lr=0.1), ["init_value", "swa_lr"]),
     (
         eqxopt.WarmupStableDecay,
         dict(peak_value=1.0, warmup_steps=10, total_steps=100),
@@ -1660,6 +1705,7 @@ SIGNATURES = {
         "base_lr, max_lr, step_size_up=2000, step_size_down=None, "
         "mode='triangular', gamma=1.0"
     ),
+    "SWALR": "init_value, swa_lr, anneal_steps=10, anneal_strategy='cos'",
     "WarmupStableDecay": (
         "peak_value, warmup_steps, total_steps, *, decay_steps=None, "
         "decay_fraction=None, init_value=0.0, end_value=0.0, decay_shape='linear'"

@@ -217,6 +217,7 @@ from ._schedules._cyclic import (
     LinearOneCycle as LinearOneCycle,
 )
 from ._schedules._decay import (
+    SWALR as SWALR,
     CosineDecay as CosineDecay,
     ExponentialDecay as ExponentialDecay,
     Linear as Linear,
@@ -289,6 +290,7 @@ from ._transforms._state import (
 )
 from ._wrappers import (
     SAM as SAM,
+    SWA as SWA,
     Chain as Chain,
     ChainState as ChainState,
     Freeze as Freeze,
@@ -317,6 +319,7 @@ from ._wrappers import (
     SkipLargeUpdatesState as SkipLargeUpdatesState,
     StochasticRounding as StochasticRounding,
     StochasticRoundingState as StochasticRoundingState,
+    SWAState as SWAState,
     hyperparameters as hyperparameters,
     round_stochastic_bf16 as round_stochastic_bf16,
 )
@@ -477,6 +480,9 @@ __all__ = [
     "SM3State",
     "SOAP",
     "SOAPState",
+    "SWA",
+    "SWALR",
+    "SWAState",
     "ScaleByAdam",
     "ScaleByAdamState",
     "ScaleByLearningRate",

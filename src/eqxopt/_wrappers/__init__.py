@@ -1,6 +1,6 @@
 """Transforms that hold other transforms (`AbstractWrapper`, which passes them the
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
-Lookahead, ParamEMA, Mechanic, SAM, ScheduleFree, StochasticRounding,
+Lookahead, ParamEMA, SWA, Mechanic, SAM, ScheduleFree, StochasticRounding,
 KahanSummation, LearningRateMultipliers, Maximize, SkipLargeUpdates, Monitor (and,
 among the transforms, SkipNonFinite).
 """
@@ -10,10 +10,12 @@ from ._accumulate import (
     MultiStepsState as MultiStepsState,
 )
 from ._averaging import (
+    SWA as SWA,
     Lookahead as Lookahead,
     LookaheadState as LookaheadState,
     ParamEMA as ParamEMA,
     ParamEMAState as ParamEMAState,
+    SWAState as SWAState,
 )
 from ._chain import (
     Chain as Chain,
