@@ -55,6 +55,7 @@ def gallery() -> dict[str, eqxopt.AbstractSchedule]:
         "MultiStepDecay": eqxopt.MultiStepDecay(PEAK, [400, 700, 900], 0.3),
         "Cyclic (triangular2)": eqxopt.Cyclic(0.1, PEAK, 100, mode="triangular2"),
         "Cyclic (exp_range)": eqxopt.Cyclic(0.1, PEAK, 100, 150, "exp_range", 0.998),
+        "OneCycleMomentum": eqxopt.OneCycleMomentum(1000),
         "SWALR (cos)": eqxopt.SWALR(PEAK, 0.2, 400),
         "WarmupStableDecay (1-sqrt)": eqxopt.WarmupStableDecay(
             PEAK, 100, 1000, decay_fraction=0.2, decay_shape="1-sqrt"

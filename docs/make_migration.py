@@ -88,6 +88,9 @@ class Call:
     note: str = ""
     differs: str | None = None
     steps: int = 3
+    # What a torch scheduler row compares: the group's `"lr"`, or its `"momentum"`
+    # (torch's momentum cycling, against the eqxopt schedule passed as momentum).
+    reads: str = "lr"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1059,8 +1062,18 @@ TORCH_SCHEDULERS = [
         'CyclicLR(opt, base_lr, max_lr, step_size_up, mode="triangular2")',
         'Cyclic(base_lr, max_lr, step_size_up, mode="triangular2")',
         values=dict(base_lr=0.1, max_lr=0.5, step_size_up=2),
-        note="learning rate only; torch's momentum cycling is missing",
+        note="the learning rate; its momentum cycling: the next row",
         steps=10,
+    ),
+    Call(
+        "CyclicLR(opt, base_lr, max_lr, step_size_up, base_momentum=base_m, "
+        "max_momentum=max_m)",
+        "Cyclic(max_m, base_m, step_size_up)",
+        values=dict(base_lr=0.1, max_lr=0.5, step_size_up=3, base_m=0.8, max_m=0.9),
+        note="its momentum: the triangle upside down, passed as `momentum=` (SGD) "
+        "or `b1=` (Adam: torch cycles `betas[0]`)",
+        steps=10,
+        reads="momentum",
     ),
     Call(
         "OneCycleLR(opt, max_lr, total_steps)",
@@ -1069,6 +1082,15 @@ TORCH_SCHEDULERS = [
         differs="optax's curve (`LinearOneCycle` / `CosineOneCycle`), close to "
         "torch's but not equal (torch ends each phase one step earlier)",
         steps=10,
+    ),
+    Call(
+        "OneCycleLR(opt, max_lr, total_steps, three_phase=True)",
+        "OneCycleMomentum(total_steps, three_phase=True)",
+        values=dict(max_lr=0.5, total_steps=10),
+        note="its momentum (`base_momentum`, `max_momentum` and torch's phase "
+        "ends), passed as `momentum=` (SGD) or `b1=` (Adam)",
+        steps=10,
+        reads="momentum",
     ),
     Call(
         "SequentialLR(opt, [ConstantLR(opt, factor, n), ExponentialLR(opt, gamma)], "

@@ -215,6 +215,7 @@ from ._schedules._cyclic import (
     CosineOneCycle as CosineOneCycle,
     Cyclic as Cyclic,
     LinearOneCycle as LinearOneCycle,
+    OneCycleMomentum as OneCycleMomentum,
 )
 from ._schedules._decay import (
     SWALR as SWALR,
@@ -445,6 +446,7 @@ __all__ = [
     "NoisySGDState",
     "NovoGrad",
     "NovoGradState",
+    "OneCycleMomentum",
     "OptimisticAdam",
     "OptimisticAdamState",
     "OptimisticGradientDescent",
