@@ -1113,12 +1113,29 @@ TORCH_SCHEDULERS = [
         names=("Chain", "ReduceOnPlateau"),
         note="fed the loss as `value=` (eqxopt's `patience` counts one more)",
     ),
-    Missing(
-        ("LambdaLR", "MultiplicativeLR"),
-        "they take arbitrary Python functions, which cannot be array fields; write "
-        "a small `AbstractSchedule` subclass (below)",
+    Call(
+        "LambdaLR(opt, lr_lambda)",
+        "Lambda(lr, lr_lambda)",
+        values=dict(lr=0.5, lr_lambda=lambda step: 1 / (1 + step)),
+        note="`lr_lambda` is called on the step array (JAX operations) and is "
+        "static: a new function recompiles, a new step does not; numbers that "
+        "should change without recompiling: an `AbstractSchedule` subclass (below)",
+        steps=6,
     ),
-    Missing(("ChainedScheduler",), "it multiplies the factors of several schedulers"),
+    Missing(
+        ("MultiplicativeLR",),
+        "a running product of a function at every step so far; a constant "
+        "factor `g` is `ExponentialDecay(lr, 1, g)`, others a `Lambda` of the "
+        "product in closed form",
+    ),
+    Call(
+        "ChainedScheduler([ConstantLR(opt, factor, n), ExponentialLR(opt, gamma)])",
+        "Product(lr, [PiecewiseConstant(factor, {n: 1 / factor}), "
+        "ExponentialDecay(1.0, 1, gamma)])",
+        values=dict(lr=0.5, factor=0.5, n=3, gamma=0.8),
+        note="each factor a schedule from 1 (schedulers that multiply the rate)",
+        steps=7,
+    ),
     Row(("LRScheduler",), "`AbstractSchedule` (the base class)", ("AbstractSchedule",)),
 ]
 

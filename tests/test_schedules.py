@@ -132,6 +132,17 @@ def np_one_cycle_momentum(s, total, low, high, pct, cosine=True, three=False):
     return out
 
 
+def inverse_time(s):
+    """A user's `lr_lambda` for eqxopt (JAX operations on the step array; the
+    float cast is what strict promotion asks)."""
+    return 1.0 / (1.0 + 0.01 * jnp.asarray(s).astype(float))
+
+
+def inverse_time_torch(epoch):
+    """The same factor for torch, which calls `lr_lambda` on a Python int."""
+    return 1.0 / (1.0 + 0.01 * epoch)
+
+
 def np_wsd(s, peak, warmup, total, decay, init, end, shape):
     """Warmup-stable-decay written out in NumPy float64."""
     s = np.asarray(s, dtype=np.float64)
@@ -463,6 +474,32 @@ CASES = [
         ),
     ),
     Case(
+        "Lambda-vs-torch-LambdaLR",
+        eqxopt.Lambda(0.1, inverse_time),
+        lambda: torch_values(lambda o: L.LambdaLR(o, inverse_time_torch), f32(0.1)),
+    ),
+    Case(
+        "Product-vs-torch-ChainedScheduler",
+        eqxopt.Product(
+            0.1,
+            [
+                eqxopt.PiecewiseConstant(0.25, {500: 4.0}),
+                eqxopt.ExponentialDecay(1.0, 1, 0.9995),
+                eqxopt.StepDecay(1.0, 700, 0.5),
+            ],
+        ),
+        lambda: torch_values(
+            lambda o: L.ChainedScheduler(
+                [
+                    L.ConstantLR(o, 0.25, 500),
+                    L.ExponentialLR(o, f32(0.9995)),
+                    L.StepLR(o, 700, 0.5),
+                ]
+            ),
+            f32(0.1),
+        ),
+    ),
+    Case(
         "SWALR-cos",
         eqxopt.SWALR(0.1, 0.005, 1000),
         lambda: torch_values(
@@ -691,6 +728,19 @@ X64_CASES = {
             np.arange(N_STEPS), 2500, 0.8, 0.9, 0.3, True, True
         ),
     ),
+    "Lambda": (
+        lambda: eqxopt.Lambda(0.3, inverse_time),
+        lambda: 0.3 / (1.0 + 0.01 * np.arange(N_STEPS, dtype=np.float64)),
+    ),
+    "Product": (
+        lambda: eqxopt.Product(
+            0.5, [eqxopt.CosineDecay(1.0, 2000, alpha=0.05), eqxopt.StepDecay(1.0, 300)]
+        ),
+        lambda: (
+            _optax64(optax.cosine_decay_schedule(0.5, 2000, 0.05))()
+            * 0.1 ** (np.arange(N_STEPS) // 300)
+        ),
+    ),
     "SWALR": (
         lambda: eqxopt.SWALR(0.1, 0.005, 1000),
         lambda: np_swalr(np.arange(N_STEPS), 0.1, 0.005, 1000, "cos"),
@@ -812,6 +862,28 @@ def test_new_objects_with_other_values_and_steps_reuse_the_compiled_function():
         va, vb = run(a, steps), run(b, steps)
         assert len(traces) == before + 1, type(a).__name__
         assert not np.array_equal(np.asarray(va), np.asarray(vb))
+
+
+def test_lambda_recompiles_for_a_new_function_not_a_new_step_or_value():
+    """The function is static (part of the program), the step and `init_value`
+    are arrays."""
+    traces = []
+
+    @eqx.filter_jit
+    def run(schedule, step):
+        traces.append(type(schedule).__name__)
+        return schedule(step)
+
+    schedule = eqxopt.Lambda(0.1, inverse_time)
+    first = run(schedule, jnp.int32(3))
+    assert len(traces) == 1
+    np.testing.assert_allclose(float(first), 0.1 / 1.03, rtol=1e-6)
+    run(schedule, jnp.int32(700))
+    run(eqxopt.Lambda(0.5, inverse_time), jnp.int32(9))
+    assert len(traces) == 1, "a new step or init_value recompiled"
+    other = run(eqxopt.Lambda(0.1, lambda s: inverse_time(s) ** 2), jnp.int32(3))
+    assert len(traces) == 2, "a new function must compile its own program"
+    np.testing.assert_allclose(float(other), 0.1 / 1.03**2, rtol=1e-6)
 
 
 def test_values_may_be_tracers():
@@ -1194,6 +1266,27 @@ ERRORS = [
         "anneal_strategy must be one of",
     ),
     (lambda: eqxopt.SWALR(1.0, 0.1, -1), ValueError, "anneal_steps must be >= 0"),
+    (
+        lambda: eqxopt.Lambda(0.1, 0.5),
+        TypeError,
+        "lr_lambda must be a function of the step",
+    ),
+    (
+        lambda: eqxopt.Lambda(0.1, eqxopt.Constant(0.5)),
+        TypeError,
+        "lr_lambda must be a function of the step",
+    ),
+    (lambda: eqxopt.Lambda(-0.1, inverse_time), ValueError, "init_value must be in"),
+    (
+        lambda: eqxopt.Product(0.1, []),
+        ValueError,
+        "factors must hold at least one schedule",
+    ),
+    (
+        lambda: eqxopt.Product(0.1, [0.5]),
+        TypeError,
+        r"factors\[0\] must be an eqxopt schedule module",
+    ),
     (
         lambda: eqxopt.OneCycleMomentum(100, pct_start=1.5),
         ValueError,
@@ -1650,6 +1743,11 @@ HUGE = [
         ),
     ),
     (
+        "Product",
+        lambda: eqxopt.Product(2.0, [eqxopt.CosineDecay(0.5, BIG, alpha=0.05)]),
+        lambda: optax.cosine_decay_schedule(1.0, BIG, 0.05),
+    ),
+    (
         "SWALR",
         lambda: eqxopt.SWALR(1.0, 0.1, 2**40, "linear"),
         lambda: _formula(lambda s: np_swalr(s, 1.0, 0.1, 2**40, "linear")),
@@ -1691,7 +1789,7 @@ def test_huge_step_counts_work_in_every_schedule_class():
         and getattr(eqxopt, name) is not eqxopt.AbstractSchedule
     }
     covered = {type(make()).__name__ for _, make, _ in HUGE}
-    assert public - covered == {"Constant"}  # no step count
+    assert public - covered == {"Constant", "Lambda"}  # no step count
 
 
 def test_counts_beyond_int32_compare_exactly_with_int32_steps():
@@ -1779,6 +1877,8 @@ SCHEDULE_FLOATS = [
     ),
     (eqxopt.Cyclic, dict(base_lr=0.1, max_lr=1.0), ["base_lr", "max_lr", "gamma"]),
     (eqxopt.SWALR, dict(init_value=1.0, swa_lr=0.1), ["init_value", "swa_lr"]),
+    (eqxopt.Lambda, dict(lr_lambda=inverse_time), ["init_value"]),
+    (eqxopt.Product, dict(factors=[eqxopt.Constant(1.0)]), ["init_value"]),
     (
         eqxopt.OneCycleMomentum,
         dict(total_steps=100),
@@ -1877,6 +1977,8 @@ SIGNATURES = {
         "mode='triangular', gamma=1.0"
     ),
     "SWALR": "init_value, swa_lr, anneal_steps=10, anneal_strategy='cos'",
+    "Lambda": "init_value, lr_lambda",
+    "Product": "init_value, factors",
     "OneCycleMomentum": (
         "total_steps, base_momentum=0.85, max_momentum=0.95, pct_start=0.3, "
         "anneal_strategy='cos', three_phase=False"

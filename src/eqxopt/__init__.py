@@ -226,6 +226,10 @@ from ._schedules._decay import (
     Polynomial as Polynomial,
     StepDecay as StepDecay,
 )
+from ._schedules._function import (
+    Lambda as Lambda,
+    Product as Product,
+)
 from ._schedules._piecewise import (
     Join as Join,
     PiecewiseConstant as PiecewiseConstant,
@@ -414,6 +418,7 @@ __all__ = [
     "LARSState",
     "LBFGS",
     "LBFGSState",
+    "Lambda",
     "LearningRateMultipliers",
     "Linear",
     "LinearOneCycle",
@@ -464,6 +469,7 @@ __all__ = [
     "PolyakSGDState",
     "Polynomial",
     "Prodigy",
+    "Product",
     "ProdigyState",
     "QuantizedArray",
     "RAdam",
