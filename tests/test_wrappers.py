@@ -305,12 +305,19 @@ def test_swa_averaged_model_keeps_dtypes_and_static_leaves():
     first, state = opt.step(grads, state, model)
     # Before the first snapshot the mean is the initial parameters.
     assert int(state.n_averaged) == 0
-    assert_histories_close([state.averaged(first)], [model])
+
+    def arrays(tree):
+        return jax.tree.map(
+            lambda x: x.astype(jnp.float32), eqx.filter(tree, eqx.is_inexact_array)
+        )
+
+    assert_histories_close([arrays(state.averaged(first))], [arrays(model)])
     second, state = opt.step(grads, state, first)
     averaged = state.averaged(second)
     assert averaged.activation is model.activation
     assert averaged.layers[0].weight.dtype == jnp.bfloat16
-    assert_histories_close([averaged], [second], rtol=1e-2, atol=1e-2)
+    # The first snapshot is the parameters after update 2.
+    assert_histories_close([arrays(averaged)], [arrays(second)])
 
 
 def test_swa_errors_name_the_argument():
