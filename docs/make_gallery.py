@@ -8,10 +8,17 @@ Run from the repository root: `python docs/make_gallery.py` (needs matplotlib:
 import pathlib
 import re
 
+import jax.numpy as jnp
+
 import eqxopt
 
 STEPS = 1000
 PEAK = 1.0
+
+
+def inverse_time(step):
+    """`Lambda`'s function: JAX operations on the step array."""
+    return 1.0 / (1.0 + 0.01 * jnp.asarray(step).astype(float))
 
 
 def gallery() -> dict[str, eqxopt.AbstractSchedule]:
@@ -55,6 +62,12 @@ def gallery() -> dict[str, eqxopt.AbstractSchedule]:
         "MultiStepDecay": eqxopt.MultiStepDecay(PEAK, [400, 700, 900], 0.3),
         "Cyclic (triangular2)": eqxopt.Cyclic(0.1, PEAK, 100, mode="triangular2"),
         "Cyclic (exp_range)": eqxopt.Cyclic(0.1, PEAK, 100, 150, "exp_range", 0.998),
+        "Lambda (inverse time)": eqxopt.Lambda(PEAK, inverse_time),
+        "Product (warmup x steps)": eqxopt.Product(
+            PEAK, [eqxopt.Linear(0.1, 1.0, 100), eqxopt.StepDecay(1.0, 300, 0.5)]
+        ),
+        "OneCycleMomentum": eqxopt.OneCycleMomentum(1000),
+        "SWALR (cos)": eqxopt.SWALR(PEAK, 0.2, 400),
         "WarmupStableDecay (1-sqrt)": eqxopt.WarmupStableDecay(
             PEAK, 100, 1000, decay_fraction=0.2, decay_shape="1-sqrt"
         ),

@@ -89,6 +89,9 @@ class Call:
     note: str = ""
     differs: str | None = None
     steps: int = 3
+    # What a torch scheduler row compares: the group's `"lr"`, or its `"momentum"`
+    # (torch's momentum cycling, against the eqxopt schedule passed as momentum).
+    reads: str = "lr"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1037,8 +1040,13 @@ TORCH_OPTIMIZERS = [
         "SGD(params, lr, momentum, nesterov=True)",
         "SGD(lr, momentum, nesterov=True)",
         values=dict(lr=_TORCH_LR, momentum=0.8),
-        note="torch's `dampening=0`; other dampening missing; `weight_decay`: "
-        "`Chain(AddDecayedWeights(wd), SGD(...))`",
+        note="`weight_decay`: `Chain(AddDecayedWeights(wd), SGD(...))`",
+    ),
+    Call(
+        "SGD(params, lr, momentum, dampening)",
+        "SGD(lr, momentum, dampening=dampening)",
+        values=dict(lr=_TORCH_LR, momentum=0.8, dampening=0.3),
+        note="`dampening` is keyword-only (optax's third argument is `nesterov`)",
     ),
     Call(
         "Adam(params, lr, betas=(b1, b2), eps=eps)",
@@ -1132,9 +1140,10 @@ TORCH_OPTIMIZERS = [
     Row(("lr_scheduler",), "the schedules below", ("AbstractSchedule",)),
     Row(
         ("swa_utils",),
-        "`ParamEMA` for EMA weights; `AveragedModel`'s arithmetic mean and `SWALR` "
-        "are missing",
-        ("ParamEMA",),
+        "`AveragedModel` (its default arithmetic mean): `SWA(opt, start, every)`, "
+        "read with `state.averaged(params)`; `ParamEMA` for EMA weights; `SWALR`: "
+        "the schedule below",
+        ("SWA", "SWAState.averaged", "ParamEMA", "SWALR"),
     ),
     Row(
         ("swap_in_optimizer_params_and_state",),
@@ -1198,8 +1207,18 @@ TORCH_SCHEDULERS = [
         'CyclicLR(opt, base_lr, max_lr, step_size_up, mode="triangular2")',
         'Cyclic(base_lr, max_lr, step_size_up, mode="triangular2")',
         values=dict(base_lr=0.1, max_lr=0.5, step_size_up=2),
-        note="learning rate only; torch's momentum cycling is missing",
+        note="the learning rate; its momentum cycling: the next row",
         steps=10,
+    ),
+    Call(
+        "CyclicLR(opt, base_lr, max_lr, step_size_up, base_momentum=base_m, "
+        "max_momentum=max_m)",
+        "Cyclic(max_m, base_m, step_size_up)",
+        values=dict(base_lr=0.1, max_lr=0.5, step_size_up=3, base_m=0.8, max_m=0.9),
+        note="its momentum: the triangle upside down, passed as `momentum=` (SGD) "
+        "or `b1=` (Adam: torch cycles `betas[0]`)",
+        steps=10,
+        reads="momentum",
     ),
     Call(
         "OneCycleLR(opt, max_lr, total_steps)",
@@ -1210,10 +1229,27 @@ TORCH_SCHEDULERS = [
         steps=10,
     ),
     Call(
+        "OneCycleLR(opt, max_lr, total_steps, three_phase=True)",
+        "OneCycleMomentum(total_steps, three_phase=True)",
+        values=dict(max_lr=0.5, total_steps=10),
+        note="its momentum (`base_momentum`, `max_momentum` and torch's phase "
+        "ends), passed as `momentum=` (SGD) or `b1=` (Adam)",
+        steps=10,
+        reads="momentum",
+    ),
+    Call(
         "SequentialLR(opt, [ConstantLR(opt, factor, n), ExponentialLR(opt, gamma)], "
         "[n])",
         "Join([Constant(lr * factor), ExponentialDecay(lr, 1, gamma)], [n])",
         values=dict(lr=0.5, factor=0.5, n=3, gamma=0.8),
+        steps=7,
+    ),
+    Call(
+        "swa_utils.SWALR(opt, swa_lr, anneal_epochs, anneal_strategy)",
+        "SWALR(lr, swa_lr, anneal_epochs, anneal_strategy)",
+        values=dict(lr=0.5, swa_lr=0.05, anneal_epochs=4, anneal_strategy="cos"),
+        note="in steps; after another schedule: `Join([sched, SWALR(...)], "
+        "[swa_start])`",
         steps=7,
     ),
     Call(
@@ -1222,12 +1258,29 @@ TORCH_SCHEDULERS = [
         names=("Chain", "ReduceOnPlateau"),
         note="fed the loss as `value=` (eqxopt's `patience` counts one more)",
     ),
-    Missing(
-        ("LambdaLR", "MultiplicativeLR"),
-        "they take arbitrary Python functions, which cannot be array fields; write "
-        "a small `AbstractSchedule` subclass (below)",
+    Call(
+        "LambdaLR(opt, lr_lambda)",
+        "Lambda(lr, lr_lambda)",
+        values=dict(lr=0.5, lr_lambda=lambda step: 1 / (1 + step)),
+        note="`lr_lambda` is called on the step array (JAX operations) and is "
+        "static: a new function recompiles, a new step does not; numbers that "
+        "should change without recompiling: an `AbstractSchedule` subclass (below)",
+        steps=6,
     ),
-    Missing(("ChainedScheduler",), "it multiplies the factors of several schedulers"),
+    Missing(
+        ("MultiplicativeLR",),
+        "a running product of a function at every step so far; a constant "
+        "factor `g` is `ExponentialDecay(lr, 1, g)`, others a `Lambda` of the "
+        "product in closed form",
+    ),
+    Call(
+        "ChainedScheduler([ConstantLR(opt, factor, n), ExponentialLR(opt, gamma)])",
+        "Product(lr, [PiecewiseConstant(factor, {n: 1 / factor}), "
+        "ExponentialDecay(1.0, 1, gamma)])",
+        values=dict(lr=0.5, factor=0.5, n=3, gamma=0.8),
+        note="each factor a schedule from 1 (schedulers that multiply the rate)",
+        steps=7,
+    ),
     Row(("LRScheduler",), "`AbstractSchedule` (the base class)", ("AbstractSchedule",)),
 ]
 

@@ -26,6 +26,14 @@ CASES = [
         tags=frozenset({"smoke"}),
     ),
     CatalogCase(
+        "SGD-dampening",
+        lambda **kw: eqxopt.SGD(
+            **{"learning_rate": 0.05, "momentum": 0.9, "dampening": 0.3, **kw}
+        ),
+        vary=("dampening", 0.6),
+        invalid=(("dampening", -0.1), ("dampening", 1.5)),
+    ),
+    CatalogCase(
         "SGD-nesterov",
         lambda **kw: eqxopt.SGD(
             **{"learning_rate": 0.05, "momentum": 0.9, "nesterov": True, **kw}

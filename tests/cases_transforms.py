@@ -93,6 +93,16 @@ CASES = [
         invalid=(("decay", 1.5), ("decay", -0.5)),
     ),
     CatalogCase(
+        "SWA-SGD",
+        lambda start=2, every=2, **kw: eqxopt.SWA(
+            eqxopt.SGD(**{"learning_rate": 0.05, "momentum": 0.5, **kw}),
+            start=start,
+            every=every,
+        ),
+        vary=("learning_rate", 0.01),
+        invalid=(("start", -1), ("every", 0)),
+    ),
+    CatalogCase(
         "SkipNonFinite-ZeroNans-Adam",
         lambda **kw: eqxopt.SkipNonFinite(
             eqxopt.Chain(

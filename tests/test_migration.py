@@ -464,12 +464,13 @@ def test_torch_scheduler_row_gives_torch_learning_rates(row):
     torch = pytest.importorskip("torch")
     values = row.values
     base = values.get("lr", values.get("base_lr", values.get("max_lr")))
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=base)
-    namespace = {**vars(torch.optim.lr_scheduler), **values, "opt": opt}
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=base, momentum=0.5)
+    swa = {"swa_utils": torch.optim.swa_utils}  # SWALR is there
+    namespace = {**vars(torch.optim.lr_scheduler), **swa, **values, "opt": opt}
     scheduler = eval(row.theirs, namespace)
     theirs = []
     for _ in range(row.steps):
-        theirs.append(opt.param_groups[0]["lr"])
+        theirs.append(opt.param_groups[0][row.reads])  # "lr" or "momentum"
         opt.step()
         scheduler.step()
     ours = schedule_values(eval(row.ours, eqxopt_namespace(values)), row.steps)

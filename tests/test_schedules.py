@@ -28,6 +28,7 @@ from helpers import (
     nested_tree,
     run_eqxopt,
     run_optax,
+    run_torch,
 )
 
 N_STEPS = 3001
@@ -94,6 +95,54 @@ def torch_values(make: Callable, lr: float) -> np.ndarray:
     return np.asarray(values)
 
 
+def torch_momentum(make: Callable, adam: bool = False) -> np.ndarray:
+    """The momentum (SGD's `momentum`, or Adam's `betas[0]`) torch uses at steps
+    0..N-1 under a scheduler with `cycle_momentum=True`."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    if adam:
+        opt = torch.optim.Adam([param], lr=0.1)
+    else:
+        opt = torch.optim.SGD([param], lr=0.1, momentum=0.9)
+    scheduler = make(opt)
+    values = []
+    for _ in range(N_STEPS):
+        group = opt.param_groups[0]
+        values.append(group["betas"][0] if adam else group["momentum"])
+        opt.step()
+        scheduler.step()
+    return np.asarray(values)
+
+
+def np_one_cycle_momentum(s, total, low, high, pct, cosine=True, three=False):
+    """torch's OneCycleLR momentum in NumPy float64, held from `total - 1` on."""
+    s = np.minimum(np.asarray(s, dtype=np.float64), total - 1.0)
+    ends = [pct * total - 1.0] + ([2 * pct * total - 2.0] if three else [])
+    ends.append(total - 1.0)
+    values = [high, low] + ([high] if three else []) + [high]
+    out, start = np.zeros_like(s), 0.0
+    chosen = np.zeros(s.shape, bool)
+    for i, end in enumerate(ends):
+        inside = ~chosen & ((s <= end) | (i == len(ends) - 1))
+        p = np.clip((s - start) / (end - start), 0.0, 1.0)
+        a, b = values[i], values[i + 1]
+        here = b + (a - b) / 2 * (np.cos(np.pi * p) + 1) if cosine else a + (b - a) * p
+        out = np.where(inside, here, out)
+        chosen |= inside
+        start = end
+    return out
+
+
+def inverse_time(s):
+    """A user's `lr_lambda` for eqxopt (JAX operations on the step array; the
+    float cast is what strict promotion asks)."""
+    return 1.0 / (1.0 + 0.01 * jnp.asarray(s).astype(float))
+
+
+def inverse_time_torch(epoch):
+    """The same factor for torch, which calls `lr_lambda` on a Python int."""
+    return 1.0 / (1.0 + 0.01 * epoch)
+
+
 def np_wsd(s, peak, warmup, total, decay, init, end, shape):
     """Warmup-stable-decay written out in NumPy float64."""
     s = np.asarray(s, dtype=np.float64)
@@ -105,6 +154,14 @@ def np_wsd(s, peak, warmup, total, decay, init, end, shape):
     }[shape]
     ramp = init + (peak - init) * s / max(warmup, 1)
     return np.where(s < warmup, ramp, end + (peak - end) * factor)
+
+
+def np_swalr(s, init, swa_lr, anneal, strategy):
+    """torch's SWALR in closed form, in NumPy float64."""
+    s = np.asarray(s, dtype=np.float64)
+    t = np.ones_like(s) if anneal == 0 else np.clip(s / anneal, 0.0, 1.0)
+    alpha = (1 - np.cos(np.pi * t)) / 2 if strategy == "cos" else t
+    return swa_lr * alpha + init * (1 - alpha)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +193,7 @@ SGDR_CYCLES = [
 ]
 SCALES = {300: 4.0, 1000: 0.25, 2200: 0.1}
 L = torch.optim.lr_scheduler
+SWA_UTILS = torch.optim.swa_utils
 
 CASES = [
     Case(
@@ -355,6 +413,111 @@ CASES = [
             f32(0.001),
         ),
     ),
+    Case(
+        "Cyclic-momentum",
+        # torch's cycle_momentum: the same triangle from max_momentum down.
+        eqxopt.Cyclic(0.9, 0.8, 150, 350, mode="exp_range", gamma=0.9995),
+        lambda: torch_momentum(
+            lambda o: L.CyclicLR(
+                o,
+                0.001,
+                0.1,
+                150,
+                350,
+                mode="exp_range",
+                gamma=f32(0.9995),
+                base_momentum=f32(0.8),
+                max_momentum=f32(0.9),
+            )
+        ),
+    ),
+    Case(
+        "Cyclic-triangular2-b1",
+        eqxopt.Cyclic(0.95, 0.85, 250, mode="triangular2"),
+        lambda: torch_momentum(
+            lambda o: L.CyclicLR(
+                o,
+                0.001,
+                0.1,
+                250,
+                mode="triangular2",
+                base_momentum=f32(0.85),
+                max_momentum=f32(0.95),
+            ),
+            adam=True,
+        ),
+    ),
+    Case(
+        "OneCycleMomentum-cos",
+        eqxopt.OneCycleMomentum(N_STEPS),
+        lambda: torch_momentum(
+            lambda o: L.OneCycleLR(
+                o, 1.0, N_STEPS, base_momentum=f32(0.85), max_momentum=f32(0.95)
+            )
+        ),
+    ),
+    Case(
+        "OneCycleMomentum-linear-three-phase-b1",
+        eqxopt.OneCycleMomentum(N_STEPS, 0.8, 0.9, 0.25, "linear", True),
+        lambda: torch_momentum(
+            lambda o: L.OneCycleLR(
+                o,
+                1.0,
+                N_STEPS,
+                pct_start=0.25,
+                anneal_strategy="linear",
+                three_phase=True,
+                base_momentum=f32(0.8),
+                max_momentum=f32(0.9),
+            ),
+            adam=True,
+        ),
+    ),
+    Case(
+        "Lambda-vs-torch-LambdaLR",
+        eqxopt.Lambda(0.1, inverse_time),
+        lambda: torch_values(lambda o: L.LambdaLR(o, inverse_time_torch), f32(0.1)),
+    ),
+    Case(
+        "Product-vs-torch-ChainedScheduler",
+        eqxopt.Product(
+            0.1,
+            [
+                eqxopt.PiecewiseConstant(0.25, {500: 4.0}),
+                eqxopt.ExponentialDecay(1.0, 1, 0.9995),
+                eqxopt.StepDecay(1.0, 700, 0.5),
+            ],
+        ),
+        lambda: torch_values(
+            lambda o: L.ChainedScheduler(
+                [
+                    L.ConstantLR(o, 0.25, 500),
+                    L.ExponentialLR(o, f32(0.9995)),
+                    L.StepLR(o, 700, 0.5),
+                ]
+            ),
+            f32(0.1),
+        ),
+    ),
+    Case(
+        "SWALR-cos",
+        eqxopt.SWALR(0.1, 0.005, 1000),
+        lambda: torch_values(
+            lambda o: SWA_UTILS.SWALR(o, f32(0.005), 1000, "cos"), f32(0.1)
+        ),
+    ),
+    Case(
+        "SWALR-linear",
+        eqxopt.SWALR(0.1, 0.02, 700, "linear"),
+        lambda: torch_values(
+            lambda o: SWA_UTILS.SWALR(o, f32(0.02), 700, "linear"), f32(0.1)
+        ),
+    ),
+    Case(
+        "SWALR-no-annealing",
+        eqxopt.SWALR(0.1, 0.02, 0),
+        lambda: torch_values(lambda o: SWA_UTILS.SWALR(o, f32(0.02), 0), f32(0.1)),
+    ),
     # torch's own versions of schedules that optax also has.
     Case(
         "Linear-vs-torch-LinearLR",
@@ -559,6 +722,29 @@ X64_CASES = {
             0.001,
         ),
     ),
+    "OneCycleMomentum": (
+        lambda: eqxopt.OneCycleMomentum(2500, 0.8, 0.9, 0.3, "cos", True),
+        lambda: np_one_cycle_momentum(
+            np.arange(N_STEPS), 2500, 0.8, 0.9, 0.3, True, True
+        ),
+    ),
+    "Lambda": (
+        lambda: eqxopt.Lambda(0.3, inverse_time),
+        lambda: 0.3 / (1.0 + 0.01 * np.arange(N_STEPS, dtype=np.float64)),
+    ),
+    "Product": (
+        lambda: eqxopt.Product(
+            0.5, [eqxopt.CosineDecay(1.0, 2000, alpha=0.05), eqxopt.StepDecay(1.0, 300)]
+        ),
+        lambda: (
+            _optax64(optax.cosine_decay_schedule(0.5, 2000, 0.05))()
+            * 0.1 ** (np.arange(N_STEPS) // 300)
+        ),
+    ),
+    "SWALR": (
+        lambda: eqxopt.SWALR(0.1, 0.005, 1000),
+        lambda: np_swalr(np.arange(N_STEPS), 0.1, 0.005, 1000, "cos"),
+    ),
     "WarmupStableDecay": (
         lambda: eqxopt.WarmupStableDecay(
             1.0, 100, 2800, decay_steps=600, init_value=0.1, decay_shape="1-sqrt"
@@ -678,6 +864,28 @@ def test_new_objects_with_other_values_and_steps_reuse_the_compiled_function():
         assert not np.array_equal(np.asarray(va), np.asarray(vb))
 
 
+def test_lambda_recompiles_for_a_new_function_not_a_new_step_or_value():
+    """The function is static (part of the program), the step and `init_value`
+    are arrays."""
+    traces = []
+
+    @eqx.filter_jit
+    def run(schedule, step):
+        traces.append(type(schedule).__name__)
+        return schedule(step)
+
+    schedule = eqxopt.Lambda(0.1, inverse_time)
+    first = run(schedule, jnp.int32(3))
+    assert len(traces) == 1
+    np.testing.assert_allclose(float(first), 0.1 / 1.03, rtol=1e-6)
+    run(schedule, jnp.int32(700))
+    run(eqxopt.Lambda(0.5, inverse_time), jnp.int32(9))
+    assert len(traces) == 1, "a new step or init_value recompiled"
+    other = run(eqxopt.Lambda(0.1, lambda s: inverse_time(s) ** 2), jnp.int32(3))
+    assert len(traces) == 2, "a new function must compile its own program"
+    np.testing.assert_allclose(float(other), 0.1 / 1.03**2, rtol=1e-6)
+
+
 def test_values_may_be_tracers():
     @jax.jit
     def build_and_call(peak, steps):
@@ -715,6 +923,55 @@ def test_usable_as_sgd_learning_rate(case):
     lrs = np.asarray(evaluate(case.schedule, jnp.arange(4, dtype=jnp.int32)))
     np.testing.assert_allclose(
         np.asarray(params["w"]), np.full(2, -np.sum(lrs, dtype=np.float32)), rtol=1e-6
+    )
+
+
+class _SteppedWithScheduler:
+    """A torch optimizer whose `step` also steps its scheduler (what `run_torch`
+    calls), as a training loop does."""
+
+    def __init__(self, opt, scheduler):
+        self.opt, self.scheduler = opt, scheduler
+
+    def step(self):
+        self.opt.step()
+        self.scheduler.step()
+
+
+@pytest.mark.parametrize("adam", [False, True], ids=["sgd-momentum", "adam-b1"])
+def test_cycled_momentum_trains_as_torch_cyclic_lr_with_cycle_momentum(adam):
+    """`momentum=` / `b1=` take a schedule: `Cyclic(max_momentum, base_momentum)`
+    there and `Cyclic(base_lr, max_lr)` as the learning rate train as torch's
+    `CyclicLR(cycle_momentum=True)` over 30 steps (measured max abs difference
+    3.6e-7 with SGD, 7.5e-8 with Adam; default tolerances)."""
+    params = nested_tree(seed=3)
+    grads = list(grad_stream(params, 30, seed=4))
+    lr = eqxopt.Cyclic(0.01, 0.05, 4, 6, mode="triangular2")
+    momentum = eqxopt.Cyclic(0.95, 0.8, 4, 6, mode="triangular2")
+    if adam:
+        opt = eqxopt.Adam(lr, b1=momentum, b2=0.99)
+    else:
+        opt = eqxopt.SGD(lr, momentum=momentum)
+
+    def make(tensors):
+        if adam:
+            torch_opt = torch.optim.Adam(tensors, lr=0.01, betas=(0.9, 0.99))
+        else:
+            torch_opt = torch.optim.SGD(tensors, lr=0.01, momentum=0.9)
+        scheduler = L.CyclicLR(
+            torch_opt,
+            f32(0.01),
+            f32(0.05),
+            4,
+            6,
+            mode="triangular2",
+            base_momentum=f32(0.8),
+            max_momentum=f32(0.95),
+        )
+        return _SteppedWithScheduler(torch_opt, scheduler)
+
+    assert_histories_close(
+        run_eqxopt(opt, params, grads), run_torch(make, params, grads)
     )
 
 
@@ -1003,6 +1260,40 @@ ERRORS = [
         ValueError,
         "end_value must be in",
     ),
+    (
+        lambda: eqxopt.SWALR(1.0, 0.1, 10, "cosine"),
+        ValueError,
+        "anneal_strategy must be one of",
+    ),
+    (lambda: eqxopt.SWALR(1.0, 0.1, -1), ValueError, "anneal_steps must be >= 0"),
+    (
+        lambda: eqxopt.Lambda(0.1, 0.5),
+        TypeError,
+        "lr_lambda must be a function of the step",
+    ),
+    (
+        lambda: eqxopt.Lambda(0.1, eqxopt.Constant(0.5)),
+        TypeError,
+        "lr_lambda must be a function of the step",
+    ),
+    (lambda: eqxopt.Lambda(-0.1, inverse_time), ValueError, "init_value must be in"),
+    (
+        lambda: eqxopt.Product(0.1, []),
+        ValueError,
+        "factors must hold at least one schedule",
+    ),
+    (
+        lambda: eqxopt.Product(0.1, [0.5]),
+        TypeError,
+        r"factors\[0\] must be an eqxopt schedule module",
+    ),
+    (
+        lambda: eqxopt.OneCycleMomentum(100, pct_start=1.5),
+        ValueError,
+        r"pct_start must be in \[0.0, 1.0\]",
+    ),
+    (lambda: eqxopt.OneCycleMomentum(0), ValueError, "total_steps must be >= 1"),
+    (lambda: eqxopt.SWALR(1.0, -0.1), ValueError, r"swa_lr must be in \[0.0"),
     (
         lambda: eqxopt.SGD(learning_rate=lambda s: 0.1),
         TypeError,
@@ -1445,6 +1736,23 @@ HUGE = [
         ),
     ),
     (
+        "OneCycleMomentum",
+        lambda: eqxopt.OneCycleMomentum(2**40, 0.8, 0.9, 0.5, "linear"),
+        lambda: _formula(
+            lambda s: np_one_cycle_momentum(s, 2.0**40, f32(0.8), f32(0.9), 0.5, False)
+        ),
+    ),
+    (
+        "Product",
+        lambda: eqxopt.Product(2.0, [eqxopt.CosineDecay(0.5, BIG, alpha=0.05)]),
+        lambda: optax.cosine_decay_schedule(1.0, BIG, 0.05),
+    ),
+    (
+        "SWALR",
+        lambda: eqxopt.SWALR(1.0, 0.1, 2**40, "linear"),
+        lambda: _formula(lambda s: np_swalr(s, 1.0, 0.1, 2**40, "linear")),
+    ),
+    (
         "WarmupStableDecay",
         lambda: eqxopt.WarmupStableDecay(0.5, 100, 2**40, decay_fraction=0.5),
         lambda: _formula(
@@ -1481,7 +1789,7 @@ def test_huge_step_counts_work_in_every_schedule_class():
         and getattr(eqxopt, name) is not eqxopt.AbstractSchedule
     }
     covered = {type(make()).__name__ for _, make, _ in HUGE}
-    assert public - covered == {"Constant"}  # no step count
+    assert public - covered == {"Constant", "Lambda"}  # no step count
 
 
 def test_counts_beyond_int32_compare_exactly_with_int32_steps():
@@ -1568,6 +1876,14 @@ SCHEDULE_FLOATS = [
         ["init_value", "gamma"],
     ),
     (eqxopt.Cyclic, dict(base_lr=0.1, max_lr=1.0), ["base_lr", "max_lr", "gamma"]),
+    (eqxopt.SWALR, dict(init_value=1.0, swa_lr=0.1), ["init_value", "swa_lr"]),
+    (eqxopt.Lambda, dict(lr_lambda=inverse_time), ["init_value"]),
+    (eqxopt.Product, dict(factors=[eqxopt.Constant(1.0)]), ["init_value"]),
+    (
+        eqxopt.OneCycleMomentum,
+        dict(total_steps=100),
+        ["base_momentum", "max_momentum", "pct_start"],
+    ),
     (
         eqxopt.WarmupStableDecay,
         dict(peak_value=1.0, warmup_steps=10, total_steps=100),
@@ -1659,6 +1975,13 @@ SIGNATURES = {
     "Cyclic": (
         "base_lr, max_lr, step_size_up=2000, step_size_down=None, "
         "mode='triangular', gamma=1.0"
+    ),
+    "SWALR": "init_value, swa_lr, anneal_steps=10, anneal_strategy='cos'",
+    "Lambda": "init_value, lr_lambda",
+    "Product": "init_value, factors",
+    "OneCycleMomentum": (
+        "total_steps, base_momentum=0.85, max_momentum=0.95, pct_start=0.3, "
+        "anneal_strategy='cos', three_phase=False"
     ),
     "WarmupStableDecay": (
         "peak_value, warmup_steps, total_steps, *, decay_steps=None, "

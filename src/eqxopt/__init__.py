@@ -241,14 +241,20 @@ from ._schedules._cyclic import (
     CosineOneCycle as CosineOneCycle,
     Cyclic as Cyclic,
     LinearOneCycle as LinearOneCycle,
+    OneCycleMomentum as OneCycleMomentum,
 )
 from ._schedules._decay import (
+    SWALR as SWALR,
     CosineDecay as CosineDecay,
     ExponentialDecay as ExponentialDecay,
     Linear as Linear,
     MultiStepDecay as MultiStepDecay,
     Polynomial as Polynomial,
     StepDecay as StepDecay,
+)
+from ._schedules._function import (
+    Lambda as Lambda,
+    Product as Product,
 )
 from ._schedules._piecewise import (
     Join as Join,
@@ -375,6 +381,7 @@ from ._transforms._target import (
 )
 from ._wrappers import (
     SAM as SAM,
+    SWA as SWA,
     Cautious as Cautious,
     Chain as Chain,
     ChainState as ChainState,
@@ -411,6 +418,7 @@ from ._wrappers import (
     SplitRealAndImaginaryState as SplitRealAndImaginaryState,
     StochasticRounding as StochasticRounding,
     StochasticRoundingState as StochasticRoundingState,
+    SWAState as SWAState,
     hyperparameters as hyperparameters,
     round_stochastic_bf16 as round_stochastic_bf16,
 )
@@ -520,6 +528,7 @@ __all__ = [
     "LBFGS",
     "LBFGSState",
     "LaProp",
+    "Lambda",
     "LearningRateMultipliers",
     "Linear",
     "LinearOneCycle",
@@ -559,6 +568,7 @@ __all__ = [
     "NormalizeByUpdateNorm",
     "NovoGrad",
     "NovoGradState",
+    "OneCycleMomentum",
     "OptimisticAdam",
     "OptimisticAdamState",
     "OptimisticAdamV1",
@@ -578,6 +588,7 @@ __all__ = [
     "Polynomial",
     "Prodigy",
     "ProdigyState",
+    "Product",
     "QuantizedArray",
     "RAdam",
     "RMSProp",
@@ -596,6 +607,9 @@ __all__ = [
     "SM3State",
     "SOAP",
     "SOAPState",
+    "SWA",
+    "SWALR",
+    "SWAState",
     "ScaleByAdadelta",
     "ScaleByAdadeltaState",
     "ScaleByAdam",

@@ -90,8 +90,9 @@ def as_schedule(name: str, value: Any) -> AbstractSchedule:
     if callable(value):
         raise TypeError(
             f"{name} must be a float, a scalar array or an eqxopt schedule module; "
-            f"got the callable {value!r}. Wrap plain functions of the step in an "
-            "eqxopt.AbstractSchedule subclass so their values stay array fields"
+            f"got the callable {value!r}. Wrap plain functions of the step in "
+            "eqxopt.Lambda(1.0, fn) (the function is static: a new one recompiles), "
+            "or in an eqxopt.AbstractSchedule subclass whose values are array fields"
         )
     return Constant(hyperparameter(name, value, low=0.0))
 

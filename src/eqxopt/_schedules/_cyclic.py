@@ -1,5 +1,5 @@
-"""Schedules that rise and fall: the one-cycle policies, cyclical learning rates
-and SGDR's warm restarts."""
+"""Schedules that rise and fall: the one-cycle policies (and torch's one-cycle
+momentum), cyclical learning rates and SGDR's warm restarts."""
 
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -10,7 +10,7 @@ from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, Int, jaxtyped
 
 from .._core._checks import hyperparameter, positive_count, renames, step_count
-from .._core._fields import choice_field, hyper
+from .._core._fields import choice_field, count_field, flag_field, hyper
 from .._core._schedule import AbstractSchedule
 from ._common import (
     REQUIRED,
@@ -227,9 +227,14 @@ class Cyclic(AbstractSchedule):
     $$
 
     where `scale = 1` (`"triangular"`), `1 / 2 ** (n - 1)` (`"triangular2"`) or
-    `gamma ** s` (`"exp_range"`). torch's `CyclicLR` with these modes (torch's
-    momentum cycling is not part of a learning-rate schedule). Computing `r` in
-    integers keeps float32 exact where torch's `1 + s / T - n` would lose digits.
+    `gamma ** s` (`"exp_range"`). torch's `CyclicLR` with these modes. Computing `r`
+    in integers keeps float32 exact where torch's `1 + s / T - n` would lose digits.
+
+    torch's momentum cycling (`cycle_momentum=True`) is the same triangle upside
+    down, `max_momentum - (max_momentum - base_momentum) * h * scale`: pass
+    `Cyclic(max_momentum, base_momentum, ...)` (the same lengths, mode and `gamma`)
+    as the optimizer's `momentum` (SGD) or `b1` (Adam and its family; torch sets
+    `betas[0]`); `base_lr` may be above `max_lr`.
 
     **Arguments:**
 
@@ -405,3 +410,78 @@ class SGDR(AbstractSchedule):
         exponent = as_float(self.exponents[cycle])
         decay = peak * ((1.0 - alpha) * jnp.power(cosine, exponent) + alpha)
         return jnp.where(t < warmup, ramp, decay)
+
+
+class OneCycleMomentum(AbstractSchedule):
+    r"""The momentum of torch's `OneCycleLR` (`cycle_momentum=True`): down from
+    `max_momentum` to `base_momentum` while the learning rate rises, and back up.
+
+    With torch's phase ends $e_1 = \mathrm{pct\_start} \cdot T - 1$ and
+    $e_2 = T - 1$ ($T$ = `total_steps`), and with `three_phase=True`
+    $e_2 = 2\, \mathrm{pct\_start} \cdot T - 2$, $e_3 = T - 1$, each phase from
+    $e_{i-1}$ ($e_0 = 0$) goes from $a$ to $b$ along
+
+    $$
+    f = b + \frac{a - b}{2} (1 + \cos \pi p) \quad (\texttt{"cos"}), \qquad
+    f = a + (b - a)\, p \quad (\texttt{"linear"}), \qquad
+    p = \frac{s - e_{i-1}}{e_i - e_{i-1}}
+    $$
+
+    from `max_momentum` to `base_momentum`, then back to `max_momentum` (and, with
+    three phases, held there over the last). Pass it as the optimizer's
+    `momentum` (SGD) or `b1` (Adam and its family; torch sets `betas[0]`). From
+    `T - 1` on it holds `max_momentum` (torch raises past `T`). The phase ends are
+    torch's, one step before optax's: eqxopt's `CosineOneCycle` and
+    `LinearOneCycle` are optax's learning-rate curves, so pair this with a
+    learning rate of torch's phases for torch's run.
+
+    **Arguments:**
+
+    - `total_steps`: the length of the cycle `T`, `>= 1`.
+    - `base_momentum`: the lowest value, at the peak of the learning rate, `>= 0`.
+    - `max_momentum`: the highest value, at the start and the end, `>= 0`.
+    - `pct_start`: fraction of `T` in the first phase, in `[0, 1]`.
+    - `anneal_strategy`: `"cos"` or `"linear"` (static).
+    - `three_phase`: torch's three phases (static).
+    """
+
+    total_steps: Int[Array, ""] = count_field()
+    base_momentum: Value = value_field(0.85)
+    max_momentum: Value = value_field(0.95)
+    pct_start: Value = hyper(0.3, low=0.0, high=1.0, schedule=False)
+    anneal_strategy: str = choice_field("cos", ("cos", "linear"), kw_only=False)
+    three_phase: bool = flag_field(False, kw_only=False)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
+        total = as_float(self.total_steps)
+        pct = as_float(self.pct_start)
+        high, low = as_float(self.max_momentum), as_float(self.base_momentum)
+        s = jnp.minimum(as_float(step), total - 1.0)
+        ends = [pct * total - 1.0]
+        values = [high, low]
+        if self.three_phase:
+            ends.append(2.0 * pct * total - 2.0)
+            values.append(high)
+        ends.append(total - 1.0)
+        values.append(high)
+        # torch picks the first phase whose end the step has not passed.
+        value = jnp.zeros_like(s)
+        start = jnp.zeros_like(total)
+        chosen = jnp.zeros(s.shape, bool)
+        for i, end in enumerate(ends):
+            inside = ~chosen & ((s <= end) | (i == len(ends) - 1))
+            width = end - start
+            p = jnp.where(
+                width > 0, (s - start) / jnp.where(width > 0, width, 1.0), 1.0
+            )
+            p = jnp.clip(p, 0.0, 1.0)
+            a, b = values[i], values[i + 1]
+            if self.anneal_strategy == "cos":
+                here = b + (a - b) / 2.0 * (jnp.cos(jnp.pi * p) + 1.0)
+            else:
+                here = (b - a) * p + a
+            value = jnp.where(inside, here, value)
+            chosen = chosen | inside
+            start = end
+        return value

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, Int, jaxtyped
 
-from .._core._fields import checked_field, count_field, flag_field
+from .._core._fields import checked_field, choice_field, count_field, flag_field
 from .._core._schedule import AbstractSchedule
 from ._common import (
     Count,
@@ -278,3 +278,50 @@ class MultiStepDecay(AbstractSchedule):
         s, milestones = joined(step, self.milestones)
         k = as_float(jnp.sum(s[..., None] >= milestones, axis=-1))
         return as_float(self.init_value) * jnp.power(as_float(self.gamma), k)
+
+
+class SWALR(AbstractSchedule):
+    r"""Anneal from `init_value` to `swa_lr` over `anneal_steps`, then hold it: the
+    learning rate of stochastic weight averaging (`SWA`).
+
+    $$
+    \begin{aligned}
+    t &= \operatorname{clip}(s / \max(1, \mathrm{anneal\_steps}), 0, 1) \\
+    \alpha &= t \quad (\texttt{"linear"}) \qquad
+        \alpha = \tfrac{1}{2}(1 - \cos \pi t) \quad (\texttt{"cos"}) \\
+    f(s) &= \mathrm{swa\_lr} \cdot \alpha + \mathrm{init\_value} \cdot (1 - \alpha)
+    \end{aligned}
+    $$
+
+    torch's `swa_utils.SWALR(optimizer, swa_lr, anneal_epochs, anneal_strategy)`
+    stepped once per step, with `init_value` the optimizer's learning rate when it
+    is built (torch recovers that rate from the last one at each step; this
+    computes it in closed form). `anneal_steps=0` is `swa_lr` from step 0, as in
+    torch. To switch to it late in training, as torch's example does, join it
+    after another schedule: `Join([schedule, SWALR(...)], [swa_start])`.
+
+    **Arguments:**
+
+    - `init_value`: the value at step 0, `>= 0`.
+    - `swa_lr`: the value annealed to, `>= 0`.
+    - `anneal_steps`: steps of the annealing, an int `>= 0` (torch's
+      `anneal_epochs`, default 10).
+    - `anneal_strategy`: `"cos"` or `"linear"` (static).
+    """
+
+    init_value: Value = value_field()
+    swa_lr: Value = value_field()
+    anneal_steps: Count = count_field(10, at_least_one=False)
+    anneal_strategy: str = choice_field("cos", ("cos", "linear"), kw_only=False)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
+        steps = jnp.maximum(as_float(self.anneal_steps), 1.0)
+        t = jnp.clip(as_float(step) / steps, 0.0, 1.0)
+        # torch reads step 0 as 1 when there is no annealing: swa_lr throughout.
+        t = jnp.where(as_float(self.anneal_steps) == 0, 1.0, t)
+        if self.anneal_strategy == "cos":
+            alpha = (1.0 - jnp.cos(jnp.pi * t)) / 2.0
+        else:
+            alpha = t
+        return as_float(self.swa_lr) * alpha + as_float(self.init_value) * (1 - alpha)

@@ -1,7 +1,7 @@
 """Transforms that hold other transforms (`AbstractWrapper`, which passes them the
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
-Lookahead, ParamEMA, ConditionallyTransform, ConditionallyMask, Mechanic, SAM,
-ScheduleFree, StochasticRounding, KahanSummation, LearningRateMultipliers,
+Lookahead, ParamEMA, SWA, ConditionallyTransform, ConditionallyMask, Mechanic,
+SAM, ScheduleFree, StochasticRounding, KahanSummation, LearningRateMultipliers,
 Maximize, Cautious, SkipLargeUpdates, Monitor, SplitRealAndImaginary (and, among
 the transforms, SkipNonFinite).
 """
@@ -11,10 +11,12 @@ from ._accumulate import (
     MultiStepsState as MultiStepsState,
 )
 from ._averaging import (
+    SWA as SWA,
     Lookahead as Lookahead,
     LookaheadState as LookaheadState,
     ParamEMA as ParamEMA,
     ParamEMAState as ParamEMAState,
+    SWAState as SWAState,
 )
 from ._cautious import (
     Cautious as Cautious,

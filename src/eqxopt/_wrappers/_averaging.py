@@ -1,5 +1,6 @@
 """Weight averaging: an exponential moving average of the parameters (evaluation
-weights) and Lookahead (slow weights pulled towards the fast ones)."""
+weights), stochastic weight averaging (their arithmetic mean) and Lookahead (slow
+weights pulled towards the fast ones)."""
 
 from typing import Any
 
@@ -139,6 +140,125 @@ class ParamEMA(AbstractSingleWrapper):
         return ParamEMAState(
             step=increment(state.step),
             ema=treedef.unflatten(new_ema),
+            inner=inner_state,
+        )
+
+
+class SWAState(eqx.Module):
+    """State of `SWA`.
+
+    **Fields:**
+
+    - `step`: int32 scalar, the number of updates done.
+    - `n_averaged`: int32 scalar, how many parameter snapshots the mean holds
+      (torch's `AveragedModel.n_averaged`).
+    - `mean`: the running mean of the parameters, shaped like params, in at least
+      float32 (`None` at non-float leaves); the initial parameters until the first
+      snapshot.
+    - `inner`: the wrapped optimizer's state.
+    """
+
+    step: Int[Array, ""]
+    n_averaged: Int[Array, ""]
+    mean: PyTree[Float[Array, "..."] | None]
+    inner: Any
+
+    def averaged(self, params: Params) -> Params:
+        """`params` with every float leaf replaced by its mean, in the parameter's
+        dtype (non-float leaves are kept): the SWA weights."""
+
+        def pick(m, p):
+            return p if m is None else m.astype(p.dtype)
+
+        return jax.tree.map(pick, self.mean, params, is_leaf=lambda x: x is None)
+
+
+class SWA(AbstractSingleWrapper):
+    r"""Stochastic weight averaging (Izmailov et al., 2018): keeps the arithmetic mean
+    of the parameters after every `every`-th update from `start` on, alongside
+    `inner`, whose updates are unchanged.
+
+    With `k` the number of updates done (1 after the first) and `p_k` the
+    parameters they give, the snapshot after update `k` is taken when
+    `k > start` and `(k - start) mod every = 0`, and with `n` the snapshots so far
+
+    $$
+    \mathrm{mean} \leftarrow \begin{cases} p_k & n = 0 \\
+        \mathrm{mean} + \dfrac{p_k - \mathrm{mean}}{n + 1} & n > 0 \end{cases}
+        \qquad n \leftarrow n + 1
+    $$
+
+    torch's `AveragedModel` with its default (arithmetic-mean) `avg_fn`, with
+    `update_parameters` called after those steps: an epoch loop that averages from
+    epoch `swa_start` on is `start = swa_start * steps_per_epoch`,
+    `every = steps_per_epoch`. Read the mean with `state.averaged(params)` (the
+    initial parameters before the first snapshot, as torch's copy of the model).
+    Every float leaf is averaged at each snapshot, whether or not its gradient was
+    `None`, as torch averages every parameter. The mean is kept in at least
+    float32. `start` and `every` are array fields: new values reuse the compiled
+    step. Pair it with `SWALR` for torch's learning rate.
+
+    **Arguments:**
+
+    - `inner`: the optimizer.
+    - `start`: updates before the first snapshot, an int `>= 0`.
+    - `every`: updates between snapshots, an int `>= 1`.
+    """
+
+    reads_params = "mean of the parameters"
+
+    inner: AbstractTransform = inner_field()
+    start: Int[Array, ""] = count_field(0, at_least_one=False)
+    every: Int[Array, ""] = count_field(1)
+
+    def init(self, params: Params) -> SWAState:
+        return SWAState(
+            step=zero_step(),
+            n_averaged=jnp.zeros((), jnp.int32),
+            mean=_copy_float_leaves(params, compute_dtype),
+            inner=self.inner.init(params),
+        )
+
+    def transform(
+        self, grads: Grads, state: SWAState, params: Params, **extra: Any
+    ) -> tuple[Updates, SWAState]:
+        updates, inner_state = self.run_inner(grads, state.inner, params, extra)
+        new_params = apply_updates(params, updates)
+        return updates, self._averaged(state, new_params, inner_state)
+
+    def transform_step(
+        self, grads: Grads, state: SWAState, params: Params, **extra: Any
+    ) -> tuple[Params, SWAState]:
+        # The inner optimizer's own step; the mean follows what it returns.
+        self.check_keywords(extra)
+        new_params, inner_state = self.inner.transform_step(
+            grads, state.inner, params, **extra
+        )
+        return new_params, self._averaged(state, new_params, inner_state)
+
+    def _averaged(
+        self, state: SWAState, new_params: Params, inner_state: Any
+    ) -> SWAState:
+        k = increment(state.step)
+        since = k - self.start
+        snapshot = (since > 0) & (since % self.every == 0)
+        n = state.n_averaged
+        param_leaves, treedef = jax.tree.flatten(new_params)
+        mean_leaves = treedef.flatten_up_to(state.mean)
+        new_mean = []
+        for p, m in zip(param_leaves, mean_leaves):
+            if m is None:
+                new_mean.append(m)
+                continue
+            p = p.astype(m.dtype)
+            # torch copies the first snapshot, then adds `(p - mean) / (n + 1)`.
+            step = (p - m) / (n + 1).astype(m.real.dtype)
+            moved = jnp.where(n == 0, p, m + step)
+            new_mean.append(jnp.where(snapshot, moved, m))
+        return SWAState(
+            step=k,
+            n_averaged=jnp.where(snapshot, n + 1, n).astype(jnp.int32),
+            mean=treedef.unflatten(new_mean),
             inner=inner_state,
         )
 

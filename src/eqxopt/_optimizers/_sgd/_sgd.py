@@ -1,6 +1,7 @@
 """Stochastic gradient descent with (Nesterov) momentum."""
 
 import equinox as eqx
+import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._checks import renames
@@ -14,6 +15,7 @@ from ..._core._fields import (
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._moments import Moment
+from ..._core._schedule import AbstractSchedule, known_number
 
 
 class SGDState(eqx.Module):
@@ -33,24 +35,32 @@ class SGDState(eqx.Module):
 class SGD(AbstractLeafwiseOptimizer):
     r"""Stochastic gradient descent, optionally with heavy-ball or Nesterov momentum.
 
-    For each leaf, with `lr` the learning rate at the current step:
+    For each leaf, with `lr` the learning rate at the current step and `d` the
+    dampening:
 
     $$
     \begin{aligned}
-    v &\leftarrow \mathrm{momentum} \cdot v + g \\
+    v &\leftarrow \mathrm{momentum} \cdot v + (1 - d) \cdot g
+        && (v \leftarrow g \text{ on the first step}) \\
     p &\leftarrow p - \mathrm{lr} \cdot v && \text{(nesterov=False)} \\
     p &\leftarrow p - \mathrm{lr} \cdot (g + \mathrm{momentum} \cdot v)
         && \text{(nesterov=True)}
     \end{aligned}
     $$
 
-    The same as `optax.sgd` and as `torch.optim.SGD` with `dampening=0`.
+    With `dampening=0` (the default) the first step's `v = g` is the same formula
+    from `v = 0`: the same as `optax.sgd`. The same as `torch.optim.SGD` for every
+    `dampening`, including that torch starts the buffer at the undamped `g` and that
+    `momentum=0` makes `dampening` do nothing.
 
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
     - `momentum`: in `[0, 1)`; `0` gives plain SGD.
     - `nesterov`: use Nesterov momentum.
+    - `dampening`: in `[0, 1]`, the fraction of the gradient left out of the
+      momentum buffer after the first step (torch's `dampening`); Nesterov momentum
+      needs `0`, as in torch.
     - `velocity_dtype`: dtype to store the momentum buffer in; `None` keeps each
       parameter's dtype (optax's `accumulator_dtype`; `jnp.float32` keeps the
       buffer of bf16 parameters accurate).
@@ -81,12 +91,32 @@ class SGD(AbstractLeafwiseOptimizer):
     momentum: ScalarOrSchedule = hyper(0.0, low=0.0, high=1.0, high_open=True)
     nesterov: bool = flag_field(False, kw_only=False)
     velocity_dtype: DTypeLike = dtype_field(storage=True)
+    dampening: ScalarOrSchedule = hyper(0.0, low=0.0, high=1.0, kw_only=True)
 
     state_type = SGDState
     moments = (Moment("velocity", dtype="velocity_dtype"),)
     elementwise = True
 
+    def __check_init__(self):
+        # A traced dampening is not known until run time (and is not checked).
+        if not self.nesterov:
+            return
+        if isinstance(self.dampening, AbstractSchedule):
+            shown = "a schedule"
+        else:
+            number = known_number(self.dampening)
+            if number is None or number == 0.0:
+                return
+            shown = repr(number)
+        raise ValueError(
+            f"nesterov=True needs dampening=0 (as in torch), got dampening={shown}"
+        )
+
     def leaf(self, h, t, g, p, v):
-        v = h.momentum * v + g
+        # torch: no dampening where there is no buffer (momentum 0) and the buffer
+        # starts at the undamped gradient; with dampening 0 both are today's
+        # `momentum * v + g` exactly.
+        undamped = (t == 1) | (h.momentum == 0)
+        v = h.momentum * v + jnp.where(undamped, g, (1 - h.dampening) * g)
         direction = g + h.momentum * v if self.nesterov else v
         return -h.learning_rate * direction, v
