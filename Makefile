@@ -31,7 +31,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
 
-# The whole-catalog sweeps marked slow (CI runs them after make test).
+# The whole-catalog sweeps marked slow (run by hand before a release: on two cores
+# they take longer than the rest of CI together).
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist load -m slow
 

@@ -59,8 +59,8 @@ def swept(cases: list[CatalogCase]) -> list:
     XLA, special values, whole models, complex leaves, traced hyperparameters, None
     gradients, export, ...): the first configuration
     of each family module, and every case tagged `"smoke"`, run in `make test`; the
-    others are marked slow, so `make test` stays short while `make test-slow` (and
-    CI, which runs both) sweeps every case."""
+    others are marked slow, so `make test` stays short while `make test-slow` sweeps
+    every case."""
     fast = {family[0].name for family in _family_modules() if family}
     fast |= {case.name for case in cases if "smoke" in case.tags}
     slow = pytest.mark.slow
