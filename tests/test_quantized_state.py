@@ -308,22 +308,43 @@ _ADAM_LIKE = [
     "StableAdamW", "Yogi",
 ]  # fmt: skip
 _BOTH = ("mu_dtype", "nu_dtype")
-MOMENT_STORAGE = {
-    name: _with_storage(getattr(eqxopt, name), *_BOTH, learning_rate=0.05)
-    for name in _ADAM_LIKE
-} | {
-    "Lion": _with_storage(eqxopt.Lion, "mu_dtype", learning_rate=0.01),
-    "Signum": _with_storage(eqxopt.Signum, "mu_dtype", learning_rate=0.01),
-    "Sophia": _with_storage(eqxopt.Sophia, "mu_dtype", learning_rate=0.05),
-    "SGD": _with_storage(
-        eqxopt.SGD, "velocity_dtype", learning_rate=0.05, momentum=0.9
-    ),
-    "Trace": _with_storage(eqxopt.Trace, "trace_dtype", decay=0.9),
-    "ScaleByAdam": _with_storage(eqxopt.ScaleByAdam, *_BOTH),
-    "ScaleByRms": _with_storage(eqxopt.ScaleByRms, "nu_dtype"),
-    "ScheduleFreeAdamW": _with_storage(eqxopt.ScheduleFreeAdamW, "nu_dtype"),
-}
-NOT_MOMENT_STORAGE = {"GaLore", "z_dtype", "dtype_momentum"}
+MOMENT_STORAGE = (
+    {
+        name: _with_storage(getattr(eqxopt, name), *_BOTH, learning_rate=0.05)
+        for name in _ADAM_LIKE
+    }
+    | {
+        "Lion": _with_storage(eqxopt.Lion, "mu_dtype", learning_rate=0.01),
+        "Signum": _with_storage(eqxopt.Signum, "mu_dtype", learning_rate=0.01),
+        "Sophia": _with_storage(eqxopt.Sophia, "mu_dtype", learning_rate=0.05),
+        "SGD": _with_storage(
+            eqxopt.SGD, "velocity_dtype", learning_rate=0.05, momentum=0.9
+        ),
+        "Trace": _with_storage(eqxopt.Trace, "trace_dtype", decay=0.9),
+        "ScaleByAdam": _with_storage(eqxopt.ScaleByAdam, *_BOTH),
+        "ScaleByRms": _with_storage(eqxopt.ScaleByRms, "nu_dtype"),
+        "ScheduleFreeAdamW": _with_storage(eqxopt.ScheduleFreeAdamW, "nu_dtype"),
+        "AdamMini": _with_storage(eqxopt.AdamMini, "mu_dtype", learning_rate=0.05),
+        "EMA": _with_storage(eqxopt.EMA, "ema_dtype", decay=0.9),
+        "ScaleByLion": _with_storage(eqxopt.ScaleByLion, "mu_dtype"),
+        "ScaleByNovograd": _with_storage(eqxopt.ScaleByNovograd, "mu_dtype"),
+    }
+    | {
+        name: _with_storage(getattr(eqxopt, name), *_BOTH, learning_rate=0.05)
+        for name in ("ACProp", "LaProp", "MARS", "NorMuon", "OptimisticAdamV1")
+        + ("SimplifiedAdEMAMix",)
+    }
+    | {
+        name: _with_storage(getattr(eqxopt, name), *_BOTH)
+        for name in ("ScaleByAdamax", "ScaleByAmsgrad", "ScaleByBelief", "ScaleByRadam")
+        + ("ScaleByStddev", "ScaleByYogi")
+    }
+)
+# MeasureWithEMA's average is of a measurement (any shape), not a moment;
+# `param_dtype` is the dtype of DoG's distance estimate.
+NOT_MOMENT_STORAGE = {
+    "GaLore", "MeasureWithEMA", "z_dtype", "dtype_momentum", "param_dtype",
+}  # fmt: skip
 
 
 def test_every_transform_with_a_moment_storage_option_is_listed():
@@ -515,6 +536,8 @@ def _with_dtype_option(cls, **option):
         return cls(0.9, **option)
     if cls is eqxopt.ScheduleFree:
         return cls(eqxopt.SGD(1e-2), **option)
+    if cls is eqxopt.MeasureWithEMA:
+        return cls(eqxopt.global_norm, 0.9, **option)
     return cls(1e-2, **option)
 
 
