@@ -214,6 +214,12 @@ from ._optimizers._sgd._polyak import (
     PolyakSGD as PolyakSGD,
     PolyakSGDState as PolyakSGDState,
 )
+from ._optimizers._sgd._privacy import (
+    DifferentiallyPrivateAggregate as DifferentiallyPrivateAggregate,
+    DifferentiallyPrivateAggregateState as DifferentiallyPrivateAggregateState,
+    per_example_global_norm_clip as per_example_global_norm_clip,
+    per_example_layer_norm_clip as per_example_layer_norm_clip,
+)
 from ._optimizers._sgd._rprop import (
     Rprop as Rprop,
     RpropState as RpropState,
@@ -363,12 +369,6 @@ from ._transforms._measure import (
 from ._transforms._plateau import (
     ReduceOnPlateau as ReduceOnPlateau,
     ReduceOnPlateauState as ReduceOnPlateauState,
-)
-from ._transforms._privacy import (
-    DifferentiallyPrivateAggregate as DifferentiallyPrivateAggregate,
-    DifferentiallyPrivateAggregateState as DifferentiallyPrivateAggregateState,
-    per_example_global_norm_clip as per_example_global_norm_clip,
-    per_example_layer_norm_clip as per_example_layer_norm_clip,
 )
 from ._transforms._scale_gradient import scale_gradient as scale_gradient
 from ._transforms._state import (
