@@ -421,6 +421,8 @@ from ._wrappers import (
     SWAState as SWAState,
     hyperparameters as hyperparameters,
     round_stochastic_bf16 as round_stochastic_bf16,
+    skip_large_updates as skip_large_updates,
+    skip_not_finite as skip_not_finite,
 )
 
 try:
@@ -710,6 +712,8 @@ __all__ = [
     "set_native_kernels",
     "set_split_compilation",
     "shard_state",
+    "skip_large_updates",
+    "skip_not_finite",
     "sharded_deserialise_filter_spec",
     "state_shardings",
     "tree_cast",
