@@ -661,7 +661,8 @@ OPTAX_TRANSFORM_ROWS = [
         "eqxopt.skip_large_updates, max_squared_norm=m))",
         values=dict(lr=0.1, k=2, m=40.0, partial=functools.partial),
         covers=("skip_large_updates",),
-        note="`partial`: `functools.partial`; as a wrapper of any optimizer: "
+        note="`eqxopt.skip_large_updates` for `optax.skip_large_updates`, its bound "
+        "bound with `functools.partial`; as a wrapper of any optimizer: "
         "`SkipLargeUpdates(inner, max_squared_norm)`",
     ),
     Row(
