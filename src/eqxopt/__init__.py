@@ -421,6 +421,8 @@ from ._wrappers import (
     SWAState as SWAState,
     hyperparameters as hyperparameters,
     round_stochastic_bf16 as round_stochastic_bf16,
+    skip_large_updates as skip_large_updates,
+    skip_not_finite as skip_not_finite,
 )
 
 try:
@@ -711,6 +713,8 @@ __all__ = [
     "set_split_compilation",
     "shard_state",
     "sharded_deserialise_filter_spec",
+    "skip_large_updates",
+    "skip_not_finite",
     "state_shardings",
     "tree_cast",
     "tree_get",
