@@ -12,6 +12,7 @@ of each page is written by hand. The test checks that the pages are current.
 """
 
 import dataclasses
+import functools
 import inspect
 import pathlib
 import re
@@ -643,12 +644,26 @@ OPTAX_TRANSFORM_ROWS = [
         ("DifferentiallyPrivateAggregate",),
     ),
     Row(("global_norm",), "`global_norm`", ("global_norm",)),
-    Row(
-        ("skip_not_finite", "skip_large_updates"),
-        "`SkipNonFinite(inner)` skips non-finite steps, `SkipLargeUpdates(inner, "
-        "max_squared_norm)` steps whose squared gradient norm reaches the bound (as "
-        "wrappers, not `MultiSteps` predicates)",
-        ("SkipNonFinite", "SkipLargeUpdates"),
+    Call(
+        "optax.MultiSteps(optax.sgd(lr), k, "
+        "should_skip_update_fn=optax.skip_not_finite)",
+        "eqxopt.MultiSteps(eqxopt.SGD(lr), k, "
+        "should_skip_update_fn=eqxopt.skip_not_finite)",
+        values=dict(lr=0.1, k=2),
+        covers=("skip_not_finite",),
+        note="the same predicate and `skip_state`; as a wrapper of any optimizer: "
+        "`SkipNonFinite(inner)`",
+    ),
+    Call(
+        "optax.MultiSteps(optax.sgd(lr), k, should_skip_update_fn=partial("
+        "optax.skip_large_updates, max_squared_norm=m))",
+        "eqxopt.MultiSteps(eqxopt.SGD(lr), k, should_skip_update_fn=partial("
+        "eqxopt.skip_large_updates, max_squared_norm=m))",
+        values=dict(lr=0.1, k=2, m=40.0, partial=functools.partial),
+        covers=("skip_large_updates",),
+        note="`eqxopt.skip_large_updates` for `optax.skip_large_updates`, its bound "
+        "bound with `functools.partial`; as a wrapper of any optimizer: "
+        "`SkipLargeUpdates(inner, max_squared_norm)`",
     ),
     Row(
         ("apply_every",),
@@ -836,8 +851,16 @@ OPTAX_TYPES = [
     ),
     Row(
         ("ShouldSkipUpdateFunction",),
-        "`SkipNonFinite`, `SkipLargeUpdates`",
-        ("SkipNonFinite", "SkipLargeUpdates"),
+        "`MultiSteps`'s `should_skip_update_fn`: a function `(grads, gradient_step, "
+        "params) -> (should_skip, skip_state)`, such as `skip_not_finite`; or the "
+        "wrappers `SkipNonFinite`, `SkipLargeUpdates`",
+        (
+            "MultiSteps",
+            "skip_not_finite",
+            "skip_large_updates",
+            "SkipNonFinite",
+            "SkipLargeUpdates",
+        ),
     ),
     Row(
         ("ZoomLinesearchInfo",),
@@ -1267,11 +1290,14 @@ TORCH_SCHEDULERS = [
         "should change without recompiling: an `AbstractSchedule` subclass (below)",
         steps=6,
     ),
-    Missing(
+    Row(
         ("MultiplicativeLR",),
-        "a running product of a function at every step so far; a constant "
-        "factor `g` is `ExponentialDecay(lr, 1, g)`, others a `Lambda` of the "
-        "product in closed form",
+        "out of scope: its rate is a running product of `lr_lambda` over every "
+        "step so far, and an eqxopt schedule is a pure function of the step, "
+        "evaluated at any step without history, so it could only recompute the "
+        "product in an O(step) loop. Write the product in closed form as a "
+        "`Lambda(lr, fn)`; a constant factor `g` is `ExponentialDecay(lr, 1, g)`",
+        ("Lambda", "ExponentialDecay"),
     ),
     Call(
         "ChainedScheduler([ConstantLR(opt, factor, n), ExponentialLR(opt, gamma)])",

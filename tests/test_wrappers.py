@@ -56,7 +56,10 @@ def test_multisteps_sum_matches_optax_and_the_state_reads_well():
         run_eqxopt(ours, PARAMS, GRADS), run_optax(ref, PARAMS, GRADS)
     )
     state = ours.init(PARAMS)
-    assert set(vars(state)) == {"mini_step", "gradient_step", "acc", "counts", "inner"}
+    assert set(vars(state)) == {
+        "mini_step", "gradient_step", "acc", "counts", "inner", "skip_state"
+    }  # fmt: skip
+    assert state.skip_state == ()  # no predicate: no arrays
     _, state = ours.update(GRADS[0], state, PARAMS)
     assert int(state.mini_step) == 1 and int(state.gradient_step) == 0
     assert not bool(ours.has_updated(state))

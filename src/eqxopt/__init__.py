@@ -214,6 +214,12 @@ from ._optimizers._sgd._polyak import (
     PolyakSGD as PolyakSGD,
     PolyakSGDState as PolyakSGDState,
 )
+from ._optimizers._sgd._privacy import (
+    DifferentiallyPrivateAggregate as DifferentiallyPrivateAggregate,
+    DifferentiallyPrivateAggregateState as DifferentiallyPrivateAggregateState,
+    per_example_global_norm_clip as per_example_global_norm_clip,
+    per_example_layer_norm_clip as per_example_layer_norm_clip,
+)
 from ._optimizers._sgd._rprop import (
     Rprop as Rprop,
     RpropState as RpropState,
@@ -364,12 +370,6 @@ from ._transforms._plateau import (
     ReduceOnPlateau as ReduceOnPlateau,
     ReduceOnPlateauState as ReduceOnPlateauState,
 )
-from ._transforms._privacy import (
-    DifferentiallyPrivateAggregate as DifferentiallyPrivateAggregate,
-    DifferentiallyPrivateAggregateState as DifferentiallyPrivateAggregateState,
-    per_example_global_norm_clip as per_example_global_norm_clip,
-    per_example_layer_norm_clip as per_example_layer_norm_clip,
-)
 from ._transforms._scale_gradient import scale_gradient as scale_gradient
 from ._transforms._state import (
     EmptyState as EmptyState,
@@ -421,6 +421,8 @@ from ._wrappers import (
     SWAState as SWAState,
     hyperparameters as hyperparameters,
     round_stochastic_bf16 as round_stochastic_bf16,
+    skip_large_updates as skip_large_updates,
+    skip_not_finite as skip_not_finite,
 )
 
 try:
@@ -711,6 +713,8 @@ __all__ = [
     "set_split_compilation",
     "shard_state",
     "sharded_deserialise_filter_spec",
+    "skip_large_updates",
+    "skip_not_finite",
     "state_shardings",
     "tree_cast",
     "tree_get",

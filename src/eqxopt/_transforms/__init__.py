@@ -1,7 +1,8 @@
 """Gradient transforms: clipping, non-finite handling, weight decay, noise,
-centralisation, learning-rate reduction on plateau, differential privacy; and the
-states of those that keep only their step count (`StepState`) or nothing
-(`EmptyState`).
+centralisation, learning-rate reduction on plateau; and the states of those that
+keep only their step count (`StepState`) or nothing (`EmptyState`). The
+differentially private aggregate lives with DP-SGD (`_optimizers/_sgd/_privacy.py`),
+which is built on it.
 
 - `_blocks.py`: the building blocks for `Chain` (`Identity`, `Stateless`, `Trace`,
   `ScaleByAdam`, `ScaleByRms`, `ScaleBySign`, `ScaleByLearningRate`, `EMA`,
@@ -22,8 +23,6 @@ states of those that keep only their step count (`StepState`) or nothing
 - `_linesearch.py`: `ScaleByBacktrackingLinesearch`.
 - `_measure.py`: `Snapshot`, `MeasureWithEMA`.
 - `_plateau.py`: `ReduceOnPlateau`.
-- `_privacy.py`: `DifferentiallyPrivateAggregate`, `per_example_global_norm_clip`,
-  `per_example_layer_norm_clip`.
 - `_scale_gradient.py`: `scale_gradient`.
 - `_state.py`: `EmptyState`, `StepState`.
 - `_target.py`: `incremental_update`, `periodic_update` (target networks).

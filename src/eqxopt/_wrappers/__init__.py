@@ -9,6 +9,8 @@ the transforms, SkipNonFinite).
 from ._accumulate import (
     MultiSteps as MultiSteps,
     MultiStepsState as MultiStepsState,
+    skip_large_updates as skip_large_updates,
+    skip_not_finite as skip_not_finite,
 )
 from ._averaging import (
     SWA as SWA,

@@ -7,7 +7,7 @@ from jaxtyping import Array, Float, Int, PyTree, UInt32
 
 from ..._core._base import AbstractTransform, Grads, Params
 from ..._core._fields import ScalarOrSchedule
-from ..._transforms._privacy import (
+from ._privacy import (
     DifferentiallyPrivateAggregate,
     DifferentiallyPrivateAggregateState,
 )

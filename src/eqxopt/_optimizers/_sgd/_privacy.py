@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, PyTree, UInt32
 
-from .._core._base import AbstractTransform, Grads, Params, Updates
-from .._core._checks import renames
-from .._core._fields import hyper
-from .._core._keys import key_data
-from .._core._norms import norm
-from .._core._tree import align_grads, compute_dtype, is_float_leaf, leaf_paths
+from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._checks import renames
+from ..._core._fields import hyper
+from ..._core._keys import key_data
+from ..._core._norms import norm
+from ..._core._tree import align_grads, compute_dtype, is_float_leaf, leaf_paths
 
 
 def _batch_size(grads: PyTree, owner: str) -> int:
