@@ -331,13 +331,25 @@ MOMENT_STORAGE = (
     }
     | {
         name: _with_storage(getattr(eqxopt, name), *_BOTH, learning_rate=0.05)
-        for name in ("ACProp", "LaProp", "MARS", "NorMuon", "OptimisticAdamV1")
-        + ("SimplifiedAdEMAMix",)
+        for name in [
+            "ACProp",
+            "LaProp",
+            "MARS",
+            "NorMuon",
+            "OptimisticAdamV1",
+            "SimplifiedAdEMAMix",
+        ]  # fmt: skip
     }
     | {
         name: _with_storage(getattr(eqxopt, name), *_BOTH)
-        for name in ("ScaleByAdamax", "ScaleByAmsgrad", "ScaleByBelief", "ScaleByRadam")
-        + ("ScaleByStddev", "ScaleByYogi")
+        for name in [
+            "ScaleByAdamax",
+            "ScaleByAmsgrad",
+            "ScaleByBelief",
+            "ScaleByRadam",
+            "ScaleByStddev",
+            "ScaleByYogi",
+        ]  # fmt: skip
     }
 )
 # MeasureWithEMA's average is of a measurement (any shape), not a moment;
