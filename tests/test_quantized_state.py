@@ -338,7 +338,7 @@ MOMENT_STORAGE = (
             "NorMuon",
             "OptimisticAdamV1",
             "SimplifiedAdEMAMix",
-        ]  # fmt: skip
+        ]
     }
     | {
         name: _with_storage(getattr(eqxopt, name), *_BOTH)
@@ -349,7 +349,7 @@ MOMENT_STORAGE = (
             "ScaleByRadam",
             "ScaleByStddev",
             "ScaleByYogi",
-        ]  # fmt: skip
+        ]
     }
 )
 # MeasureWithEMA's average is of a measurement (any shape), not a moment;
