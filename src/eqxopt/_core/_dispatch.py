@@ -201,7 +201,7 @@ class _First:
 
     def __post_init__(self) -> None:
         self.leaves, self.treedef = jax.tree.flatten(self.obj)
-        self.all_arrays = set(map(type, self.leaves)) <= {array_type()}
+        self.all_arrays = set(map(type, self.leaves)) <= _concrete_types()
         self.layout = _layout(self.leaves) if self.all_arrays else None
 
     def pack(self) -> Any:
