@@ -111,7 +111,7 @@ def population(
             )
         if _shapes(arrays) != _shapes(first_arrays):
             raise ValueError(_mismatch(members, 0, i, "in an array's shape or dtype"))
-    arrays = jax.tree.map(lambda *xs: jnp.stack(xs), *(a for a, _ in parts))
+    arrays = _stacked([a for a, _ in parts])
     return eqx.combine(arrays, first_static)
 
 
