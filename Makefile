@@ -26,28 +26,35 @@ $(DOCS_STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/train_digits.py
 
+# JAX's persistent compilation cache for the test runs: most of a run's time is XLA
+# compiling, so a later run (test-no-native after test, or test again after a change)
+# loads what an earlier one compiled. `make test TEST_CACHE=` runs without it.
+# tests/run_pytest.py runs pytest, and reruns without the cache a test whose worker
+# process died loading a cache entry (it says which).
+TEST_CACHE ?= $(CURDIR)/.jax-test-cache
+TEST_ENV = EQXOPT_TEST_COMPILATION_CACHE=$(TEST_CACHE)
+
 # Two workers that take tests from each other's queues as they finish, so that no
 # large file leaves one worker idle at the end.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
+	$(TEST_ENV) $(PY) tests/run_pytest.py -q -n 2 --dist worksteal -m "not slow"
 
 # The whole-catalog sweeps marked slow (run by hand before a release: on two cores
 # they take longer than the rest of CI together).
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist load -m slow
+	$(TEST_ENV) $(PY) tests/run_pytest.py -q -n 2 --dist load -m slow
 
 # The fast tier on a copy of the package without its native CPU backend
 # (src/eqxopt/_native deleted): the core must import and pass every test that does
 # not need the kernels (those marked needs_compiler skip). NO_NATIVE_TESTS picks the
-# files (default: all); CI runs the engine-wide ones: the import structure, the
-# seeds' worked examples, the dispatcher, make_train_step, packing, eqxopt.extend.
+# files (default: all, as CI runs it).
 NO_NATIVE_TESTS ?=
 NO_NATIVE := .no-native
 test-no-native: $(STAMP)
 	rm -rf $(NO_NATIVE) && mkdir -p $(NO_NATIVE) && cp -r src/eqxopt $(NO_NATIVE)/
 	rm -rf $(NO_NATIVE)/eqxopt/_native
-	PYTHONPATH=$(NO_NATIVE) EQXOPT_TEST_WITHOUT_NATIVE=1 EQXOPT_TEST_REQUIRE_NATIVE=0 \
-		$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow" -p no:cacheprovider \
+	$(TEST_ENV) PYTHONPATH=$(NO_NATIVE) EQXOPT_TEST_WITHOUT_NATIVE=1 EQXOPT_TEST_REQUIRE_NATIVE=0 \
+		$(PY) tests/run_pytest.py -q -n 2 --dist worksteal -m "not slow" -p no:cacheprovider \
 		$(NO_NATIVE_TESTS)
 	rm -rf $(NO_NATIVE)
 
@@ -96,4 +103,4 @@ docs-serve: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(DOCS_PY) -m mkdocs serve
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) $(DOCS_VENV) $(NO_NATIVE) .pytest_cache .hypothesis site
+	rm -rf $(VENV) $(OLDEST_VENV) $(DOCS_VENV) $(NO_NATIVE) $(TEST_CACHE) .pytest_cache .hypothesis site

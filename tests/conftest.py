@@ -27,6 +27,23 @@ STRICT_PROMOTION = os.environ.get("EQXOPT_TEST_STRICT_PROMOTION", "1") == "1"
 if STRICT_PROMOTION:
     jax.config.update("jax_numpy_dtype_promotion", "strict")
 
+# EQXOPT_TEST_COMPILATION_CACHE names a directory for JAX's persistent compilation
+# cache: a second run of the tests (the run without the native backend after the
+# run with it, in CI) then loads what the first compiled instead of compiling again.
+COMPILATION_CACHE = os.environ.get("EQXOPT_TEST_COMPILATION_CACHE")
+if COMPILATION_CACHE:
+    # A size limit turns on the cache's file lock (and its LRU eviction): without
+    # it, one worker can read an entry another is still writing. Set in the
+    # environment too, which JAX reads at start-up: for the processes tests start.
+    for option, value in (
+        ("jax_compilation_cache_dir", COMPILATION_CACHE),
+        ("jax_persistent_cache_min_compile_time_secs", 0.0),
+        ("jax_persistent_cache_min_entry_size_bytes", 0),
+        ("jax_compilation_cache_max_size", 4 * 2**30),
+    ):
+        jax.config.update(option, value)
+        os.environ[option.upper()] = str(value)
+
 # `make test-no-native`: the package under test is a copy without its native backend.
 if os.environ.get("EQXOPT_TEST_WITHOUT_NATIVE", "0") == "1":
     import importlib.util
