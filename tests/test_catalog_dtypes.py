@@ -120,11 +120,14 @@ REJECTS = {
     "GaLore": "GaLore",  # transposes, not conjugate transposes (as optax)
     "Sophia-H": "Sophia",  # a clip and a max of magnitudes (optax's fail likewise)
     "Chain-ClipByValue-Centralize-AddNoise-AddDecayedWeights-SGD": "ClipByValue",
+    "Blocks-Rprop": "ScaleByRprop",
+    "Blocks-Sm3": "ScaleBySm3",
 }
 
-# Draws complex noise, which no real run turned by a phase reproduces; its optax
-# comparison above covers it.
-NOT_PHASE_COVARIANT = {"NoisySGD"}
+# NoisySGD draws complex noise, which no real run turned by a phase reproduces; its
+# optax comparison above covers it. Lion's "smooth" direction is `tanh` of the
+# complex argument, as optax's (the hard sign, `c / |c|`, is covariant).
+NOT_PHASE_COVARIANT = {"NoisySGD", "Blocks-Lion-smooth"}
 # Cases tagged "quantized" (cases_quantized.py) quantize real leaves block-wise and
 # keep complex leaves in full precision, so a turned run differs by the real run's
 # quantization error.

@@ -42,6 +42,8 @@ NOT_ELEMENTWISE = {
     "Shampoo",
     "PSGDKron",
     "GaLore",  # projections through each matrix's SVD
+    "AdamMini",  # one second moment per block
+    "MARS",  # the corrected gradient is clipped by its leaf's norm
 }
 
 

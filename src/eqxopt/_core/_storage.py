@@ -495,10 +495,13 @@ def is_quantized(x: Any) -> bool:
 
 
 def load(stored: Any, dtype: Any) -> Array:
-    """A moment leaf as the rule sees it: in `dtype` (the compute dtype)."""
-    if isinstance(stored, QuantizedArray):
-        return stored.dequantize().astype(dtype)
-    return stored.astype(dtype)
+    """A moment leaf as the rule sees it: in `dtype` (the compute dtype), or in its
+    real counterpart for a real moment of a complex leaf (a statistic of
+    magnitudes, such as Adam-mini's per-block mean square)."""
+    value = stored.dequantize() if isinstance(stored, QuantizedArray) else stored
+    if not jnp.iscomplexobj(value):
+        dtype = jnp.finfo(dtype).dtype
+    return value.astype(dtype)
 
 
 def store(value: Array, stored: Any) -> Any:

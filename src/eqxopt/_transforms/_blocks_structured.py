@@ -520,12 +520,15 @@ class ScaleByDistanceOverGradients(AbstractBlock):
         def start(p):
             if not is_float_leaf(p):
                 return None
+            # Real, as the distances and norms it is compared with.
             dtype = compute_dtype(p.dtype)
             norm = jnp.sqrt(jnp.sum(abs_sq(p.astype(dtype))))
-            return jnp.asarray(self.reps_rel, dtype) * (1 + norm)
+            return jnp.asarray(self.reps_rel, norm.dtype) * (1 + norm)
 
         def zero(p):
-            return jnp.zeros((), compute_dtype(p.dtype)) if is_float_leaf(p) else None
+            if not is_float_leaf(p):
+                return None
+            return jnp.zeros((), jnp.finfo(compute_dtype(p.dtype)).dtype)
 
         def copy(p):
             if not is_float_leaf(p):
@@ -544,7 +547,7 @@ class ScaleByDistanceOverGradients(AbstractBlock):
         eta, max_dist, sum_sq = dog_step_size(
             max_dist, sum_sq, moved, jnp.sum(abs_sq(g)), h.eps
         )
-        return h.global_scale * eta * g, max_dist, sum_sq, p0
+        return (h.global_scale * eta).astype(g.dtype) * g, max_dist, sum_sq, p0
 
 
 class ScaleByFactoredRmsState(eqx.Module):
