@@ -32,14 +32,14 @@ if STRICT_PROMOTION:
 # run with it, in CI) then loads what the first compiled instead of compiling again.
 COMPILATION_CACHE = os.environ.get("EQXOPT_TEST_COMPILATION_CACHE")
 if COMPILATION_CACHE:
-    # A size limit turns on the cache's file lock (and its LRU eviction): without
-    # it, one worker can read an entry another is still writing. Set in the
-    # environment too, which JAX reads at start-up: for the processes tests start.
+    # No size limit: with one, every write scans the whole directory under a lock.
+    # (An entry read while another worker writes it fails zlib's check and is
+    # compiled again.) Set in the environment too, which JAX reads at start-up:
+    # for the processes tests start.
     for option, value in (
         ("jax_compilation_cache_dir", COMPILATION_CACHE),
         ("jax_persistent_cache_min_compile_time_secs", 0.0),
         ("jax_persistent_cache_min_entry_size_bytes", 0),
-        ("jax_compilation_cache_max_size", 4 * 2**30),
     ):
         jax.config.update(option, value)
         os.environ[option.upper()] = str(value)
