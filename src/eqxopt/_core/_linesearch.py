@@ -10,7 +10,7 @@ from jaxtyping import Array, PyTree
 
 from . import _shards
 from ._shards import AxisName
-from ._tree import compute_dtype, is_float_leaf, join_dtypes
+from ._tree import is_float_leaf, join_dtypes, real_compute_dtype
 
 
 def vdot(
@@ -36,7 +36,7 @@ def scalar_dtype(params: PyTree) -> Any:
     dtype = jnp.dtype(jnp.float32)
     for p in jax.tree.leaves(params):
         if is_float_leaf(p):
-            dtype = join_dtypes(dtype, jnp.finfo(compute_dtype(p.dtype)).dtype)
+            dtype = join_dtypes(dtype, real_compute_dtype(p.dtype))
     return dtype
 
 

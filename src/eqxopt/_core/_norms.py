@@ -28,16 +28,20 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ._shards import AxisName, shard_total
-from ._tree import abs_sq, compute_dtype, is_float_leaf, join_dtypes
+from ._tree import (
+    abs_sq,
+    compute_dtype,
+    is_float_leaf,
+    join_dtypes,
+    real_compute_dtype,
+)
 
 
 def reduction_dtype(leaves: Sequence[Any]) -> Any:
     """The real dtype a sum over the float arrays among `leaves` is taken in: the
     widest of their compute dtypes (`compute_dtype`, at least float32), real
     (complex128 leaves give float64); float32 when there are none."""
-    dtypes = [
-        jnp.finfo(compute_dtype(x.dtype)).dtype for x in leaves if is_float_leaf(x)
-    ]
+    dtypes = [real_compute_dtype(x.dtype) for x in leaves if is_float_leaf(x)]
     return functools.reduce(join_dtypes, dtypes, jnp.dtype(jnp.float32))
 
 

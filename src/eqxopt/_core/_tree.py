@@ -42,6 +42,12 @@ def compute_dtype(dtype: Any) -> Any:
     return join_dtypes(dtype, jnp.float32)
 
 
+def real_compute_dtype(dtype: Any) -> Any:
+    """The real dtype of `compute_dtype(dtype)`'s precision (float32 for complex64):
+    what statistics of magnitudes (second moments, norms, distances) are kept in."""
+    return jnp.finfo(compute_dtype(dtype)).dtype
+
+
 def join_dtypes(a: Any, b: Any) -> Any:
     """`jnp.promote_types` under JAX's standard lattice: a rule between dtypes, which
     JAX's strict promotion mode would otherwise refuse (bf16 with float32)."""

@@ -40,6 +40,7 @@ from .._core._tree import (
     float_leaves_like,
     increment,
     is_float_leaf,
+    real_compute_dtype,
     zero_step,
 )
 from .._optimizers._parameter_free._dog import dog_step_size
@@ -528,7 +529,7 @@ class ScaleByDistanceOverGradients(AbstractBlock):
         def zero(p):
             if not is_float_leaf(p):
                 return None
-            return jnp.zeros((), jnp.finfo(compute_dtype(p.dtype)).dtype)
+            return jnp.zeros((), real_compute_dtype(p.dtype))
 
         def copy(p):
             if not is_float_leaf(p):

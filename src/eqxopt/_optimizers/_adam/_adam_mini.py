@@ -18,7 +18,12 @@ from ..._core._fields import (
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._moments import Moment, moment_like
-from ..._core._tree import abs_sq, compute_dtype, is_float_leaf, zero_step
+from ..._core._tree import (
+    abs_sq,
+    is_float_leaf,
+    real_compute_dtype,
+    zero_step,
+)
 from ._adam_like import b1_field, b2_field, bias_corrections, ema, eps_field
 
 
@@ -124,7 +129,7 @@ class AdamMini(AbstractLeafwiseOptimizer):
                 return None
             axes = _block_axes(self.partition, p.ndim)
             shape = tuple(1 if i in axes else n for i, n in enumerate(p.shape))
-            real = jnp.finfo(compute_dtype(p.dtype)).dtype
+            real = real_compute_dtype(p.dtype)
             return jnp.zeros(shape, real)
 
         return AdamMiniState(

@@ -23,7 +23,12 @@ from ..._core._fields import (
 from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
 from ..._core._moments import Moment, moment_like
-from ..._core._tree import abs_sq, compute_dtype, increment, zero_step
+from ..._core._tree import (
+    abs_sq,
+    increment,
+    real_compute_dtype,
+    zero_step,
+)
 from ._muon import (
     _DEFAULT_NS_COEFFS,
     _merge,
@@ -182,7 +187,7 @@ class NorMuon(AbstractTransform):
         decay_flags(self.weight_decay_mask, params, "weight_decay_mask")  # checked
 
         def rows(p):
-            real = jnp.finfo(compute_dtype(p.dtype)).dtype
+            real = real_compute_dtype(p.dtype)
             return jnp.zeros((*p.shape[:-1], 1), real)
 
         leaves, treedef = jax.tree.flatten(params)
