@@ -38,9 +38,8 @@ def main(args: list[str]) -> int:
     if code == 0:
         return 0
     crashed = sorted(set(CRASHED.findall(output)))
-    failed = {name for name in FAILED.findall(output)}
     # The summary names a crashed test too ("FAILED <id> - worker 'gw0' crashed").
-    others = {name for name in failed if name not in crashed}
+    others = set(FAILED.findall(output)) - set(crashed)
     if not crashed or others:
         return code
     print(
