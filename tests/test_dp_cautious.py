@@ -135,6 +135,10 @@ def _numpy_run(rule, n_state):
     return history
 
 
+# Decay for the dense layer and the first of `layers`, not the rest.
+_DECAY_MASK = {"scale": False, "dense": True, "layers": [True, (False, False)]}
+
+
 @pytest.mark.parametrize(
     "ours, theirs",
     [
@@ -145,6 +149,27 @@ def _numpy_run(rule, n_state):
             lambda: eqxopt.CAdamW(0.05, 0.9, 0.99, 1e-8, weight_decay=0.0),
         ),
         (
+            lambda: eqxopt.Cautious(
+                eqxopt.AdamW(0.05, 0.8, 0.99, 1e-6, weight_decay=0.1)
+            ),
+            lambda: eqxopt.CAdamW(0.05, 0.8, 0.99, 1e-6, weight_decay=0.1),
+        ),
+        (lambda: eqxopt.Cautious(eqxopt.AdamW(0.05)), lambda: eqxopt.CAdamW(0.05)),
+        (
+            lambda: eqxopt.Cautious(
+                eqxopt.AdamW(
+                    eqxopt.Linear(0.05, 0.01, 20),
+                    weight_decay=eqxopt.CosineDecay(0.3, 25),
+                    mask=_DECAY_MASK,
+                )
+            ),
+            lambda: eqxopt.CAdamW(
+                eqxopt.Linear(0.05, 0.01, 20),
+                weight_decay=eqxopt.CosineDecay(0.3, 25),
+                mask=_DECAY_MASK,
+            ),
+        ),
+        (
             lambda: eqxopt.Chain(
                 eqxopt.Cautious(eqxopt.Adam(0.05, 0.8, 0.99, 1e-6)),
                 eqxopt.DecoupledWeightDecay(0.05, 0.1),
@@ -152,14 +177,99 @@ def _numpy_run(rule, n_state):
             lambda: eqxopt.CAdamW(0.05, 0.8, 0.99, 1e-6, weight_decay=0.1),
         ),
     ],
-    ids=["AdamW", "Adam-then-decay"],
+    ids=["AdamW", "AdamW-decay", "defaults", "schedules-mask", "Adam-then-decay"],
 )
 def test_cautious_adamw_is_cadamw(ours, theirs):
     # Measured: at most 1.2e-7 apart over the 30 steps (the same masking code;
     # the learning rate is multiplied in before the mask instead of after).
+    # `Cautious` leaves AdamW's decoupled decay out of the mask, as CAdamW does.
     assert_histories_close(
         run_eqxopt(ours(), PARAMS, GRADS), run_eqxopt(theirs(), PARAMS, GRADS)
     )
+
+
+# Every optimizer that declares its weight decay decoupled, made with learning rate
+# `lr`, decay `wd` and decay mask `mask`.
+DECOUPLED = {
+    eqxopt.AdamW: lambda lr, wd, mask: eqxopt.AdamW(lr, weight_decay=wd, mask=mask),
+    eqxopt.AMSGrad: lambda lr, wd, mask: eqxopt.AMSGrad(lr, weight_decay=wd, mask=mask),
+    eqxopt.NAdamW: lambda lr, wd, mask: eqxopt.NAdamW(lr, weight_decay=wd, mask=mask),
+    eqxopt.AdamaxW: lambda lr, wd, mask: eqxopt.AdamaxW(lr, weight_decay=wd, mask=mask),
+    eqxopt.AdamMini: lambda lr, wd, mask: eqxopt.AdamMini(
+        lr, weight_decay=wd, mask=mask
+    ),
+    eqxopt.CAdamW: lambda lr, wd, mask: eqxopt.CAdamW(lr, weight_decay=wd, mask=mask),
+    eqxopt.MARS: lambda lr, wd, mask: eqxopt.MARS(lr, weight_decay=wd, mask=mask),
+    eqxopt.Lion: lambda lr, wd, mask: eqxopt.Lion(lr, weight_decay=wd, mask=mask),
+}
+
+
+def test_every_decoupled_decay_declaration_is_tested():
+    declared = {
+        cls
+        for name in eqxopt.__all__
+        if isinstance(cls := getattr(eqxopt, name), type)
+        and issubclass(cls, eqxopt.extend.AbstractLeafwiseOptimizer)
+        and cls.decoupled_decay is not None
+    }
+    assert declared == set(DECOUPLED)
+
+
+@pytest.mark.parametrize(
+    "make", DECOUPLED.values(), ids=[c.__name__ for c in DECOUPLED]
+)
+def test_declared_decoupled_decay_is_the_undecayed_update_minus_lr_wd_p(make):
+    # The promise `decoupled_decay` makes, over many steps: with decay, each step's
+    # update is the undecayed optimizer's update (same state) minus lr * wd * p at
+    # the masked leaves.
+    lr, wd = 0.01, 0.3
+    decayed, undecayed = make(lr, wd, _DECAY_MASK), make(lr, 0.0, _DECAY_MASK)
+    # The mask is a prefix of the params: one flag per leaf below each entry.
+    flags = jax.tree.leaves(
+        jax.tree.map(lambda m, p: jax.tree.map(lambda _: m, p), _DECAY_MASK, PARAMS)
+    )
+    state, params = decayed.init(PARAMS), PARAMS
+    for g in GRADS[:10]:
+        u, new_state = decayed.update(g, state, params)
+        v, same_state = undecayed.update(g, state, params)
+        assert_trees_close(new_state, same_state, rtol=0, atol=0)
+        expected = [
+            v_leaf - lr * wd * p if flag else v_leaf
+            for v_leaf, p, flag in zip(
+                jax.tree.leaves(v), jax.tree.leaves(params), flags
+            )
+        ]
+        assert_trees_close(jax.tree.leaves(u), expected, rtol=2e-6, atol=2e-8)
+        params, state = eqxopt.apply_updates(params, u), new_state
+
+
+@pytest.mark.parametrize(
+    "make", DECOUPLED.values(), ids=[c.__name__ for c in DECOUPLED]
+)
+def test_cautious_leaves_a_decoupled_decay_unmasked(make):
+    lr, wd = 0.01, 0.3
+    ours = eqxopt.Cautious(make(lr, wd, _DECAY_MASK))
+    theirs = eqxopt.Chain(
+        eqxopt.Cautious(make(lr, 0.0, _DECAY_MASK)),
+        eqxopt.DecoupledWeightDecay(lr, wd, mask=_DECAY_MASK),
+    )
+    assert_histories_close(
+        run_eqxopt(ours, PARAMS, GRADS), run_eqxopt(theirs, PARAMS, GRADS)
+    )
+
+
+def test_cautious_masks_a_decay_that_is_not_declared_decoupled():
+    # LAMB's decay is inside its trust ratio, so the wrapper masks the whole
+    # update: here the decay turns the second coordinate against its gradient.
+    lamb = eqxopt.LAMB(0.01, weight_decay=1.0)
+    params = {"w": jnp.array([1.0, 2.0, -1.0, 0.5])}
+    grads = {"w": jnp.array([1.0, -1.0, 1.0, -1.0])}
+    inner_updates, _ = lamb.update(grads, lamb.init(params), params)
+    updates, _ = eqxopt.Cautious(lamb).update(grads, lamb.init(params), params)
+    keep = (-inner_updates["w"] * grads["w"] > 0).astype(jnp.float32)
+    expected = inner_updates["w"] * keep * 4 / (jnp.sum(keep) + 1)
+    assert jnp.allclose(updates["w"], expected)
+    assert jnp.any(keep == 0)
 
 
 def test_cautious_lion_matches_numpy():

@@ -47,6 +47,7 @@ from ._core._leafwise import (
     AbstractEngineTransform as AbstractEngineTransform,
     AbstractLeafwiseOptimizer as AbstractLeafwiseOptimizer,
     map_leaves as map_leaves,
+    split_decoupled_decay as split_decoupled_decay,
 )
 from ._core._moments import Moment as Moment, moment_like as moment_like
 from ._core._schedule import AbstractSchedule as AbstractSchedule
@@ -83,6 +84,7 @@ __all__ = [
     "map_leaves",
     "mask_field",
     "moment_like",
+    "split_decoupled_decay",
     "trust_ratio",
     "values_at",
     "weight_decay_field",

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jaxtyping import Array, Int, PyTree
 
 from . import _backend
@@ -199,6 +200,11 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
       at;
     - `decay_mask` (optional): the name of the `mask_field` that selects the
       leaves `leaf` is told to decay (`decayed`);
+    - `decoupled_decay` (optional): the name of the field holding the rate of a
+      decoupled weight decay, a promise that at the decayed leaves `leaf` adds
+      exactly `-learning_rate * rate * p` to the update it gives undecayed
+      (`split_decoupled_decay`; wrappers such as `Cautious` then leave the decay
+      alone);
     - `elementwise`: whether `leaf` treats every element on its own (no norms, no
       reductions, nothing that depends on the leaf's shape), which lets a backend
       such as the native CPU kernels run it;
@@ -239,6 +245,7 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
         state_type = MomentumState
         moments = (extend.Moment("velocity", dtype="velocity_dtype"),)
         decay_mask = "mask"
+        decoupled_decay = "weight_decay"
         elementwise = True
 
         def leaf(self, h, t, g, p, v, decayed):
@@ -255,6 +262,11 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
     elementwise: eqx.AbstractClassVar[bool]
     # The name of the mask field whose leaves `leaf` is told to decay, or `None`.
     decay_mask: ClassVar[str | None] = None
+    # The name of the field holding the rate of a decoupled weight decay, or `None`:
+    # a promise that, at the leaves `decay_mask` selects (all without one), `leaf`
+    # adds `-learning_rate * rate * p` (`p` before the step) to the update it would
+    # give there undecayed, and reads the rate nowhere else (`split_decoupled_decay`).
+    decoupled_decay: ClassVar[str | None] = None
     # The per-leaf rule (a method); see above.
     leaf: eqx.AbstractClassVar[Callable[..., tuple[Array, ...]]]
 
@@ -296,3 +308,39 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
         )
         names = [m.name for m in self.moments]
         return out, self.state_type(step=t, **dict(zip(names, new)))  # pyright: ignore
+
+
+def split_decoupled_decay(
+    opt: AbstractTransform, grads: Grads, state: Any, params: Params
+) -> tuple[AbstractTransform, list[Any]] | None:
+    """An optimizer's update split into the part its decoupled weight decay adds
+    and the rest, for wrappers that change an update but leave its decay alone
+    (`Cautious`).
+
+    **Returns:** `None` unless `opt` is an `AbstractLeafwiseOptimizer` that declares
+    `decoupled_decay`. Otherwise `(undecayed, decay)`: `undecayed` is `opt` with the
+    decay's rate set to 0 (same state, same moments), and `decay`, per leaf of
+    `params` in `jax.tree.leaves` order, the decay's update at `state.step`,
+    `-learning_rate * rate * p` in the compute dtype, `None` where `opt` gives no
+    update or does not decay. `undecayed`'s update plus `decay` is `opt`'s update.
+    """
+    if not isinstance(opt, AbstractLeafwiseOptimizer) or opt.decoupled_decay is None:
+        return None
+    name = opt.decoupled_decay
+    h = opt.step_values(state.step)
+    rate = getattr(h, name)
+    flags = opt.leaf_flags(params)
+    decay = []
+    for i, (g, p) in enumerate(
+        zip(align_grads(grads, params), jax.tree.leaves(params))
+    ):
+        decayed = flags is None or flags[i]
+        if g is None or not is_float_leaf(p) or not decayed:
+            decay.append(None)
+        else:
+            decay.append(-h.learning_rate * (rate * p.astype(compute_dtype(p.dtype))))
+    # A rate of 0 adds `0 * p` where `leaf` decays: the undecayed update exactly.
+    value = getattr(opt, name)
+    zero = jnp.zeros_like(value) if eqx.is_array(value) else jnp.zeros((), jnp.float32)
+    undecayed = eqx.tree_at(lambda o: getattr(o, name), opt, zero)
+    return undecayed, decay

@@ -5,6 +5,7 @@ from typing import Any
 import jax
 
 from .._core._base import AbstractTransform, Grads, Params, State, Updates
+from .._core._leafwise import split_decoupled_decay
 from .._core._tree import align_grads, cautious_mask
 from ._wrapper import AbstractSingleWrapper, inner_field, leaves_of
 
@@ -22,13 +23,18 @@ class Cautious(AbstractSingleWrapper):
     u \leftarrow \frac{u\, \phi\, d}{\sum \phi + 1}
     $$
 
-    The masking and its `+ 1` are `CAdamW`'s: `Cautious(AdamW(lr,
-    weight_decay=0))` is `CAdamW(lr, weight_decay=0)`. The whole update of
-    `inner` is masked, a weight decay inside it included; to leave the decay
-    unmasked, as the paper does, add it after: `Chain(Cautious(Adam(lr)),
-    DecoupledWeightDecay(lr, wd))` is `CAdamW(lr, weight_decay=wd)`, and
-    `Chain(Cautious(Lion(lr)), DecoupledWeightDecay(lr, wd))` the paper's C-Lion.
-    The state is `inner`'s. A leaf without a gradient gets no update.
+    The masking and its `+ 1` are `CAdamW`'s. A decoupled weight decay of `inner`
+    is left out of the mask and added after, as the paper does: for an optimizer
+    that declares it (`decoupled_decay`: `AdamW`, `NAdamW`, `AdamaxW`, `AMSGrad`,
+    `Lion`, `MARS`, `AdamMini`, `CAdamW`), `u` above is the update without the
+    decay, and the update is `u - lr * wd * p` at the leaves `inner` decays. So
+    `Cautious(AdamW(lr, weight_decay=wd))` is `CAdamW(lr, weight_decay=wd)` and
+    `Cautious(Lion(lr, weight_decay=wd))` the paper's C-Lion. Any other `inner`
+    (a chain, an optimizer whose decay sits inside a trust ratio or is scaled by
+    something besides the learning rate, such as `LAMB` or `Adan`) has its whole
+    update masked; add the decay after to leave it alone:
+    `Chain(Cautious(inner), DecoupledWeightDecay(lr, wd))`. The state is
+    `inner`'s. A leaf without a gradient gets no update.
 
     **Arguments:**
 
@@ -44,9 +50,15 @@ class Cautious(AbstractSingleWrapper):
     def transform(
         self, grads: Grads, state: State, params: Params, **extra: Any
     ) -> tuple[Updates, State]:
-        updates, state = self.run_inner(grads, state, params, extra)
+        self.check_keywords(extra)
+        inner, decay = self.inner, None
+        if (split := split_decoupled_decay(inner, grads, state, params)) is not None:
+            inner, decay = split
+        updates, state = inner.transform(grads, state, params, **extra)
         masked = [
             None if u is None or g is None else cautious_mask(u, -u, g.astype(u.dtype))
             for u, g in zip(leaves_of(updates, params), align_grads(grads, params))
         ]
+        if decay is not None:
+            masked = [u if d is None else u + d for u, d in zip(masked, decay)]
         return jax.tree.structure(params).unflatten(masked), state

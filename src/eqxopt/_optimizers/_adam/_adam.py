@@ -211,6 +211,8 @@ class AdamW(AbstractAdamW, AbstractAdamStep):
     ```
     """
 
+    decoupled_decay = "weight_decay"
+
 
 # --------------------------------------------------------------------------------------
 # NAdam and NAdamW.
@@ -349,6 +351,7 @@ class NAdamW(AbstractNAdam):
     mask: MaskLike = mask_field()
 
     decay_mask = "mask"
+    decoupled_decay = "weight_decay"
 
 
 # --------------------------------------------------------------------------------------
@@ -441,6 +444,7 @@ class AMSGrad(AbstractAdamOptions):
         Moment("nu_max", dtype="nu_dtype", nonnegative=True),
     )
     decay_mask = "mask"
+    decoupled_decay = "weight_decay"
     elementwise = True
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
@@ -540,3 +544,4 @@ class AdamaxW(AbstractAdamax):
     mask: MaskLike = mask_field()
 
     decay_mask = "mask"
+    decoupled_decay = "weight_decay"

@@ -117,6 +117,7 @@ class AdamMini(AbstractLeafwiseOptimizer):
     state_type = AdamMiniState
     moments = (Moment("mu", dtype="mu_dtype"), Moment("nu", nonnegative=True))
     decay_mask = "mask"
+    decoupled_decay = "weight_decay"
     elementwise = False
 
     def init(self, params: Params) -> AdamMiniState:

@@ -32,10 +32,8 @@ class CAdamW(AbstractAdamW):
     far as AdamW would move it). The decay uses the parameter from before the update
     (the authors' code, derived from an older Hugging Face AdamW, decays the updated
     parameter: a difference of order `lr**2 * wd`). Neither optax nor torch.optim
-    has this optimizer. `Cautious(AdamW(lr, weight_decay=0))` is `CAdamW(lr,
-    weight_decay=0)`; with decay, `Chain(Cautious(Adam(lr)),
-    DecoupledWeightDecay(lr, wd))` is `CAdamW(lr, weight_decay=wd)` (`Cautious`
-    masks the whole update of what it wraps, a decay inside it included).
+    has this optimizer. `Cautious(AdamW(lr, weight_decay=wd))` is `CAdamW(lr,
+    weight_decay=wd)` (the wrapper leaves AdamW's decay out of the mask too).
 
     **Arguments:**
 
@@ -47,6 +45,7 @@ class CAdamW(AbstractAdamW):
 
     # Not elementwise: the rescaling counts the agreeing coordinates per leaf.
     elementwise = False
+    decoupled_decay = "weight_decay"
 
     def direction(self, h, g, mu, nu):
         u, mu, nu, _ = adam_direction(h, g, mu, nu)

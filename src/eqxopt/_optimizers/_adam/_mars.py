@@ -96,6 +96,7 @@ class MARS(AbstractAdamOptions):
         Moment("prev_grad"),
     )
     decay_mask = "mask"
+    decoupled_decay = "weight_decay"
     elementwise = False
 
     def step_values(self, step):

@@ -213,6 +213,7 @@ class Lion(AbstractLeafwiseOptimizer):
     state_type = LionState
     moments = (Moment("mu", dtype="mu_dtype"),)
     decay_mask = "mask"
+    decoupled_decay = "weight_decay"
     elementwise = True
 
     def leaf(self, h, t, g, p, mu, decayed):
