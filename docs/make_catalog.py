@@ -203,7 +203,7 @@ CATALOG = [
         "Cautious",
         "adam",
         f"Liang et al., *Cautious Optimizers: Improving Training with One Line of Code*, 2024, {arxiv('2411.16085')}",
-        "`CAdamW` (`Cautious(AdamW)`, and `Cautious(Adam)` then decoupled decay); float64 NumPy transcriptions around `Lion` and `SGD` with (Nesterov) momentum",
+        "`CAdamW` (`Cautious(AdamW)` with and without decay, schedules and a mask, and `Cautious(Adam)` then decoupled decay); the decay of each optimizer declaring `decoupled_decay` left unmasked; float64 NumPy transcriptions around `Lion` and `SGD` with (Nesterov) momentum",
         None,
     ),
     (
@@ -332,7 +332,7 @@ CATALOG = [
         "LaProp",
         "newer",
         f"Ziyin et al., *LaProp: Separating Momentum and Adaptivity in Adam*, 2020, {arxiv('2002.04839')}",
-        "a torch transcription of the authors' `laprop.py` over 30 steps (masked weight decay; `update` and `step`); the paper's form in float64 with a schedule",
+        "a torch transcription of the authors' `laprop.py` over 30 steps (masked weight decay; `centered`, `amsgrad` and both, on gradients with a mean away from zero; `update` and `step`); the paper's form in float64 with a schedule",
         None,
     ),
     (

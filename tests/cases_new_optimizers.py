@@ -20,6 +20,14 @@ CASES = [
         ),
     ),
     CatalogCase(
+        "LaProp-centered-amsgrad",
+        lambda **kw: eqxopt.LaProp(
+            **{"learning_rate": 0.05, "centered": True, "amsgrad": True, **kw}
+        ),
+        vary=("b2", 0.9),
+        invalid=(("b1", 1.0), ("eps", 0.0)),
+    ),
+    CatalogCase(
         "AdamMini",
         lambda **kw: eqxopt.AdamMini(
             **{"learning_rate": 0.05, "weight_decay": 1e-3, "partition": "rows", **kw}

@@ -37,13 +37,25 @@ def run_step(opt, params, grads):
 
 
 class TorchLaProp(torch.optim.Optimizer):
-    """The update of the authors' `laprop.py` (Z. Ziyin, LaProp-Optimizer), without
-    its `amsgrad` and `centered` options: the learning rate rides inside the
-    momentum and its running average is the momentum's bias correction; the decay
-    shrinks the stepped parameter by `1 - weight_decay`."""
+    """The update of the authors' `laprop.py` (Z. Ziyin, LaProp-Optimizer): the
+    learning rate rides inside the momentum and its running average is the
+    momentum's bias correction; the decay shrinks the stepped parameter by
+    `1 - weight_decay`. Their `centered` branch names a variable it never defines
+    (`exp_mean_avg_beta2`, for the mean `exp_mean_avg_sq` it keeps); it is read
+    here as that mean, subtracted from step 11 on."""
 
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-15, weight_decay=0.0):
+    def __init__(
+        self,
+        params,
+        lr,
+        betas=(0.9, 0.999),
+        eps=1e-15,
+        weight_decay=0.0,
+        amsgrad=False,
+        centered=False,
+    ):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.amsgrad, self.centered = amsgrad, centered
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -54,13 +66,23 @@ class TorchLaProp(torch.optim.Optimizer):
             for p in group["params"]:
                 state = self.state[p]
                 if not state:
-                    state.update(lr_avg=0.0, one_avg=0.0)
+                    state.update(step=0, lr_avg=0.0, one_avg=0.0)
                     state.update(mu=torch.zeros_like(p), nu=torch.zeros_like(p))
+                    state.update(mean=torch.zeros_like(p), nu_max=torch.zeros_like(p))
+                state["step"] += 1
                 state["nu"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
                 state["lr_avg"] = state["lr_avg"] * b1 + (1 - b1) * lr
                 state["one_avg"] = state["one_avg"] * b2 + (1 - b2)
                 step_size = lr / state["lr_avg"]
-                denom = (state["nu"] / state["one_avg"]).sqrt_().add_(group["eps"])
+                denom = state["nu"]
+                if self.centered:
+                    state["mean"].mul_(b2).add_(p.grad, alpha=1 - b2)
+                    if state["step"] > 10:
+                        denom = denom - state["mean"] ** 2
+                if self.amsgrad and not (self.centered and state["step"] <= 10):
+                    torch.max(state["nu_max"], denom, out=state["nu_max"])
+                    denom = state["nu_max"]
+                denom = (denom / state["one_avg"]).sqrt_().add_(group["eps"])
                 state["mu"].mul_(b1).add_(p.grad / denom, alpha=(1 - b1) * lr)
                 p.add_(state["mu"], alpha=-step_size)
                 if group["weight_decay"] != 0:
@@ -88,6 +110,43 @@ def test_laprop_matches_the_authors_code(fused):
         lambda ts: TorchLaProp(ts, 3e-2, betas=(0.8, 0.95), eps=1e-8), PARAMS, GRADS
     )
     assert_histories_close(actual, expected)
+
+
+# Gradients with a mean well away from zero, so that centering matters.
+BIASED_GRADS = [jax.tree.map(lambda g: g + 1.5, g) for g in GRADS]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"centered": True}, {"amsgrad": True}, {"centered": True, "amsgrad": True}],
+    ids=["centered", "amsgrad", "centered-amsgrad"],
+)
+@pytest.mark.parametrize("fused", [False, True], ids=["update", "step"])
+def test_laprop_options_match_the_authors_code(options, fused):
+    opt = eqxopt.LaProp(1e-2, b1=0.8, b2=0.9, eps=1e-8, **options)
+    actual = (run_step if fused else run_eqxopt)(opt, PARAMS, BIASED_GRADS)
+    expected = run_torch(
+        lambda ts: TorchLaProp(ts, 1e-2, betas=(0.8, 0.9), eps=1e-8, **options),
+        PARAMS,
+        BIASED_GRADS,
+    )
+    assert_histories_close(actual, expected)
+    state = opt.init(PARAMS)
+    assert (state.mean is not None) == options.get("centered", False)
+    assert (state.nu_max is not None) == options.get("amsgrad", False)
+
+
+def test_laprop_centering_changes_the_steps_from_the_eleventh_on():
+    plain = run_eqxopt(eqxopt.LaProp(1e-2, b2=0.9), PARAMS, BIASED_GRADS[:11])
+    centered = eqxopt.LaProp(1e-2, b2=0.9, centered=True)
+    centered = run_eqxopt(centered, PARAMS, BIASED_GRADS[:11])
+    assert_histories_close(centered[:10], plain[:10], rtol=0, atol=0)
+    # Step 11 divides by the root of the variance, smaller than the second moment.
+    gap = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(jax.tree.leaves(centered[10]), jax.tree.leaves(plain[10]))
+    )
+    assert gap > 1e-3
 
 
 def test_laprop_decay_and_mask_match_the_authors_code():

@@ -75,6 +75,7 @@ from ._optimizers._adam._cautious import (
 )
 from ._optimizers._adam._laprop import (
     LaProp as LaProp,
+    LaPropState as LaPropState,
 )
 from ._optimizers._adam._mars import (
     MARS as MARS,
@@ -530,6 +531,7 @@ __all__ = [
     "LBFGS",
     "LBFGSState",
     "LaProp",
+    "LaPropState",
     "Lambda",
     "LearningRateMultipliers",
     "Linear",

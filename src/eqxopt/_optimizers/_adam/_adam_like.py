@@ -117,7 +117,7 @@ def momentum_decay_field() -> Any:
 class AdamState(eqx.Module):
     """State of `Adam`, `AdamW`, `Adamax`, `AdamaxW` and the other Adam variants that
     keep two moments (`RAdam`, `Yogi`, `AdaBelief`, `ACProp`, `ADOPT`, `CAdamW`,
-    `StableAdamW`, `LaProp`).
+    `StableAdamW`).
 
     **Fields:**
 
