@@ -6,7 +6,8 @@ and of case 12 (N linear layers of 64 x 64, as a tree and packed with `eqxopt.pa
 `bench_packed_layers.py`): `eqxopt.make_train_step` (and, without `--quick`, the
 step written out with `eqx.filter_jit`) against optax's documented step, through
 the same code as those cases. Reports throughput, the first call's trace + lowering
-and compile, and XLA's memory analysis, each against optax. Needs neither torch
+and compile (once, and the median of `--compiles` repeats with JAX's caches
+cleared), and XLA's memory analysis, each against optax. Needs neither torch
 nor eqxopt's native CPU kernels: they are off (`EQXOPT_NATIVE=0`), so a CPU run
 measures the path a GPU runs.
 
@@ -33,6 +34,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="3 rounds, 50 and 300 layers, make_train_step only",
     )
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument(
+        "--compiles",
+        type=int,
+        default=None,
+        help="repeats of case 6's first calls, caches cleared (default 3; 1 quick)",
+    )
     parser.add_argument("--leaves", type=int, nargs="+", default=None)
     parser.add_argument(
         "--only", default="", help="case 6's models whose name contains this"
@@ -76,7 +83,10 @@ def main(argv: list[str] | None = None) -> None:
     events = CompileEvents()
     warm_up()
     cfgs = [c for c in bench_train_step.configs() if args.only in c["name"]]
-    train = bench_train_step.run(cfgs, ("xla",), n_rounds, events, kinds)
+    compiles = args.compiles if args.compiles is not None else (1 if args.quick else 3)
+    train = bench_train_step.run(
+        cfgs, ("xla",), n_rounds, events, kinds, compiles=compiles
+    )
     layers = bench_packed_layers.run(leaves, ("xla",), n_rounds, events)
     data = {"train_step": train, "packed_layers": layers}
     lines = summary(data)

@@ -22,9 +22,11 @@ with a C++ compiler, unless `EQXOPT_NATIVE=0`); `--paths xla` runs XLA's code on
 
 Reports examples (or tokens) per second, the ratios to optax (of throughput, and of
 the process's CPU time, which other jobs on a shared machine move less), the first
-call's trace + lowering and backend compile against optax's, XLA's memory analysis
-of each compiled step (peak, temporaries; parameter-sized copies in its HLO), and a
-table of the targets per model and path.
+call's trace + lowering and backend compile against optax's (the first call, and
+the medians of `--compiles` repeats of it with JAX's caches cleared, interleaved
+with optax's: one first call moves by 10% or more on a shared machine), XLA's
+memory analysis of each compiled step (peak, temporaries; parameter-sized copies
+in its HLO), and a table of the targets per model and path.
 `--quick` (or EQXOPT_BENCH_QUICK=1): two rounds of every model (every target in one
 run; the compiles take most of it).
 """
@@ -53,6 +55,7 @@ from _common import (
     kernel_path,
     kernel_paths,
     memory,
+    repeated_compiles,
     rounds,
     save,
     table,
@@ -323,10 +326,14 @@ def run_paths(
     paths: Sequence[str],
     n_rounds: int,
     events: CompileEvents,
+    compiles: int = 0,
 ) -> dict[str, dict]:
     """Every path's phase: the first call of each of its variants (`variants_for(
     path)`) and XLA's memory analysis of its program, then interleaved rounds of the
-    path's variants and the reference (optax, first called before the others).
+    path's variants and the reference (optax, first called before the others),
+    then (with `compiles`) that many interleaved repeats of every first call
+    (`repeated_compiles`: `compiles` per variant, and the reference's per path as
+    `compiles <path>`).
 
     Returns, per variant (and `"optax"` for the reference): `path`, `first_call`
     (JAX's compile events and the whole call, seconds), `first_call_vs_optax`
@@ -374,6 +381,16 @@ def run_paths(
                 )
             reference_times += ref.times
             reference_cpu += ref.cpu
+            if compiles:
+                lowers = {
+                    name: lambda v=found[name], s=s: v.lower(s.state)
+                    for name, s in steppers.items()
+                }
+                lowers["optax"] = lambda carry=carry: reference.lower(carry)
+                repeated = repeated_compiles(lowers, events, compiles)
+                for name in steppers:
+                    out[name]["compiles"] = repeated[name]
+                optax_record[f"compiles {path}"] = repeated["optax"]
     optax_record.update(
         step_s=statistics.median(reference_times),
         cpu_s=statistics.median(reference_cpu),
@@ -397,6 +414,7 @@ def target_rows(results: dict) -> list[tuple]:
             helper = variants[f"eqxopt helper {path}"]
             by_hand = variants.get(f"eqxopt by hand {path}")
             first = helper["first_call_vs_optax"]
+            repeated = helper.get("compiles")
             rows.append(
                 (
                     model,
@@ -408,6 +426,10 @@ def target_rows(results: dict) -> list[tuple]:
                     else f"{helper['ratio'] / by_hand['ratio']:.2f}"
                     f" (CPU time {helper['cpu_ratio'] / by_hand['cpu_ratio']:.2f})",
                     f"{first['first_call']:.2f} (compile {first['compile']:.2f})",
+                    "-"
+                    if repeated is None
+                    else f"{repeated['vs_optax']['total']:.2f}"
+                    f" (compile {repeated['vs_optax']['compile']:.2f})",
                     f"{helper['memory']['peak_MB'] / optax_peak:.3f}",
                     f"{helper['memory']['weight_copies']} ({optax_copies})",
                 )
@@ -422,6 +444,7 @@ TARGET_HEADER = (
     "helper / optax, CPU time",
     "helper / by hand",
     "first call / optax",
+    "first call / optax, median of repeats",
     "peak / optax",
     "copies of inputs (optax)",
 )
@@ -433,11 +456,13 @@ def run(
     n_rounds: int,
     events: CompileEvents,
     kinds: Sequence[str] = KINDS,
+    compiles: int = 0,
 ) -> dict:
     """Every model of `cfgs` on `paths` (eqxopt's `kinds` of variants), with the
-    tables; the results per model."""
+    tables (with `compiles`, that many repeats of every first call); the results
+    per model."""
     results = {}
-    rows, first_rows, mem_rows = [], [], []
+    rows, first_rows, repeat_rows, mem_rows = [], [], [], []
     for cfg in cfgs:
         model = cfg["model"]
         arrays = jax.tree.leaves(eqx.filter(model, eqx.is_array))
@@ -449,6 +474,7 @@ def run(
             paths,
             n_rounds,
             events,
+            compiles,
         )
         optax_memory = found["optax"]["memory"]
         for name, v in found.items():
@@ -476,6 +502,20 @@ def run(
                     f"{cr['first_call']:.2f}",
                 )
             )
+            if "compiles" in v:
+                rc = v["compiles"]
+                repeat_rows.append(
+                    (
+                        cfg["name"],
+                        name,
+                        f"{rc['trace_lower_s']:.2f}",
+                        f"{rc['compile_s']:.2f}",
+                        f"{rc['total_s']:.2f}",
+                        f"{rc['vs_optax']['trace_lower']:.2f}",
+                        f"{rc['vs_optax']['compile']:.2f}",
+                        f"{rc['vs_optax']['total']:.2f}",
+                    )
+                )
             m = v["memory"]
             mem_rows.append(
                 (
@@ -519,6 +559,23 @@ def run(
             "first call / optax",
         ),
     )
+    if repeat_rows:
+        table(
+            f"Train step, the first call repeated {compiles} times per path,"
+            " interleaved with optax's, JAX's caches cleared before each (medians;"
+            " ratios: the median of each repeat's ratio to optax's)",
+            repeat_rows,
+            (
+                "model",
+                "variant",
+                "trace+lower s",
+                "compile s",
+                "first call s",
+                "trace+lower / optax",
+                "compile / optax",
+                "first call / optax",
+            ),
+        )
     table(
         "Train step, XLA memory analysis of the compiled step",
         mem_rows,
@@ -546,6 +603,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="two rounds")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument(
+        "--compiles",
+        type=int,
+        default=None,
+        help="repeats of every first call, caches cleared (default 5; 1 quick)",
+    )
+    parser.add_argument(
         "--only", default="", help="run the models whose name contains this"
     )
     parser.add_argument(
@@ -562,8 +625,9 @@ def main() -> None:
     events = CompileEvents()
     warm_up()
     cfgs = [cfg for cfg in configs() if args.only in cfg["name"]]
-    results = run(cfgs, paths, n_rounds, events)
-    save("train_step", {"rounds": n_rounds, **results})
+    compiles = args.compiles if args.compiles is not None else (1 if quick else 5)
+    results = run(cfgs, paths, n_rounds, events, compiles=compiles)
+    save("train_step", {"rounds": n_rounds, "compiles": compiles, **results})
     sys.stdout.flush()
 
 

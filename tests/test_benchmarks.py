@@ -52,6 +52,8 @@ def test_the_gpu_benchmark_runs_in_quick_mode_on_the_cpu(tmp_path):
         assert set(r["variants"]) == {"eqxopt helper xla", "optax"}
         helper = r["variants"]["eqxopt helper xla"]
         assert helper["ratio"] > 0 and helper["first_call_vs_optax"]["compile"] > 0
+        assert helper["compiles"]["repeats"] == 1
+        assert helper["compiles"]["vs_optax"]["total"] > 0
         assert helper["memory"]["peak_MB"] > 0
     layers = data["packed_layers"]["models"]
     assert sorted(r["leaves"] for r in layers.values()) == [50, 300]
@@ -60,9 +62,10 @@ def test_the_gpu_benchmark_runs_in_quick_mode_on_the_cpu(tmp_path):
     # The summary: one line per ratio, printed last (after its heading).
     summary = done.stdout.split("### Summary")[1].split("\n\n")[1].splitlines()
     assert summary == data["summary"]
-    # Per model, three ratios of the helper; per size, three of each layout, two
-    # of packed against the tree; per layout, its growth against optax's.
-    assert len(summary) == 4 * 3 + 2 * (2 * 3 + 2) + 2
+    # Per model, four ratios of the helper (the first call once and repeated);
+    # per size, three of each layout, two of packed against the tree; per layout,
+    # its growth against optax's.
+    assert len(summary) == 4 * 4 + 2 * (2 * 3 + 2) + 2
     assert all(line.endswith(")") and "x (target" in line for line in summary)
 
 
