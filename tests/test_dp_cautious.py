@@ -201,6 +201,15 @@ DECOUPLED = {
     eqxopt.CAdamW: lambda lr, wd, mask: eqxopt.CAdamW(lr, weight_decay=wd, mask=mask),
     eqxopt.MARS: lambda lr, wd, mask: eqxopt.MARS(lr, weight_decay=wd, mask=mask),
     eqxopt.Lion: lambda lr, wd, mask: eqxopt.Lion(lr, weight_decay=wd, mask=mask),
+    eqxopt.RAdam: lambda lr, wd, mask: eqxopt.RAdam(lr, weight_decay=wd, mask=mask),
+    eqxopt.ACProp: lambda lr, wd, mask: eqxopt.ACProp(lr, weight_decay=wd, mask=mask),
+    eqxopt.AdEMAMix: lambda lr, wd, mask: eqxopt.AdEMAMix(
+        lr, weight_decay=wd, mask=mask
+    ),
+    eqxopt.SimplifiedAdEMAMix: lambda lr, wd, mask: eqxopt.SimplifiedAdEMAMix(
+        lr, weight_decay=wd, mask=mask
+    ),
+    eqxopt.Adan: lambda lr, wd, mask: eqxopt.Adan(lr, weight_decay=wd, mask=mask),
 }
 
 

@@ -26,13 +26,14 @@ class Cautious(AbstractSingleWrapper):
     The masking and its `+ 1` are `CAdamW`'s. A decoupled weight decay of `inner`
     is left out of the mask and added after, as the paper does: for an optimizer
     that declares it (`decoupled_decay`: `AdamW`, `NAdamW`, `AdamaxW`, `AMSGrad`,
-    `Lion`, `MARS`, `AdamMini`, `CAdamW`), `u` above is the update without the
-    decay, and the update is `u - lr * wd * p` at the leaves `inner` decays. So
+    `RAdam`, `ACProp`, `AdEMAMix`, `SimplifiedAdEMAMix`, `Adan`, `Lion`, `MARS`,
+    `AdamMini`, `CAdamW`), `u` above is the update without the decay, and the
+    update is `u - lr * wd * p` at the leaves `inner` decays. So
     `Cautious(AdamW(lr, weight_decay=wd))` is `CAdamW(lr, weight_decay=wd)` and
     `Cautious(Lion(lr, weight_decay=wd))` the paper's C-Lion. Any other `inner`
     (a chain, an optimizer whose decay sits inside a trust ratio or is scaled by
-    something besides the learning rate, such as `LAMB` or `Adan`) has its whole
-    update masked; add the decay after to leave it alone:
+    something besides the learning rate, such as `LAMB`, `StableAdamW` or
+    `LaProp`) has its whole update masked; add the decay after to leave it alone:
     `Chain(Cautious(inner), DecoupledWeightDecay(lr, wd))`. The state is
     `inner`'s. A leaf without a gradient gets no update.
 

@@ -58,6 +58,7 @@ class ACProp(AbstractAdamLike):
     mask: MaskLike = mask_field()
 
     decay_mask = "mask"
+    decoupled_decay = "weight_decay"
     elementwise = True
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:

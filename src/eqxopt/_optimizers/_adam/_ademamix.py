@@ -100,6 +100,7 @@ class AdEMAMix(AbstractLeafwiseOptimizer):
         Moment("nu", dtype="nu_dtype", nonnegative=True),
     )
     decay_mask = "mask"
+    decoupled_decay = "weight_decay"
     elementwise = True
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
@@ -188,6 +189,7 @@ class SimplifiedAdEMAMix(AbstractLeafwiseOptimizer):
         Moment("nu", dtype="nu_dtype", nonnegative=True),
     )
     decay_mask = "mask"
+    decoupled_decay = "weight_decay"
     elementwise = True
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:

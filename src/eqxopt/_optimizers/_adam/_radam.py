@@ -130,6 +130,7 @@ class RAdam(AbstractAdamLike):
     nesterov: bool = flag_field(False)
 
     decay_mask = "mask"
+    decoupled_decay = "weight_decay"
     elementwise = True
 
     def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:

@@ -122,6 +122,7 @@ class Adan(AbstractLeafwiseOptimizer):
         Moment("prev_grad"),
     )
     decay_mask = "mask"
+    decoupled_decay = "weight_decay"
     elementwise = True
 
     def __check_init__(self):
