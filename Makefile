@@ -30,7 +30,7 @@ demo: $(STAMP)
 # compiling, so a later run (test-no-native after test, or test again after a change)
 # loads what an earlier one compiled. `make test TEST_CACHE=` runs without it.
 # tests/run_pytest.py runs pytest, and reruns without the cache a test whose worker
-# process died loading a cache entry (it says which).
+# process died (it says which).
 TEST_CACHE ?= $(CURDIR)/.jax-test-cache
 TEST_ENV = EQXOPT_TEST_COMPILATION_CACHE=$(TEST_CACHE)
 

@@ -1,3 +1,4 @@
+import gc
 import os
 
 import jax
@@ -43,6 +44,41 @@ if COMPILATION_CACHE:
     ):
         jax.config.update(option, value)
         os.environ[option.upper()] = str(value)
+
+
+def _max_memory_maps() -> int | None:
+    """The kernel's limit on memory mappings per process (Linux), or `None`."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+# A test process keeps every program it has compiled (JAX's caches hold them), and
+# each loaded XLA:CPU executable maps a few regions of memory. Over the whole suite
+# a worker reached Linux's limit on mappings per process (vm.max_map_count, 65,530
+# by default); the next executable then failed to load, and the C++ exception that
+# jaxlib raises for that failure killed the process. Once this process holds half
+# the limit (counted every few tests: a count reads the whole map), JAX's caches are
+# dropped; later tests compile, or load from the persistent cache, what they use.
+MAX_MEMORY_MAPS = _max_memory_maps()
+_tests_run = [0]
+
+
+def _memory_maps() -> int:
+    with open("/proc/self/maps", "rb") as f:
+        return sum(1 for _ in f)
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _tests_run[0] += 1
+    if MAX_MEMORY_MAPS is None or _tests_run[0] % 20:
+        return
+    if _memory_maps() > MAX_MEMORY_MAPS // 2:
+        jax.clear_caches()
+        gc.collect()
+
 
 # `make test-no-native`: the package under test is a copy without its native backend.
 if os.environ.get("EQXOPT_TEST_WITHOUT_NATIVE", "0") == "1":

@@ -1,12 +1,14 @@
 """Runs pytest (the arguments are pytest's) for `make test` and its kin, and reruns,
 once and without JAX's compilation cache, the tests whose xdist worker died.
 
-JAX's CPU compilation cache (`EQXOPT_TEST_COMPILATION_CACHE`, see conftest.py) can
-kill the process that loads an entry: XLA aborts or segfaults inside
-`deserialize_executable` for an entry that loads in a fresh process. A test that
-dies that way has not failed; it is run again in a process of its own, compiling
-everything itself. Any other failure fails the run, and so does a test that fails
-or dies again.
+A worker used to die in every run without the native backend: it had loaded so many
+compiled programs that it reached Linux's limit on memory mappings per process, the
+next executable (from the cache) failed to load, and the C++ exception jaxlib
+raised for it crashed the process. conftest.py now drops JAX's caches before a
+process gets near that limit. A worker that dies anyway is reported, and its tests
+are run again in a process of their own, compiling everything themselves: a test
+that passes there has not failed. Any other failure fails the run, and so does a
+test that fails or dies again.
 """
 
 import itertools
