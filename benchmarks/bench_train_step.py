@@ -437,6 +437,17 @@ def target_rows(results: dict) -> list[tuple]:
     return rows
 
 
+FIRST_CALL_HEADER = (
+    "model",
+    "variant",
+    "trace+lower s",
+    "compile s",
+    "first call s",
+    "trace+lower / optax",
+    "compile / optax",
+    "first call / optax",
+)
+
 TARGET_HEADER = (
     "model",
     "path",
@@ -548,16 +559,7 @@ def run(
         "Train step, the first call (trace + lowering to StableHLO, XLA's compile,"
         " the whole call; seconds, and / optax)",
         first_rows,
-        (
-            "model",
-            "variant",
-            "trace+lower s",
-            "compile s",
-            "first call s",
-            "trace+lower / optax",
-            "compile / optax",
-            "first call / optax",
-        ),
+        FIRST_CALL_HEADER,
     )
     if repeat_rows:
         table(
@@ -565,16 +567,7 @@ def run(
             " interleaved with optax's, JAX's caches cleared before each (medians;"
             " ratios: the median of each repeat's ratio to optax's)",
             repeat_rows,
-            (
-                "model",
-                "variant",
-                "trace+lower s",
-                "compile s",
-                "first call s",
-                "trace+lower / optax",
-                "compile / optax",
-                "first call / optax",
-            ),
+            FIRST_CALL_HEADER,
         )
     table(
         "Train step, XLA memory analysis of the compiled step",

@@ -188,28 +188,26 @@ def test_cautious_adamw_is_cadamw(ours, theirs):
     )
 
 
-# Every optimizer that declares its weight decay decoupled, made with learning rate
-# `lr`, decay `wd` and decay mask `mask`.
+# Every optimizer that declares its weight decay decoupled; each takes the learning
+# rate first and `weight_decay` and `mask` by name.
+DECOUPLED_CLASSES = [
+    eqxopt.AdamW,
+    eqxopt.AMSGrad,
+    eqxopt.NAdamW,
+    eqxopt.AdamaxW,
+    eqxopt.AdamMini,
+    eqxopt.CAdamW,
+    eqxopt.MARS,
+    eqxopt.Lion,
+    eqxopt.RAdam,
+    eqxopt.ACProp,
+    eqxopt.AdEMAMix,
+    eqxopt.SimplifiedAdEMAMix,
+    eqxopt.Adan,
+]
 DECOUPLED = {
-    eqxopt.AdamW: lambda lr, wd, mask: eqxopt.AdamW(lr, weight_decay=wd, mask=mask),
-    eqxopt.AMSGrad: lambda lr, wd, mask: eqxopt.AMSGrad(lr, weight_decay=wd, mask=mask),
-    eqxopt.NAdamW: lambda lr, wd, mask: eqxopt.NAdamW(lr, weight_decay=wd, mask=mask),
-    eqxopt.AdamaxW: lambda lr, wd, mask: eqxopt.AdamaxW(lr, weight_decay=wd, mask=mask),
-    eqxopt.AdamMini: lambda lr, wd, mask: eqxopt.AdamMini(
-        lr, weight_decay=wd, mask=mask
-    ),
-    eqxopt.CAdamW: lambda lr, wd, mask: eqxopt.CAdamW(lr, weight_decay=wd, mask=mask),
-    eqxopt.MARS: lambda lr, wd, mask: eqxopt.MARS(lr, weight_decay=wd, mask=mask),
-    eqxopt.Lion: lambda lr, wd, mask: eqxopt.Lion(lr, weight_decay=wd, mask=mask),
-    eqxopt.RAdam: lambda lr, wd, mask: eqxopt.RAdam(lr, weight_decay=wd, mask=mask),
-    eqxopt.ACProp: lambda lr, wd, mask: eqxopt.ACProp(lr, weight_decay=wd, mask=mask),
-    eqxopt.AdEMAMix: lambda lr, wd, mask: eqxopt.AdEMAMix(
-        lr, weight_decay=wd, mask=mask
-    ),
-    eqxopt.SimplifiedAdEMAMix: lambda lr, wd, mask: eqxopt.SimplifiedAdEMAMix(
-        lr, weight_decay=wd, mask=mask
-    ),
-    eqxopt.Adan: lambda lr, wd, mask: eqxopt.Adan(lr, weight_decay=wd, mask=mask),
+    cls: lambda lr, wd, mask, cls=cls: cls(lr, weight_decay=wd, mask=mask)
+    for cls in DECOUPLED_CLASSES
 }
 
 
