@@ -142,40 +142,33 @@ def repeated_compiles(
         for name, lower in lowers.items():
             jax.clear_caches()
             runs[name].append(events.measure(lower)[1])
-
-    def parts(c: dict) -> dict:
-        return {
-            "trace_lower_s": c["trace_s"] + c["lower_s"],
-            "compile_s": c["compile_s"],
-            "total_s": c["first_call_s"],
-        }
-
     out = {}
     for name, measured in runs.items():
-        mine = [parts(c) for c in measured]
-        theirs = [parts(c) for c in runs[reference]]
+        ratios = [first_call_ratios(m, r) for m, r in zip(measured, runs[reference])]
         out[name] = {
-            **{k: statistics.median(m[k] for m in mine) for k in mine[0]},
+            "trace_lower_s": statistics.median(map(trace_and_lower, measured)),
+            "compile_s": statistics.median(c["compile_s"] for c in measured),
+            "total_s": statistics.median(c["first_call_s"] for c in measured),
             "repeats": n,
             "vs_optax": {
-                k.removesuffix("_s"): statistics.median(
-                    m[k] / t[k] for m, t in zip(mine, theirs)
-                )
-                for k in mine[0]
+                "trace_lower": statistics.median(r["trace_lower"] for r in ratios),
+                "compile": statistics.median(r["compile"] for r in ratios),
+                "total": statistics.median(r["first_call"] for r in ratios),
             },
         }
     return out
 
 
+def trace_and_lower(first: dict) -> float:
+    """Seconds a first call (`CompileEvents.measure`) spent tracing and lowering."""
+    return first["trace_s"] + first["lower_s"]
+
+
 def first_call_ratios(first: dict, reference: dict) -> dict:
     """A first call's compile phases against the reference's: trace + lower,
     backend compile, and the whole first call."""
-
-    def front(c: dict) -> float:
-        return c["trace_s"] + c["lower_s"]
-
     return {
-        "trace_lower": front(first) / front(reference),
+        "trace_lower": trace_and_lower(first) / trace_and_lower(reference),
         "compile": first["compile_s"] / reference["compile_s"],
         "first_call": first["first_call_s"] / reference["first_call_s"],
     }

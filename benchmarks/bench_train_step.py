@@ -59,6 +59,7 @@ from _common import (
     rounds,
     save,
     table,
+    trace_and_lower,
     warm_up,
 )
 
@@ -437,6 +438,14 @@ def target_rows(results: dict) -> list[tuple]:
     return rows
 
 
+def first_call_row(
+    model: str, variant: str, seconds: tuple, ratios: tuple
+) -> tuple[str, ...]:
+    """A row of a first-call table (`FIRST_CALL_HEADER`): seconds and ratios to
+    optax of trace + lowering, compile and the whole call."""
+    return (model, variant, *(f"{x:.2f}" for x in (*seconds, *ratios)))
+
+
 FIRST_CALL_HEADER = (
     "model",
     "variant",
@@ -502,29 +511,21 @@ def run(
             )
             c, cr = v["first_call"], v["first_call_vs_optax"]
             first_rows.append(
-                (
+                first_call_row(
                     cfg["name"],
                     name,
-                    f"{c['trace_s'] + c['lower_s']:.2f}",
-                    f"{c['compile_s']:.2f}",
-                    f"{c['first_call_s']:.2f}",
-                    f"{cr['trace_lower']:.2f}",
-                    f"{cr['compile']:.2f}",
-                    f"{cr['first_call']:.2f}",
+                    (trace_and_lower(c), c["compile_s"], c["first_call_s"]),
+                    (cr["trace_lower"], cr["compile"], cr["first_call"]),
                 )
             )
             if "compiles" in v:
-                rc = v["compiles"]
+                rc, rr = v["compiles"], v["compiles"]["vs_optax"]
                 repeat_rows.append(
-                    (
+                    first_call_row(
                         cfg["name"],
                         name,
-                        f"{rc['trace_lower_s']:.2f}",
-                        f"{rc['compile_s']:.2f}",
-                        f"{rc['total_s']:.2f}",
-                        f"{rc['vs_optax']['trace_lower']:.2f}",
-                        f"{rc['vs_optax']['compile']:.2f}",
-                        f"{rc['vs_optax']['total']:.2f}",
+                        (rc["trace_lower_s"], rc["compile_s"], rc["total_s"]),
+                        (rr["trace_lower"], rr["compile"], rr["total"]),
                     )
                 )
             m = v["memory"]
