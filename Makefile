@@ -46,14 +46,18 @@ test-slow: $(STAMP)
 
 # The fast tier on a copy of the package without its native CPU backend
 # (src/eqxopt/_native deleted): the core must import and pass every test that does
-# not need the kernels (those marked needs_compiler skip). NO_NATIVE_TESTS picks the
-# files (default: all, as CI runs it).
+# not need the kernels (those marked needs_compiler skip). It compiles as XLA does
+# by default (`make test` has XLA:CPU compile with its least effort: see
+# tests/fast_compile.py), so XLA's own path, what other platforms run, is tested
+# with the code users get. NO_NATIVE_TESTS picks the files (default: all, as CI
+# runs it).
 NO_NATIVE_TESTS ?=
 NO_NATIVE := .no-native
 test-no-native: $(STAMP)
 	rm -rf $(NO_NATIVE) && mkdir -p $(NO_NATIVE) && cp -r src/eqxopt $(NO_NATIVE)/
 	rm -rf $(NO_NATIVE)/eqxopt/_native
 	$(TEST_ENV) PYTHONPATH=$(NO_NATIVE) EQXOPT_TEST_WITHOUT_NATIVE=1 EQXOPT_TEST_REQUIRE_NATIVE=0 \
+		EQXOPT_TEST_FAST_COMPILE=0 \
 		$(PY) tests/run_pytest.py -q -n 2 --dist worksteal -m "not slow" -p no:cacheprovider \
 		$(NO_NATIVE_TESTS)
 	rm -rf $(NO_NATIVE)
@@ -63,7 +67,8 @@ test-no-native: $(STAMP)
 # that run there (pip resolves them: optax 0.2.5 is the last for JAX < 0.5.3), in a
 # venv of its own, on a fast subset (catalog, references, schedules; not slow), and
 # every configuration's traced hyperparameters and None gradients, which `make test`
-# sweeps only in part and which lean most on the JAX version.
+# sweeps only in part and which lean most on the JAX version; with XLA's default
+# code generation.
 OLDEST_VENV := .venv-oldest
 OLDEST_PY := $(OLDEST_VENV)/bin/python
 OLDEST_STAMP := $(OLDEST_VENV)/.installed
@@ -81,9 +86,9 @@ $(OLDEST_STAMP): pyproject.toml
 
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST_PY) -c 'import jax, equinox; print("oldest: jax", jax.__version__, "equinox", equinox.__version__)'
-	$(OLDEST_PY) -m pytest -q -n 2 --dist load -m "not slow" $(OLDEST_DESELECT) \
+	EQXOPT_TEST_FAST_COMPILE=0 $(OLDEST_PY) -m pytest -q -n 2 --dist load -m "not slow" $(OLDEST_DESELECT) \
 		tests/test_catalog.py tests/test_references.py tests/test_schedules.py
-	$(OLDEST_PY) -m pytest -q -n 2 --dist load -m slow \
+	EQXOPT_TEST_FAST_COMPILE=0 $(OLDEST_PY) -m pytest -q -n 2 --dist load -m slow \
 		tests/test_catalog.py::test_hyperparameters_may_be_traced \
 		tests/test_catalog.py::test_none_gradients_leave_leaf_and_its_state_alone
 

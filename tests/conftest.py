@@ -4,12 +4,21 @@ import os
 import jax
 import pytest
 
+import fast_compile
+
 # The platform the tests run on: the CPU, unless EQXOPT_TEST_PLATFORM names another
 # in `jax_platforms`' terms ("cuda", "tpu"; "cuda,cpu" keeps the CPU beside it).
 # The CPU by default keeps JAX from grabbing other backends and makes every failure
 # reproducible; tests that need the native CPU kernels are marked `needs_compiler`
 # and skip elsewhere.
 TEST_PLATFORM = os.environ.get("EQXOPT_TEST_PLATFORM", "cpu")
+
+# XLA:CPU compiles the tests' programs with its least effort (see fast_compile.py);
+# before JAX starts its backend.
+if fast_compile.ENABLED:
+    os.environ["XLA_FLAGS"] = fast_compile.xla_flags_with_fast_compile(
+        os.environ.get("XLA_FLAGS", "")
+    )
 jax.config.update("jax_platforms", TEST_PLATFORM)
 if TEST_PLATFORM != "cpu":
     # The references (optax, torch and NumPy on the CPU) multiply float32 matrices

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import eqxopt
+import fast_compile
 
 # JAX records this duration event once per program handed to XLA's compiler (a hit
 # in JAX's in-memory caches records nothing).
@@ -213,14 +214,17 @@ def package_path() -> str:
     return str(pathlib.Path(eqxopt.__file__).resolve().parents[1])
 
 
-def run_on_8_devices(script: str) -> str:
+def run_on_8_devices(script: str, *, xla_defaults: bool = False) -> str:
     """Runs `script` in a new Python process with 8 host CPU devices (the count must
-    be set before JAX starts); its standard output, once it has exited cleanly."""
+    be set before JAX starts); its standard output, once it has exited cleanly.
+    `xla_defaults=True` has XLA compile with its default code generation, not the
+    tests' fast one (see fast_compile.py)."""
     root = pathlib.Path(__file__).resolve().parents[1]
     env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
+    flags = env.get("XLA_FLAGS", "")
+    if xla_defaults:
+        flags = fast_compile.xla_flags_without_fast_compile(flags)
+    env["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(
         [package_path(), str(root / "tests"), env.get("PYTHONPATH", "")]

@@ -88,5 +88,6 @@ SCRIPT = textwrap.dedent(
 
 
 def test_quantized_state_is_placed_like_fsdp_params_and_steps_without_gathers():
-    out = run_on_8_devices(SCRIPT)
+    # Bit-for-bit equality of two programs is a claim about XLA's default code.
+    out = run_on_8_devices(SCRIPT, xla_defaults=True)
     assert "QUANTIZED-SHARDED-OK" in out, out

@@ -784,15 +784,24 @@ def test_schedules_compute_in_float64_under_x64(name):
         assert make()(STEPS).dtype == jnp.float32
 
 
+def float32_atol(values) -> float:
+    """float32 rounding at a schedule's own scale: its formulas add and subtract
+    values that large (optax's `(init - end) * frac + end`), so a small value
+    carries their rounding, and two programs that round it apart (one fusing a
+    multiply and an add, one not) differ by that much."""
+    return 1e-6 * float(np.max(np.abs(values)))
+
+
 @cases
 def test_scalar_and_vector_calls_agree_and_work_traced(case):
     vector = np.asarray(evaluate(case.schedule, STEPS))
+    atol = float32_atol(vector)
     scalars, batch = scalars_and_batch(case.schedule, jnp.asarray(PICKS, jnp.int32))
     for s, out in zip(PICKS, scalars):
         assert out.shape == () and out.dtype == jnp.float32
-        np.testing.assert_allclose(float(out), vector[s], rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(float(out), vector[s], rtol=1e-6, atol=atol)
     assert batch.shape == (len(PICKS),) and batch.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(batch), vector[PICKS], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(batch), vector[PICKS], rtol=1e-6, atol=atol)
 
 
 def test_eager_calls_on_python_ints_and_numpy_arrays():
@@ -922,7 +931,10 @@ def test_usable_as_sgd_learning_rate(case):
         params, state = opt.step(grads, state, params)
     lrs = np.asarray(evaluate(case.schedule, jnp.arange(4, dtype=jnp.int32)))
     np.testing.assert_allclose(
-        np.asarray(params["w"]), np.full(2, -np.sum(lrs, dtype=np.float32)), rtol=1e-6
+        np.asarray(params["w"]),
+        np.full(2, -np.sum(lrs, dtype=np.float32)),
+        rtol=1e-6,
+        atol=4 * float32_atol(evaluate(case.schedule, STEPS)),
     )
 
 
