@@ -9,11 +9,10 @@ the same, but LLVM no longer fuses a multiply and an add into one rounding, so a
 result can move in its last bits. The few tests whose claim is about XLA's default
 code (bit-for-bit equality of two programs, the native kernels against XLA's code)
 compile with `XLA_DEFAULTS` as their compiler options, or start their processes
-with `xla_flags_without_fast_compile`. `make test-oldest` runs every test with
-XLA's defaults."""
+with `xla_flags_without_fast_compile`. `make test-no-native` and `make
+test-oldest` run with the flags off."""
 
 import os
-
 
 ENABLED = os.environ.get("EQXOPT_TEST_FAST_COMPILE", "1") == "1"
 
