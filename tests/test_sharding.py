@@ -333,8 +333,12 @@ def test_each_family_steps_on_explicit_meshes_as_on_one_device():
 @needs_explicit_axes
 @pytest.mark.parametrize("layout", ["ZeRO-1", "FSDP"])
 def test_every_case_steps_on_explicit_meshes_as_on_one_device(layout):
-    """As above, for every other catalog configuration."""
-    out = run_on_8_devices(_explicit_script(SLOW_NAMES, (layout,)))
+    """As above, for every other catalog configuration. With XLA's default code:
+    SOAP's first eigenbasis comes from statistics of one gradient, whose zero
+    eigenvalue repeats, so rounding picks part of it, and the sharded and the
+    one-device programs agree where XLA rounds them alike, as its default code does
+    here (the tests' fast code, without fused multiply-adds, does not)."""
+    out = run_on_8_devices(_explicit_script(SLOW_NAMES, (layout,)), xla_defaults=True)
     assert "EXPLICIT-MESH-OK" in out
 
 
