@@ -33,6 +33,9 @@ demo: $(STAMP)
 # process died (it says which).
 TEST_CACHE ?= $(CURDIR)/.jax-test-cache
 TEST_ENV = EQXOPT_TEST_COMPILATION_CACHE=$(TEST_CACHE)
+# make test has XLA:CPU compile with its least effort (tests/fast_compile.py); the
+# runs given this keep XLA's default code generation.
+XLA_DEFAULT_CODEGEN = EQXOPT_TEST_FAST_COMPILE=0
 
 # Two workers that take tests from each other's queues as they finish, so that no
 # large file leaves one worker idle at the end.
@@ -57,7 +60,7 @@ test-no-native: $(STAMP)
 	rm -rf $(NO_NATIVE) && mkdir -p $(NO_NATIVE) && cp -r src/eqxopt $(NO_NATIVE)/
 	rm -rf $(NO_NATIVE)/eqxopt/_native
 	$(TEST_ENV) PYTHONPATH=$(NO_NATIVE) EQXOPT_TEST_WITHOUT_NATIVE=1 EQXOPT_TEST_REQUIRE_NATIVE=0 \
-		EQXOPT_TEST_FAST_COMPILE=0 \
+		$(XLA_DEFAULT_CODEGEN) \
 		$(PY) tests/run_pytest.py -q -n 2 --dist worksteal -m "not slow" -p no:cacheprovider \
 		$(NO_NATIVE_TESTS)
 	rm -rf $(NO_NATIVE)
@@ -86,9 +89,9 @@ $(OLDEST_STAMP): pyproject.toml
 
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST_PY) -c 'import jax, equinox; print("oldest: jax", jax.__version__, "equinox", equinox.__version__)'
-	EQXOPT_TEST_FAST_COMPILE=0 $(OLDEST_PY) -m pytest -q -n 2 --dist load -m "not slow" $(OLDEST_DESELECT) \
+	$(XLA_DEFAULT_CODEGEN) $(OLDEST_PY) -m pytest -q -n 2 --dist load -m "not slow" $(OLDEST_DESELECT) \
 		tests/test_catalog.py tests/test_references.py tests/test_schedules.py
-	EQXOPT_TEST_FAST_COMPILE=0 $(OLDEST_PY) -m pytest -q -n 2 --dist load -m slow \
+	$(XLA_DEFAULT_CODEGEN) $(OLDEST_PY) -m pytest -q -n 2 --dist load -m slow \
 		tests/test_catalog.py::test_hyperparameters_may_be_traced \
 		tests/test_catalog.py::test_none_gradients_leave_leaf_and_its_state_alone
 
