@@ -285,6 +285,98 @@ def test_jax_internals_only_in_the_native_backend():
     assert not used, used
 
 
+# Reading an error's wording (`"..." in str(error)`, `str(error).startswith(...)`,
+# `re.search(..., str(error))`) ties the code to a library's messages, which change
+# without notice: outside the native backend's compatibility module, errors are
+# recognised by their types and the inputs are read instead.
+_TEXT_METHODS = {"find", "index", "count", "startswith", "endswith", "rfind"}
+
+
+def error_text_matched(path: pathlib.Path) -> list[str]:
+    """`line: what` where an exception's text is compared or searched, or a string
+    names a module of JAX's internals (`logging.getLogger("jax._src....")`)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = {
+        h.name for h in ast.walk(tree) if isinstance(h, ast.ExceptHandler) and h.name
+    }
+    parents = {
+        id(child): node
+        for node in ast.walk(tree)
+        for child in ast.iter_child_nodes(node)
+    }
+
+    def text_of_error(node: ast.AST) -> bool:
+        # `str(error)`, `repr(error)` or `error.args[...]` for a caught `error`.
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in (
+            "str",
+            "repr",
+        ):
+            return any(isinstance(a, ast.Name) and a.id in names for a in node.args)
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute):
+            value = node.value
+            return value.attr == "args" and getattr(value.value, "id", "") in names
+        return False
+
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if any(p in node.value for p in ("jax._src", "jaxlib._jax")):
+                hits.append(f"{node.lineno}: a string naming JAX's internals")
+            continue
+        if not text_of_error(node):
+            continue
+        parent = parents.get(id(node))
+        if isinstance(parent, ast.Compare) and any(
+            isinstance(op, (ast.In, ast.NotIn, ast.Eq, ast.NotEq)) for op in parent.ops
+        ):
+            hits.append(f"{node.lineno}: an error's text compared")
+        elif isinstance(parent, ast.Attribute) and parent.attr in _TEXT_METHODS:
+            hits.append(f"{node.lineno}: an error's text searched")
+        elif isinstance(parent, ast.Call) and getattr(parent.func, "attr", "") in (
+            "search",
+            "match",
+            "fullmatch",
+            "findall",
+        ):
+            hits.append(f"{node.lineno}: an error's text matched")
+    return sorted(set(hits))
+
+
+def test_errors_are_recognised_by_type_not_by_their_text():
+    used = {
+        str(path.relative_to(SRC.parent)): found
+        for path in sorted(SRC.rglob("*.py"))
+        if path != NATIVE / "_compat.py"
+        if (found := error_text_matched(path))
+    }
+    assert not used, used
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "try:\n    f()\nexcept ValueError as e:\n    if 'x' in str(e): pass",
+        "try:\n    f()\nexcept ValueError as e:\n    str(e).find('x')",
+        "try:\n    f()\nexcept ValueError as e:\n    re.search('x', str(e))",
+        "try:\n    f()\nexcept ValueError as e:\n    ok = e.args[0] == 'x'",
+        "import logging\nlogging.getLogger('jax._src.callback')",
+    ],
+)
+def test_the_error_text_check_sees_each_form(tmp_path, source):
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    assert error_text_matched(path)
+
+
+def test_the_error_text_check_passes_messages_that_quote_an_error(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "try:\n    f()\nexcept ValueError as e:\n"
+        "    raise TypeError(f'{e} (while stepping)') from e"
+    )
+    assert not error_text_matched(path)
+
+
 @pytest.mark.parametrize(
     "source",
     [

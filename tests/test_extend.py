@@ -288,14 +288,19 @@ class _State(eqx.Module):
     mu: PyTree
 
 
+_ANNOTATIONS = {
+    "learning_rate": extend.ScalarOrSchedule,
+    "mu_dtype": extend.StorageLike,
+    "mask": extend.MaskLike,
+    "b1": extend.ScalarOrSchedule,
+}
+
+
 def _declare(**attributes):
+    """A per-leaf optimizer class `Mine` made from a class body; an attribute
+    given as a function is called with the body (to refer to its fields)."""
     body = {
-        "__annotations__": {
-            "learning_rate": extend.ScalarOrSchedule,
-            "mu_dtype": extend.DTypeLike,
-            "mask": extend.MaskLike,
-            "b1": extend.ScalarOrSchedule,
-        },
+        "__annotations__": dict(_ANNOTATIONS),
         "learning_rate": extend.learning_rate_field(),
         "mu_dtype": extend.dtype_field(storage=True),
         "mask": extend.mask_field(),
@@ -304,15 +309,20 @@ def _declare(**attributes):
         "elementwise": True,
         "leaf": lambda self, h, t, g, p, mu: (-h.learning_rate * g, mu),
     }
-    body.update(attributes)
+    for name, value in attributes.items():
+        called = callable(value) and name not in ("leaf", "__annotations__")
+        body[name] = value(body) if called else value
     return type("Mine", (extend.AbstractLeafwiseOptimizer,), body)
 
 
 def test_a_correct_declaration_makes_a_working_optimizer():
-    cls = _declare(moments=(extend.Moment("mu", dtype="mu_dtype"),))
+    cls = _declare(moments=lambda b: (extend.Moment("mu", dtype=b["mu_dtype"]),))
     params = {"w": jnp.ones(3)}
     new, _ = cls(0.5).step({"w": jnp.ones(3)}, cls(0.5).init(params), params)
     np.testing.assert_allclose(new["w"], 0.5)
+
+
+_ELSEWHERE = extend.hyper(0.5)  # a field of no class
 
 
 @pytest.mark.parametrize(
@@ -320,27 +330,65 @@ def test_a_correct_declaration_makes_a_working_optimizer():
     [
         (
             {"moments": ("mu",)},
-            r"Mine.moments must hold eqxopt.extend.Moment declarations",
+            r"^Mine.moments must hold eqxopt.extend.Moment declarations",
         ),
         (
-            {"moments": (extend.Moment("mu", dtype="b1"),)},
-            r"Mine: Moment\('mu', dtype='b1'\) names no dtype option",
+            {"moments": lambda b: (extend.Moment("mu", dtype=b["b1"]),)},
+            r"^Mine: Moment\('mu', dtype=...\) refers to b1, which is no dtype "
+            r"option: declare `b1: StorageLike = dtype_field\(storage=True\)`",
         ),
         (
-            {"moments": (extend.Moment("mu", dtype="mu_type"),)},
-            r"Mine: Moment\('mu', dtype='mu_type'\) names no dtype option",
+            {"moments": (extend.Moment("mu", dtype=_ELSEWHERE),)},
+            r"^Mine: Moment\('mu', dtype=...\) refers to a field that Mine does "
+            r"not have \(its fields are learning_rate, mu_dtype, mask, b1\)",
         ),
         (
-            {"moments": (extend.Moment("mu", fill="initial"),)},
-            r"Mine: Moment\('mu', fill='initial'\) names no field",
+            {"moments": (extend.Moment("mu", fill=_ELSEWHERE),)},
+            r"^Mine: Moment\('mu', fill=...\) refers to a field that Mine does not "
+            "have",
         ),
         (
             {"moments": (extend.Moment("nu"),)},
-            r"Mine: its state _State has no field for the moments \['nu'\]",
+            r"^Mine: its state _State has no field for the moments \['nu'\]",
         ),
         (
-            {"moments": (extend.Moment("mu"),), "decay_mask": "b1"},
-            r"Mine: decay_mask='b1' names no mask option",
+            {
+                "moments": (extend.Moment("mu"),),
+                "decay_mask": lambda b: extend.ref(b["b1"]),
+            },
+            r"^Mine: decay_mask refers to b1, which is no mask option: declare "
+            r"`b1: MaskLike = mask_field\(\)`",
+        ),
+        (
+            {
+                "moments": (extend.Moment("mu"),),
+                "decoupled_decay": lambda b: extend.ref(b["mask"]),
+            },
+            r"^Mine: decoupled_decay refers to mask, which is no hyperparameter",
+        ),
+        (
+            {"moments": (extend.Moment("mu"),), "decay_mask": "mask"},
+            r"^Mine: decay_mask names a field by the string 'mask'; refer to the "
+            r"field itself",
+        ),
+        # The engine passes h, t, g, p and one argument per moment.
+        (
+            {
+                "moments": (extend.Moment("mu"),),
+                "leaf": lambda self, h, g, p, mu: (g, mu),
+            },
+            r"^Mine.leaf\(self, h, g, p, mu\) cannot take what the engine passes: "
+            r"leaf\(self, h, t, g, p, mu\), that is h \(the optimizer at this "
+            r"step\), t \(the step count after this update\), g and p",
+        ),
+        (
+            {
+                "moments": (extend.Moment("mu"),),
+                "decay_mask": lambda b: extend.ref(b["mask"]),
+                "leaf": lambda self, h, t, g, p, mu: (g, mu),
+            },
+            r"^Mine.leaf\(self, h, t, g, p, mu\) cannot take what the engine passes: "
+            r"leaf\(self, h, t, g, p, mu, decayed\).*then the leaf's flag",
         ),
     ],
 )
@@ -349,13 +397,95 @@ def test_a_wrong_declaration_fails_when_the_class_is_made(attributes, message):
         _declare(**attributes)
 
 
+def test_a_field_named_by_a_string_is_refused_naming_the_fix():
+    with pytest.raises(
+        TypeError,
+        match=r"^Mine: Moment\('mu', dtype=...\) names a field by the string "
+        r"'mu_dtype'; refer to the field itself: mu_dtype in the class body that "
+        r"declares it \(extend.ref\(mu_dtype\) where it stands alone\), or "
+        r"extend.fields_of\(Base\).mu_dtype for a field of a base class$",
+    ):
+        _declare(moments=(extend.Moment("mu", dtype="mu_dtype"),))
+
+
+def test_fields_of_refers_to_a_field_of_a_base_class():
+    base = _declare(moments=lambda b: (extend.Moment("mu", dtype=b["mu_dtype"]),))
+
+    class Child(base):  # pyright: ignore
+        moments = (extend.Moment("mu", dtype=extend.fields_of(base).mu_dtype),)
+
+    state = Child(0.5, mu_dtype=jnp.bfloat16).init({"w": jnp.ones(3)})
+    assert state.mu["w"].dtype == jnp.bfloat16
+    with pytest.raises(AttributeError, match="Mine has no field 'mu_dtyp'"):
+        extend.fields_of(base).mu_dtyp  # noqa: B018
+
+
+def test_h_is_the_optimizer_at_the_step_with_every_field():
+    """The friction point of a namespace of listed names: `leaf` reads any field
+    of its optimizer from `h` (here a plain float option, not a hyperparameter),
+    and a misspelled one is Python's error naming the class."""
+    seen = []
+
+    def leaf(self, h, t, g, p, mu):
+        seen.append((type(h), h.beta, isinstance(h.learning_rate, jax.Array)))
+        return -h.learning_rate * h.beta * g, mu
+
+    cls = _declare(
+        __annotations__={**_ANNOTATIONS, "beta": float},
+        beta=lambda b: 2.0,
+        moments=(extend.Moment("mu"),),
+        leaf=leaf,
+    )
+    params = {"w": jnp.ones(3)}
+    opt = cls(0.5)
+    new, _ = opt.step({"w": jnp.ones(3)}, opt.init(params), params)
+    np.testing.assert_allclose(new["w"], 0.0)
+    assert seen[0][0] is cls and seen[0][1] == 2.0
+    assert seen[0][2]  # the schedule evaluated: an array
+
+    def misspelled(self, h, t, g, p, mu):
+        return -h.learning_rat * g, mu
+
+    wrong = _declare(moments=(extend.Moment("mu"),), leaf=misspelled)
+    with pytest.raises(AttributeError, match="'Mine' object has no attribute "):
+        wrong(0.5).step({"w": jnp.ones(3)}, wrong(0.5).init(params), params)
+
+
+def test_a_trust_ratio_optimizer_without_axis_name_names_the_field_to_declare():
+    class Plain(extend.AbstractTrustRatioOptimizer):
+        learning_rate: extend.ScalarOrSchedule = extend.learning_rate_field()
+        state_type = _State
+        moments = (extend.Moment("mu"),)
+
+        def leaf(self, h, t, g, p, mu):
+            return -h.learning_rate * self.scaled(h, g, p), mu
+
+    with pytest.raises(
+        TypeError,
+        match=r"^Plain cannot be built: AbstractTrustRatioOptimizer requires the "
+        r"field `axis_name`: declare `axis_name: extend.AxisName = "
+        r"extend.axis_name_field\(\)`$",
+    ):
+        Plain(0.1)
+
+    class WithAxis(Plain):
+        axis_name: extend.AxisName = extend.axis_name_field()
+
+    params = {"w": jnp.full(3, 2.0)}
+    opt = WithAxis(0.1)
+    new, _ = opt.step({"w": jnp.ones(3)}, opt.init(params), params)
+    # The trust ratio |p| / |g| scales the unit gradient to the parameter's norm.
+    np.testing.assert_allclose(new["w"], 2.0 - 0.1 * 2.0, rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     "arguments, message",
     [
         ({"name": "2mu"}, r"Moment: name must be a field name, got '2mu'"),
         (
             {"name": "mu", "dtype": jnp.float32},
-            r"Moment\('mu'\): dtype names the field",
+            r"Moment\('mu'\): dtype is the optimizer's field of the moment's "
+            r"storage option \(dtype=mu_dtype\) or None",
         ),
         (
             {"name": "mu", "nonnegative": 1},
@@ -394,7 +524,7 @@ def test_the_api_reference_documents_every_name():
     page = (PAGE.parent / "api" / "extend.md").read_text()
     documented = set(re.findall(r"^::: eqxopt\.extend\.(\w+)$", page, re.M))
     aliases = set(re.findall(r"^- `(\w+)`", page, re.M))
-    aliases |= {"Params", "Grads", "Updates", "State"}
+    aliases |= {"Params", "Grads", "PerExampleGrads", "Updates", "State"}
     assert sorted(set(extend.__all__) - documented - aliases) == []
 
 
@@ -412,18 +542,21 @@ class _ReturnsAnotherTree(LaProp):
 
 def test_the_annotations_check_the_state_a_transform_returns():
     """The signatures' annotations (the state of the optimizer's own `state_type`)
-    are checked by jaxtyping and beartype on their own: an optimizer whose rule
-    returns another optimizer's state fails its first call, not later."""
+    are checked by jaxtyping and beartype: an optimizer whose rule returns another
+    optimizer's state fails its first call, not later, with a message naming the
+    class its `init` makes (raised from jaxtyping's error, which caught it)."""
     import jaxtyping
 
     params = {"w": jnp.ones(3)}
     opt = _ReturnsAnotherState(1e-3)
     with pytest.raises(
-        jaxtyping.TypeCheckError,
-        match=r"(?s)the return value.*Expected type: tuple\[.*, "
-        r"writing_optimizers.LaPropState\]",
-    ):
+        TypeError,
+        match=r"^_ReturnsAnotherState.transform returned a new state of type "
+        r"AdamState; _ReturnsAnotherState.init\(params\) makes a LaPropState",
+    ) as caught:
         opt.update(params, opt.init(params), params)
+    assert isinstance(caught.value.__cause__, jaxtyping.TypeCheckError)
+    assert "the return value" in str(caught.value.__cause__)
 
 
 def test_updates_of_another_structure_are_refused_naming_the_leaf():

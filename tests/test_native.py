@@ -4,6 +4,7 @@ they cannot take falls back to XLA's code."""
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -296,9 +297,12 @@ def test_donated_entries_write_in_place(native):
         for method in (opt.step, opt.update):
             compiled = method.lower(params, state, params, donate=True).compile()
             text = compiled.as_text()
-            # Scalars and the custom calls' small result tables only.
+            # Scalars and the custom calls' small result tables only; no array is
+            # copied (a scalar may be: `eqx.filter_jit`'s int32 marker output takes
+            # the step counter's buffer).
             assert compiled.memory_analysis().temp_size_in_bytes < 1024
-            assert " copy(" not in text
+            copies = re.findall(r"= (\S+) copy\(", text)
+            assert all(shape.endswith("[]") for shape in copies), copies
             assert ("eqxopt_elementwise" in text) == native
             # Both (small) leaves share one call; the update of `step` is only
             # made when something reads it.

@@ -17,6 +17,8 @@ PRELUDE = textwrap.dedent(
     """
     import warnings
 
+    import re
+
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -90,7 +92,10 @@ SCRIPT = PRELUDE + textwrap.dedent(
             text = compiled_step(opt, grads, state, params)
             assert "eqxopt_elementwise" in text, what
             assert not [op for op in COLLECTIVES if op in text], what
-            assert " copy(" not in text, what  # in place
+            # In place: no array copied (a scalar may be: `eqx.filter_jit`'s
+            # int32 marker output takes the step counter's buffer).
+            copies = re.findall(r"= (\\S+) copy\\(", text)
+            assert all(shape.endswith("[]") for shape in copies), (what, copies)
             native = run(opt, where, True)
             xla = run(opt, where, False)
             assert_trees_close(native, xla, rtol=2e-5, atol=2e-6)

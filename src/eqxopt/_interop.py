@@ -3,18 +3,34 @@ method of every transform).
 
 optax is an optional dependency: it is imported only when these are used."""
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._core._base import AbstractTransform, Grads, Params, Updates, optax_module
+from ._core._base import (
+    AbstractTransform,
+    Grads,
+    Params,
+    Supplied,
+    Updates,
+    optax_module,
+)
 from ._core._fields import checked_field
 from ._core._tree import align_grads, compute_dtype, is_float_leaf
 
 
-def _gradient_transformation(name: str, value: Any) -> Any:
+class OptaxTransformation(Protocol):
+    """What `from_optax` takes: an optax gradient transformation (`init` and
+    `update`)."""
+
+    init: Callable[..., Any]
+    update: Callable[..., Any]
+
+
+def _gradient_transformation(name: str, value: OptaxTransformation) -> Any:
     if not isinstance(value, optax_module().GradientTransformation):
         raise TypeError(
             f"{name} must be an optax.GradientTransformation, got "
@@ -69,6 +85,17 @@ class FromOptax(AbstractTransform):
         # Every keyword, when `tx` takes extra arguments (optax's own transforms
         # ignore those they do not use); none otherwise.
         return isinstance(self.tx, optax_module().GradientTransformationExtraArgs)
+
+    def wanted_keywords(self) -> Mapping[str, Supplied]:
+        # What optax's own transforms that take extra arguments read (its
+        # linesearches: the loss, its gradient and the loss as a function).
+        if not self.takes_keyword("value"):
+            return {}
+        return {
+            "value": Supplied.LOSS,
+            "grad": Supplied.GRADIENT,
+            "value_fn": Supplied.LOSS_FUNCTION,
+        }
 
     def init(self, params: Params) -> FromOptaxState:
         with _optax_promotion():

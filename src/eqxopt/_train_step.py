@@ -1,19 +1,29 @@
 """`make_train_step`: a whole compiled train step (loss, gradients, optimizer step)
-written the fast way: model and state donated, `step(..., donate=True)` inside."""
+written the fast way: one `eqx.filter_jit` donating the model and the state, with
+`step(..., donate=True)` inside."""
 
 import contextlib
-import logging
+import dataclasses
+import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
-from ._core import _backend, _dispatch, _placement
+from ._core import _backend, _placement
 from ._core._backend import TrainStepPlan
-from ._core._base import AbstractTransform, checked_transform
+from ._core._base import (
+    AbstractTransform,
+    Supplied,
+    callers_leaves,
+    checked_transform,
+)
 from ._core._checks import check_bool
+from ._core._compile import FilteredJit
 from ._core._packed import Packed
+from ._core._types import Params, State
 
 
 class TrainStep(eqx.Module):
@@ -25,16 +35,22 @@ class TrainStep(eqx.Module):
     - `loss_fn`: static: `loss_fn(model, *batch) -> loss` (or `(loss, aux)`).
     - `opt`: the optimizer it steps with when called without `opt=`.
     - `has_aux`: static: whether `loss_fn` returns `(loss, aux)`.
+    - `per_example_axes`: static: for an optimizer that takes per-example
+      gradients, the batch axis of each batch argument (`None`: not batched), else
+      `None`.
     """
 
     loss_fn: Callable[..., Any] = eqx.field(static=True)
     opt: AbstractTransform
     has_aux: bool = eqx.field(static=True)
+    per_example_axes: tuple[int | None, ...] | int | None = eqx.field(
+        static=True, default=None
+    )
 
     def __call__(
         self,
-        model: Any,
-        state: Any,
+        model: Params,
+        state: State,
         *batch: Any,
         opt: AbstractTransform | None = None,
     ) -> tuple[Any, ...]:
@@ -55,29 +71,31 @@ class TrainStep(eqx.Module):
         **Returns:** `(model, state, loss)`, or `(model, state, loss, aux)` with
         `has_aux=True`.
         """
-        with _quiet_callback_failures():
-            return _dispatch.call(*self._call(model, state, batch, opt))
+        compiled, args = self._call(model, state, batch, opt)
+        new_model, *rest = compiled(*args, donate=True)
+        return callers_leaves(new_model, model), *rest
 
     def lower(
         self,
-        model: Any,
-        state: Any,
+        model: Params,
+        state: State,
         *batch: Any,
         opt: AbstractTransform | None = None,
-    ) -> Any:
+    ) -> jax.stages.Lowered:
         """The program `__call__` runs, lowered (`jax.jit`'s `lower`): `.compile()`
         it to read XLA's memory analysis (`.memory_analysis()`) or optimized HLO
         (`.as_text()`).
 
         **Arguments:** as `__call__`.
         """
-        return _dispatch.lower(*self._call(model, state, batch, opt))
+        compiled, args = self._call(model, state, batch, opt)
+        return compiled.lower(*args, donate=True)
 
     def _call(
         self, model: Any, state: Any, batch: tuple, opt: AbstractTransform | None
-    ) -> tuple[Any, ...]:
-        # The arguments of `_dispatch.call`: the optimizer first (usually the same
-        # object call after call), the model and the state donated.
+    ) -> tuple[FilteredJit, tuple]:
+        # The compiled step and its arguments: the model and the state last, the
+        # ones it donates.
         opt = self.opt if opt is None else checked_transform("opt", opt)
         plan = None
         backend = _backend.active()
@@ -86,19 +104,30 @@ class TrainStep(eqx.Module):
         # Read as `update`/`step` read it: the program places its outputs like these
         # inputs, which a trace cannot see on an Auto mesh.
         inputs = _placement.read(None, model, state, donated=False)
-        key = _TrainKey(self.loss_fn, self.has_aux, plan, _placement.signature(inputs))
+        key = _TrainKey(
+            self.loss_fn,
+            self.has_aux,
+            self.per_example_axes,
+            plan,
+            _placement.signature(inputs),
+            backend,
+        )
         options = () if plan is None else plan.compiler_options
-        return _step, key, (opt, batch, model, state), (2, 3), options
+        return _compiled(options), (key, opt, batch, model, state)
 
 
 def make_train_step(
-    loss_fn: Callable[..., Any], opt: AbstractTransform, *, has_aux: bool = False
+    loss_fn: Callable[..., Any],
+    opt: AbstractTransform,
+    *,
+    has_aux: bool = False,
+    per_example_axes: tuple[int | None, ...] | int | None = None,
 ) -> TrainStep:
     """A compiled train step, `step(model, state, *batch) -> (model, state, loss)`:
     the loss and its gradients with respect to the model's float arrays
     (`eqx.filter_value_and_grad`), then `opt.step(grads, state, model,
-    donate=True)`, in one `jit` that donates the model and the state, so the
-    optimizer writes them in place.
+    donate=True)`, in one `eqx.filter_jit` that donates the model and the state,
+    so the optimizer writes them in place.
 
     The optimizer's arrays (learning rate, schedule values, ...) are arguments of
     the compiled program, never constants: `train_step(model, state, x, y,
@@ -119,13 +148,21 @@ def make_train_step(
       `eqxopt.Packed` model, `loss_fn` gets the unpacked tree (`model.unpack()`),
       the gradients come back packed and the step runs on the packed buffers.
     - `opt`: the optimizer (any eqxopt transform; an optax one goes in as
-      `eqxopt.from_optax(tx)`). Transforms that need more than the gradients get
-      it from the step: the loss as `value=` (`PolyakSGD`, `Momo`, `MomoAdam`,
-      `ReduceOnPlateau` in a `Chain`, ...) and the loss (or its gradient) on the
-      batch as a function of the parameters for `LBFGS`'s `value_fn=`,
-      `Sophia`'s `obj_fn=` and `SAM`'s `grad_fn=`.
+      `eqxopt.from_optax(tx)`). Transforms that need more than the gradients
+      declare what (`eqxopt.extend.Supplied`, in their `keywords`) and get it from
+      the step: the loss (`PolyakSGD`, `Momo`, `ReduceOnPlateau` in a `Chain`,
+      ...), the loss on the batch as a function of the parameters (`LBFGS`'s
+      linesearch, `Sophia`) or its gradient (`SAM`).
     - `has_aux`: whether `loss_fn` returns `(loss, aux)`; `aux` is then returned
       as the step's last output.
+    - `per_example_axes`: for an optimizer that takes per-example gradients
+      (`DPSGD`, a `Chain` starting with `DifferentiallyPrivateAggregate`), the
+      batch axis of each batch argument (an int for all of them, or one int or
+      `None` per argument, as `jax.vmap`'s `in_axes`): the step then computes one
+      gradient per example, `loss_fn` seeing each example as a batch of one, and
+      returns the mean of their losses (and, with `has_aux`, their `aux`
+      stacked). Required for such an optimizer and refused for any other, both
+      when the step is made.
 
     **Returns:** a `TrainStep`: call it as `step(model, state, *batch, opt=None)`.
     The model and state passed in are donated (their buffers are reused for the
@@ -165,18 +202,53 @@ def make_train_step(
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
     checked_transform("opt", opt)
-    return TrainStep(loss_fn, opt, check_bool("has_aux", has_aux))
+    name = type(opt).__name__
+    if opt.takes_per_example_grads():
+        if per_example_axes is None:
+            raise TypeError(
+                f"{name} takes per-example gradients: give make_train_step the batch "
+                "axis of each batch argument, per_example_axes=0 (or one int or None "
+                "per argument), and the step computes one gradient per example"
+            )
+    elif per_example_axes is not None:
+        raise ValueError(
+            f"per_example_axes is for optimizers that take per-example gradients "
+            f"(DPSGD, ...); {name} takes the batch's gradient"
+        )
+    return TrainStep(
+        loss_fn,
+        opt,
+        check_bool("has_aux", has_aux),
+        _checked_axes(per_example_axes),
+    )
 
 
-class _TrainKey(NamedTuple):
-    """What selects a train step's program besides its arguments: the loss
-    function, whether it returns aux, the backend's plan for compiling it, and
-    where the model and state live (`_placement.signature`)."""
+def _checked_axes(axes: Any) -> tuple[int | None, ...] | int | None:
+    if axes is None or (isinstance(axes, int) and not isinstance(axes, bool)):
+        return axes
+    if isinstance(axes, (tuple, list)) and all(
+        a is None or (isinstance(a, int) and not isinstance(a, bool)) for a in axes
+    ):
+        return tuple(axes)
+    raise TypeError(
+        "per_example_axes must be an int or a tuple of one int or None per batch "
+        f"argument, got {axes!r}"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _TrainKey:
+    """What selects a train step's program besides its arrays (a static argument):
+    the loss function, whether it returns aux, the per-example axes, the backend's
+    plan for compiling it, where the model and state live
+    (`_placement.signature`) and the backend in use."""
 
     loss_fn: Callable[..., Any]
     has_aux: bool
+    per_example_axes: Any
     plan: TrainStepPlan | None
     placement: Any
+    backend: Any
 
 
 def _arrays(tree: Any) -> list[Any]:
@@ -190,14 +262,12 @@ def _loss_of(loss_fn: Callable[..., Any], model: Any) -> Callable[..., Any]:
 
 
 def _keywords(
-    opt: AbstractTransform, loss: Any, loss_at: Callable[[Any], Any]
+    opt: AbstractTransform, loss: Any, grads: Any, loss_at: Callable[[Any], Any]
 ) -> dict[str, Any]:
-    """What the step passes to `opt.step` besides the gradients: each keyword that
-    some transform in `opt` takes (`takes_keyword`) and that the step has in hand,
-    the loss (`value=`) or the loss on this batch as a function of the parameters
-    (`loss_at`, for a linesearch or a second gradient). The functions take and
-    ignore further arguments: a transform that takes every keyword (`LBFGS`
-    passes its data keywords on to `value_fn`) may hand them the others."""
+    """What the step passes to `opt.step` besides the gradients: each keyword some
+    transform in `opt` wants (`wanted_keywords`) that the step has in hand, by
+    what it is (`Supplied`). The functions take and ignore further arguments (a
+    linesearch passes its data keywords on)."""
 
     def loss_fn(params: Any, *args: Any, **kwargs: Any) -> Any:
         del args, kwargs
@@ -207,27 +277,59 @@ def _keywords(
         del args, kwargs
         return eqx.filter_grad(loss_at)(params)
 
-    supplied = {
-        "value": lambda: loss,  # Momo, PolyakSGD, ReduceOnPlateau, LBFGS, ...
-        "value_fn": lambda: loss_fn,  # LBFGS's linesearch
-        "obj_fn": lambda: loss_fn,  # Sophia's Hessian estimate
-        "grad_fn": lambda: grad_fn,  # SAM's gradient at the perturbed parameters
+    in_hand = {
+        Supplied.LOSS: loss,
+        Supplied.GRADIENT: grads,
+        Supplied.LOSS_FUNCTION: loss_fn,
+        Supplied.GRAD_FUNCTION: grad_fn,
     }
-    return {k: make() for k, make in supplied.items() if opt.takes_keyword(k)}
+    return {
+        key: in_hand[what]
+        for key, what in opt.wanted_keywords().items()
+        if what in in_hand
+    }
+
+
+def _value_and_grads(key: _TrainKey, loss_of: Callable, model: Any, batch: tuple):
+    """The loss (and aux) and the gradients: of the batch's loss, or one per
+    example (`per_example_axes`), each example seen by `loss_fn` as a batch of
+    one."""
+    value_and_grad = eqx.filter_value_and_grad(loss_of, has_aux=key.has_aux)
+    if key.per_example_axes is None:
+        return value_and_grad(model, *batch)
+    axes = key.per_example_axes
+    if isinstance(axes, int):
+        axes = (axes,) * len(batch)
+    if len(axes) != len(batch):
+        raise TypeError(
+            f"per_example_axes gives {len(axes)} axes for {len(batch)} batch arguments"
+        )
+
+    def one(model: Any, *example: Any) -> Any:
+        example = tuple(
+            x
+            if a is None
+            else jax.tree.map(functools.partial(jnp.expand_dims, axis=a), x)
+            for x, a in zip(example, axes)
+        )
+        return value_and_grad(model, *example)
+
+    value, grads = eqx.filter_vmap(one, in_axes=(None, *axes))(model, *batch)
+    if key.has_aux:
+        return (jnp.mean(value[0]), value[1]), grads
+    return jnp.mean(value), grads
 
 
 def _step(key: _TrainKey, opt: AbstractTransform, batch: tuple, model, state):
     loss_of = _loss_of(key.loss_fn, model)
-    value, grads = eqx.filter_value_and_grad(loss_of, has_aux=key.has_aux)(
-        model, *batch
-    )
+    value, grads = _value_and_grads(key, loss_of, model, batch)
     loss = value[0] if key.has_aux else value
 
     def loss_at(params: Any) -> Any:
         out = loss_of(params, *batch)
         return out[0] if key.has_aux else out
 
-    extra = _keywords(opt, loss, loss_at)
+    extra = _keywords(opt, loss, grads, loss_at)
     tracing = contextlib.nullcontext() if key.plan is None else key.plan.tracing()
     with tracing:
         new_model, new_state = opt.step(grads, state, model, donate=True, **extra)
@@ -241,21 +343,8 @@ def _step(key: _TrainKey, opt: AbstractTransform, batch: tuple, model, state):
     return new_model, new_state, value
 
 
-@contextlib.contextmanager
-def _quiet_callback_failures() -> Any:
-    # JAX logs a failed host callback with its traceback before the call raises;
-    # for an `eqx.error_if` the call raises `eqx.EquinoxRuntimeError` with the
-    # message instead (`raise_equinox_error`), so the log is dropped, as
-    # `eqx.filter_jit` drops it.
-    _callback_logger.addFilter(_drop_callback_failure)
-    try:
-        yield
-    finally:
-        _callback_logger.removeFilter(_drop_callback_failure)
-
-
-_callback_logger = logging.getLogger("jax._src.callback")
-
-
-def _drop_callback_failure(record: logging.LogRecord) -> bool:
-    return record.getMessage() != "jax.pure_callback failed"
+@functools.lru_cache(maxsize=8)
+def _compiled(options: tuple[tuple[str, Any], ...]) -> FilteredJit:
+    """The compiled train step for a backend's compiler options (the model and the
+    state, its last two arguments, donated)."""
+    return FilteredJit(_step, donate_from=3, compiler_options=options)

@@ -21,16 +21,16 @@ See the documentation's "Writing an optimizer" page for worked examples.
 
 from ._core._base import (
     AbstractTransform as AbstractTransform,
-    Grads as Grads,
-    Params as Params,
-    State as State,
-    Updates as Updates,
+    Supplied as Supplied,
+    supplies as supplies,
 )
 from ._core._explain import explain_kernels as explain_kernels
 from ._core._fields import (
     DTypeLike as DTypeLike,
     MaskLike as MaskLike,
     ScalarOrSchedule as ScalarOrSchedule,
+    StepValue as StepValue,
+    StorageLike as StorageLike,
     axis_name_field as axis_name_field,
     checked_field as checked_field,
     choice_field as choice_field,
@@ -40,6 +40,8 @@ from ._core._fields import (
     hyper as hyper,
     learning_rate_field as learning_rate_field,
     mask_field as mask_field,
+    replace as replace,
+    step_value as step_value,
     values_at as values_at,
     weight_decay_field as weight_decay_field,
 )
@@ -49,9 +51,24 @@ from ._core._leafwise import (
     map_leaves as map_leaves,
     split_decoupled_decay as split_decoupled_decay,
 )
-from ._core._moments import Moment as Moment, moment_like as moment_like
+from ._core._moments import (
+    FieldRef as FieldRef,
+    Moment as Moment,
+    fields_of as fields_of,
+    moment_like as moment_like,
+    ref as ref,
+)
 from ._core._schedule import AbstractSchedule as AbstractSchedule
+from ._core._shards import AxisName as AxisName
 from ._core._tree import increment as increment, zero_step as zero_step
+from ._core._types import (
+    Grads as Grads,
+    OtherLeaf as OtherLeaf,
+    Params as Params,
+    PerExampleGrads as PerExampleGrads,
+    State as State,
+    Updates as Updates,
+)
 from ._optimizers._layerwise._trust import (
     AbstractTrustRatioOptimizer as AbstractTrustRatioOptimizer,
     trust_ratio as trust_ratio,
@@ -63,13 +80,20 @@ __all__ = [
     "AbstractSchedule",
     "AbstractTransform",
     "AbstractTrustRatioOptimizer",
+    "AxisName",
     "DTypeLike",
+    "FieldRef",
     "Grads",
     "MaskLike",
     "Moment",
+    "OtherLeaf",
     "Params",
+    "PerExampleGrads",
     "ScalarOrSchedule",
     "State",
+    "StepValue",
+    "StorageLike",
+    "Supplied",
     "Updates",
     "axis_name_field",
     "checked_field",
@@ -77,6 +101,7 @@ __all__ = [
     "count_field",
     "dtype_field",
     "explain_kernels",
+    "fields_of",
     "flag_field",
     "hyper",
     "increment",
@@ -84,7 +109,11 @@ __all__ = [
     "map_leaves",
     "mask_field",
     "moment_like",
+    "ref",
+    "replace",
     "split_decoupled_decay",
+    "step_value",
+    "supplies",
     "trust_ratio",
     "values_at",
     "weight_decay_field",

@@ -6,7 +6,7 @@ the per-leaf engine (`map_leaves`) and the compiled dispatch of `update`/`step`.
 from ._base import (
     AbstractTransform as AbstractTransform,
 )
-from ._dispatch import (
+from ._compile import (
     set_split_compilation as set_split_compilation,
 )
 from ._leafwise import (

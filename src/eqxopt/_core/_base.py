@@ -2,17 +2,21 @@
 
 import abc
 import dataclasses
+import enum
 import functools
+import inspect
+import types
+import typing
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import Array, Inexact, PyTree, jaxtyped
+from jaxtyping import TypeCheckError, jaxtyped
 
-from . import _backend, _dispatch, _placement
+from . import _backend, _placement
 from ._checks import (
     Renamed,
     check_grads,
@@ -22,70 +26,59 @@ from ._checks import (
     refuse_renamed,
     renames,
 )
+from ._compile import FilteredJit
 from ._jax_api import holds_tracer, is_tracer
 from ._moments import Moment, check_declarations
 from ._placement import placing_init, raise_if_misplaced
-from ._tree import apply_updates, cast_like, promotion_for
-
-
-class _fast_method:
-    """A method whose bound form is a `functools.partial` of the module, registered
-    as a pytree.
-
-    Equinox wraps every bound method of a module in a `BoundMethod` module when the
-    attribute is read, which cost more (about 0.3 ms) than all the rest of a direct
-    `opt.step(...)` call on a small tree. The partial is just as much a pytree (the
-    module's arrays stay leaves, as with `jax.tree_util.Partial`, so
-    `eqx.filter_jit(opt.step)` still traces them) and costs well under a
-    microsecond to make. Read on the class, the plain function comes back (for
-    `help` and documentation tools).
-    """
-
-    def __init__(self, fn: Callable):
-        self.fn = fn
-        self.__doc__ = fn.__doc__
-        self.__wrapped__ = fn
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, owner: Any = None) -> Any:
-        if obj is None:
-            return self.fn
-        return _Bound(self.fn, obj)
-
-
-class _Bound(functools.partial):
-    """`functools.partial` (made in C) registered as a pytree, like
-    `jax.tree_util.Partial`, whose Python `__new__` costs more."""
-
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
-        """The program this call would run, lowered (`jax.jit`'s `lower`), for the
-        same arguments: `.compile()` it to read XLA's `memory_analysis()` or the
-        optimized HLO (`.as_text()`)."""
-        lower = self.func.lower  # pyright: ignore[reportFunctionMemberAccess]
-        return lower(*self.args, *args, **kwargs)
-
-
-jax.tree_util.register_pytree_node(
-    _Bound,
-    lambda b: ((b.args, b.keywords), b.func),
-    lambda func, children: _Bound(func, *children[0], **children[1]),
+from ._tree import align_grads, apply_updates, cast_like, promotion_for
+from ._types import (
+    Extra,
+    Grads,
+    Params,
+    PerExampleGrads,
+    RuleState,
+    State,
+    Updates,
 )
 
 
-# What the public methods take and return. Parameters may hold anything (activation
-# functions, integer buffers, `None` where a model was filtered); gradients and
-# updates hold float arrays or `None`. That the three share one structure, leaf for
-# leaf (`None` where a leaf has no gradient or gets no update), is checked by
-# `check_grads` and `check_outputs`, which name the leaf where the trees part: a
-# jaxtyping structure name cannot say it, since it reads `None` as a leaf in a tree
-# of `Inexact | None` and as no leaf in a tree of `Any`.
-Params = PyTree[Any]
-_FloatOrNone = Inexact[Array, "..."] | None  # pyright: ignore[reportOperatorIssue]
-Grads = PyTree[_FloatOrNone]
-Updates = PyTree[_FloatOrNone]
-State = PyTree[Any]
+class _EntryMethod:
+    """How `update` and `step` are methods: read on an instance, the method bound
+    to it as a `functools.partial` registered as a pytree (the module's arrays stay
+    leaves, so `eqx.filter_jit(opt.step)` traces them), with `.lower`; read on the
+    class, the plain function (for `help` and documentation tools).
+
+    Equinox binds a module's own methods by wrapping them in a module made on every
+    attribute read; a partial costs far less, and these two are read on every
+    step."""
+
+    def __init__(self, call: Callable):
+        self.call = call
+        self.__doc__ = call.__doc__
+        self.__wrapped__ = call
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self.call
+        return _BoundEntry(self.call, obj)
+
+
+class _BoundEntry(functools.partial):
+    """`update` or `step` bound to an optimizer (see `_EntryMethod`)."""
+
+    def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
+        """The program this call would run, lowered (`jax.jit`'s `lower`), for the
+        same arguments: `.compile()` it to read XLA's `memory_analysis()` or the
+        optimized HLO (`.as_text()`)."""
+        step = self.func.__name__ == "step"
+        return _call(step, *self.args, *args, lower=True, **kwargs)
+
+
+jax.tree_util.register_pytree_node(
+    _BoundEntry,
+    lambda b: ((b.args, b.keywords), b.func),
+    lambda func, children: _BoundEntry(func, *children[0], **children[1]),
+)
 
 
 class AbstractTransform(eqx.Module):
@@ -130,7 +123,13 @@ class AbstractTransform(eqx.Module):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         refuse_renamed(cls, kwargs)
-        return super().__new__(cls)
+        _refuse_missing_fields(cls)
+        self = super().__new__(cls)
+        # The values a step computes once (`step_value()` fields) are not
+        # constructor arguments: `None` until `step_values` sets them.
+        for name in _step_value_fields(cls):
+            object.__setattr__(self, name, None)
+        return self
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -147,24 +146,24 @@ class AbstractTransform(eqx.Module):
 
     @abc.abstractmethod
     def transform(
-        self, grads: Grads, state: State, params: Params
-    ) -> tuple[Updates, State]:
+        self, grads: Grads, state: RuleState, params: Params
+    ) -> tuple[Updates, RuleState]:
         """The unchecked update rule; see the class docstring. Rules that need more
         than gradients (such as `value=`, the loss) add keyword-only arguments with
         defaults and name them in `keywords`; `update`/`step` pass their extra
         keywords on."""
 
     def transform_step(
-        self, grads: Grads, state: State, params: Params, **extra: Any
-    ) -> tuple[Params, State]:
+        self, grads: Grads, state: RuleState, params: Params, **extra: Any
+    ) -> tuple[Params, RuleState]:
         """`transform` and the apply: `(new_params, new_state)`, each new parameter
         `p + update` in `p`'s dtype (`p` itself where the update is `None`). `step`
         runs this. A transform that can form its new parameters in the same pass as
         its updates (the per-leaf engine does, for the native kernels) overrides
         it; the results must be the same."""
-        # Checked as `update` checks it: a subclass's annotations hold here too.
-        transform = _typechecked(type(self).transform, _state_type(type(self)))
-        updates, new_state = transform(self, grads, state, params, **extra)
+        updates, new_state = self.transform(grads, state, params, **extra)
+        # Before the apply, which would broadcast an update of another shape.
+        updates = check_outputs(self, False, updates, params)
         return apply_updates(params, updates), new_state
 
     def takes_per_example_grads(self) -> bool:
@@ -189,17 +188,24 @@ class AbstractTransform(eqx.Module):
                 return f"{name}'s {field.name}"
         return None
 
-    @_fast_method
-    def update(
+    def _update(
         self,
         grads: Grads,
         state: State,
-        params: Params = None,
+        params: Params | None = None,
         *,
         donate: bool = False,
-        **extra: Any,
+        **extra: Extra,
     ) -> tuple[Updates, State]:
         """Computes the updates for one step.
+
+        `update` and `step` are `eqx.filter_jit` methods: their arrays are traced
+        and every other leaf (an activation function, a Python number, a string)
+        is static, so new hyperparameter values reuse the compiled step, and a
+        `eqx.error_if` traced into them raises `eqx.EquinoxRuntimeError`. Their
+        annotations are checked by beartype each time they are traced: the
+        gradients (and the updates) have the parameters' structure and, leaf by
+        leaf, their shapes; the state is this optimizer's state class.
 
         **Arguments:**
 
@@ -226,20 +232,20 @@ class AbstractTransform(eqx.Module):
         **Returns:** `(updates, new_state)`; each update has its parameter's shape and
         dtype (`None` for leaves that are not updated).
         """
-        new_state, updates = _call(self, False, grads, state, params, donate, extra)
+        new_state, updates = _call(False, self, grads, state, params, donate, **extra)
         return updates, new_state
 
-    @_fast_method
-    def step(
+    def _step(
         self,
         grads: Grads,
         state: State,
         params: Params,
         *,
         donate: bool = False,
-        **extra: Any,
+        **extra: Extra,
     ) -> tuple[Params, State]:
-        """`update` and the apply in one compiled function.
+        """`update` and the apply in one compiled function (an `eqx.filter_jit`
+        method, as `update` is).
 
         **Arguments:** as `update`; with `donate=True` the buffers of `state` and
         `params` are reused for the results, so the step runs in place (neither may
@@ -248,23 +254,40 @@ class AbstractTransform(eqx.Module):
         **Returns:** `(new_params, new_state)`; every parameter keeps its dtype and
         non-float leaves are passed through unchanged.
         """
-        return _call(self, True, grads, state, params, donate, extra)
+        return _call(True, self, grads, state, params, donate, **extra)
+
+    _update.__name__ = "update"
+    _update.__qualname__ = "AbstractTransform.update"
+    _step.__name__ = "step"
+    _step.__qualname__ = "AbstractTransform.step"
+    update = _EntryMethod(_update)
+    step = _EntryMethod(_step)
+    del _update, _step
 
     # The params-shaped pieces of the state (`Moment`: its storage option, its
     # sign, its start), the one declaration every storage choice reads
     # (`_moments.moment_like` makes every moment).
     moments: ClassVar[tuple[Moment, ...]] = ()
 
-    # The keyword arguments `transform` takes beyond grads, state and params (such
-    # as "value", the loss). Wrappers (`Chain`, ...) pass a keyword on only to the
-    # transforms whose `takes_keyword` says yes.
-    keywords: ClassVar[frozenset[str]] = frozenset()
+    # The keyword arguments `transform` takes beyond grads, state and params, each
+    # with what it is (`Supplied`: the loss, the loss as a function of the
+    # parameters, ...). Wrappers (`Chain`, ...) pass a keyword on only to the
+    # transforms whose `takes_keyword` says yes, and `make_train_step` supplies
+    # those `wanted_keywords` names.
+    keywords: ClassVar[Mapping[str, "Supplied"]] = types.MappingProxyType({})
 
     def takes_keyword(self, key: str) -> bool:
         """Whether `transform` takes the keyword argument `key`: by default, whether
         `key` is in the class's `keywords`. Wrappers ask the transforms they hold;
         a transform whose keywords depend on its options says so here."""
         return key in self.keywords
+
+    def wanted_keywords(self) -> Mapping[str, "Supplied"]:
+        """The keyword arguments this transform would be given, by what each one
+        is (`Supplied`), for a caller that has them in hand (`make_train_step`):
+        by default the class's `keywords`; wrappers add those of the transforms
+        they hold."""
+        return self.keywords
 
     def to_optax(self) -> Any:
         """This transform as an `optax.GradientTransformationExtraArgs` (needs optax):
@@ -285,7 +308,53 @@ class AbstractTransform(eqx.Module):
         return optax.GradientTransformationExtraArgs(init, update)
 
 
-def checked_transform(name: str, value: Any) -> AbstractTransform:
+# How to declare a field that a base class requires (`eqx.AbstractVar`), for the
+# error of a class that does not.
+_DECLARE = {
+    "axis_name": "axis_name: extend.AxisName = extend.axis_name_field()",
+    "learning_rate": (
+        "learning_rate: extend.ScalarOrSchedule = extend.learning_rate_field()"
+    ),
+}
+
+
+@functools.cache
+def _missing_fields(cls: type) -> tuple[tuple[str, str], ...]:
+    """The fields `cls`'s bases require (`eqx.AbstractVar`) that it does not
+    declare, each with the base that requires it."""
+    # A field, or a class attribute or property of the same name.
+    provided = {f.name for f in dataclasses.fields(cls)}
+    provided |= {name for base in cls.__mro__ for name in vars(base)}
+    missing = []
+    for base in cls.__mro__:
+        for name, hint in inspect.get_annotations(base).items():
+            if typing.get_origin(hint) is eqx.AbstractVar and name not in provided:
+                if not any(m == name for m, _ in missing):
+                    missing.append((name, base.__name__))
+    return tuple(missing)
+
+
+def _refuse_missing_fields(cls: type) -> None:
+    if getattr(cls, "__abstractmethods__", None):
+        return  # Equinox refuses a class with abstract methods itself
+    missing = _missing_fields(cls)
+    if missing:
+        lines = "; ".join(
+            f"{base} requires the field `{name}`: declare "
+            f"`{_DECLARE.get(name, name + ': ... = ...')}`"
+            for name, base in missing
+        )
+        raise TypeError(f"{cls.__name__} cannot be built: {lines}")
+
+
+@functools.cache
+def _step_value_fields(cls: type) -> tuple[str, ...]:
+    return tuple(
+        f.name for f in dataclasses.fields(cls) if f.metadata.get("step_value", False)
+    )
+
+
+def checked_transform(name: str, value: "AbstractTransform") -> AbstractTransform:
     """`value` if it is an eqxopt transform, else a `TypeError` naming `name` (with
     the way in for an optax transformation: `eqxopt.from_optax`)."""
     if not isinstance(value, AbstractTransform):
@@ -321,6 +390,37 @@ def _is_off(value: Any) -> bool:
     return False
 
 
+class Supplied(enum.Enum):
+    """What a keyword argument of a transform's rule is, for a caller that can
+    supply it (`make_train_step`): a transform declares its keywords in its class
+    attribute `keywords`, each with one of these.
+
+    - `LOSS`: the loss at the current parameters (`value=`).
+    - `GRADIENT`: the gradient there (what `grads` is).
+    - `LOSS_FUNCTION`: the loss on the step's batch as a function of the
+      parameters, `f(params, *args, **kwargs)` (further arguments ignored), for
+      a linesearch or a Hessian estimate.
+    - `GRAD_FUNCTION`: the gradient of that loss as a function of the parameters,
+      for a second gradient at other parameters (SAM's adversarial point).
+    - `CALLER`: only the caller knows it (data for a `value_fn`, a Hessian
+      estimate of its own); never supplied.
+    """
+
+    LOSS = "the loss"
+    GRADIENT = "the gradient"
+    LOSS_FUNCTION = "the loss as a function of the parameters"
+    GRAD_FUNCTION = "the gradient as a function of the parameters"
+    CALLER = "a value only the caller has"
+
+
+def supplies(**keywords: Supplied) -> Mapping[str, Supplied]:
+    """A class's `keywords` (read-only): keyword name -> what it is."""
+    for key, what in keywords.items():
+        if not isinstance(what, Supplied):
+            raise TypeError(f"keywords: {key}= must be a Supplied, got {what!r}")
+    return types.MappingProxyType(keywords)
+
+
 def _check_params_given(opt: AbstractTransform) -> None:
     needed = opt.params_needed()
     if needed is not None:
@@ -336,100 +436,96 @@ def _check_donate(donate: Any) -> None:
         raise TypeError(f"donate must be a bool, got {donate!r}")
 
 
-class _EntryKey(NamedTuple):
-    """What selects an entry's compiled program besides its arguments.
+@dataclasses.dataclass(frozen=True)
+class _EntryKey:
+    """What selects an entry's program besides the arrays it is given (one static
+    argument of the compiled entry).
 
     - `step`: `step` (new parameters) rather than `update` (updates).
     - `donated`: `donate=True`: the outputs may overwrite the inputs.
+    - `params_given`: `update` was given the parameters.
     - `grads_given`: the gradients are arrays passed in (not computed in the
       program being compiled), which the backend's kernels need not wait for.
     - `shardings`: the concrete inputs' shardings where they span several devices
       (`_placement.signature`), for placing the outputs on Auto meshes.
     - `backend_placement`: the backend's static data of where a donated call's
       inputs live (`_backend.AbstractBackend.placement`).
+    - `backend`: the backend in use, so that a program traced with another one
+      (native kernels switched off) is not reused.
     """
 
     step: bool
     donated: bool
+    params_given: bool
     grads_given: bool
     shardings: Any
     backend_placement: Any
+    backend: Any
 
 
 def _call(
-    opt: AbstractTransform,
     step: bool,
+    opt: AbstractTransform,
     grads: Grads,
     state: State,
-    params: Params,
-    donate: bool,
-    extra: dict[str, Any],
+    params: Params | None,
+    donate: bool = False,
+    lower: bool = False,
+    **extra: Extra,
 ) -> Any:
     """`update` (`step=False`: `(new_state, updates)`) or `step` (`(new_params,
-    new_state)`), through its compiled entry."""
-    try:
-        return _dispatch.call(
-            *_entry_call(opt, step, grads, state, params, donate, extra)
-        )
-    except ValueError as error:
-        raise_if_misplaced(error, opt, grads, state, params)
-        raise
-
-
-def _entry_call(
-    opt: AbstractTransform,
-    step: bool,
-    grads: Grads,
-    state: State,
-    params: Params,
-    donate: bool,
-    extra: dict[str, Any],
-) -> tuple[Any, ...]:
-    """The arguments of `_dispatch.call` (or `lower`) for one entry call."""
+    new_state)`), run through its compiled entry, or with `lower` the program it
+    would run, lowered."""
     _check_donate(donate)
-    if params is None and not step:
+    params_given = params is not None
+    if not params_given:
+        if step:
+            raise TypeError(
+                f"{type(opt).__name__}.step needs params: step(grads, state, params)"
+            )
         _check_params_given(opt)
-    first, second = (params, state) if step else (state, params)
     # Where the inputs live (`None` in a process of one device), read once for the
     # outputs' placement and the backend.
     inputs = _placement.read(grads, params, state, donated=donate)
+    backend = _backend.active()
     backend_placement = None
-    if donate and inputs is not None:
-        backend = _backend.active()
-        if backend is not None:
-            backend_placement = backend.placement(inputs.leaves, inputs.shardings)
+    if donate and inputs is not None and backend is not None:
+        backend_placement = backend.placement(inputs.leaves, inputs.shardings)
     key = _EntryKey(
         step,
         donate,
+        params_given,
         donate and not holds_tracer(grads),
         _placement.signature(inputs),
         backend_placement,
+        backend,
     )
     extra = _numbers_as_arrays(extra) if extra else extra
-    # The donated buffers: state (`update`), params and state (`step`).
-    donated = ((2, 3) if step else (2,)) if donate else ()
-    return _entry, key, (opt, grads, first, second, extra), donated
+    # The donated buffers come last: the state (`update`), the params and the
+    # state (`step`).
+    if step:
+        compiled, args = _STEP, (key, opt, grads, extra, params, state)
+    else:
+        compiled, args = _UPDATE, (key, opt, grads, params, extra, state)
+    if lower:
+        return compiled.lower(*args, donate=donate)
+    try:
+        out = compiled(*args, donate=donate)
+    except ValueError as error:
+        raise_if_misplaced(error, opt, grads, state, params)
+        raise
+    if donate and step:  # (the fast path keeps them itself)
+        return callers_leaves(out[0], params), out[1]
+    return out
 
 
-def _lowering(step: bool) -> Callable[..., Any]:
-    def lower(
-        opt: AbstractTransform,
-        grads: Grads,
-        state: State,
-        params: Params,
-        *,
-        donate: bool = False,
-        **extra: Any,
-    ) -> Any:
-        return _dispatch.lower(
-            *_entry_call(opt, step, grads, state, params, donate, extra)
-        )
-
-    return lower
-
-
-AbstractTransform.update.lower = _lowering(False)  # pyright: ignore
-AbstractTransform.step.lower = _lowering(True)  # pyright: ignore
+def callers_leaves(new: Any, given: Any) -> Any:
+    """`new` (a tree of `given`'s structure that a compiled call returned) with each
+    non-array leaf the caller's own object from `given`: `eqx.filter_jit` gives
+    back the objects its trace saw, which are only equal to them."""
+    if jax.tree.structure(new) != jax.tree.structure(given):
+        return new
+    return jax.tree.map(lambda n, g: n if eqx.is_array(n) else g, new, given)
 
 
 def _numbers_as_arrays(extra: dict[str, Any]) -> dict[str, Any]:
@@ -443,41 +539,17 @@ def _numbers_as_arrays(extra: dict[str, Any]) -> dict[str, Any]:
     return {k: convert(v) for k, v in extra.items()}
 
 
-def _state_type(cls: type) -> Any:
-    """The state class an optimizer declares (`state_type`, as the per-leaf engine's
-    optimizers do), or `None`."""
-    state_type = getattr(cls, "state_type", None)
-    return state_type if isinstance(state_type, type) else None
-
-
-def _annotated(method: Callable, hints: dict, state_type: type) -> Callable:
-    """`method` with its `state` (and the state it returns) annotated as
-    `state_type`."""
-
-    def checked(self, grads, state, params, **extra):
-        return method(self, grads, state, params, **extra)
-
-    returns = hints.get("return", tuple[Any, Any])
-    args = getattr(returns, "__args__", None)
-    if args is not None and len(args) == 2:
-        returns = tuple[args[0], state_type]  # pyright: ignore
-    checked.__annotations__ = {**hints, "state": state_type, "return": returns}
-    checked.__name__ = getattr(method, "__name__", "transform")
-    checked.__qualname__ = getattr(method, "__qualname__", checked.__name__)
-    checked.__module__ = getattr(method, "__module__", __name__)
-    return checked
-
-
-@functools.cache
-def _typechecked(method: Callable, state_type: type | None = None) -> Callable:
-    """`method` (a transform's `transform` or `transform_step`) checked by
-    jaxtyping and beartype against its annotations; where it takes the state as
-    any `State` and the class declares its `state_type`, against that class: a
-    state of another optimizer is a `TypeCheckError` naming `state`."""
-    hints = getattr(method, "__annotations__", {})
-    if state_type is not None and hints.get("state", State) in (State, Any):
-        method = _annotated(method, hints, state_type)
-    return jaxtyped(typechecker=beartype)(method)
+def state_class(cls: type) -> type:
+    """The state class a transform declares: its `state_type` (the per-leaf
+    engine's optimizers), else the class its `init` is annotated to return, else
+    any Equinox module."""
+    declared = getattr(cls, "state_type", None)
+    if isinstance(declared, type):
+        return declared
+    returns = getattr(cls.init, "__annotations__", {}).get("return")
+    if isinstance(returns, type) and issubclass(returns, eqx.Module):
+        return returns
+    return eqx.Module
 
 
 class _NoParameter:
@@ -509,34 +581,116 @@ def _stand_in(grads: Grads, per_example: bool = False) -> Params:
     )
 
 
+@functools.cache
+def checked_rule(cls: type, step: bool, per_example: bool) -> Callable[..., Any]:
+    """`cls`'s rule (`transform`, or `transform_step` for `step`) behind the public
+    method's signature, `rule(opt, grads, state, params, extra, params_given,
+    results)`, checked by jaxtyping and beartype when it is traced: the
+    gradients have the parameters' structure and shapes (with a leading batch
+    axis for a transform that takes per-example gradients), the state is `cls`'s
+    state class, and so are the outputs. (`results` is a list the rule appends
+    its outputs to, for naming the leaf when the return annotation fails.)
+
+    What the annotations cannot say is checked by hand inside, each check naming
+    the leaf: a gradient's dtype against its parameter's (jaxtyping binds shapes
+    across arguments, not dtypes), an array gradient for a parameter that is not a
+    float array (`None` and a function are both leaves to it), the state's
+    shapes and dtypes against what `init` makes, and an update's dtype."""
+    state_type = state_class(cls)
+    grads_type = PerExampleGrads if per_example else Grads
+    method = cls.transform_step if step else cls.transform
+    owner = cls.__name__ if per_example else None
+
+    def rule(
+        opt: Any,
+        grads: Any,
+        state: Any,
+        params: Any,
+        extra: Any,
+        params_given: bool,
+        results: Any,
+    ) -> Any:
+        check_grads(grads, params, owner)
+        try:
+            check_state(opt, state, params)
+        except (TypeError, ValueError) as error:
+            if params_given:
+                raise
+            raise type(error)(
+                f"{error} (update was called without params, so the state is "
+                "checked against the gradients: a float parameter whose gradient "
+                "is None still has state; call update(grads, state, params))"
+            ) from None
+        with promotion_for(params, grads):
+            out, new_state = method(opt, grads, state, params, **extra)
+        results.append((out, new_state))
+        out = check_outputs(opt, step, out, params)
+        if type(new_state) is state_type or state_type is eqx.Module:
+            # (Another class is the return annotation's to refuse.)
+            check_state(opt, new_state, params, method.__name__)
+        return out, new_state
+
+    rule.__annotations__ = {
+        "opt": cls,
+        "grads": grads_type,
+        "state": state_type,
+        "params": Params,
+        "extra": dict[str, Extra],
+        "params_given": bool,
+        "results": list,
+        "return": tuple[Params if step else Updates, state_type],
+    }
+    rule.__name__ = rule.__qualname__ = "step" if step else "update"
+    rule.__module__ = cls.__module__
+    return jaxtyped(typechecker=beartype)(rule)
+
+
 def _checked(
-    method: Callable,
     opt: AbstractTransform,
+    step: bool,
     grads: Grads,
     state: State,
     params: Params,
     extra: dict[str, Any],
-    params_given: bool = True,
+    params_given: bool,
 ) -> Any:
-    # Our own checks first: they name the leaf; jaxtyping's would not.
-    per_example = type(opt).__name__ if opt.takes_per_example_grads() else None
-    check_grads(grads, params, per_example)
+    """`opt`'s rule through `checked_rule`. Where an annotation is not met, the
+    error names the leaf: the hand checks find it and raise from jaxtyping's
+    error (which shows the whole trees)."""
+    per_example = opt.takes_per_example_grads()
+    rule = checked_rule(type(opt), step, per_example)
+    # Gradients or updates that are `None` over a whole subtree (where the
+    # parameters have several leaves) stand for a `None` at each of them.
+    grads = per_leaf(grads, params)
+    results: list = []
     try:
-        check_state(opt, state, params)
-    except (TypeError, ValueError) as error:
-        if params_given:
-            raise
-        raise type(error)(
-            f"{error} (update was called without params, so the state is checked "
-            "against the gradients: a float parameter whose gradient is None still "
-            "has state; call update(grads, state, params))"
-        ) from None
-    with promotion_for(params, grads):
-        out, new_state = _typechecked(method, _state_type(type(opt)))(
-            opt, grads, state, params, **extra
-        )
-    check_outputs(opt, method.__name__, out, params)
-    return out, new_state
+        return rule(opt, grads, state, params, extra, params_given, results)
+    except TypeCheckError as error:
+        method = "transform_step" if step else "transform"
+        try:
+            check_grads(grads, params, type(opt).__name__ if per_example else None)
+            check_state(opt, state, params)
+            if results:
+                out, new_state = results[0]
+                check_outputs(opt, step, out, params)
+                check_state(opt, new_state, params, method)
+        except (TypeError, ValueError) as named:
+            raise named from error
+        raise TypeError(
+            f"{type(opt).__name__}.{'step' if step else 'update'}: the arguments or "
+            f"results do not match their annotations ({_first_line(error)}; "
+            "see the error above)"
+        ) from error
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).split("\n", 1)[0]
+
+
+def per_leaf(tree: Any, params: Params) -> Any:
+    """`tree` (gradients or updates) with the structure of `params`, `None` at
+    each leaf where `tree` has `None` at or above it."""
+    return jax.tree.structure(params).unflatten(align_grads(tree, params))
 
 
 # XLA pairs donated input buffers with outputs of the same shape in order, so the
@@ -548,22 +702,25 @@ def _checked(
 # donated buffers are reused.
 
 
-def _entry(key: _EntryKey, opt, grads, first, second, extra):
-    params, state = (first, second) if key.step else (second, first)
-    params_given = params is not None
-    if not params_given:  # `update(grads, state)`: `params_needed()` said none read
+def _run(key: _EntryKey, opt, grads, params, state, extra):
+    """The traced body of `update` and `step`."""
+    if not key.params_given:  # `update(grads, state)`: `params_needed()` said none
         params = _stand_in(grads, opt.takes_per_example_grads())
-    method = type(opt).transform_step if key.step else type(opt).transform
-    backend = _backend.active()
+    backend = key.backend
 
     def run(opt, grads, params, state, extra, backend_placement):
+        def checked():
+            return _checked(
+                opt, key.step, grads, state, params, extra, key.params_given
+            )
+
         if backend is None:
-            return _checked(method, opt, grads, state, params, extra, params_given)
+            return checked()
         trace = _backend.EntryTrace(
             key.donated, key.grads_given, backend_placement, (grads, params, state)
         )
         with backend.tracing(trace):
-            return _checked(method, opt, grads, state, params, extra, params_given)
+            return checked()
 
     # On a mesh of Explicit axes the maths runs with them made Auto, and a donated
     # step inside a user's jit reads where its inputs lie from their types.
@@ -584,3 +741,15 @@ def _entry(key: _EntryKey, opt, grads, first, second, extra):
     if key.step:
         return _placement.keep(new, params, on_params), new_state
     return new_state, _placement.keep(cast_like(new, params), params, on_params)
+
+
+def _update_entry(key, opt, grads, params, extra, state):
+    return _run(key, opt, grads, params, state, extra)
+
+
+def _step_entry(key, opt, grads, extra, params, state):
+    return _run(key, opt, grads, params, state, extra)
+
+
+_UPDATE = FilteredJit(_update_entry, donate_from=5)
+_STEP = FilteredJit(_step_entry, donate_from=4)

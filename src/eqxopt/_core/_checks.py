@@ -2,6 +2,7 @@
 grads/state/params agreement at trace time (naming the leaf path)."""
 
 import dataclasses
+import inspect
 import math
 import types
 from collections.abc import Hashable, Mapping
@@ -11,13 +12,20 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Float32, Int, PyTree
+from jaxtyping import Array, ArrayLike, Float, Float32, Int, PyTree
 
 from . import _jax_api
-from ._dispatch import static_key
+from ._compile import static_key
 from ._jax_api import is_tracer
 from ._structure import describe as _describe, is_none, structure_mismatch
-from ._tree import INT32_MAX, align_grads, default_float, is_float_leaf, leaf_paths
+from ._tree import (
+    INT32_MAX,
+    align_grads,
+    default_float,
+    is_float_leaf,
+    join_dtypes,
+    leaf_paths,
+)
 
 
 def is_concrete(x: Any) -> bool:
@@ -73,6 +81,10 @@ def hyperparameter(
                     f"{name} must be finite in {dtype.name} (the dtype it is stored "
                     f"in), got {number!r}"
                 )
+        # Concrete even inside a trace (an optimizer built inside `jit`): what
+        # depends on whether the value is zero (`params_needed`) reads it.
+        with jax.ensure_compile_time_eval():
+            return jnp.asarray(value, dtype=default_float())
     return jnp.asarray(value, dtype=default_float())
 
 
@@ -132,17 +144,80 @@ def check_grads(
     return aligned
 
 
-def check_outputs(opt: Any, method: str, out: PyTree, params: PyTree) -> None:
-    """Raises a `TypeError` naming the transform and the leaf where what its
-    `transform` (updates) or `transform_step` (new parameters) returned does not
-    have the parameters' structure (`None` counts as a leaf in both)."""
-    if jax.tree.structure(out, is_leaf=is_none) == jax.tree.structure(
-        params, is_leaf=is_none
-    ):
-        return
-    what = "new parameters" if method == "transform_step" else "updates"
-    error = structure_mismatch(out, what, params, "params")
-    raise TypeError(f"{type(opt).__name__}.{method} returned {error}")
+def check_outputs(opt: Any, step: bool, out: PyTree, params: PyTree) -> PyTree:
+    """What `opt`'s `transform` returned as updates (`step=False`) or its
+    `transform_step` as new parameters, checked against the parameters and
+    returned with the parameters' structure (`None` at each leaf without an
+    update): the structure, each leaf's shape, and its dtype (a new parameter in
+    its parameter's dtype; an update in a float dtype that holds the parameter's,
+    such as float32 for a bfloat16 parameter). Raises naming the transform and
+    the leaf."""
+    owner = type(opt).__name__
+    method = "transform_step" if step else "transform"
+    what = "new parameters" if step else "updates"
+    try:
+        aligned = align_grads(out, params) if not step else None
+    except ValueError:
+        aligned = None
+    if step:
+        if jax.tree.structure(out, is_leaf=is_none) != jax.tree.structure(
+            params, is_leaf=is_none
+        ):
+            error = structure_mismatch(out, what, params, "params")
+            raise TypeError(f"{owner}.{method} returned {error}")
+        leaves = jax.tree.leaves(out, is_leaf=is_none)
+        expected = jax.tree.leaves(params, is_leaf=is_none)
+    else:
+        if aligned is None:
+            error = structure_mismatch(out, what, params, "params")
+            raise TypeError(f"{owner}.{method} returned {error}")
+        leaves = aligned
+        expected = jax.tree.leaves(params)
+    paths = None
+    for i, (x, p) in enumerate(zip(leaves, expected)):
+        if x is None or not is_float_leaf(p):
+            if step and x is not p and (x is None) != (p is None):
+                raise TypeError(
+                    f"{owner}.{method} returned no new parameter where params has one"
+                )
+            if not step and x is not None:
+                paths = paths or leaf_paths(params)
+                raise TypeError(
+                    f"{owner}.{method} returned an update for params{paths[i]}, "
+                    f"which is not a float parameter ({_describe(p)})"
+                )
+            continue
+        why = leaf_mismatch(x, p, step)
+        if why is not None:
+            paths = paths or leaf_paths(params)
+            raise TypeError(
+                f"{owner}.{method} returned {what}{paths[i]} {why}, for "
+                f"params{paths[i]} ({_describe(p)})"
+            )
+    if step:
+        return out
+    return jax.tree.structure(params).unflatten(leaves)
+
+
+def leaf_mismatch(x: Any, p: Any, exact: bool) -> str | None:
+    """Why `x` (an update, or with `exact` a new parameter) cannot stand for the
+    parameter `p`, in words, or `None`."""
+    if not isinstance(x, (jax.Array, np.ndarray)):
+        return f"as {type(x).__name__}, not an array"
+    if x.shape != p.shape:
+        return f"of shape {x.shape} (its parameter's shape is {p.shape})"
+    if exact:
+        if x.dtype != p.dtype:
+            return f"in {x.dtype} (its parameter's dtype is {p.dtype})"
+        return None
+    if not jnp.issubdtype(x.dtype, jnp.inexact) or join_dtypes(
+        x.dtype, p.dtype
+    ) != jnp.dtype(x.dtype):
+        return (
+            f"in {x.dtype}, which does not hold its parameter's dtype {p.dtype} "
+            "(an update is in that dtype or a wider float one)"
+        )
+    return None
 
 
 _NOUNS = {"params": "parameters", "grads": "gradients"}
@@ -203,12 +278,23 @@ def _expected_state(opt: Any, params: PyTree) -> PyTree:
     return expected
 
 
-def check_state(opt: Any, state: PyTree, params: PyTree) -> None:
+def check_state(
+    opt: Any, state: PyTree, params: PyTree, returned_by: str | None = None
+) -> None:
     """Checks `state` against what `opt.init(params)` makes: the same type, tree
-    structure, shapes and dtypes, naming the first leaf that differs."""
+    structure, shapes and dtypes, naming the first leaf that differs. With
+    `returned_by` (`"transform"`, ...), `state` is the new state that method
+    returned, and the error says so."""
     expected = _expected_state(opt, params)
     owner = type(opt).__name__
+    name = "state" if returned_by is None else "new state"
+    lead = f"{owner}.{returned_by} returned a "
     if type(state) is not type(expected):
+        if returned_by is not None:
+            raise TypeError(
+                f"{lead}new state of type {type(state).__name__}; "
+                f"{owner}.init(params) makes a {type(expected).__name__}"
+            )
         raise TypeError(
             f"state must be the {type(expected).__name__} that {owner}.init(params) "
             f"returns, got {type(state).__name__}"
@@ -216,25 +302,39 @@ def check_state(opt: Any, state: PyTree, params: PyTree) -> None:
     expected_leaves, expected_def = jax.tree.flatten(expected)
     actual_leaves, actual_def = jax.tree.flatten(state)
     if expected_def != actual_def:
-        raise structure_mismatch(
-            state, "state", expected, f"{owner}.init(params)"
-        ) from None
+        error = structure_mismatch(state, name, expected, f"{owner}.init(params)")
+        if returned_by is not None:
+            raise TypeError(
+                f"{owner}.{returned_by} returned a new state unlike "
+                f"{owner}.init(params)'s: {error.args[0]}"
+            ) from None
+        raise error from None
     paths = leaf_paths(state)
     for path, want, got in zip(paths, expected_leaves, actual_leaves):
         got_shape, got_dtype = jnp.shape(got), jnp.result_type(got)
         if got_shape != want.shape:
+            if returned_by is not None:
+                raise TypeError(
+                    f"{lead}new state with state{path} of shape {got_shape}; "
+                    f"{owner}.init(params) makes shape {want.shape} there"
+                )
             raise ValueError(
                 f"state{path} has shape {got_shape} but {owner}.init(params) makes "
                 f"shape {want.shape} there"
             )
         if got_dtype != want.dtype:
+            if returned_by is not None:
+                raise TypeError(
+                    f"{lead}new state with state{path} in {got_dtype}; "
+                    f"{owner}.init(params) makes {want.dtype} there"
+                )
             raise TypeError(
                 f"state{path} has dtype {got_dtype} but {owner}.init(params) makes "
                 f"dtype {want.dtype} there"
             )
 
 
-def float_dtype_or_none(name: str, dtype: Any) -> Any:
+def float_dtype_or_none(name: str, dtype: jax.typing.DTypeLike | None) -> Any:
     """`None`, or `dtype` checked to be a float dtype (`TypeError` naming `name`);
     for options such as `mu_dtype` that choose how state is stored."""
     if dtype is None:
@@ -318,12 +418,23 @@ def positive_count(name: str, value: Any) -> Int[Array, ""]:
 
 class NamedConverter:
     """A field converter that names its field in error messages: the class that
-    declares the field gives it its name (`name_converters`)."""
+    declares the field gives it its name (`name_converters`). `accepts` is the
+    type of what the constructor takes for the field: Equinox shows it in the
+    class's `__init__` signature (it reads the converter's signature)."""
 
     name: str = "value"
 
     def __call__(self, value: Any) -> Any:
         raise NotImplementedError
+
+    def accepting(self, accepts: Any) -> "NamedConverter":
+        """Sets what the constructor takes for the field (see the class); returns
+        the converter."""
+        value = inspect.Parameter(
+            "value", inspect.Parameter.POSITIONAL_ONLY, annotation=accepts
+        )
+        self.__signature__ = inspect.Signature([value])
+        return self
 
 
 def name_converters(cls: type) -> None:
@@ -336,7 +447,7 @@ def name_converters(cls: type) -> None:
                 converter.name = attribute
 
 
-def static_count(name: str, value: Any) -> int:
+def static_count(name: str, value: int) -> int:
     """A Python int `>= 1` that fixes shapes or unrolled loops (a static field)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int >= 1, got {value!r}")
@@ -345,7 +456,7 @@ def static_count(name: str, value: Any) -> int:
     return int(value)
 
 
-def array_count(name: str, value: Any) -> Int[Array, ""]:
+def array_count(name: str, value: int | Int[ArrayLike, ""]) -> Int[Array, ""]:
     """An integer `>= 1` held as an int32 scalar array, so that a new value reuses
     the compiled step (a traced value is taken as it comes)."""
     if (

@@ -15,13 +15,15 @@ scalar array or a schedule module, read at the current step with `values_at`; a
 """
 
 import dataclasses
+import inspect
 import math
-import types
+import typing
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 
 import equinox as eqx
-from jaxtyping import Array, ArrayLike, Int
+import jax
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from ._checks import (
     NamedConverter,
@@ -38,10 +40,20 @@ from ._shards import checked_axis_name, checked_param_specs
 from ._storage import AbstractStateStorage
 
 # What users may pass for a float hyperparameter, and what a field then holds (a
-# scalar array, or the schedule as given).
-ScalarOrSchedule: TypeAlias = float | ArrayLike | AbstractSchedule
+# scalar array, or the schedule as given). A rule reads it from `h`, the
+# optimizer at the step, where it is a scalar array: a type checker sees it as
+# any value, so that the rule's arithmetic is not refused (constructors show the
+# union itself, from the field's converter).
+if typing.TYPE_CHECKING:
+    ScalarOrSchedule: TypeAlias = Any
+else:
+    ScalarOrSchedule: TypeAlias = float | ArrayLike | AbstractSchedule
 MaskLike: TypeAlias = Mask
-DTypeLike: TypeAlias = Any
+# A float dtype (`jnp.bfloat16`, `"float32"`, ...), or `None`: each parameter's.
+DTypeLike: TypeAlias = jax.typing.DTypeLike | None
+# How a moment is stored: a float dtype, `None` (each parameter's dtype), or a
+# block-wise quantized storage such as `eqxopt.Blockwise8bit()`.
+StorageLike: TypeAlias = jax.typing.DTypeLike | AbstractStateStorage | None
 
 
 class _Hyper(NamedConverter):
@@ -165,6 +177,8 @@ def hyper(
         low=low, high=high, low_open=low_open, high_open=high_open, allow_inf=allow_inf
     )
     converter = _Hyper(schedule, bounds, optional, reads_params)
+    accepts: Any = ScalarOrSchedule if schedule else float | ArrayLike
+    converter.accepting(accepts | None if optional else accepts)
     return eqx.field(default=default, converter=converter, kw_only=kw_only)
 
 
@@ -183,6 +197,7 @@ def learning_rate_field(
     as a schedule (`Constant` for a number). With `optional=True`, `None` is kept as
     `None` (for an optimizer that then uses a rule of its own)."""
     converter = _LearningRate(optional)
+    converter.accepting(ScalarOrSchedule | None if optional else ScalarOrSchedule)
     return eqx.field(default=default, converter=converter, kw_only=kw_only)
 
 
@@ -190,7 +205,8 @@ def mask_field(default: Any = None, *, kw_only: bool = True) -> Any:
     """Which leaves an option applies to: `None` (all), a tree of bools (or a prefix
     of the params' structure) or a function of the params returning one. Frozen into
     a static value, so a new copy of the same mask reuses the compiled step."""
-    return eqx.field(default=default, converter=_Mask(), static=True, kw_only=kw_only)
+    converter = _Mask().accepting(MaskLike)
+    return eqx.field(default=default, converter=converter, static=True, kw_only=kw_only)
 
 
 def dtype_field(*, kw_only: bool = True, storage: bool = False) -> Any:
@@ -204,7 +220,7 @@ def dtype_field(*, kw_only: bool = True, storage: bool = False) -> Any:
     a new optimizer takes a storage only where it says so. Floats of under 16 bits
     (`float8_*`, `float4_*`) are a `ValueError`: without a scale they round small
     moments to 0."""
-    converter = _DType(storage)
+    converter = _DType(storage).accepting(StorageLike if storage else DTypeLike)
     return eqx.field(default=None, converter=converter, static=True, kw_only=kw_only)
 
 
@@ -213,7 +229,7 @@ def flag_field(
 ) -> Any:
     """A bool option (static: each value compiles its own code). With
     `reads_params=True` it reads the parameters when on."""
-    converter = _Flag(reads_params)
+    converter = _Flag(reads_params).accepting(bool)
     return eqx.field(default=default, converter=converter, static=True, kw_only=kw_only)
 
 
@@ -221,7 +237,7 @@ def choice_field(
     default: Any, choices: tuple[Any, ...], *, kw_only: bool = True
 ) -> Any:
     """One of `choices` (static)."""
-    converter = _Choice(choices)
+    converter = _Choice(choices).accepting(Literal[choices])  # pyright: ignore
     return eqx.field(default=default, converter=converter, static=True, kw_only=kw_only)
 
 
@@ -230,7 +246,7 @@ def count_field(
 ) -> Any:
     """A number of steps: a non-negative (or, by default, positive) integer, held
     as a scalar array so that a new value reuses the compiled step."""
-    converter = _Count(at_least_one)
+    converter = _Count(at_least_one).accepting(int | Int[ArrayLike, ""])
     return eqx.field(default=default, converter=converter, kw_only=kw_only)
 
 
@@ -242,10 +258,20 @@ def checked_field(
     kw_only: bool = False,
 ) -> Any:
     """A field converted by `check(name, value)`, for options of their own kind."""
-    converter = _Check(check)
+    converter = _Check(check).accepting(_accepted_by(check))
     return eqx.field(
         default=default, converter=converter, static=static, kw_only=kw_only
     )
+
+
+def _accepted_by(check: Callable[[str, Any], Any]) -> Any:
+    """What `check(name, value)` takes as `value`, from its annotation."""
+    try:
+        hints = typing.get_type_hints(check)
+    except Exception:  # an annotation that does not resolve: say nothing
+        return Any
+    names = list(inspect.signature(check).parameters)
+    return hints.get(names[1], Any) if len(names) > 1 else Any
 
 
 def axis_name_field() -> Any:
@@ -265,11 +291,70 @@ def param_specs_field() -> Any:
     return checked_field(checked_param_specs, None, static=True, kw_only=True)
 
 
-def values_at(module: eqx.Module, step: Int[Array, ""]) -> types.SimpleNamespace:
-    """Every `hyper` and `learning_rate` field of `module`, by name, at `step`
-    (schedules called, numbers as their arrays)."""
-    values = {}
-    for field in dataclasses.fields(module):
-        if isinstance(field.metadata.get("converter"), (_Hyper, _LearningRate)):
-            values[field.name] = value_at(getattr(module, field.name), step)
-    return types.SimpleNamespace(**values)
+def _is_value(field: dataclasses.Field) -> bool:
+    return isinstance(field.metadata.get("converter"), (_Hyper, _LearningRate))
+
+
+_M = TypeVar("_M")  # an Equinox module
+
+# A `step_value()` field: a scalar computed once per step, `None` outside one (a
+# type checker reads it as set: rules read it inside a step only).
+if typing.TYPE_CHECKING:
+    StepValue: TypeAlias = Any
+else:
+    StepValue: TypeAlias = Float[Array, ""] | Bool[Array, ""] | None
+
+
+def _fields(module: Any) -> tuple[dataclasses.Field, ...]:
+    return dataclasses.fields(module)
+
+
+def values_at(module: _M, step: Int[Array, ""]) -> _M:
+    """`module` with each of its hyperparameters (its `hyper` and
+    `learning_rate` fields) replaced by its value at `step`: a schedule called
+    there, a number as its array. What a per-leaf rule reads (`leaf`'s `h`):
+    `h.learning_rate` is a scalar array; every other field is as it was."""
+    names = [f.name for f in _fields(module) if _is_value(f)]
+    values = [value_at(getattr(module, name), step) for name in names]
+    return replace(module, **dict(zip(names, values)))
+
+
+def replace(module: _M, **values: Any) -> _M:
+    """`module` with the fields `values` names set to them, as they are (no
+    converter runs, so a traced value or a value computed in a step goes in
+    unchecked): for `step_values`, to set `step_value()` fields or to change a
+    hyperparameter's value at a step.
+
+    **Arguments:**
+
+    - `module`: an Equinox module.
+    - `**values`: field name -> value.
+    """
+    fields = {f.name for f in _fields(module)}
+    unknown = sorted(values.keys() - fields)
+    if unknown:
+        raise TypeError(
+            f"replace: {type(module).__name__} has no field(s) {', '.join(unknown)}; "
+            "a value computed once per step is declared as a field: "
+            "`name: Float[Array, ''] | None = extend.step_value()`"
+        )
+    if not values:
+        return module
+    # As the module's pytree unflattening makes one: its fields set as they are.
+    new = object.__new__(type(module))
+    for field in _fields(module):
+        value = (
+            values[field.name] if field.name in values else getattr(module, field.name)
+        )
+        object.__setattr__(new, field.name, value)
+    return new
+
+
+def step_value() -> Any:
+    """A value a per-leaf optimizer computes once per step in `step_values` (a
+    bias correction, a step size), for `leaf` to read from `h`: `None` outside a
+    step, not a constructor argument, and not shown in the module's repr. Set it
+    with `extend.replace(h, name=value)`."""
+    return eqx.field(
+        default=None, init=False, repr=False, metadata={"step_value": True}
+    )

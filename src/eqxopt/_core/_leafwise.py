@@ -21,9 +21,9 @@ agree to rounding.
 
 import abc
 import functools
-import types
+import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import equinox as eqx
 import jax
@@ -31,11 +31,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int, PyTree
 
 from . import _backend
-from ._base import AbstractTransform, Grads, Params, State, Updates
+from ._base import AbstractTransform, Grads, Params, Updates
+from ._checks import leaf_mismatch
 from ._fields import values_at
 from ._jax_api import is_tracer
 from ._masks import decay_flags
-from ._moments import moment_like
+from ._moments import FieldRef, field_name, moment_like
 from ._storage import load, store
 from ._tree import (
     align_grads,
@@ -43,10 +44,17 @@ from ._tree import (
     compute_dtype,
     increment,
     is_float_leaf,
+    leaf_paths,
     zero_step,
 )
+from ._types import RuleState
 
 LeafRule = Callable[..., tuple[Array, ...]]
+
+
+class _LeafError(Exception):
+    """What is wrong with what a rule returned for one leaf (`map_leaves` adds
+    the rule's name and the leaf's path)."""
 
 
 def map_leaves(
@@ -106,6 +114,16 @@ def map_leaves(
         dtype = compute_dtype(p.dtype)
         args = [g.astype(dtype), p.astype(dtype), *(load(m, dtype) for m in old)]
         outs = rule(*args) if flags is None else rule(*args, flag)
+        if not isinstance(outs, tuple) or len(outs) != 1 + len(old):
+            got = len(outs) if isinstance(outs, tuple) else type(outs).__name__
+            raise _LeafError(
+                f"returned {got} values, not the update and one new value per "
+                f"moment ({1 + len(old)})"
+            )
+        if apply:  # before the apply, which would broadcast another shape
+            why = leaf_mismatch(outs[0], p, exact=False)
+            if why is not None:
+                raise _LeafError(f"returned an update {why}")
         new = [store(value, stored) for value, stored in zip(outs[1:], old)]
         return (apply_update(outs[0], p) if apply else outs[0]), new
 
@@ -139,7 +157,14 @@ def map_leaves(
         elif _backend.recording:
             _backend.report(rule, p, no_kernels)
         run = per_kind if is_tracer(g) else xla_leaf
-        out, new = run(g, p, old, flag)
+        try:
+            out, new = run(g, p, old, flag)
+        except _LeafError as error:
+            path = leaf_paths(params)[i]
+            raise TypeError(
+                f"{_backend.rule_name(rule)} {error} for params{path} "
+                f"({p.dtype}{list(p.shape)})"
+            ) from None
         updates.append(out)
         for column, value in zip(new_moments, new):
             column.append(value)
@@ -168,18 +193,21 @@ class AbstractEngineTransform(AbstractTransform):
         """See the class docstring."""
 
     def transform(
-        self, grads: Grads, state: State, params: Params, **extra: Any
-    ) -> tuple[Updates, State]:
+        self, grads: Grads, state: RuleState, params: Params, **extra: Any
+    ) -> tuple[Updates, RuleState]:
         return self.run(grads, state, params, apply=False, **extra)
 
     def transform_step(
-        self, grads: Grads, state: State, params: Params, **extra: Any
-    ) -> tuple[Params, State]:
+        self, grads: Grads, state: RuleState, params: Params, **extra: Any
+    ) -> tuple[Params, RuleState]:
         if type(self).transform is not AbstractEngineTransform.transform:
             # A subclass that rewrote `transform` itself (rather than `run`): its
             # updates, applied as usual.
             return super().transform_step(grads, state, params, **extra)
         return self.run(grads, state, params, apply=True, **extra)
+
+
+_Opt = TypeVar("_Opt", bound="AbstractLeafwiseOptimizer")
 
 
 class AbstractLeafwiseOptimizer(AbstractEngineTransform):
@@ -196,25 +224,30 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
     - `state_type`: its state module, with a `step` field (the number of updates
       done) and one field per moment;
     - `moments`: a tuple of `Moment` declarations, in the order `leaf` takes them:
-      each names its dtype option, whether it is never negative, what it starts
-      at;
-    - `decay_mask` (optional): the name of the `mask_field` that selects the
-      leaves `leaf` is told to decay (`decayed`);
-    - `decoupled_decay` (optional): the name of the field holding the rate of a
-      decoupled weight decay, a promise that at the decayed leaves `leaf` adds
-      exactly `-learning_rate * rate * p` to the update it gives undecayed
-      (`split_decoupled_decay`; wrappers such as `Cautious` then leave the decay
-      alone);
+      each refers to its storage option, says whether it is never negative, what
+      it starts at;
+    - `decay_mask` (optional): the `mask_field` that selects the leaves `leaf` is
+      told to decay (`decayed`), referred to as the field itself (`decay_mask =
+      mask` in the class body that declares `mask`, or
+      `extend.fields_of(Base).mask`);
+    - `decoupled_decay` (optional): the field holding the rate of a decoupled
+      weight decay, referred to likewise: a promise that at the decayed leaves
+      `leaf` adds exactly `-learning_rate * rate * p` to the update it gives
+      undecayed (`split_decoupled_decay`; wrappers such as `Cautious` then leave
+      the decay alone);
     - `elementwise`: whether `leaf` treats every element on its own (no norms, no
       reductions, nothing that depends on the leaf's shape), which lets a backend
       such as the native CPU kernels run it;
     - `leaf(h, t, g, p, *moments[, flag]) -> (update, *new_moments)`: the rule for
-      one leaf, on arrays in the compute dtype (at least float32). `h` holds every
-      hyperparameter's value at this step (`h.learning_rate`, `h.b1`, ...:
-      schedules already evaluated) and what `step_values` adds; `t` is the step
-      count after this update (`step + 1`, for bias corrections); `flag` (with
+      one leaf, on arrays in the compute dtype (at least float32). `h` is the
+      optimizer itself at this step (`step_values`): each hyperparameter is its
+      value there (`h.learning_rate`, `h.b1`, ...: scalar arrays, schedules
+      already evaluated), every other field as it is, and the `step_value()`
+      fields that `step_values` computes once per step; `t` is the step count
+      after this update (`step + 1`, for bias corrections); `flag` (with
       `decay_mask`, or where `leaf_flags` is overridden) is this leaf's flag, a
-      bool `decayed` by default.
+      bool `decayed` by default. Its parameters are checked when the class is
+      made.
 
     The engine does the rest: creating and storing the state (dtypes, 8-bit and
     4-bit storage, placement on a mesh), `None` gradients, low-precision
@@ -240,12 +273,12 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
         momentum: extend.ScalarOrSchedule = extend.hyper(0.9, low=0.0, high=1.0)
         weight_decay: extend.ScalarOrSchedule = extend.weight_decay_field(0.0)
         mask: extend.MaskLike = extend.mask_field()
-        velocity_dtype: extend.DTypeLike = extend.dtype_field(storage=True)
+        velocity_dtype: extend.StorageLike = extend.dtype_field(storage=True)
 
         state_type = MomentumState
-        moments = (extend.Moment("velocity", dtype="velocity_dtype"),)
-        decay_mask = "mask"
-        decoupled_decay = "weight_decay"
+        moments = (extend.Moment("velocity", dtype=velocity_dtype),)
+        decay_mask = mask
+        decoupled_decay = weight_decay
         elementwise = True
 
         def leaf(self, h, t, g, p, v, decayed):
@@ -260,21 +293,29 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
     learning_rate: eqx.AbstractVar[Any]
     state_type: eqx.AbstractClassVar[type[eqx.Module]]
     elementwise: eqx.AbstractClassVar[bool]
-    # The name of the mask field whose leaves `leaf` is told to decay, or `None`.
-    decay_mask: ClassVar[str | None] = None
-    # The name of the field holding the rate of a decoupled weight decay, or `None`:
-    # a promise that, at the leaves `decay_mask` selects (all without one), `leaf`
-    # adds `-learning_rate * rate * p` (`p` before the step) to the update it would
+    # The mask field whose leaves `leaf` is told to decay, or `None`.
+    decay_mask: ClassVar[FieldRef | None] = None
+    # The field holding the rate of a decoupled weight decay, or `None`: a promise
+    # that, at the leaves `decay_mask` selects (all without one), `leaf` adds
+    # `-learning_rate * rate * p` (`p` before the step) to the update it would
     # give there undecayed, and reads the rate nowhere else (`split_decoupled_decay`).
-    decoupled_decay: ClassVar[str | None] = None
-    # The per-leaf rule (a method); see above.
+    decoupled_decay: ClassVar[FieldRef | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        check_leaf_signature(cls)
+
+    # The rule for one leaf, `leaf(h, t, g, p, *moments[, flag])`; see the class
+    # docstring. (A class variable rather than an abstract method: its parameters
+    # follow the class's `moments`, and are checked when the class is made.)
     leaf: eqx.AbstractClassVar[Callable[..., tuple[Array, ...]]]
 
-    def step_values(self, step: Int[Array, ""]) -> types.SimpleNamespace:
-        """What `leaf` gets as `h` at `step`: every hyperparameter's value there
-        (`values_at`). A subclass may add values derived from them, which are then
-        computed once per step rather than once per leaf (bias corrections,
-        ...)."""
+    def step_values(self: _Opt, step: Int[Array, ""]) -> _Opt:
+        """What `leaf` gets as `h` at `step`: this optimizer with every
+        hyperparameter at its value there (`values_at`). A subclass may compute
+        values there once per step rather than once per leaf (bias corrections,
+        ...): it declares each as a `step_value()` field and sets it with
+        `extend.replace(h, name=value)`."""
         return values_at(self, step)
 
     def leaf_flags(self, params: Params) -> list[Any] | None:
@@ -283,7 +324,8 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
         whether each leaf is in it (a bad mask raises here, naming it)."""
         if self.decay_mask is None:
             return None
-        return decay_flags(getattr(self, self.decay_mask), params, self.decay_mask)
+        name = field_name(self.decay_mask)
+        return decay_flags(getattr(self, name), params, name)
 
     def init(self, params: Params) -> Any:
         self.leaf_flags(params)  # a bad mask fails here, not mid-training
@@ -310,6 +352,47 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
         return out, self.state_type(step=t, **dict(zip(names, new)))  # pyright: ignore
 
 
+def check_leaf_signature(cls: type) -> None:
+    """Raises `TypeError` when `cls` is made if its `leaf` cannot take what the
+    engine passes: `h`, `t`, `g`, `p`, one argument per moment and, with a
+    `decay_mask` (or `leaf_flags` overridden), the leaf's flag. Where `moments`
+    depends on the options (a property), only the first four are checked."""
+    leaf = cls.__dict__.get("leaf")
+    if leaf is None or getattr(leaf, "__isabstractmethod__", False):
+        return
+    moments = getattr(cls, "moments", None)
+    names = ["h", "t", "g", "p"]
+    if isinstance(moments, tuple):
+        names += [m.name for m in moments]
+        flagged = cls.decay_mask is not None or (
+            cls.leaf_flags is not AbstractLeafwiseOptimizer.leaf_flags
+        )
+        if flagged:
+            names.append("decayed" if cls.decay_mask is not None else "flag")
+    else:
+        flagged = None
+    parameters = list(inspect.signature(leaf).parameters.values())[1:]
+    positional = [
+        q for q in parameters if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)
+    ]
+    variadic = any(q.kind is q.VAR_POSITIONAL for q in parameters)
+    required = [q for q in positional if q.default is q.empty]
+    count = len(names)
+    fits = len(required) <= count and (variadic or len(positional) >= count)
+    if flagged is None:  # moments set by the options: check the first four
+        fits = variadic or len(positional) >= 4
+    if not fits:
+        given = ", ".join(["self", *(q.name for q in parameters)])
+        wanted = ", ".join(["self", *names])
+        raise TypeError(
+            f"{cls.__name__}.leaf({given}) cannot take what the engine passes: "
+            f"leaf({wanted}), that is h (the optimizer at this step), t (the step "
+            "count after this update), g and p (the leaf's gradient and "
+            "parameter), one argument per Moment in `moments`, in order"
+            + (", then the leaf's flag" if flagged else "")
+        )
+
+
 def split_decoupled_decay(
     opt: AbstractTransform, grads: Grads, state: Any, params: Params
 ) -> tuple[AbstractTransform, list[Any]] | None:
@@ -326,7 +409,7 @@ def split_decoupled_decay(
     """
     if not isinstance(opt, AbstractLeafwiseOptimizer) or opt.decoupled_decay is None:
         return None
-    name = opt.decoupled_decay
+    name = field_name(opt.decoupled_decay)
     h = opt.step_values(state.step)
     rate = getattr(h, name)
     flags = opt.leaf_flags(params)

@@ -34,7 +34,7 @@ import numpy as np
 from jaxtyping import PyTree
 
 from . import _backend
-from ._dispatch import static_key
+from ._compile import static_key
 from ._jax_api import dynamic_slice_in_range, mesh_and_spec, split
 from ._storage import is_quantized
 from ._structure import is_none, structure_mismatch

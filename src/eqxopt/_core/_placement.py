@@ -129,10 +129,9 @@ def raise_if_misplaced(
 ) -> None:
     """Raises a `ValueError` naming the leaf that sits on other devices than the
     parameters (a state leaf first), from `error` (JAX's, which names an argument of
-    eqxopt's compiled function); returns if every committed leaf agrees or
-    `error` is about something else (a shape our checks reject, ...)."""
-    if "incompatible devices" not in str(error):
-        return
+    eqxopt's compiled function); returns if every committed leaf agrees (then
+    `error` is about something else). The inputs are read, not the error's
+    wording."""
     named = {
         "state": _committed(state),
         "grads": _committed(grads),

@@ -74,7 +74,7 @@ class Constant(AbstractSchedule):
 
     value: Float[Array, ""]
 
-    def __init__(self, value: Any):
+    def __init__(self, value: float | ArrayLike):
         self.value = hyperparameter("value", value)
 
     @jaxtyped(typechecker=beartype)

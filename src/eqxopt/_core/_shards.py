@@ -52,7 +52,9 @@ AxisName = tuple[Hashable, ...] | None
 Layout = tuple[tuple[Hashable, ...], ...]
 
 
-def checked_axis_name(name: str, value: Any) -> AxisName:
+def checked_axis_name(
+    name: str, value: Hashable | tuple[Hashable, ...] | None
+) -> AxisName:
     """`None`, or the mesh axis names as a tuple (a single name becomes a 1-tuple);
     else a `TypeError` naming the argument."""
     if value is None:
@@ -148,7 +150,9 @@ def shard_max(x: Array, axis_name: AxisName, owner: str) -> Array:
     return jax.lax.pmax(x, axes) if axes else x
 
 
-def checked_param_specs(name: str, value: Any) -> FrozenTree | None:
+def checked_param_specs(
+    name: str, value: PartitionSpec | PyTree[PartitionSpec | None] | None
+) -> FrozenTree | None:
     """`None`, or a `PartitionSpec` or pytree of them (`None` in the tree: not
     split), frozen; else a `TypeError` naming the argument and the entry."""
     if value is None:

@@ -248,13 +248,26 @@ def apply_updates(params: PyTree, updates: PyTree) -> PyTree:
     update before its single rounding (`eqx.apply_updates` would promote the bf16
     parameter to float32 instead).
 
+    An update whose shape is not its parameter's is refused, naming the leaf,
+    rather than broadcast.
+
     **Arguments:**
 
     - `params`: any pytree.
     - `updates`: a tree with the structure of `params`, `None` where there is no
       update.
     """
-    return jax.tree.map(apply_update, updates, params, is_leaf=is_none)
+
+    def add(path: Any, u: Any, p: Any) -> Any:
+        if u is not None and is_float_leaf(p) and jnp.shape(u) != p.shape:
+            where = jax.tree_util.keystr(path)
+            raise ValueError(
+                f"updates{where} has shape {jnp.shape(u)} but params{where} has "
+                f"shape {p.shape}; an update has its parameter's shape"
+            )
+        return apply_update(u, p)
+
+    return jax.tree_util.tree_map_with_path(add, updates, params, is_leaf=is_none)
 
 
 def apply_update(u: Any, p: Any) -> Any:

@@ -51,7 +51,9 @@ def check_factor(name: str, value: Any) -> Float[Array, ""]:
     return hyperparameter(name, value, low=0.0, low_open=True, high_open=True)
 
 
-def optional_value(name: str, value: Any) -> Float[Array, ""] | None:
+def optional_value(
+    name: str, value: float | ArrayLike | None
+) -> Float[Array, ""] | None:
     """`None`, or a value as `value_field` checks it (for `checked_field`)."""
     return None if value is None else check_value(name, value)
 
@@ -91,7 +93,10 @@ def check_order(
 
 
 def boundary_steps(
-    name: str, boundaries: Any, *, strictly_increasing: bool = False
+    name: str,
+    boundaries: Sequence[int] | ArrayLike,
+    *,
+    strictly_increasing: bool = False,
 ) -> Int[Array, " n"]:
     """A sorted sequence of integer steps `>= 0` as an int32 array (float32 if one
     is beyond int32); for `checked_field`."""

@@ -14,7 +14,9 @@ from ._common import Value, as_float, value_field
 from ._piecewise import _schedule_tuple
 
 
-def _function(name: str, value: Any) -> Callable[[Any], Any]:
+def _function(
+    name: str, value: Callable[[Int[Array, ""]], ArrayLike]
+) -> Callable[[Any], Any]:
     """A callable that is not a schedule module (for `checked_field`)."""
     if isinstance(value, AbstractSchedule) or not callable(value):
         got = type(value).__name__

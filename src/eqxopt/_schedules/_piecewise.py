@@ -133,7 +133,9 @@ class PiecewiseInterpolate(AbstractSchedule):
         )
 
 
-def _schedule_tuple(name: str, schedules: Any) -> tuple[AbstractSchedule, ...]:
+def _schedule_tuple(
+    name: str, schedules: Sequence[AbstractSchedule]
+) -> tuple[AbstractSchedule, ...]:
     """A non-empty list of schedules, as a tuple (for `checked_field`)."""
     if not isinstance(schedules, (list, tuple)):
         raise TypeError(

@@ -8,7 +8,6 @@ float options are hyperparameters (numbers, scalar arrays or schedules): a block
 built with new values reuses the compiled step."""
 
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import equinox as eqx
@@ -21,18 +20,22 @@ from .._core._checks import renames
 from .._core._fields import (
     DTypeLike,
     ScalarOrSchedule,
+    StepValue,
     axis_name_field,
     checked_field,
     dtype_field,
     flag_field,
     hyper,
     learning_rate_field,
+    replace,
+    step_value,
 )
 from .._core._leafwise import AbstractLeafwiseOptimizer, map_leaves
 from .._core._moments import Moment
 from .._core._real import RealOnly
 from .._core._shards import AxisName, leaf_norm
 from .._core._tree import abs_sq, increment
+from .._optimizers._adam._adam_like import AbstractBiasCorrected
 from ._state import EmptyState, StepState
 
 
@@ -71,7 +74,7 @@ class ScaleByAdamState(eqx.Module):
     nu: PyTree[Float[Array, "..."] | None]
 
 
-class ScaleByAdam(AbstractBlock):
+class ScaleByAdam(AbstractBlock, AbstractBiasCorrected):
     r"""Adam's direction (Kingma & Ba, 2015) without the learning rate: with
     `t = step + 1`,
 
@@ -114,18 +117,18 @@ class ScaleByAdam(AbstractBlock):
 
     state_type = ScaleByAdamState
     moments = (  # as the fused optimizers' moments
-        Moment("mu", dtype="mu_dtype"),
-        Moment("nu", dtype="nu_dtype", nonnegative=True),
+        Moment("mu", dtype=mu_dtype),
+        Moment("nu", dtype=nu_dtype, nonnegative=True),
     )
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         # The bias corrections, once per step rather than once per leaf.
         h = super().step_values(step)
         t = increment(step)
-        h.bias1 = 1 - h.b1 ** _t_as(t, h.b1)
-        h.bias1_next = 1 - h.b1 ** _t_as(increment(t), h.b1)
-        h.bias2 = 1 - h.b2 ** _t_as(t, h.b2)
+        h = replace(h, bias1=1 - h.b1 ** _t_as(t, h.b1))
+        h = replace(h, bias1_next=1 - h.b1 ** _t_as(increment(t), h.b1))
+        h = replace(h, bias2=1 - h.b2 ** _t_as(t, h.b2))
         return h
 
     def leaf(self, h, t, g, p, mu, nu):
@@ -153,7 +156,7 @@ class ScaleByRmsState(eqx.Module):
     nu: PyTree[Float[Array, "..."] | None]
 
 
-def _initial_scale(name: str, value: Any) -> float:
+def _initial_scale(name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
     if not value >= 0.0:
@@ -190,6 +193,9 @@ class ScaleByRms(AbstractBlock):
     - `nu_dtype`: dtype to store the average in; `None` keeps each parameter's.
     """
 
+    # Computed once per step (`step_values`).
+    bias: StepValue = step_value()
+
     decay: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
     # The fill of the state at `init`, so it cannot be a schedule or an array.
@@ -199,12 +205,12 @@ class ScaleByRms(AbstractBlock):
     nu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = ScaleByRmsState
-    moments = (Moment("nu", dtype="nu_dtype", nonnegative=True, fill="initial_scale"),)
+    moments = (Moment("nu", dtype=nu_dtype, nonnegative=True, fill=initial_scale),)
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         h = super().step_values(step)
-        h.bias = 1 - h.decay ** _t_as(increment(step), h.decay)
+        h = replace(h, bias=1 - h.decay ** _t_as(increment(step), h.decay))
         return h
 
     def leaf(self, h, t, g, p, nu):
@@ -368,6 +374,9 @@ class Trace(AbstractBlock):
     """
 
     # optax's spellings (`_checks.refuse_renamed`)
+    # Computed once per step (`step_values`).
+    bias: StepValue = step_value()
+
     renamed_arguments = renames(accumulator_dtype=("trace_dtype",))
 
     decay: ScalarOrSchedule = hyper(low=0.0, high=1.0)
@@ -375,7 +384,7 @@ class Trace(AbstractBlock):
     trace_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = TraceState
-    moments = (Moment("trace", dtype="trace_dtype"),)
+    moments = (Moment("trace", dtype=trace_dtype),)
     elementwise = True
 
     def leaf(self, h, t, g, p, trace):
@@ -422,6 +431,9 @@ class EMA(AbstractBlock):
     """
 
     # optax's spellings (`_checks.refuse_renamed`)
+    # Computed once per step (`step_values`).
+    bias: StepValue = step_value()
+
     renamed_arguments = renames(accumulator_dtype=("ema_dtype",))
 
     decay: ScalarOrSchedule = hyper(low=0.0, high=1.0, high_open=True)
@@ -429,12 +441,12 @@ class EMA(AbstractBlock):
     ema_dtype: DTypeLike = dtype_field(storage=True, kw_only=False)
 
     state_type = EMAState
-    moments = (Moment("ema", dtype="ema_dtype"),)
+    moments = (Moment("ema", dtype=ema_dtype),)
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         h = super().step_values(step)
-        h.bias = 1 - h.decay ** _t_as(increment(step), h.decay)
+        h = replace(h, bias=1 - h.decay ** _t_as(increment(step), h.decay))
         return h
 
     def leaf(self, h, t, g, p, ema):
@@ -455,7 +467,7 @@ class Identity(AbstractBlock):
         return (g,)
 
 
-def _function(name: str, value: Any) -> Callable:
+def _function(name: str, value: Callable[..., Any]) -> Callable:
     if not callable(value) or isinstance(value, eqx.Module):
         raise TypeError(
             f"{name} must be a function of (updates, params), got "

@@ -4,8 +4,6 @@ learning rate, `Chain(ScaleByYogi(...), ScaleByLearningRate(lr))` being
 `Yogi(lr, ...)`. The per-leaf maths is the fused optimizer's own function, imported
 from its module, so the two cannot drift apart."""
 
-from types import SimpleNamespace
-
 import equinox as eqx
 from jaxtyping import Array, Float, Int, PyTree
 
@@ -13,19 +11,21 @@ from .._core._base import Params
 from .._core._fields import (
     DTypeLike,
     ScalarOrSchedule,
+    StepValue,
     axis_name_field,
     choice_field,
     dtype_field,
     flag_field,
     hyper,
+    step_value,
     weight_decay_field,
 )
-from .._core._moments import Moment, moment_like
+from .._core._moments import Moment, fields_of, moment_like
 from .._core._shards import AxisName
 from .._core._tree import zero_step
 from .._optimizers._adam._adabelief import belief_direction
 from .._optimizers._adam._adam import adamax_direction, amsgrad_direction
-from .._optimizers._adam._adam_like import bias_corrections
+from .._optimizers._adam._adam_like import AbstractBiasCorrected, bias_corrections
 from .._optimizers._adam._radam import radam_direction, rectification
 from .._optimizers._adam._yogi import yogi_direction
 from .._optimizers._adaptive._adadelta import adadelta_direction
@@ -54,7 +54,7 @@ def _nonnegative(default: float) -> ScalarOrSchedule:
     return hyper(default, low=0.0)
 
 
-class AbstractTwoMomentBlock(AbstractBlock):
+class AbstractTwoMomentBlock(AbstractBlock, AbstractBiasCorrected):
     """A block with Adam's two moments `mu`, `nu` (`ScaleByAdamState`) and their
     bias corrections at the step (`h.bias1`, `h.bias1_next`, `h.bias2`), and the
     moments' storage dtypes `mu_dtype`, `nu_dtype` (keyword-only, after a final's
@@ -65,12 +65,12 @@ class AbstractTwoMomentBlock(AbstractBlock):
 
     state_type = ScaleByAdamState
     moments = (
-        Moment("mu", dtype="mu_dtype"),
-        Moment("nu", dtype="nu_dtype", nonnegative=True),
+        Moment("mu", dtype=mu_dtype),
+        Moment("nu", dtype=nu_dtype, nonnegative=True),
     )
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         # Once per step rather than once per leaf.
         return bias_corrections(super().step_values(step), step)
 
@@ -126,7 +126,7 @@ class ScaleByAmsgradState(eqx.Module):
     nu_max: PyTree[Float[Array, "..."] | None]
 
 
-class ScaleByAmsgrad(AbstractBlock):
+class ScaleByAmsgrad(AbstractBlock, AbstractBiasCorrected):
     r"""AMSGrad's direction (Reddi et al., 2018) without the learning rate: with
     `t = step + 1`, $c_1 = 1 - b_1^t$ and $c_2 = 1 - b_2^t$ (each `1` where its
     bias correction is off),
@@ -170,13 +170,13 @@ class ScaleByAmsgrad(AbstractBlock):
 
     state_type = ScaleByAmsgradState
     moments = (
-        Moment("mu", dtype="mu_dtype"),
-        Moment("nu", dtype="nu_dtype", nonnegative=True),
-        Moment("nu_max", dtype="nu_dtype", nonnegative=True),
+        Moment("mu", dtype=mu_dtype),
+        Moment("nu", dtype=nu_dtype, nonnegative=True),
+        Moment("nu_max", dtype=nu_dtype, nonnegative=True),
     )
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         return bias_corrections(super().step_values(step), step)
 
     def leaf(self, h, t, g, p, mu, nu, nu_max):
@@ -397,7 +397,7 @@ class ScaleByLion(AbstractBlock):
     smooth_beta: ScalarOrSchedule = hyper(1.0, low=0.0, low_open=True, kw_only=True)
 
     state_type = ScaleByLionState
-    moments = (Moment("mu", dtype="mu_dtype"),)
+    moments = (Moment("mu", dtype=mu_dtype),)
     elementwise = True
 
     def leaf(self, h, t, g, p, mu):
@@ -421,7 +421,7 @@ class ScaleByNovogradState(eqx.Module):
     nu: PyTree[Float[Array, ""] | None]
 
 
-class ScaleByNovograd(AbstractBlock):
+class ScaleByNovograd(AbstractBlock, AbstractBiasCorrected):
     r"""NovoGrad's direction (Ginsburg et al., 2019) without the learning rate,
     with one second moment per leaf: with $\|u\|$ the leaf's Euclidean norm,
 
@@ -464,7 +464,7 @@ class ScaleByNovograd(AbstractBlock):
     axis_name: AxisName = axis_name_field()
 
     state_type = ScaleByNovogradState
-    moments = (Moment("mu", dtype="mu_dtype"), Moment("nu", nonnegative=True))
+    moments = (Moment("mu", dtype=mu_dtype), Moment("nu", nonnegative=True))
     elementwise = False  # the norm reduces over the leaf
 
     def init(self, params: Params) -> ScaleByNovogradState:
@@ -521,6 +521,10 @@ class ScaleByRadam(AbstractTwoMomentBlock):
       parameter's dtype (optax has no such options).
     """
 
+    # Computed once per step (`step_values`).
+    rectify: StepValue = step_value()
+    r: StepValue = step_value()
+
     b1: ScalarOrSchedule = _decay(0.9)
     b2: ScalarOrSchedule = _open_decay(0.999)
     eps: ScalarOrSchedule = _positive(1e-8)
@@ -528,7 +532,7 @@ class ScaleByRadam(AbstractTwoMomentBlock):
     threshold: ScalarOrSchedule = _nonnegative(5.0)
     nesterov: bool = flag_field(False)
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         return rectification(super().step_values(step), step)
 
     def leaf(self, h, t, g, p, mu, nu):
@@ -577,7 +581,7 @@ class ScaleByRss(AbstractBlock):
 
     state_type = ScaleByRssState
     moments = (
-        Moment("sum_of_squares", nonnegative=True, fill="initial_accumulator_value"),
+        Moment("sum_of_squares", nonnegative=True, fill=initial_accumulator_value),
     )
     elementwise = True
 
@@ -622,9 +626,16 @@ class ScaleByYogi(AbstractTwoMomentBlock):
     initial_accumulator_value: ScalarOrSchedule = hyper(1e-6, low=0.0, schedule=False)
 
     moments = (  # both start at initial_accumulator_value
-        Moment("mu", dtype="mu_dtype", fill="initial_accumulator_value"),
         Moment(
-            "nu", dtype="nu_dtype", nonnegative=True, fill="initial_accumulator_value"
+            "mu",
+            dtype=fields_of(AbstractTwoMomentBlock).mu_dtype,
+            fill=initial_accumulator_value,
+        ),
+        Moment(
+            "nu",
+            dtype=fields_of(AbstractTwoMomentBlock).nu_dtype,
+            nonnegative=True,
+            fill=initial_accumulator_value,
         ),
     )
 

@@ -14,13 +14,14 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PyTree
+from jaxtyping import Array, ArrayLike, Float, Int, PyTree
 
-from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._base import AbstractTransform, Grads, Params, Supplied, Updates, supplies
 from .._core._checks import static_count
 from .._core._fields import (
     DTypeLike,
     ScalarOrSchedule,
+    StepValue,
     axis_name_field,
     checked_field,
     choice_field,
@@ -28,6 +29,8 @@ from .._core._fields import (
     dtype_field,
     flag_field,
     hyper,
+    replace,
+    step_value,
     values_at,
 )
 from .._core._leafwise import AbstractEngineTransform, map_leaves
@@ -119,7 +122,7 @@ class ScaleByRprop(AbstractBlock):
 
     state_type = ScaleByRpropState
     moments = (
-        Moment("step_sizes", nonnegative=True, fill="learning_rate"),
+        Moment("step_sizes", nonnegative=True, fill=learning_rate),
         Moment("prev_grad"),
     )
     elementwise = True
@@ -245,6 +248,9 @@ class ScaleByStddev(AbstractBlock):
       parameter's (optax has no such options).
     """
 
+    # Computed once per step (`step_values`).
+    bias: StepValue = step_value()
+
     decay: ScalarOrSchedule = hyper(0.9, low=0.0, high=1.0, high_open=True)
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True)
     # The fill of the state at `init`, so it cannot be a schedule or an array.
@@ -256,14 +262,14 @@ class ScaleByStddev(AbstractBlock):
 
     state_type = ScaleByStddevState
     moments = (
-        Moment("mu", dtype="mu_dtype"),
-        Moment("nu", dtype="nu_dtype", nonnegative=True, fill="initial_scale"),
+        Moment("mu", dtype=mu_dtype),
+        Moment("nu", dtype=nu_dtype, nonnegative=True, fill=initial_scale),
     )
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> Any:
+    def step_values(self, step: Int[Array, ""]):
         h = super().step_values(step)
-        h.bias = 1 - h.decay ** _t_as(increment(step), h.decay)
+        h = replace(h, bias=1 - h.decay ** _t_as(increment(step), h.decay))
         return h
 
     def leaf(self, h, t, g, p, mu, nu):
@@ -426,7 +432,7 @@ class ScaleByPolyak(AbstractEngineTransform):
     variant: str = choice_field("sps", ("sps", "sps+"), kw_only=False)
     axis_name: AxisName = axis_name_field()
 
-    keywords = frozenset({"value"})  # the loss
+    keywords = supplies(value=Supplied.LOSS)  # the loss
 
     def init(self, params: Params) -> StepState:
         return StepState(step=zero_step())
@@ -513,7 +519,7 @@ class ScaleByDistanceOverGradients(AbstractBlock):
     moments = (
         Moment("max_dist", nonnegative=True),
         Moment("grad_sum_of_squares", nonnegative=True),
-        Moment("init_params", dtype="param_dtype"),
+        Moment("init_params", dtype=param_dtype),
     )
     elementwise = False  # the norms reduce over the leaf
 
@@ -571,7 +577,9 @@ class ScaleByFactoredRmsState(eqx.Module):
     v: PyTree[Float[Array, "..."] | None]
 
 
-def _decay_rate_function(name: str, value: Any) -> Callable | None:
+def _decay_rate_function(
+    name: str, value: Callable[[Int[Array, ""]], ArrayLike] | None
+) -> Callable | None:
     if value is not None and (not callable(value) or isinstance(value, eqx.Module)):
         raise TypeError(
             f"{name} must be None or a function of (step, decay_rate), got "

@@ -1,7 +1,7 @@
 """Gradient clipping: by value, by global norm, by block RMS, adaptive (unit-wise)."""
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -331,7 +331,7 @@ def _unitwise_norm(
     return jnp.broadcast_to(jnp.sqrt(sq), x.shape)
 
 
-def _axes(name: str, value: Any) -> tuple[int, ...] | None:
+def _axes(name: str, value: int | Sequence[int] | None) -> tuple[int, ...] | None:
     if isinstance(value, int) and not isinstance(value, bool):
         value = (value,)
     if value is not None and not (

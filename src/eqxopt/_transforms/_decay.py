@@ -2,8 +2,7 @@
 gradient centralisation."""
 
 import abc
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
@@ -33,6 +32,8 @@ from .._core._tree import (
 )
 from ._state import EmptyState, StepState
 
+_D = TypeVar("_D", bound="AbstractWeightDecay")
+
 
 class DecoupledWeightDecayState(eqx.Module):
     """State of `DecoupledWeightDecay`.
@@ -59,8 +60,8 @@ class AbstractWeightDecay(AbstractTransform):
     state_type: eqx.AbstractClassVar[type[StepState | DecoupledWeightDecayState]]
 
     @abc.abstractmethod
-    def coefficient(self, h: SimpleNamespace) -> Array:
-        """`c`, from the hyperparameters at the step (`values_at`)."""
+    def coefficient(self: _D, h: _D) -> Array:
+        """`c`, from `h`, this transform at the step (`values_at`)."""
 
     def init(self, params: Params) -> Any:
         decay_flags(self.mask, params)  # a bad mask fails here, not mid-training
@@ -106,7 +107,7 @@ class AddDecayedWeights(AbstractWeightDecay):
 
     state_type = StepState
 
-    def coefficient(self, h: SimpleNamespace) -> Array:
+    def coefficient(self, h) -> Array:
         return h.weight_decay
 
 
@@ -137,7 +138,7 @@ class DecoupledWeightDecay(AbstractWeightDecay):
 
     state_type = DecoupledWeightDecayState
 
-    def coefficient(self, h: SimpleNamespace) -> Array:
+    def coefficient(self, h) -> Array:
         return -(h.learning_rate * h.weight_decay)
 
 
@@ -154,7 +155,7 @@ class AddNoiseState(eqx.Module):
     key: UInt32[Array, "2"]
 
 
-def _seed(name: str, value: Any) -> int:
+def _seed(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     return value

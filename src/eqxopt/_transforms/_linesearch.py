@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._base import AbstractTransform, Grads, Params, Supplied, Updates, supplies
 from .._core._fields import count_field, flag_field, hyper
 from .._core._linesearch import add_scale, scalar_dtype, vdot
 from .._core._tree import align_grads, compute_dtype, full_like_leaf, is_float_leaf
@@ -121,6 +121,11 @@ class ScaleByBacktrackingLinesearch(AbstractTransform):
             linesearch_steps=jnp.zeros((), jnp.int32),
             decrease_error=jnp.full((), jnp.inf, real),
         )
+
+    # What a train step can give it; it takes the data for `value_fn` too.
+    keywords = supplies(
+        value=Supplied.LOSS, grad=Supplied.GRADIENT, value_fn=Supplied.LOSS_FUNCTION
+    )
 
     def takes_keyword(self, key: str) -> bool:
         # `value`, `grad`, `value_fn` and the data for `value_fn`: every keyword.

@@ -25,7 +25,7 @@ from .._core._leafwise import map_leaves
 from .._core._tree import increment, is_float_leaf, zero_step
 
 
-def _measure(name: str, value: Any) -> Callable:
+def _measure(name: str, value: Callable[..., Any]) -> Callable:
     if not callable(value) or isinstance(value, eqx.Module):
         raise TypeError(
             f"{name} must be a function of the updates, got {type(value).__name__}"
@@ -33,7 +33,7 @@ def _measure(name: str, value: Any) -> Callable:
     return value
 
 
-def _name(name: str, value: Any) -> str:
+def _name(name: str, value: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, got {type(value).__name__}")
     return value

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._core import _shards
-from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._base import AbstractTransform, Grads, Params, Supplied, Updates, supplies
 from .._core._checks import is_concrete
 from .._core._fields import count_field, hyper
 from .._core._leafwise import map_leaves
@@ -100,7 +100,7 @@ class ReduceOnPlateau(AbstractTransform):
     accumulation_size: Int[Array, ""] = count_field(1)
     min_scale: Float[Array, ""] = hyper(0.0, low=0.0, schedule=False)
 
-    keywords = frozenset({"value"})
+    keywords = supplies(value=Supplied.LOSS)
 
     def __check_init__(self):
         rtol, atol = self.rtol, self.atol

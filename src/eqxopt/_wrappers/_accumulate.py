@@ -118,7 +118,7 @@ def skip_large_updates(
     return should_skip, {"should_skip": should_skip, "norm_squared": norm_sq}
 
 
-def _skip_predicate(name: str, value: Any) -> Callable | None:
+def _skip_predicate(name: str, value: Callable[..., Any] | None) -> Callable | None:
     if value is not None and (not callable(value) or isinstance(value, eqx.Module)):
         raise TypeError(
             f"{name} must be a function (updates, gradient_step, params) -> "

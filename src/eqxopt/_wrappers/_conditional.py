@@ -17,7 +17,7 @@ from .._core._tree import increment, zero_step
 from ._wrapper import AbstractSingleWrapper, inner_field, keywords_for
 
 
-def _predicate(name: str, value: Any) -> Callable:
+def _predicate(name: str, value: Callable[..., Any]) -> Callable:
     if not callable(value) or isinstance(value, eqx.Module):
         raise TypeError(
             f"{name} must be a function of the step count, got {type(value).__name__}"

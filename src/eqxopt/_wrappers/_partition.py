@@ -2,7 +2,7 @@
 `Masked` (a transform on some leaves, the rest passed through) and `Freeze` (no
 update and no state for frozen leaves)."""
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import equinox as eqx
@@ -12,7 +12,7 @@ from jaxtyping import PyTree
 from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._checks import renames
 from .._core._fields import MaskLike, checked_field
-from .._core._masks import decay_flags, freeze_mask
+from .._core._masks import Mask, decay_flags, freeze_mask
 from .._core._structure import structure_mismatch
 from .._core._tree import align_grads, compute_dtype, is_float_leaf, leaf_paths
 from ._wrapper import (
@@ -86,7 +86,9 @@ class PartitionState(eqx.Module):
         return self.groups[label]
 
 
-def _transforms(name: str, value: Any) -> dict[Any, AbstractTransform]:
+def _transforms(
+    name: str, value: Mapping[Hashable, AbstractTransform]
+) -> dict[Any, AbstractTransform]:
     if not isinstance(value, Mapping) or not value:
         raise TypeError(
             f"{name} must be a non-empty dict from label to eqxopt transform, "
@@ -97,7 +99,9 @@ def _transforms(name: str, value: Any) -> dict[Any, AbstractTransform]:
     }
 
 
-def _labels(name: str, value: Any) -> Any:
+def _labels(
+    name: str, value: PyTree[Hashable] | Callable[[PyTree], PyTree[Hashable]]
+) -> Any:
     if value is None:
         raise TypeError(f"{name} must be a tree of labels or a function, got None")
     return value
@@ -221,7 +225,7 @@ class MaskedState(eqx.Module):
     inner: Any
 
 
-def _required_mask(name: str, value: Any) -> Any:
+def _required_mask(name: str, value: Mask) -> Any:
     if value is None:
         raise TypeError(f"{name} must be a tree of bools or a function, got None")
     return freeze_mask(value, name)

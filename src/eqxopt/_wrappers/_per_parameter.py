@@ -38,7 +38,9 @@ def _multiplier(name: str, path: str, value: Any) -> Any:
     return value
 
 
-def _multipliers(name: str, value: Any) -> Any:
+def _multipliers(
+    name: str, value: PyTree[float] | Callable[[PyTree], PyTree[float]]
+) -> Any:
     # A function of the params is kept (a static leaf: reuse one function); a tree
     # of numbers becomes float32 scalar arrays, so new values reuse the compiled step.
     if is_kept_function(name, value):

@@ -1,7 +1,7 @@
 """Sharpness-Aware Minimization (Foret et al., 2021): the inner optimizer steps with
 the gradient taken at an adversarially perturbed point (`optax.contrib.sam`)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import equinox as eqx
@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from .._core._base import AbstractTransform, Grads, Params, Updates
+from .._core._base import AbstractTransform, Grads, Params, Supplied, Updates, supplies
 from .._core._fields import ScalarOrSchedule, axis_name_field, hyper, values_at
 from .._core._shards import AxisName, shard_total
 from .._core._tree import (
@@ -93,10 +93,13 @@ class SAM(AbstractSingleWrapper):
     rho: ScalarOrSchedule = hyper(0.05, low=0.0)
     axis_name: AxisName = axis_name_field()
 
-    keywords = frozenset({"grad_fn", "fn_args"})
+    keywords = supplies(grad_fn=Supplied.GRAD_FUNCTION, fn_args=Supplied.CALLER)
 
     def takes_keyword(self, key: str) -> bool:
         return key in self.keywords or self.inner.takes_keyword(key)
+
+    def wanted_keywords(self) -> Mapping[str, Supplied]:
+        return {**self.inner.wanted_keywords(), **self.keywords}
 
     def init(self, params: Params) -> SAMState:
         return SAMState(step=zero_step(), inner=self.inner.init(params))

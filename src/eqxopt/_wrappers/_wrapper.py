@@ -3,7 +3,7 @@ keyword arguments reach which inner transform, running an inner transform (or
 holding its state), and sub-trees of selected leaves."""
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -17,6 +17,7 @@ from .._core._base import (
     Grads,
     Params,
     State,
+    Supplied,
     Updates,
     checked_transform,
 )
@@ -46,6 +47,12 @@ class AbstractWrapper(AbstractTransform):
 
     def takes_keyword(self, key: str) -> bool:
         return any(t.takes_keyword(key) for t in self.inners)
+
+    def wanted_keywords(self) -> Mapping[str, Supplied]:
+        wanted: dict[str, Supplied] = dict(self.keywords)
+        for inner in self.inners:
+            wanted.update(inner.wanted_keywords())
+        return wanted
 
     def params_needed(self) -> str | None:
         # Its own rule's (`reads_params`, fields), else the first inner one's.

@@ -1,11 +1,18 @@
 """ACProp: AdaBelief's centred second moment, used one step late."""
 
-from types import SimpleNamespace
-
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from ..._core._fields import MaskLike, ScalarOrSchedule, mask_field, weight_decay_field
+from ..._core._fields import (
+    MaskLike,
+    ScalarOrSchedule,
+    StepValue,
+    mask_field,
+    replace,
+    step_value,
+    weight_decay_field,
+)
+from ..._core._moments import ref
 from ..._core._tree import abs_sq
 from ._adam_like import (
     AbstractAdamLike,
@@ -52,20 +59,26 @@ class ACProp(AbstractAdamLike):
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
 
+    # Computed once per step (`step_values`).
+    first: StepValue = step_value()
+    bias2_previous: StepValue = step_value()
+
     eps: ScalarOrSchedule = eps_field(1e-16)
     eps_root: ScalarOrSchedule = nonnegative_field(1e-16)
     weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
     mask: MaskLike = mask_field()
 
-    decay_mask = "mask"
-    decoupled_decay = "weight_decay"
+    decay_mask = ref(mask)
+    decoupled_decay = ref(weight_decay)
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         h = super().step_values(step)
         # The previous step's bias correction; none before the first step.
-        h.first = step == 0
-        h.bias2_previous = jnp.where(h.first, 1.0, bias_correction(h.b2, step))
+        h = replace(h, first=step == 0)
+        h = replace(
+            h, bias2_previous=jnp.where(h.first, 1.0, bias_correction(h.b2, step))
+        )
         return h
 
     def direction(self, h, g, mu, nu):

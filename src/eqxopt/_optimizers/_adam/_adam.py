@@ -3,7 +3,6 @@ AdamaxW (the maths and bases they share with the rest of the family are in
 `_adam_like.py`)."""
 
 import functools
-from types import SimpleNamespace
 from typing import Any, Literal
 
 import equinox as eqx
@@ -14,13 +13,16 @@ from ..._core._base import Grads, Params, Updates
 from ..._core._fields import (
     MaskLike,
     ScalarOrSchedule,
+    StepValue,
     choice_field,
     flag_field,
     mask_field,
+    replace,
+    step_value,
     weight_decay_field,
 )
 from ..._core._leafwise import map_leaves
-from ..._core._moments import Moment, moment_like
+from ..._core._moments import Moment, fields_of, moment_like, ref
 from ..._core._tree import (
     abs_sq,
     increment,
@@ -211,7 +213,7 @@ class AdamW(AbstractAdamW, AbstractAdamStep):
     ```
     """
 
-    decoupled_decay = "weight_decay"
+    decoupled_decay = fields_of(AbstractAdamW).weight_decay
 
 
 # --------------------------------------------------------------------------------------
@@ -224,13 +226,17 @@ class AbstractNAdam(AbstractAdamOptions):
     holds the product of the momentum coefficients, a scalar, so `init` and
     `transform` are its own; the per-leaf rule is `leaf`."""
 
+    # Computed once per step (`step_values`).
+    coef_g: StepValue = step_value()
+    coef_m: StepValue = step_value()
+
     eps_root: ScalarOrSchedule = nonnegative_field()
     momentum_decay: ScalarOrSchedule = momentum_decay_field()
 
     state_type = NAdamState
     moments = (
-        Moment("mu", dtype="mu_dtype"),
-        Moment("nu", dtype="nu_dtype", nonnegative=True),
+        Moment("mu", dtype=fields_of(AbstractAdamOptions).mu_dtype),
+        Moment("nu", dtype=fields_of(AbstractAdamOptions).nu_dtype, nonnegative=True),
     )
     elementwise = True
 
@@ -257,8 +263,8 @@ class AbstractNAdam(AbstractAdamOptions):
         product_next = jnp.where(
             constant, step_power(b1, increment(t)), product * mu_next
         )
-        h.coef_g = (1 - mu_t) / (1 - product)
-        h.coef_m = mu_next / (1 - product_next)
+        h = replace(h, coef_g=(1 - mu_t) / (1 - product))
+        h = replace(h, coef_m=mu_next / (1 - product_next))
         updates, (mu, nu) = map_leaves(
             functools.partial(self.leaf, h, t),
             grads,
@@ -350,8 +356,8 @@ class NAdamW(AbstractNAdam):
     weight_decay: ScalarOrSchedule = weight_decay_field(1e-4)
     mask: MaskLike = mask_field()
 
-    decay_mask = "mask"
-    decoupled_decay = "weight_decay"
+    decay_mask = ref(mask)
+    decoupled_decay = ref(weight_decay)
 
 
 # --------------------------------------------------------------------------------------
@@ -439,15 +445,17 @@ class AMSGrad(AbstractAdamOptions):
 
     state_type = AMSGradState
     moments = (
-        Moment("mu", dtype="mu_dtype"),
-        Moment("nu", dtype="nu_dtype", nonnegative=True),
-        Moment("nu_max", dtype="nu_dtype", nonnegative=True),
+        Moment("mu", dtype=fields_of(AbstractAdamOptions).mu_dtype),
+        Moment("nu", dtype=fields_of(AbstractAdamOptions).nu_dtype, nonnegative=True),
+        Moment(
+            "nu_max", dtype=fields_of(AbstractAdamOptions).nu_dtype, nonnegative=True
+        ),
     )
-    decay_mask = "mask"
-    decoupled_decay = "weight_decay"
+    decay_mask = ref(mask)
+    decoupled_decay = ref(weight_decay)
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         return bias_corrections(super().step_values(step), step)
 
     def leaf(self, h, t, g, p, mu, nu, nu_max, decayed):
@@ -543,5 +551,5 @@ class AdamaxW(AbstractAdamax):
     weight_decay: ScalarOrSchedule = weight_decay_field(1e-4, kw_only=False)
     mask: MaskLike = mask_field()
 
-    decay_mask = "mask"
-    decoupled_decay = "weight_decay"
+    decay_mask = ref(mask)
+    decoupled_decay = ref(weight_decay)

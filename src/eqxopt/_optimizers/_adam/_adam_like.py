@@ -7,8 +7,7 @@ CAdamW and StableAdamW)."""
 
 import abc
 import math
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -18,14 +17,17 @@ from ..._core._fields import (
     DTypeLike,
     MaskLike,
     ScalarOrSchedule,
+    StepValue,
     dtype_field,
     hyper,
     learning_rate_field,
     mask_field,
+    replace,
+    step_value,
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
-from ..._core._moments import Moment
+from ..._core._moments import Moment, fields_of, ref
 from ..._core._tree import abs_sq, increment, step_power
 
 # --------------------------------------------------------------------------------------
@@ -43,15 +45,31 @@ def bias_correction(b: Array, t: Int[Array, ""]) -> Array:
     return 1 - step_power(b, t)
 
 
-def bias_corrections(h: SimpleNamespace, step: Int[Array, ""]) -> SimpleNamespace:
-    """`h` (`_fields.values_at`) with, for `t = step + 1`, `h.bias1 = 1 - b1**t`,
-    `h.bias1_next = 1 - b1**(t+1)` and `h.bias2 = 1 - b2**t` added: computed once
-    per step (`AbstractLeafwiseOptimizer.step_values`), not once per leaf."""
+class AbstractBiasCorrected(AbstractLeafwiseOptimizer):
+    """The bias corrections of Adam's moments, as values computed once per step
+    (`bias_corrections`), for the optimizers whose `leaf` reads them."""
+
+    # Computed once per step (`step_values`).
+    bias1: StepValue = step_value()
+    bias1_next: StepValue = step_value()
+    bias2: StepValue = step_value()
+
+
+_B = TypeVar("_B", bound=AbstractBiasCorrected)
+
+
+def bias_corrections(h: _B, step: Int[Array, ""]) -> _B:
+    """`h` (the optimizer at `step`, `_fields.values_at`) with, for `t = step +
+    1`, `h.bias1 = 1 - b1**t`, `h.bias1_next = 1 - b1**(t+1)` and `h.bias2 = 1 -
+    b2**t` set: computed once per step (`AbstractLeafwiseOptimizer.step_values`),
+    not once per leaf."""
     t = increment(step)
-    h.bias1 = bias_correction(h.b1, t)
-    h.bias1_next = bias_correction(h.b1, increment(t))
-    h.bias2 = bias_correction(h.b2, t)
-    return h
+    return replace(
+        h,
+        bias1=bias_correction(h.b1, t),  # pyright: ignore[reportAttributeAccessIssue]
+        bias1_next=bias_correction(h.b1, increment(t)),  # pyright: ignore
+        bias2=bias_correction(h.b2, t),  # pyright: ignore[reportAttributeAccessIssue]
+    )
 
 
 def first_moment_hat(mu: Array, g: Array, h: Any, nesterov: bool) -> Array:
@@ -133,7 +151,7 @@ class AdamState(eqx.Module):
     nu: PyTree[Float[Array, "..."] | None]
 
 
-class AbstractAdamOptions(AbstractLeafwiseOptimizer):
+class AbstractAdamOptions(AbstractBiasCorrected):
     """The options every optimizer of the family has, declared once: the positional
     `learning_rate`, `b1`, `b2`, `eps` (in that order) and the moments' storage
     dtypes `mu_dtype`, `nu_dtype` (keyword-only). A final adds its own fields after
@@ -164,9 +182,9 @@ class AbstractAdamLike(AbstractAdamOptions):
 
     state_type = AdamState
     moments = (
-        Moment("mu", dtype="mu_dtype"),
+        Moment("mu", dtype=fields_of(AbstractAdamOptions).mu_dtype),
         # Squares, maxima of |g|, ...
-        Moment("nu", dtype="nu_dtype", nonnegative=True),
+        Moment("nu", dtype=fields_of(AbstractAdamOptions).nu_dtype, nonnegative=True),
     )
 
     @abc.abstractmethod
@@ -175,7 +193,7 @@ class AbstractAdamLike(AbstractAdamOptions):
     ) -> tuple[Array, Array, Array, Array]:
         """`(direction, step_size, new_mu, new_nu)` for one leaf."""
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         return bias_corrections(super().step_values(step), step)
 
     def leaf(self, h, t, g, p, mu, nu, decayed=False):
@@ -194,4 +212,4 @@ class AbstractAdamW(AbstractAdamLike):
     eps_root: ScalarOrSchedule = nonnegative_field()
     mask: MaskLike = mask_field()
 
-    decay_mask = "mask"
+    decay_mask = ref(mask)

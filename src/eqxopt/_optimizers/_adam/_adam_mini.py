@@ -16,15 +16,21 @@ from ..._core._fields import (
     mask_field,
     weight_decay_field,
 )
-from ..._core._leafwise import AbstractLeafwiseOptimizer
-from ..._core._moments import Moment, moment_like
+from ..._core._moments import Moment, moment_like, ref
 from ..._core._tree import (
     abs_sq,
     is_float_leaf,
     real_compute_dtype,
     zero_step,
 )
-from ._adam_like import b1_field, b2_field, bias_corrections, ema, eps_field
+from ._adam_like import (
+    AbstractBiasCorrected,
+    b1_field,
+    b2_field,
+    bias_corrections,
+    ema,
+    eps_field,
+)
 
 
 class AdamMiniState(eqx.Module):
@@ -54,7 +60,7 @@ def _block_axes(partition: str, ndim: int) -> tuple[int, ...]:
     return tuple(range(ndim - 1))  # "columns"
 
 
-class AdamMini(AbstractLeafwiseOptimizer):
+class AdamMini(AbstractBiasCorrected):
     r"""Adam-mini (Zhang et al., 2024): Adam with one second moment per block of
     parameters instead of one per parameter, so the state is about one copy of the
     parameters (the first moment) instead of AdamW's two.
@@ -115,9 +121,9 @@ class AdamMini(AbstractLeafwiseOptimizer):
     mu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = AdamMiniState
-    moments = (Moment("mu", dtype="mu_dtype"), Moment("nu", nonnegative=True))
-    decay_mask = "mask"
-    decoupled_decay = "weight_decay"
+    moments = (Moment("mu", dtype=mu_dtype), Moment("nu", nonnegative=True))
+    decay_mask = ref(mask)
+    decoupled_decay = ref(weight_decay)
     elementwise = False
 
     def init(self, params: Params) -> AdamMiniState:

@@ -1,8 +1,6 @@
 """AdEMAMix: AdamW with a mixture of a fast and a slow momentum; and its simplified
 form with one momentum."""
 
-from types import SimpleNamespace
-
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
@@ -16,10 +14,10 @@ from ..._core._fields import (
     mask_field,
     weight_decay_field,
 )
-from ..._core._leafwise import AbstractLeafwiseOptimizer
-from ..._core._moments import Moment
+from ..._core._moments import Moment, ref
 from ..._core._tree import abs_sq
 from ._adam_like import (
+    AbstractBiasCorrected,
     b1_field,
     b2_field,
     bias_corrections,
@@ -46,7 +44,7 @@ class AdEMAMixState(eqx.Module):
     nu: PyTree[Float[Array, "..."] | None]
 
 
-class AdEMAMix(AbstractLeafwiseOptimizer):
+class AdEMAMix(AbstractBiasCorrected):
     r"""AdEMAMix (Pagliardini et al., 2024): AdamW whose numerator mixes a fast and a
     very slow exponential moving average of the gradients.
 
@@ -95,15 +93,15 @@ class AdEMAMix(AbstractLeafwiseOptimizer):
 
     state_type = AdEMAMixState
     moments = (
-        Moment("m1", dtype="mu_dtype"),  # both first moments in `mu_dtype`
-        Moment("m2", dtype="mu_dtype"),
-        Moment("nu", dtype="nu_dtype", nonnegative=True),
+        Moment("m1", dtype=mu_dtype),  # both first moments in `mu_dtype`
+        Moment("m2", dtype=mu_dtype),
+        Moment("nu", dtype=nu_dtype, nonnegative=True),
     )
-    decay_mask = "mask"
-    decoupled_decay = "weight_decay"
+    decay_mask = ref(mask)
+    decoupled_decay = ref(weight_decay)
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         return bias_corrections(super().step_values(step), step)
 
     def leaf(self, h, t, g, p, m1, m2, nu, decayed):
@@ -134,7 +132,7 @@ class SimplifiedAdEMAMixState(eqx.Module):
     nu: PyTree[Float[Array, "..."] | None]
 
 
-class SimplifiedAdEMAMix(AbstractLeafwiseOptimizer):
+class SimplifiedAdEMAMix(AbstractBiasCorrected):
     r"""Simplified AdEMAMix (Morwani et al., 2025, "Connections between
     Schedule-Free Optimizers, AdEMAMix, and Accelerated SGD Variants"): one
     momentum, an undamped sum of gradients, mixed with the current gradient.
@@ -185,14 +183,14 @@ class SimplifiedAdEMAMix(AbstractLeafwiseOptimizer):
 
     state_type = SimplifiedAdEMAMixState
     moments = (
-        Moment("mu", dtype="mu_dtype"),
-        Moment("nu", dtype="nu_dtype", nonnegative=True),
+        Moment("mu", dtype=mu_dtype),
+        Moment("nu", dtype=nu_dtype, nonnegative=True),
     )
-    decay_mask = "mask"
-    decoupled_decay = "weight_decay"
+    decay_mask = ref(mask)
+    decoupled_decay = ref(weight_decay)
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         return bias_corrections(super().step_values(step), step)
 
     def leaf(self, h, t, g, p, mu, nu, decayed):

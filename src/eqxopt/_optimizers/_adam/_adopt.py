@@ -1,14 +1,15 @@
 """ADOPT: Adam with the second moment taken from before the current gradient."""
 
-from types import SimpleNamespace
-
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from ..._core._checks import renames
 from ..._core._fields import (
     ScalarOrSchedule,
+    StepValue,
     flag_field,
+    replace,
+    step_value,
 )
 from ..._core._real import RealOnly
 from ..._core._tree import abs_sq
@@ -51,6 +52,9 @@ class ADOPT(AbstractAdamLike):
     """
 
     # optax's spellings (`_checks.refuse_renamed`)
+    # Computed once per step (`step_values`).
+    bound: StepValue = step_value()
+
     renamed_arguments = renames(use_clipping=("clip",))
 
     b2: ScalarOrSchedule = b2_field(0.9999)
@@ -64,13 +68,13 @@ class ADOPT(AbstractAdamLike):
 
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         h = super().step_values(step)
         # The first step only initialises `nu`: `b1` taken as 1 and `b2` as 0.
         first = step == 0
-        h.b1 = jnp.where(first, 1.0, h.b1)
-        h.b2 = jnp.where(first, 0.0, h.b2)
-        h.bound = step.astype(jnp.float32) ** 0.25
+        h = replace(h, b1=jnp.where(first, 1.0, h.b1))
+        h = replace(h, b2=jnp.where(first, 0.0, h.b2))
+        h = replace(h, bound=step.astype(jnp.float32) ** 0.25)
         return h
 
     def direction(self, h, g, mu, nu):

@@ -1,6 +1,7 @@
 """C-AdamW: cautious AdamW, which drops update coordinates that disagree with the
 current gradient."""
 
+from ..._core._moments import fields_of
 from ..._core._tree import cautious_mask
 from ._adam_like import AbstractAdamW, adam_direction
 
@@ -45,7 +46,7 @@ class CAdamW(AbstractAdamW):
 
     # Not elementwise: the rescaling counts the agreeing coordinates per leaf.
     elementwise = False
-    decoupled_decay = "weight_decay"
+    decoupled_decay = fields_of(AbstractAdamW).weight_decay
 
     def direction(self, h, g, mu, nu):
         u, mu, nu, _ = adam_direction(h, g, mu, nu)

@@ -11,7 +11,7 @@ from ..._core._fields import (
     mask_field,
     weight_decay_field,
 )
-from ..._core._moments import Moment
+from ..._core._moments import Moment, fields_of, ref
 from ..._core._tree import abs_sq
 from ._adam_like import AbstractAdamOptions, bias_corrections, ema, eps_field
 
@@ -103,18 +103,30 @@ class LaProp(AbstractAdamOptions):
     amsgrad: bool = flag_field(False)
 
     state_type = LaPropState
-    decay_mask = "mask"
+    decay_mask = ref(mask)
     elementwise = True
 
     @property
     def moments(self) -> tuple[Moment, ...]:  # pyright: ignore[reportIncompatibleVariableOverride]
         # `mean` and `nu_max` are in the state only with their options.
         return (
-            Moment("mu", dtype="mu_dtype"),
-            Moment("nu", dtype="nu_dtype", nonnegative=True),
-            *((Moment("mean", dtype="nu_dtype"),) if self.centered else ()),
+            Moment("mu", dtype=fields_of(AbstractAdamOptions).mu_dtype),
+            Moment(
+                "nu", dtype=fields_of(AbstractAdamOptions).nu_dtype, nonnegative=True
+            ),
             *(
-                (Moment("nu_max", dtype="nu_dtype", nonnegative=True),)
+                (Moment("mean", dtype=fields_of(AbstractAdamOptions).nu_dtype),)
+                if self.centered
+                else ()
+            ),
+            *(
+                (
+                    Moment(
+                        "nu_max",
+                        dtype=fields_of(AbstractAdamOptions).nu_dtype,
+                        nonnegative=True,
+                    ),
+                )
                 if self.amsgrad
                 else ()
             ),

@@ -11,7 +11,7 @@ from ..._core._fields import (
     mask_field,
     weight_decay_field,
 )
-from ..._core._moments import Moment
+from ..._core._moments import Moment, fields_of, ref
 from ..._core._tree import abs_sq
 from ._adam_like import AbstractAdamOptions, b1_field, b2_field, bias_corrections, ema
 
@@ -91,12 +91,12 @@ class MARS(AbstractAdamOptions):
 
     state_type = MARSState
     moments = (
-        Moment("mu", dtype="mu_dtype"),
-        Moment("nu", dtype="nu_dtype", nonnegative=True),
+        Moment("mu", dtype=fields_of(AbstractAdamOptions).mu_dtype),
+        Moment("nu", dtype=fields_of(AbstractAdamOptions).nu_dtype, nonnegative=True),
         Moment("prev_grad"),
     )
-    decay_mask = "mask"
-    decoupled_decay = "weight_decay"
+    decay_mask = ref(mask)
+    decoupled_decay = ref(weight_decay)
     elementwise = False
 
     def step_values(self, step):

@@ -1,6 +1,6 @@
 """Optimistic Adam: Adam with an optimistic (extrapolated) step, for min-max games."""
 
-from types import SimpleNamespace
+from typing import TypeVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -8,12 +8,16 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core._fields import (
     ScalarOrSchedule,
+    StepValue,
     flag_field,
     hyper,
+    replace,
+    step_value,
 )
-from ..._core._moments import Moment
+from ..._core._moments import Moment, fields_of
 from ._adam_like import (
     AbstractAdamOptions,
+    AbstractBiasCorrected,
     adam_direction,
     b1_field,
     b2_field,
@@ -21,6 +25,8 @@ from ._adam_like import (
     eps_field,
     nonnegative_field,
 )
+
+_H = TypeVar("_H", bound=AbstractBiasCorrected)  # an optimizer at the step
 
 
 class OptimisticAdamState(eqx.Module):
@@ -77,6 +83,9 @@ class OptimisticAdam(AbstractAdamOptions):
     """
 
     # As optax's: only `learning_rate` by position.
+    # Computed once per step (`step_values`).
+    first: StepValue = step_value()
+
     b1: ScalarOrSchedule = b1_field(kw_only=True)
     b2: ScalarOrSchedule = b2_field(kw_only=True)
     eps: ScalarOrSchedule = eps_field(kw_only=True)
@@ -87,13 +96,13 @@ class OptimisticAdam(AbstractAdamOptions):
 
     state_type = OptimisticAdamState
     moments = (
-        Moment("mu", dtype="mu_dtype"),
-        Moment("nu", dtype="nu_dtype", nonnegative=True),
-        Moment("previous", dtype="mu_dtype"),
+        Moment("mu", dtype=fields_of(AbstractAdamOptions).mu_dtype),
+        Moment("nu", dtype=fields_of(AbstractAdamOptions).nu_dtype, nonnegative=True),
+        Moment("previous", dtype=fields_of(AbstractAdamOptions).mu_dtype),
     )
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         return _with_first(super().step_values(step), step)
 
     def leaf(self, h, t, g, p, mu, nu, previous):
@@ -102,11 +111,11 @@ class OptimisticAdam(AbstractAdamOptions):
         return -h.learning_rate * direction, mu, nu, r
 
 
-def _with_first(h: SimpleNamespace, step: Int[Array, ""]) -> SimpleNamespace:
+def _with_first(h: _H, step: Int[Array, ""]) -> _H:
     """`h` with the bias corrections and `h.first`, whether this is the first
     step (which has no previous direction)."""
     h = bias_corrections(h, step)
-    h.first = step == 0
+    h = replace(h, first=step == 0)
     return h
 
 
@@ -155,6 +164,9 @@ class OptimisticAdamV1(AbstractAdamOptions):
 
     # As optax's `optimistic_adam` after `learning_rate`, but by keyword only:
     # eqxopt keeps `b1, b2, eps` by keyword for the whole optimistic family.
+    # Computed once per step (`step_values`).
+    first: StepValue = step_value()
+
     optimism: ScalarOrSchedule | None = hyper(
         None, low=0.0, optional=True, kw_only=True
     )
@@ -168,7 +180,7 @@ class OptimisticAdamV1(AbstractAdamOptions):
     moments = OptimisticAdam.moments
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         return _with_first(super().step_values(step), step)
 
     def leaf(self, h, t, g, p, mu, nu, previous):

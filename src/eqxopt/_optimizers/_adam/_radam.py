@@ -1,7 +1,6 @@
 """RAdam: Adam with a rectified adaptive learning rate."""
 
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import jax.numpy as jnp
 from jaxtyping import Array, Int
@@ -9,10 +8,14 @@ from jaxtyping import Array, Int
 from ..._core._fields import (
     MaskLike,
     ScalarOrSchedule,
+    StepValue,
     flag_field,
     mask_field,
+    replace,
+    step_value,
     weight_decay_field,
 )
+from ..._core._moments import ref
 from ..._core._tree import abs_sq, increment, step_power
 from ._adam_like import (
     AbstractAdamLike,
@@ -22,6 +25,18 @@ from ._adam_like import (
 )
 
 _SERIES_STEPS = 1024
+
+
+class _Rectified(Protocol):
+    """What `rectification` reads and sets on an optimizer at the step."""
+
+    b2: Any
+    threshold: Any
+    rectify: Any
+    r: Any
+
+
+_H = TypeVar("_H", bound=_Rectified)
 
 
 def rho_t(b2: Array, t: Array) -> Array:
@@ -44,23 +59,23 @@ def rho_t(b2: Array, t: Array) -> Array:
     return jnp.where(t <= _SERIES_STEPS, series, direct)
 
 
-def rectification(h: SimpleNamespace, step: Int[Array, ""]) -> SimpleNamespace:
+def rectification(h: _H, step: Int[Array, ""]) -> _H:
     """`h` (with `b2` and `threshold`) with, for `t = step + 1`, `h.rectify`
     (`rho_t >= threshold`) and the rectification factor `h.r` added: once per
     step, shared by `RAdam` and `ScaleByRadam`."""
     b2, t = h.b2, increment(step)
     rho_inf = 2.0 / (1.0 - b2) - 1.0
     rho = rho_t(b2, t)
-    h.rectify = rho >= h.threshold
+    h = replace(h, rectify=rho >= h.threshold)
     # Clamped so the unselected branch stays finite while rho_t < 4.
     safe_rho = jnp.where(h.rectify, rho, 5.0)
-    h.r = jnp.sqrt(
+    r = jnp.sqrt(
         (safe_rho - 4.0)
         * (safe_rho - 2.0)
         * rho_inf
         / ((rho_inf - 4.0) * (rho_inf - 2.0) * safe_rho)
     )
-    return h
+    return replace(h, r=r)
 
 
 def radam_direction(
@@ -123,17 +138,21 @@ class RAdam(AbstractAdamLike):
     - `mu_dtype`, `nu_dtype`: as for `Adam`.
     """
 
+    # Computed once per step (`step_values`).
+    rectify: StepValue = step_value()
+    r: StepValue = step_value()
+
     eps_root: ScalarOrSchedule = nonnegative_field()
     threshold: ScalarOrSchedule = nonnegative_field(5.0)
     weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
     mask: MaskLike = mask_field()
     nesterov: bool = flag_field(False)
 
-    decay_mask = "mask"
-    decoupled_decay = "weight_decay"
+    decay_mask = ref(mask)
+    decoupled_decay = ref(weight_decay)
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         return rectification(super().step_values(step), step)
 
     def direction(self, h, g, mu, nu):

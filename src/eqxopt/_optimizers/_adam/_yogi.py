@@ -9,10 +9,11 @@ from ..._core._fields import (
     ScalarOrSchedule,
     hyper,
 )
-from ..._core._moments import Moment
+from ..._core._moments import Moment, fields_of
 from ..._core._tree import abs_sq
 from ._adam_like import (
     AbstractAdamLike,
+    AbstractAdamOptions,
     ema,
     eps_field,
     nonnegative_field,
@@ -71,9 +72,16 @@ class Yogi(AbstractAdamLike):
     )
 
     moments = (  # both start at initial_accumulator_value
-        Moment("mu", dtype="mu_dtype", fill="initial_accumulator_value"),
         Moment(
-            "nu", dtype="nu_dtype", nonnegative=True, fill="initial_accumulator_value"
+            "mu",
+            dtype=fields_of(AbstractAdamOptions).mu_dtype,
+            fill=initial_accumulator_value,
+        ),
+        Moment(
+            "nu",
+            dtype=fields_of(AbstractAdamOptions).nu_dtype,
+            nonnegative=True,
+            fill=initial_accumulator_value,
         ),
     )
     elementwise = True

@@ -93,7 +93,7 @@ class Adagrad(AbstractLeafwiseOptimizer):
 
     state_type = AdagradState
     moments = (
-        Moment("sum_of_squares", nonnegative=True, fill="initial_accumulator_value"),
+        Moment("sum_of_squares", nonnegative=True, fill=initial_accumulator_value),
     )
     elementwise = True
 

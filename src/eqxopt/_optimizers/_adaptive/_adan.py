@@ -15,7 +15,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
-from ..._core._moments import Moment
+from ..._core._moments import Moment, ref
 from ..._core._schedule import known_number
 from ..._core._tree import abs_sq, step_power
 
@@ -121,8 +121,8 @@ class Adan(AbstractLeafwiseOptimizer):
         Moment("nu", nonnegative=True),
         Moment("prev_grad"),
     )
-    decay_mask = "mask"
-    decoupled_decay = "weight_decay"
+    decay_mask = ref(mask)
+    decoupled_decay = ref(weight_decay)
     elementwise = True
 
     def __check_init__(self):

@@ -12,7 +12,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
-from ..._core._moments import Moment
+from ..._core._moments import Moment, fields_of
 from ..._core._tree import abs_sq, step_power
 
 
@@ -123,7 +123,7 @@ class RMSProp(AbstractLeafwiseOptimizer):
     def moments(self) -> tuple[Moment, ...]:  # pyright: ignore[reportIncompatibleVariableOverride]
         # The state's buffers depend on the options (the others are None).
         return (
-            Moment("nu", nonnegative=True, fill="initial_scale"),
+            Moment("nu", nonnegative=True, fill=fields_of(RMSProp).initial_scale),
             *((Moment("mu"),) if self.centered else ()),
             *(() if self.momentum is None else (Moment("momentum"),)),
         )

@@ -11,7 +11,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PyTree, UInt32
 
 from ..._core import _shards
-from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core._base import AbstractTransform, Grads, Params, Supplied, Updates, supplies
 from ..._core._checks import renames
 from ..._core._fields import (
     DTypeLike,
@@ -39,7 +39,7 @@ from ..._core._tree import (
 )
 
 
-def _seed_key(name: str, value: Any) -> Array:
+def _seed_key(name: str, value: int | Array) -> Array:
     """An int seed (or a default-implementation typed key) as raw uint32 key data,
     the form `jax.random.PRNGKey` gives and optax keeps in its state."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
@@ -150,8 +150,10 @@ class Sophia(AbstractTransform):
 
     real_only = RealOnly("its clip compares magnitudes", trees=("params", "grads"))
 
-    moments = (Moment("mu", dtype="mu_dtype"),)
-    keywords = frozenset({"obj_fn", "fn_args", "hessian"})
+    moments = (Moment("mu", dtype=mu_dtype),)
+    keywords = supplies(
+        obj_fn=Supplied.LOSS_FUNCTION, fn_args=Supplied.CALLER, hessian=Supplied.CALLER
+    )
 
     def init(self, params: Params) -> SophiaState:
         decay_flags(self.mask, params)  # a bad mask fails here
@@ -253,8 +255,8 @@ class Sophia(AbstractTransform):
         def rule(g, p, mu, nu, d, decayed):
             mu = b1 * mu + (1 - b1) * g
             u = (mu / (1 - b1**t_)) / jnp.maximum(h.gamma * nu, h.eps)
-            if self.clip_threshold is not None:
-                u = jnp.clip(u, -h.clip_threshold, h.clip_threshold)
+            if (clip := h.clip_threshold) is not None:
+                u = jnp.clip(u, -clip, clip)
             if decayed:
                 u = u + h.weight_decay * p
             nu = jnp.where(estimate, b2 * nu + (1 - b2) * d, nu)

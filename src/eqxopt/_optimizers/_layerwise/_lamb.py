@@ -18,7 +18,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._masks import decay_flags
-from ..._core._moments import Moment
+from ..._core._moments import Moment, ref
 from ..._core._shards import AxisName
 from ..._core._tree import abs_sq, step_power
 from ._trust import AbstractTrustRatioOptimizer
@@ -108,7 +108,7 @@ class LAMB(AbstractTrustRatioOptimizer):
 
     state_type = LAMBState
     moments = (Moment("mu"), Moment("nu", nonnegative=True))
-    decay_mask = "mask"
+    decay_mask = ref(mask)
 
     def leaf(self, h, t, g, p, mu, nu, decayed):
         mu = h.b1 * mu + (1 - h.b1) * g

@@ -1,8 +1,7 @@
 """The trust ratio of a layer, and the base of the optimizers that scale each leaf's
 step by it: LAMB, LARS and Fromage."""
 
-import types
-from typing import Any
+from typing import Any, TypeVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -34,6 +33,9 @@ def trust_ratio(
     return jnp.where(zero, 1.0, trust_coefficient * param_norm / safe_denominator)
 
 
+_T = TypeVar("_T", bound="AbstractTrustRatioOptimizer")
+
+
 class AbstractTrustRatioOptimizer(AbstractLeafwiseOptimizer):
     """An optimizer whose step on each leaf is a direction `r` scaled by the leaf's
     trust ratio `trust_coefficient * |p| / (|r| + eps)` (`trust_ratio`; norms of
@@ -51,12 +53,12 @@ class AbstractTrustRatioOptimizer(AbstractLeafwiseOptimizer):
     elementwise = False
     axis_name: eqx.AbstractVar[AxisName]
 
-    def ratio_options(self, h: types.SimpleNamespace) -> dict[str, Any]:
-        """Keyword arguments of `trust_ratio` from the hyperparameters at this step."""
+    def ratio_options(self: _T, h: _T) -> dict[str, Any]:
+        """Keyword arguments of `trust_ratio` from `h`, this optimizer at the step."""
         del h
         return {}
 
-    def scaled(self, h: types.SimpleNamespace, r: Array, p: Array) -> Array:
+    def scaled(self: _T, h: _T, r: Array, p: Array) -> Array:
         """`r` times the trust ratio of the leaf `p`."""
         ratio = trust_ratio(
             r,

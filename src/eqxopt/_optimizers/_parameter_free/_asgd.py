@@ -1,7 +1,5 @@
 """Averaged SGD (Polyak & Juditsky, 1992), as `torch.optim.ASGD`."""
 
-import types
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -10,8 +8,11 @@ from jaxtyping import Array, Float, Int, PyTree
 from ..._core._base import Params
 from ..._core._fields import (
     ScalarOrSchedule,
+    StepValue,
     hyper,
     learning_rate_field,
+    replace,
+    step_value,
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
@@ -67,6 +68,10 @@ class ASGD(AbstractLeafwiseOptimizer):
     - `weight_decay`: coefficient of `p` added to the gradient (L2), `>= 0`.
     """
 
+    # Computed once per step (`step_values`).
+    eta: StepValue = step_value()
+    mu: StepValue = step_value()
+
     reads_params = "average of the parameters"
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1e-2)
@@ -79,12 +84,12 @@ class ASGD(AbstractLeafwiseOptimizer):
     moments = (Moment("ax"),)
     elementwise = True
 
-    def step_values(self, step: Int[Array, ""]) -> types.SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         h = super().step_values(step)
         k = step.astype(jnp.float32)
         lr = h.learning_rate
-        h.eta = lr / (1 + h.lambd * lr * k) ** h.alpha
-        h.mu = 1 / jnp.maximum(1.0, k - h.t0)
+        h = replace(h, eta=lr / (1 + h.lambd * lr * k) ** h.alpha)
+        h = replace(h, mu=1 / jnp.maximum(1.0, k - h.t0))
         return h
 
     def leaf(self, h, t, g, p, ax):

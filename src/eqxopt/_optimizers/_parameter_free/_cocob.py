@@ -16,7 +16,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
-from ..._core._moments import Moment
+from ..._core._moments import Moment, ref
 from ._sums import copy_params
 
 
@@ -91,11 +91,11 @@ class COCOB(AbstractLeafwiseOptimizer):
     moments = (
         Moment("params0"),
         Moment("grad_sum"),
-        Moment("max_grad", nonnegative=True, fill="eps"),
+        Moment("max_grad", nonnegative=True, fill=eps),
         Moment("abs_grad_sum", nonnegative=True),
         Moment("reward"),
     )
-    decay_mask = "mask"
+    decay_mask = ref(mask)
     elementwise = True
 
     def init(self, params: Params) -> COCOBState:

@@ -1,6 +1,5 @@
 """MADGRAD: momentumized, adaptive, dual averaged gradient (Defazio & Jelassi, 2021)."""
 
-import types
 from typing import Any
 
 import equinox as eqx
@@ -10,9 +9,12 @@ from jaxtyping import Array, Float, Int, PyTree
 from ..._core._base import Params
 from ..._core._fields import (
     ScalarOrSchedule,
+    StepValue,
     flag_field,
     hyper,
     learning_rate_field,
+    replace,
+    step_value,
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
@@ -78,6 +80,10 @@ class MADGRAD(AbstractLeafwiseOptimizer):
       adding `weight_decay * p` to the gradient.
     """
 
+    # Computed once per step (`step_values`).
+    lr: StepValue = step_value()
+    lamb: StepValue = step_value()
+
     reads_params = "dual averaging from the initial parameters"
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1e-2)
@@ -100,10 +106,10 @@ class MADGRAD(AbstractLeafwiseOptimizer):
             lambda s: s.params0, state, copy_params(params), is_leaf=_is_none
         )
 
-    def step_values(self, step: Int[Array, ""]) -> types.SimpleNamespace:
+    def step_values(self, step: Int[Array, ""]):
         h = super().step_values(step)
-        h.lr = h.learning_rate + h.eps
-        h.lamb = h.lr * jnp.sqrt(step.astype(jnp.float32) + 1)
+        h = replace(h, lr=h.learning_rate + h.eps)
+        h = replace(h, lamb=h.lr * jnp.sqrt(step.astype(jnp.float32) + 1))
         return h
 
     def leaf(self, h, t, g, p, grad_sum_sq, grad_sum, p0):

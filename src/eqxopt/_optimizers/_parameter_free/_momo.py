@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core._base import Grads, Params, Updates
+from ..._core._base import Grads, Params, Supplied, Updates, supplies
 from ..._core._fields import (
     ScalarOrSchedule,
     axis_name_field,
@@ -183,7 +183,7 @@ class Momo(AbstractEngineTransform):
     weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
     adapt_lower_bound: bool = flag_field(False)
 
-    keywords = frozenset({"value"})  # the loss
+    keywords = supplies(value=Supplied.LOSS)  # the loss
 
     def init(self, params: Params) -> MomoState:
         return MomoState(
@@ -314,7 +314,7 @@ class MomoAdam(AbstractEngineTransform):
     weight_decay: ScalarOrSchedule = weight_decay_field(0.0, kw_only=False)
     adapt_lower_bound: bool = flag_field(False)
 
-    keywords = frozenset({"value"})  # the loss
+    keywords = supplies(value=Supplied.LOSS)  # the loss
 
     def init(self, params: Params) -> MomoAdamState:
         return MomoAdamState(

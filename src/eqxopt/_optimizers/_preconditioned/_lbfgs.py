@@ -1,7 +1,6 @@
 """L-BFGS with a zoom linesearch (Nocedal & Wright, Algorithms 7.4, 3.5 and 3.6)."""
 
-import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import equinox as eqx
@@ -9,9 +8,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from ..._core import _dispatch, _shards
-from ..._core._base import AbstractTransform, Grads, Params, Updates
+from ..._core import _shards
+from ..._core._base import AbstractTransform, Grads, Params, Supplied, Updates
 from ..._core._checks import array_count, static_count
+from ..._core._compile import FilteredJit
 from ..._core._fields import (
     ScalarOrSchedule,
     axis_name_field,
@@ -103,7 +103,7 @@ def _quadmin(a, fa, fpa, b, fb):
 
 
 def _zoom_linesearch(
-    h: types.SimpleNamespace,
+    h: "LBFGS",
     max_steps: Int[Array, ""],
     value_and_grad: Callable[[list[Array]], tuple[Array, list[Array]]],
     params: list[Array],
@@ -611,6 +611,13 @@ class LBFGS(AbstractTransform):
         )
         return updates, new_state
 
+    def wanted_keywords(self) -> Mapping[str, Supplied]:
+        """With the linesearch: the loss and the loss as a function of the
+        parameters (`value`, `value_fn`), as a train step supplies them."""
+        if not self.linesearch:
+            return {}
+        return {"value": Supplied.LOSS, "value_fn": Supplied.LOSS_FUNCTION}
+
     def takes_keyword(self, key: str) -> bool:
         """Whether `update` uses the keyword argument `key`: every keyword with
         the linesearch (`value`, `value_fn`, `grad`, and data for `value_fn`),
@@ -638,12 +645,10 @@ class LBFGS(AbstractTransform):
         gradients with `None` at
         non-float leaves, each in its parameter's dtype.
         """
-        return _dispatch.call(
-            _value_and_grad_entry, None, (state, params, value_fn, fn_kwargs)
-        )
+        return _VALUE_AND_GRAD(state, params, value_fn, fn_kwargs)
 
 
-def _value_and_grad_entry(_, state, params, value_fn, fn_kwargs):
+def _value_and_grad_entry(state, params, value_fn, fn_kwargs):
     def compute(_):
         value, grads = eqx.filter_value_and_grad(value_fn)(params, **fn_kwargs)
         return jnp.asarray(value).astype(state.value.dtype), grads
@@ -659,3 +664,6 @@ def _value_and_grad_entry(_, state, params, value_fn, fn_kwargs):
 
     stored = jnp.isfinite(state.value) & (state.step > 0)
     return jax.lax.cond(stored, reuse, compute, None)
+
+
+_VALUE_AND_GRAD = FilteredJit(_value_and_grad_entry)

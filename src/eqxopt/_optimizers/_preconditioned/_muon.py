@@ -1,12 +1,13 @@
 """Muon: momentum orthogonalised by Newton-Schulz, with an AdamW fallback."""
 
+from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-from jaxtyping import Array, Float, Int, PyTree
+from jaxtyping import Array, ArrayLike, Float, Int, PyTree
 
 from ..._core import _jax_api
 from ..._core._base import AbstractTransform, Grads, Params, Updates
@@ -143,7 +144,9 @@ def _orthogonalise_rows(
     return jax.lax.dynamic_slice_in_dim(out, start, rows, axis=x.ndim - 2)
 
 
-def _axis_names(name: str, value: Any) -> tuple[str, ...] | None:
+def _axis_names(
+    name: str, value: str | tuple[str, ...] | None
+) -> tuple[str, ...] | None:
     # A private copy of the `axis_name` check of the transforms that reduce over
     # parameters (one shared helper in `_core` is planned).
     if value is None:
@@ -221,7 +224,7 @@ def _select(
     return treedef.unflatten([x if k else None for x, k in zip(leaves, keep)])
 
 
-def _ns_coeffs(name: str, value: Any) -> Array:
+def _ns_coeffs(name: str, value: ArrayLike | Sequence[Sequence[float]]) -> Array:
     # The shape is checked against ns_steps in `Muon.__check_init__`.
     try:
         coeffs = jnp.asarray(value, dtype=float)
@@ -372,8 +375,8 @@ class Muon(AbstractTransform):
     )
 
     moments = (
-        Moment("mu", dtype="mu_dtype"),
-        Moment("nu", dtype="nu_dtype", nonnegative=True),
+        Moment("mu", dtype=mu_dtype),
+        Moment("nu", dtype=nu_dtype, nonnegative=True),
     )
 
     def __check_init__(self):

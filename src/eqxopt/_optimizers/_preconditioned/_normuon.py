@@ -170,8 +170,8 @@ class NorMuon(AbstractTransform):
     nu_dtype: DTypeLike = dtype_field(storage=True)
 
     moments = (
-        Moment("mu", dtype="mu_dtype"),
-        Moment("nu", dtype="nu_dtype", nonnegative=True),
+        Moment("mu", dtype=mu_dtype),
+        Moment("nu", dtype=nu_dtype, nonnegative=True),
     )
 
     def __check_init__(self):

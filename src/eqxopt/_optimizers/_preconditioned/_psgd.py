@@ -42,7 +42,7 @@ _WHY = "its preconditioner factors are real triangular matrices"
 _TINY = 1e-30
 
 
-def _optional_static_count(name: str, value: Any) -> int | None:
+def _optional_static_count(name: str, value: int | None) -> int | None:
     return None if value is None else static_count(name, value)
 
 

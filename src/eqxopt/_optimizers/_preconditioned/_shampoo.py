@@ -6,7 +6,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PyTree
+from jaxtyping import Array, ArrayLike, Float, Int, PyTree
 
 from ..._core import _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
@@ -38,7 +38,9 @@ from ._blocks import Layout, from_blocks, layout, to_blocks
 _WHY = "its Kronecker factors and their inverse roots are real"
 
 
-def _optional_count(name: str, value: Any) -> Int[Array, ""] | None:
+def _optional_count(
+    name: str, value: int | Int[ArrayLike, ""] | None
+) -> Int[Array, ""] | None:
     return None if value is None else array_count(name, value)
 
 

@@ -76,12 +76,14 @@ class DPSGD(AbstractTransform):
         learning_rate: ScalarOrSchedule,
         l2_norm_clip: float | Float[Array, ""],
         noise_multiplier: float | Float[Array, ""],
-        seed: Any,
+        seed: int | Array,
         momentum: ScalarOrSchedule | None = None,
         nesterov: bool = False,
     ):
         self.aggregate = DifferentiallyPrivateAggregate(
-            l2_norm_clip, noise_multiplier, seed
+            l2_norm_clip,
+            noise_multiplier,
+            seed,  # pyright: ignore[reportArgumentType]  (its converter takes it)
         )
         # No momentum is a momentum of 0: `v = u`, whatever `nesterov` says.
         momentum = 0.0 if momentum is None else momentum

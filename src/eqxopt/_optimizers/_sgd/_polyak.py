@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ..._core._base import Grads, Params, Updates
+from ..._core._base import Grads, Params, Supplied, Updates, supplies
 from ..._core._fields import (
     ScalarOrSchedule,
     axis_name_field,
@@ -148,7 +148,7 @@ class PolyakSGD(AbstractEngineTransform):
     def init(self, params: Params) -> PolyakSGDState:
         return PolyakSGDState(step=zero_step())
 
-    keywords = frozenset({"value"})  # the loss
+    keywords = supplies(value=Supplied.LOSS)  # the loss
 
     def run(
         self,

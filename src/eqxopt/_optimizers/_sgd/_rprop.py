@@ -108,7 +108,7 @@ class Rprop(AbstractLeafwiseOptimizer):
 
     state_type = RpropState
     moments = (
-        Moment("step_sizes", nonnegative=True, fill="learning_rate"),
+        Moment("step_sizes", nonnegative=True, fill=learning_rate),
         Moment("prev_grad"),
     )
     elementwise = True

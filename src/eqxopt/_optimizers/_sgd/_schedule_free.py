@@ -244,7 +244,7 @@ class ScheduleFreeAdamW(AbstractScheduleFree):
     z_dtype: DTypeLike = dtype_field()  # z is not a moment
     nu_dtype: DTypeLike = dtype_field(storage=True)
 
-    moments = (Moment("nu", dtype="nu_dtype", nonnegative=True),)
+    moments = (Moment("nu", dtype=nu_dtype, nonnegative=True),)
 
     def nu_init(self, params: Params) -> PyTree:
         return moment_like(self, params, "nu")

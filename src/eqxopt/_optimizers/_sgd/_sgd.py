@@ -94,7 +94,7 @@ class SGD(AbstractLeafwiseOptimizer):
     dampening: ScalarOrSchedule = hyper(0.0, low=0.0, high=1.0, kw_only=True)
 
     state_type = SGDState
-    moments = (Moment("velocity", dtype="velocity_dtype"),)
+    moments = (Moment("velocity", dtype=velocity_dtype),)
     elementwise = True
 
     def __check_init__(self):

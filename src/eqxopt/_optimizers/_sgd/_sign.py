@@ -18,7 +18,7 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
-from ..._core._moments import Moment
+from ..._core._moments import Moment, ref
 
 LionMode = Literal["hard", "smooth", "refined"]
 LION_MODES = ("hard", "smooth", "refined")
@@ -133,7 +133,7 @@ class Signum(AbstractLeafwiseOptimizer):
     mu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = SignumState
-    moments = (Moment("mu", dtype="mu_dtype"),)
+    moments = (Moment("mu", dtype=mu_dtype),)
     elementwise = True
 
     def leaf(self, h, t, g, p, mu):
@@ -211,9 +211,9 @@ class Lion(AbstractLeafwiseOptimizer):
     mu_dtype: DTypeLike = dtype_field(storage=True)
 
     state_type = LionState
-    moments = (Moment("mu", dtype="mu_dtype"),)
-    decay_mask = "mask"
-    decoupled_decay = "weight_decay"
+    moments = (Moment("mu", dtype=mu_dtype),)
+    decay_mask = ref(mask)
+    decoupled_decay = ref(weight_decay)
     elementwise = True
 
     def leaf(self, h, t, g, p, mu, decayed):
