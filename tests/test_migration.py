@@ -498,6 +498,38 @@ def test_optax_spelling_is_refused_naming_eqxopts(cls_name, key, advice):
     assert str(error.value).endswith(f": {advice}"), str(error.value)
 
 
+def test_every_refused_keyword_is_named_in_one_error():
+    """optax's spellings and names a class does not take, all in one error, each
+    with eqxopt's name: a ported call is fixed in one try."""
+    with pytest.raises(TypeError) as error:
+        eqxopt.WarmupCosine(
+            peak_value=1.0, end_value=0.1, warmup_step=10, decay_steps=100
+        )
+    assert str(error.value) == (
+        "WarmupCosine got 4 keyword arguments it does not take:\n"
+        "  peak_value=: use peak_lr=\n"
+        "  end_value=: use min_lr=\n"
+        "  warmup_step=: use warmup_steps=\n"
+        "  decay_steps=: use total_steps="
+    )
+    with pytest.raises(TypeError) as error:
+        eqxopt.AdamW(lr=1e-3, betas=(0.9, 0.99), epsilon=1e-8, weight_decay=0.1)
+    assert str(error.value) == (
+        "AdamW got 3 keyword arguments it does not take:\n"
+        "  lr=: use learning_rate=\n"
+        "  betas=: use b1= and b2=\n"
+        "  epsilon=: use eps="
+    )
+    # One, alone: the same form as one of optax's spellings.
+    with pytest.raises(TypeError, match=r"^Chain got nmes=: use names=$"):
+        eqxopt.Chain(eqxopt.SGD(0.1), nmes=["sgd"])
+    with pytest.raises(
+        TypeError,
+        match=r"^Constant got colour=: not an argument; the arguments are value=$",
+    ):
+        eqxopt.Constant(1.0, colour="red")
+
+
 def test_update_without_params_as_equinox_examples_write_it():
     """optax's `update(grads, state)`, as Equinox's own examples call it, on a
     whole model: the same updates as with the model, for optax's transforms
