@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Inexact, PyTree, jaxtyped
 
-from . import _backend, _dispatch, _placement
+from . import _backend, _dispatch, _placement, _repr
 from ._checks import (
     Renamed,
     check_grads,
@@ -131,6 +131,13 @@ class AbstractTransform(eqx.Module):
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         refuse_renamed(cls, kwargs)
         return super().__new__(cls)
+
+    # Printed with the values, not Equinox's `f32[]` (`_repr`).
+    def __repr__(self) -> str:
+        return _repr.pformat(self)
+
+    def __pdoc__(self, **kwargs: Any) -> Any:
+        return _repr.pdoc(self, **kwargs)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
