@@ -638,25 +638,29 @@ HEADER = """# The optimizer catalog
 those (or the script's table of papers and references), then run
 `python docs/make_catalog.py`. -->
 
-The catalog's {optimizers} optimizers and {blocks} building blocks, by family (the
-table below; each family's API page has every argument). Every optimizer is a final
-Equinox module with array hyperparameters (no recompiles), validated construction, a
-named state, checked `update`/`step`, and the shared per-leaf engine, so `None`
-gradients, non-float leaves, bfloat16 and whole Equinox models work the same for all
-of them (`tests/test_catalog.py` runs those properties over the whole catalog). Each
-entry gives the update rule as its docstring states it, the defaults from its
-signature, the paper, and what the tests compare it against: at least 30 steps on a
-nested pytree, to float32 rounding ({default}) unless the entry names a looser
-tolerance and why. Transforms, wrappers and schedules are in the [cookbook](cookbook.md), the
-[schedules page](schedules.md) and the [API reference](api/transforms.md).
+The catalog's {optimizers} optimizers and {blocks} building blocks, by family (each
+family's API page has every argument):
+
+| family | optimizers |
+| --- | --- |
+{families}
+
+Every optimizer is a final Equinox module with array hyperparameters (no
+recompiles), validated construction, a named state, checked `update`/`step`, and the
+shared per-leaf engine, so `None` gradients, non-float leaves, bfloat16 and whole
+Equinox models work the same for all of them (`tests/test_catalog.py` runs those
+properties over the whole catalog). Each entry gives the update rule as its
+docstring states it, the defaults from its signature, the paper, and what the tests
+compare it against: at least 30 steps on a nested pytree, to float32 rounding
+({default}) unless the entry names a looser tolerance and why. Transforms, wrappers
+and schedules are in the [cookbook](cookbook.md), the [schedules page](schedules.md)
+and the [API reference](api/transforms.md).
 
 In the formulas `g` is the gradient, `p` the parameter, `lr` the learning rate at the
 current step (a schedule is read at `state.step`), and `t = step + 1` where a bias
 correction needs it. Weight decay in an optimizer's own `weight_decay` is decoupled
 (`AdamW`'s) unless its entry says coupled.
 
-| family | optimizers |
-| --- | --- |
 """
 
 
@@ -737,9 +741,12 @@ def render() -> str:
         sections.append(f"## {title}\n\n" + "\n".join(_entry(*e) for e in entries))
     n = counts()
     header = HEADER.format(
-        default=DEFAULT_TOL, optimizers=n["optimizers"], blocks=n["building blocks"]
+        default=DEFAULT_TOL,
+        optimizers=n["optimizers"],
+        blocks=n["building blocks"],
+        families="\n".join(rows),
     )
-    return header + "\n".join(rows) + "\n\n" + "\n".join(sections)
+    return header + "\n".join(sections)
 
 
 def _short_tolerance(tolerance: str | None) -> str:
