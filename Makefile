@@ -103,8 +103,11 @@ test-oldest: $(OLDEST_STAMP)
 		tests/test_catalog.py::test_hyperparameters_may_be_traced \
 		tests/test_catalog.py::test_none_gradients_leave_leaf_and_its_state_alone
 
+# README's and docs/performance.md's benchmark tables are written from the
+# results.json it writes (tests/test_figures.py holds them to it).
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+	$(PY) docs/make_figures.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
