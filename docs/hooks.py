@@ -9,9 +9,10 @@
   the repository becomes that path in code.
 - The header shows the version of pyproject.toml next to the site's name.
 - Formulas (what pymdownx.arithmatex marks) are typeset with KaTeX when the site is
-  built (katex/render.js, KaTeX from the npm registry: `make docs` installs it), and the site carries KaTeX's stylesheet and fonts: no page loads anything
-  from the network, and a page shows its formulas without JavaScript. The search
-  index gets the typeset text, not the LaTeX source.
+  built (katex/render.js, KaTeX from the npm registry: `make docs` installs it),
+  and the site carries KaTeX's stylesheet and fonts: no page loads anything from
+  the network, and a page shows its formulas without JavaScript. The search index
+  gets the typeset text, not the LaTeX source.
 """
 
 import atexit
@@ -132,10 +133,14 @@ def _render(tex: str, display: bool, where: str) -> str:
         _renderer.stdin.flush()  # type: ignore[union-attr]
         answer = json.loads(_renderer.stdout.readline())  # type: ignore[union-attr]
         if "error" in answer:
-            raise PluginError(f"{where}: KaTeX cannot typeset {tex!r}: {answer['error']}")
-        # The LaTeX source (KaTeX's MathML annotation) stays out of the search index.
+            raise PluginError(
+                f"{where}: KaTeX cannot typeset {tex!r}: {answer['error']}"
+            )
+        # The LaTeX source (KaTeX's MathML annotation) stays out of the search
+        # index.
         _typeset[key] = answer["html"].replace(
-            '<span class="katex-mathml">', '<span class="katex-mathml" data-search-exclude>'
+            '<span class="katex-mathml">',
+            '<span class="katex-mathml" data-search-exclude>',
         )
     return _typeset[key]
 
