@@ -7,8 +7,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-slow test-no-native test-oldest bench lint docs docs-serve clean
 
-# The docs extra too: tests/test_site.py builds the site.
-$(STAMP): pyproject.toml
+# KaTeX typesets the site's formulas when it is built (docs/hooks.py), from the npm
+# registry at the version katex/package-lock.json pins; the site then carries its
+# stylesheet and fonts and needs no network.
+KATEX := katex/node_modules/katex/package.json
+$(KATEX): katex/package.json katex/package-lock.json
+	npm ci --prefix katex --no-audit --no-fund --loglevel=error
+	touch $(KATEX)
+
+# The docs extra too: tests/test_site.py builds the site (and KaTeX, below).
+$(STAMP): pyproject.toml $(KATEX)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e ".[test,examples,dev,checkpoint,docs]"
 	touch $(STAMP)
@@ -18,7 +26,7 @@ $(STAMP): pyproject.toml
 DOCS_VENV := .venv-docs
 DOCS_PY := $(DOCS_VENV)/bin/python
 DOCS_STAMP := $(DOCS_VENV)/.installed
-$(DOCS_STAMP): pyproject.toml
+$(DOCS_STAMP): pyproject.toml $(KATEX)
 	test -x $(DOCS_PY) || $(PYTHON) -m venv $(DOCS_VENV)
 	$(DOCS_PY) -m pip install --quiet -e ".[docs]"
 	touch $(DOCS_STAMP)
@@ -95,8 +103,11 @@ test-oldest: $(OLDEST_STAMP)
 		tests/test_catalog.py::test_hyperparameters_may_be_traced \
 		tests/test_catalog.py::test_none_gradients_leave_leaf_and_its_state_alone
 
+# README's and docs/performance.md's benchmark tables are written from the
+# results.json it writes (tests/test_figures.py holds them to it).
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+	$(PY) docs/make_figures.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
@@ -111,4 +122,5 @@ docs-serve: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(DOCS_PY) -m mkdocs serve
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) $(DOCS_VENV) $(NO_NATIVE) $(TEST_CACHE) .pytest_cache .hypothesis site
+	rm -rf $(VENV) $(OLDEST_VENV) $(DOCS_VENV) $(NO_NATIVE) $(TEST_CACHE) .pytest_cache .hypothesis site \
+		katex/node_modules

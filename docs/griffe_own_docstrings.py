@@ -14,7 +14,10 @@ describes eqxopt. So:
 - a class member that is a class defined elsewhere (a reference, not a nested
   class) is dropped;
 - a function keeps its docstring only if it is Python code documented for itself,
-  not a builtin's text or the text of `object`'s method of the same name.
+  not a builtin's text or the text of `object`'s method of the same name;
+- a default that is `dataclasses.MISSING` (the field helpers of `eqxopt.extend`)
+  shows as that name, not as the object's `repr` with its memory address, so the
+  signature is Python that can be laid out on several lines.
 """
 
 import inspect
@@ -51,6 +54,9 @@ class OwnDocstringsOnly(griffe.Extension):
     def on_function_instance(
         self, *, node: Any, func: griffe.Function, **kwargs: Any
     ) -> None:
+        for parameter in func.parameters:
+            if "dataclasses._MISSING_TYPE object" in str(parameter.default):
+                parameter.default = "dataclasses.MISSING"
         if not isinstance(node, griffe.ObjectNode) or func.docstring is None:
             return
         if not _is_python_code(node.obj) or _borrowed_text(

@@ -624,30 +624,43 @@ CATALOG += [
     ),
 ]
 
+
+def counts() -> dict[str, int]:
+    """How many optimizers and building blocks the catalog has: the counts README,
+    the docs and CHANGELOG give (tests/test_figures.py)."""
+    blocks = sum(1 for entry in CATALOG if entry[1] == "blocks")
+    return {"optimizers": len(CATALOG) - blocks, "building blocks": blocks}
+
+
 HEADER = """# The optimizer catalog
 
 <!-- Written by docs/make_catalog.py from eqxopt's docstrings and signatures: edit
 those (or the script's table of papers and references), then run
 `python docs/make_catalog.py`. -->
 
-Every optimizer is a final Equinox module with array hyperparameters (no recompiles),
-validated construction, a named state, checked `update`/`step`, and the shared
-per-leaf engine, so `None` gradients, non-float leaves, bfloat16 and whole Equinox
-models work the same for all of them (`tests/test_catalog.py` runs those properties
-over the whole catalog). Each entry gives the update rule as its docstring states it,
-the defaults from its signature, the paper, and what the tests compare it against:
-at least 30 steps on a nested pytree, to float32 rounding ({default}) unless the entry
-names a looser tolerance and why. Transforms, wrappers and schedules are in the
-[cookbook](cookbook.md), the [schedules page](schedules.md) and the
-[API reference](api/transforms.md).
+The catalog's {optimizers} optimizers and {blocks} building blocks, by family (each
+family's API page has every argument):
+
+| family | optimizers |
+| --- | --- |
+{families}
+
+Every optimizer is a final Equinox module with array hyperparameters (no
+recompiles), validated construction, a named state, checked `update`/`step`, and the
+shared per-leaf engine, so `None` gradients, non-float leaves, bfloat16 and whole
+Equinox models work the same for all of them (`tests/test_catalog.py` runs those
+properties over the whole catalog). Each entry gives the update rule as its
+docstring states it, the defaults from its signature, the paper, and what the tests
+compare it against: at least 30 steps on a nested pytree, to float32 rounding
+({default}) unless the entry names a looser tolerance and why. Transforms, wrappers
+and schedules are in the [cookbook](cookbook.md), the [schedules page](schedules.md)
+and the [API reference](api/transforms.md).
 
 In the formulas `g` is the gradient, `p` the parameter, `lr` the learning rate at the
 current step (a schedule is read at `state.step`), and `t = step + 1` where a bias
 correction needs it. Weight decay in an optimizer's own `weight_decay` is decoupled
 (`AdamW`'s) unless its entry says coupled.
 
-| optimizer | paper | tested against | tolerance |
-| --- | --- | --- | --- |
 """
 
 
@@ -689,48 +702,51 @@ def _formula_and_summary(obj: type) -> tuple[str, str]:
     return summary, match.group(1)
 
 
+def family(page: str) -> str:
+    """A family's name: the title of its API page (`docs/api/adam.md`)."""
+    first = (pathlib.Path(__file__).parent / "api" / f"{page}.md").read_text()
+    return first.splitlines()[0].removeprefix("# ")
+
+
+def _entry(name: str, page: str, paper: str, reference: str, tolerance) -> str:
+    obj = getattr(eqxopt, name)
+    summary, formula = _formula_and_summary(obj)
+    required, defaults = _signature(obj)
+    lines = [f"### {name}", "", summary, ""]
+    if formula:
+        lines += [formula, ""]
+    lines += [
+        f"- **Required:** {', '.join(required) if required else 'nothing'}.",
+        f"- **Defaults:** {', '.join(defaults) if defaults else 'none'}.",
+        f"- **Paper:** {paper}.",
+        f"- **Tested against:** {reference}.",
+        f"- **Tolerance:** {tolerance or DEFAULT_TOL}.",
+        f"- **API:** [`eqxopt.{name}`](api/{page}.md#eqxopt.{name}), with every"
+        " argument and the conventions where references differ.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def render() -> str:
-    rows = []
-    entries = []
-    for name, page, paper, reference, tolerance in CATALOG:
-        obj = getattr(eqxopt, name)
-        summary, formula = _formula_and_summary(obj)
-        required, defaults = _signature(obj)
-        anchor = name.lower()
-        head = paper.split(";")[0]
-        authors = (head.split("*")[0] if "*" in head else head.split(",")[0]).strip(
-            " ,"
-        )
-        year = re.search(r"\b(19|20)\d\d\b", paper)
-        cite = (
-            f"{authors} {year.group(0)}"
-            if year and year.group(0) not in authors
-            else authors
-        )
-        rows.append(
-            f"| [`{name}`](#{anchor}) | {cite} | {reference.split(';')[0]}"
-            f" | {_short_tolerance(tolerance)} |"
-        )
-        lines = [f"## {name}", "", summary, ""]
-        if formula:
-            lines += [formula, ""]
-        lines += [
-            f"- **Required:** {', '.join(required) if required else 'nothing'}.",
-            f"- **Defaults:** {', '.join(defaults) if defaults else 'none'}.",
-            f"- **Paper:** {paper}.",
-            f"- **Tested against:** {reference}.",
-            f"- **Tolerance:** {tolerance or DEFAULT_TOL}.",
-            f"- **API:** [`eqxopt.{name}`](api/{page}.md#eqxopt.{name}), with every"
-            " argument and the conventions where references differ.",
-            "",
-        ]
-        entries.append("\n".join(lines))
-    return (
-        HEADER.format(default=DEFAULT_TOL)
-        + "\n".join(rows)
-        + "\n\n"
-        + "\n".join(entries)
+    families: dict[str, list[tuple]] = {}  # API page -> entries, in catalog order
+    for entry in CATALOG:
+        families.setdefault(entry[1], []).append(entry)
+    rows, sections = [], []
+    for page, entries in families.items():
+        title = family(page)
+        links = ", ".join(f"[`{e[0]}`](#{e[0].lower()})" for e in entries)
+        anchor = re.sub(r"[^\w\s-]", "", title.lower()).replace(" ", "-")
+        rows.append(f"| [{title}](#{anchor}) | {links} |")
+        sections.append(f"## {title}\n\n" + "\n".join(_entry(*e) for e in entries))
+    n = counts()
+    header = HEADER.format(
+        default=DEFAULT_TOL,
+        optimizers=n["optimizers"],
+        blocks=n["building blocks"],
+        families="\n".join(rows),
     )
+    return header + "\n".join(sections)
 
 
 def _short_tolerance(tolerance: str | None) -> str:
@@ -743,7 +759,8 @@ def _short_tolerance(tolerance: str | None) -> str:
 def main() -> None:
     out = pathlib.Path(__file__).parent / "catalog.md"
     out.write_text(render())
-    print(f"wrote {out} ({len(CATALOG)} optimizers)")
+    n = counts()
+    print(f"wrote {out} ({n['optimizers']} optimizers, {n['building blocks']} blocks)")
 
 
 if __name__ == "__main__":

@@ -999,8 +999,54 @@ OPTAX_OUT_OF_SCOPE = [
     ),
 ]
 
+# Code that reads or edits optax's state (tests/test_migration.py runs optax's call
+# on optax's state beside the eqxopt way on eqxopt's, each row).
+OPTAX_STATE = [
+    Call(
+        'optax.tree.get(state, "count")',
+        'eqxopt.tree_get(state, "step")',
+        names=("tree_get", "AdamState.step"),
+        note="or `state.step` of one optimizer's state. `optax.tree.get` looks "
+        "inside optax's named-tuple states and dicts only: on an eqxopt state it "
+        "finds nothing and returns its default, `None`",
+    ),
+    Call(
+        "optax.value_and_grad_from_state(f)(params, state=state)",
+        "opt.value_and_grad(state, params, f)",
+        names=("LBFGS.value_and_grad", "LBFGSState.value", "LBFGSState.grad"),
+        note="the loss and gradient `LBFGS`'s linesearch computed at the new "
+        "parameters (`state.value`, `state.grad`), or `f`'s where there are none; "
+        "optax's function finds them in optax's named-tuple states only",
+    ),
+    Call(
+        'state.hyperparams["learning_rate"]',
+        'eqxopt.hyperparameters(opt, state)["learning_rate"]',
+        names=("hyperparameters",),
+        note="every value the next update uses, schedules called at the step "
+        "`state` has reached (optax's `state.hyperparams` holds those the last "
+        "update used), with no `optax.inject_hyperparams` around the optimizer",
+    ),
+    Call(
+        'state.hyperparams["learning_rate"] = lr',
+        "opt = dataclasses.replace(opt, learning_rate=lr)",
+        names=("AdamW.learning_rate",),
+        note="a new optimizer, its values checked; passed to the compiled step as "
+        "an argument, it reuses the compiled code",
+    ),
+    Call(
+        "optax.apply_updates(params, updates)",
+        "eqxopt.apply_updates(params, updates)",
+        names=("apply_updates", "Freeze"),
+        note="where updates hold `None`: `Freeze`'s frozen leaves and leaves whose "
+        "gradient is `None` get no update, which `optax.apply_updates` cannot add "
+        "(a `TypeError`); `eqxopt.apply_updates`, `eqx.apply_updates` and "
+        "`opt.step` leave those leaves as they are",
+    ),
+]
+
 OPTAX_TABLES = {
     "calls": OPTAX_CALLS,
+    "state": OPTAX_STATE,
     "optimizers": [*OPTAX_OPTIMIZERS, *OPTAX_OPTIMIZER_ROWS],
     "schedules": [*OPTAX_SCHEDULES, *OPTAX_SCHEDULE_ROWS],
     "transforms": [*OPTAX_TRANSFORMS, *OPTAX_TRANSFORM_ROWS],

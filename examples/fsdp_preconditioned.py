@@ -1,32 +1,38 @@
-"""A small transformer trained with Shampoo or SOAP under FSDP on 8 host devices.
+"""A small transformer trained with Shampoo or SOAP under FSDP on 8 devices.
 
-    python examples/fsdp_preconditioned.py [--steps 40] [--optimizer shampoo|soap]
+    python examples/fsdp_preconditioned.py [--steps 40]
+                                           [--optimizer shampoo|soap]
 
-Every matrix whose first dimension the device count divides is split along it over
-a mesh axis "fsdp" (FSDP), the batch too; the rest is replicated. `opt.init` places
-the optimizer's state by its parameters: the moments like them, and the
-preconditioner (SOAP's statistics and eigenbases, Shampoo's factors and roots) split
-over the same devices, so each holds about 1/8 of it. Each step recomputes the
-eigenbases or roots of every matrix once on the mesh (each matrix on one device,
-in turn) rather than on every device. The script prints what each device holds,
-from the arrays' shards and from XLA's memory analysis of the compiled step, then
-trains, and trains the same steps on one device for comparison. With Shampoo the
-losses agree to float32 rounding (the devices sum in another order). SOAP's agree
-to about 1e-3 from its first update on: that update is Adam's first step in a
-new eigenbasis, about `lr * sign` of each rotated coordinate, and rounding moves
-the eigenvectors of close eigenvalues, so the signs of coordinates near zero
-differ (as they would between two machines).
+Every matrix whose first dimension the device count divides is split along it
+over a mesh axis "fsdp" (FSDP), the batch too; the rest is replicated.
+`opt.init` places the optimizer's state by its parameters: the moments like
+them, and the preconditioner (SOAP's statistics and eigenbases, Shampoo's
+factors and roots) split over the same devices, so each holds about 1/8 of it.
+Each step recomputes the eigenbases or roots of every matrix once on the mesh
+(each matrix on one device, in turn) rather than on every device. The script
+prints what each device holds, from the arrays' shards and from XLA's memory
+analysis of the compiled step, then trains, and trains the same steps on one
+device for comparison. With Shampoo the losses agree to float32 rounding (the
+devices sum in another order). SOAP's agree to about 1e-3 from its first update
+on: that update is Adam's first step in a new eigenbasis, about `lr * sign` of
+each rotated coordinate, and rounding moves the eigenvectors of close
+eigenvalues, so the signs of coordinates near zero differ (as they would between
+two machines).
 
-On a CPU, 8 devices come from `XLA_FLAGS=--xla_force_host_platform_device_count=8`,
-which must be set before JAX starts (this script sets it when it is absent). On
-GPUs or TPUs, drop that and build the mesh over `jax.devices()`.
+On a CPU, 8 devices come from
+`XLA_FLAGS=--xla_force_host_platform_device_count=8`, which must be set before
+JAX starts (this script sets it when it is absent). On GPUs or TPUs, drop that
+and build the mesh over `jax.devices()`.
 """
 
 import os
 
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+if "xla_force_host_platform_device_count" not in os.environ.get(
+    "XLA_FLAGS", ""
+):
     os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+        os.environ.get("XLA_FLAGS", "")
+        + " --xla_force_host_platform_device_count=8"
     ).strip()
 
 import argparse
@@ -71,12 +77,18 @@ def init_params(key: jax.Array) -> dict[str, Any]:
 
 
 def norm(x: jax.Array, scale: jax.Array) -> jax.Array:
-    return scale * x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+    return (
+        scale
+        * x
+        * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+    )
 
 
 def positions(length: int) -> jax.Array:
     # Fixed sinusoidal position encodings (Vaswani et al., 2017).
-    angle = np.arange(length)[:, None] / 10000 ** (np.arange(0, WIDTH, 2) / WIDTH)
+    angle = np.arange(length)[:, None] / 10000 ** (
+        np.arange(0, WIDTH, 2) / WIDTH
+    )
     return jnp.asarray(np.concatenate([np.sin(angle), np.cos(angle)], axis=1))
 
 
@@ -87,7 +99,8 @@ def logits(params: dict[str, Any], tokens: jax.Array) -> jax.Array:
     for layer in params["layers"]:
         h = norm(x, layer["norm1"])
         q, k, v = (
-            (h @ layer[n]).reshape(*h.shape[:2], HEADS, -1) for n in ("q", "k", "v")
+            (h @ layer[n]).reshape(*h.shape[:2], HEADS, -1)
+            for n in ("q", "k", "v")
         )
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
         weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
@@ -152,7 +165,9 @@ def train(opt: Any, data: list[np.ndarray], param_where: Any, batch_where: Any):
     compiled = step.lower(params, state, tokens).compile()
     losses = []
     for batch in data:
-        params, state, loss = step(params, state, jax.device_put(batch, batch_where))
+        params, state, loss = step(
+            params, state, jax.device_put(batch, batch_where)
+        )
         losses.append(float(loss))
     return params, state, losses, compiled
 
@@ -160,7 +175,9 @@ def train(opt: Any, data: list[np.ndarray], param_where: Any, batch_where: Any):
 def main(steps: int = 40, optimizer: str = "shampoo") -> dict[str, Any]:
     devices = jax.devices()
     assert len(devices) >= 8, f"8 devices needed, found {len(devices)}"
-    mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
+    mesh = jax.make_mesh(
+        (8,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,)
+    )
     opt = make_optimizer(optimizer)
     data = batches(steps)
 
@@ -227,6 +244,8 @@ def main(steps: int = 40, optimizer: str = "shampoo") -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--optimizer", choices=("shampoo", "soap"), default="shampoo")
+    parser.add_argument(
+        "--optimizer", choices=("shampoo", "soap"), default="shampoo"
+    )
     args = parser.parse_args()
     main(args.steps, args.optimizer)

@@ -1,8 +1,9 @@
-"""L-BFGS on two deterministic problems: an Equinox MLP fit and the Rosenbrock function.
+"""L-BFGS on two deterministic problems: an MLP fit and the Rosenbrock function.
 
-`eqxopt.LBFGS` runs a zoom linesearch along each quasi-Newton direction, so besides
-the gradient it needs the loss and the loss function. Both go to `step` (or
-`update`) as keywords, and every other keyword is passed on to the loss function:
+`eqxopt.LBFGS` runs a zoom linesearch along each quasi-Newton direction, so
+besides the gradient it needs the loss and the loss function. Both go to `step`
+(or `update`) as keywords, and every other keyword is passed on to the loss
+function:
 
     loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
     model, state = opt.step(grads, state, model, value=loss, value_fn=loss_fn,
@@ -16,15 +17,16 @@ Two rules keep the compiled step from recompiling:
   passed as a keyword, `value` included, is turned into an array).
 
 After a step, `state.value` is the loss at the new parameters (the linesearch
-computed it, with the gradient) and `state.linesearch_steps` how many evaluations
-the search took. `opt.value_and_grad(state, params, loss_fn, **data)` hands that
-evaluation back instead of recomputing it (as `optax.value_and_grad_from_state`),
-which the MLP fit below uses.
+computed it, with the gradient) and `state.linesearch_steps` how many
+evaluations the search took. `opt.value_and_grad(state, params, loss_fn,
+**data)` hands that evaluation back instead of recomputing it (as
+`optax.value_and_grad_from_state`), which the MLP fit below uses.
 
-The script fits an MLP (4 -> 16 -> 1, full batch of 256 points) to a smooth target
-and minimises the 2-D Rosenbrock function from (-1.2, 1). It prints the losses and
-exits with status 1 unless the MLP reaches a loss below 1e-3 and Rosenbrock below
-1e-8 (measured here: about 3e-4 after 200 steps, and exactly 0 after 37 steps).
+The script fits an MLP (4 -> 16 -> 1, full batch of 256 points) to a smooth
+target and minimises the 2-D Rosenbrock function from (-1.2, 1). It prints the
+losses and exits with status 1 unless the MLP reaches a loss below 1e-3 and
+Rosenbrock below 1e-8 (measured here: about 3e-4 after 200 steps, and exactly 0
+after 37 steps).
 
     python examples/lbfgs.py [--steps N]
 """
@@ -58,7 +60,8 @@ def fit_mlp(steps: int) -> float:
     opt = eqxopt.LBFGS(memory_size=10)
     state = opt.init(model)  # the whole model: non-array leaves are left alone
     for i in range(steps):
-        # The linesearch already evaluated the loss and gradient here: reuse them.
+        # The linesearch already evaluated the loss and gradient here: reuse
+        # them.
         loss, grads = opt.value_and_grad(state, model, mlp_loss, x=x, y=y)
         model, state = opt.step(
             grads, state, model, value=loss, value_fn=mlp_loss, x=x, y=y
@@ -79,9 +82,13 @@ def minimise_rosenbrock(steps: int) -> float:
     value_and_grad = jax.jit(jax.value_and_grad(rosenbrock))
     for i in range(steps):
         value, grads = value_and_grad(params)
-        params, state = opt.step(grads, state, params, value=value, value_fn=rosenbrock)
+        params, state = opt.step(
+            grads, state, params, value=value, value_fn=rosenbrock
+        )
         if float(state.value) == 0.0:
-            print(f"rosenbrock: exact minimum {params['x']} after {i + 1} steps")
+            print(
+                f"rosenbrock: exact minimum {params['x']} after {i + 1} steps"
+            )
             break
     return float(rosenbrock(params))
 

@@ -1,35 +1,36 @@
 """Training across processes: data parallel and FSDP with `jax.distributed`.
 
-One command starts everything on this machine (2 processes with 2 CPU devices each,
-collectives through gloo over localhost), trains, and checks the result against the
-same training in this one process on one device:
+One command starts everything on this machine (2 processes with 2 CPU devices
+each, collectives through gloo over localhost), trains, and checks the result
+against the same training in this one process on one device:
 
-    python examples/multiprocess.py [--processes 2] [--local-devices 2] [--steps 10]
+    python examples/multiprocess.py [--processes 2] [--local-devices 2]
+                                    [--steps 10]
 
 It exits with status 0 and prints `multiprocess: OK` when every run matches (to
-float32 rounding: the processes sum the gradient over the batch in another order),
-and with status 1 and the workers' output otherwise. On a cluster the launcher is
-yours (SLURM, Kubernetes, `mpirun`): each process runs `worker(...)` below with the
-coordinator's address, the number of processes and its own index.
+float32 rounding: the processes sum the gradient over the batch in another
+order), and with status 1 and the workers' output otherwise. On a cluster the
+launcher is yours (SLURM, Kubernetes, `mpirun`): each process runs `worker(...)`
+below with the coordinator's address, the number of processes and its own index.
 
 What each worker does is what a multi-host training script does; eqxopt needs
 nothing of its own for it:
 
 1. `jax.distributed.initialize(...)` before anything touches a device (importing
-   `jax`, `equinox` and `eqxopt` is fine). On CPU the collectives go through gloo
-   (`jax_cpu_collectives_implementation`; the default from JAX 0.5 on).
+   `jax`, `equinox` and `eqxopt` is fine). On CPU the collectives go through
+   gloo (`jax_cpu_collectives_implementation`; the default from JAX 0.5 on).
 2. One mesh over `jax.devices()`, every device of every process, and global
    arrays from what each process holds: `jax.make_array_from_process_local_data`
    places the whole parameter (the same in every process) or the process's own
    rows of the batch.
-3. The train step is an ordinary `jax.jit` with `opt.step(..., donate=True)`; XLA
-   inserts the all-reduce of the gradients (data parallel: parameters and
-   optimizer state replicated, the batch split) or the gathers and reduce-scatters
-   of FSDP (parameters, and with them every moment, split along their first
-   dimension, so each device holds 1/N of them). `opt.init` places each moment
-   like its parameter, and the step keeps those shardings.
-4. `jax.experimental.multihost_utils.process_allgather` brings the result back to
-   every process as NumPy arrays.
+3. The train step is an ordinary `jax.jit` with `opt.step(..., donate=True)`;
+   XLA inserts the all-reduce of the gradients (data parallel: parameters and
+   optimizer state replicated, the batch split) or the gathers and
+   reduce-scatters of FSDP (parameters, and with them every moment, split along
+   their first dimension, so each device holds 1/N of them). `opt.init` places
+   each moment like its parameter, and the step keeps those shardings.
+4. `jax.experimental.multihost_utils.process_allgather` brings the result back
+   to every process as NumPy arrays.
 
 Every process must run the same jitted steps in the same order (they meet in the
 collectives); a process that fails leaves the others waiting, which is why the
@@ -61,9 +62,9 @@ import eqxopt
 IN, OUT, WIDTH, DEPTH = 8, 4, 32, 2
 
 
-# --------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------
 # The problem: the same model, optimizers and batches in every process.
-# --------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------
 
 
 # The runs: (how the parameters are laid out, a title, the optimizer). The clip
@@ -78,9 +79,9 @@ def runs() -> list[tuple[str, str, eqxopt.AbstractTransform]]:
 
 
 def make_model() -> eqx.nn.MLP:
-    """An MLP whose weights are NumPy arrays drawn from a seeded generator, the same
-    in every process. (Equinox's own initialisation would do as well; drawing
-    with NumPy compiles nothing, a second less per process.)"""
+    """An MLP whose weights are NumPy arrays drawn from a seeded generator, the
+    same in every process. (Equinox's own initialisation would do as well;
+    drawing with NumPy compiles nothing, a second less per process.)"""
     shapes = eqx.filter_eval_shape(
         lambda: eqx.nn.MLP(
             IN, OUT, WIDTH, DEPTH, activation=jnp.tanh, key=jax.random.key(0)
@@ -102,7 +103,9 @@ def make_batches(steps: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(steps, batch, IN)).astype(np.float32)
     w = rng.normal(size=(IN, OUT)).astype(np.float32)
-    y = np.tanh(x @ w) + 0.1 * rng.normal(size=(steps, batch, OUT)).astype(np.float32)
+    y = np.tanh(x @ w) + 0.1 * rng.normal(size=(steps, batch, OUT)).astype(
+        np.float32
+    )
     return x, y.astype(np.float32)
 
 
@@ -145,9 +148,9 @@ def host_tree(tree: Any) -> dict[str, np.ndarray]:
     }
 
 
-# --------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------
 # A worker: one of the processes.
-# --------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------
 
 
 def fsdp_spec(shape: tuple[int, ...], n: int) -> P:
@@ -156,16 +159,27 @@ def fsdp_spec(shape: tuple[int, ...], n: int) -> P:
 
 
 def worker(
-    coordinator: str, processes: int, index: int, steps: int, batch: int, out: str
+    coordinator: str,
+    processes: int,
+    index: int,
+    steps: int,
+    batch: int,
+    out: str,
 ) -> None:
     start = time.monotonic()
     # Before anything touches a device. Gloo is the default on CPU from JAX 0.5;
     # older JAX needs it asked for.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator, num_processes=processes, process_id=index)
+    jax.distributed.initialize(
+        coordinator, num_processes=processes, process_id=index
+    )
     assert jax.process_count() == processes and jax.process_index() == index
-    print(f"process {index}: joined in {time.monotonic() - start:.1f} s", flush=True)
-    devices = jax.devices()  # every device of every process, the same order in each
+    print(
+        f"process {index}: joined in {time.monotonic() - start:.1f} s",
+        flush=True,
+    )
+    # every device of every process, the same order in each
+    devices = jax.devices()
     n = len(devices)
     mesh = Mesh(np.array(devices), ("data",))
     batch_sharding = NamedSharding(mesh, P("data"))
@@ -190,9 +204,9 @@ def worker(
     )
 
     def check_state(state):
-        # `opt.init` places every state leaf on the parameters' mesh, which spans
-        # both processes: each moment like its parameter, the 0-d step counter
-        # replicated. Nothing is left on this process's default device.
+        # `opt.init` places every state leaf on the parameters' mesh, which
+        # spans both processes: each moment like its parameter, the 0-d step
+        # counter replicated. Nothing is left on this process's default device.
         for x in jax.tree.leaves(state):
             assert x.sharding.device_set == set(mesh.devices.flat), x.sharding
 
@@ -226,15 +240,16 @@ def worker(
             multihost_utils.process_allgather(jnp.stack(losses), tiled=True)
         )
         print(
-            f"process {index}: {title}: done at {time.monotonic() - start:.1f} s",
+            f"process {index}: {title}: "
+            f"done at {time.monotonic() - start:.1f} s",
             flush=True,
         )
     if index == 0:
         np.savez(out, **results)
     jax.distributed.shutdown()
     print(
-        f"process {index}: {n} devices, {len(jax.local_devices())} local, finished "
-        f"in {time.monotonic() - start:.1f} s",
+        f"process {index}: {n} devices, {len(jax.local_devices())} local, "
+        f"finished in {time.monotonic() - start:.1f} s",
         flush=True,
     )
 
@@ -250,9 +265,9 @@ def check_placement(params, state, shardings, what: str) -> None:
             assert m.sharding.is_equivalent_to(s, m.ndim), (what, m.sharding, s)
 
 
-# --------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------
 # The launcher: start the workers, run the reference here, compare.
-# --------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -262,20 +277,23 @@ def free_port() -> int:
 
 
 # What process 0 prints (and then waits) when the coordinator's port was taken
-# between `free_port` and the coordinator binding it: then the launcher tries once
-# more, on a new port.
+# between `free_port` and the coordinator binding it: then the launcher tries
+# once more, on a new port.
 _PORT_TAKEN = ("failed to add port", "address already in use")
 
 
 def port_taken(logs: list) -> bool:
-    # `os.pread` leaves the file's offset (shared with the worker writing it) alone.
-    text = os.pread(logs[0].fileno(), 1 << 16, 0).decode(errors="replace").lower()
+    # `os.pread` leaves the file's offset (shared with the worker writing it)
+    # alone.
+    text = (
+        os.pread(logs[0].fileno(), 1 << 16, 0).decode(errors="replace").lower()
+    )
     return any(words in text for words in _PORT_TAKEN)
 
 
 def start_workers(args, out: str, logs: list, workers: list) -> None:
-    """Starts the worker processes (appended to `workers`), their output going to
-    the files in `logs`."""
+    """Starts the worker processes (appended to `workers`), their output going
+    to the files in `logs`."""
     env = dict(os.environ)
     flags = [
         f
@@ -287,19 +305,32 @@ def start_workers(args, out: str, logs: list, workers: list) -> None:
     env["JAX_PLATFORMS"] = "cpu"
     coordinator = f"127.0.0.1:{free_port()}"
     for index, log in enumerate(logs):
-        command = [sys.executable, os.path.abspath(__file__), "--worker", str(index)]
-        command += ["--coordinator", coordinator, "--processes", str(args.processes)]
+        command = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            str(index),
+        ]
+        command += [
+            "--coordinator",
+            coordinator,
+            "--processes",
+            str(args.processes),
+        ]
         command += ["--steps", str(args.steps), "--batch", str(args.batch)]
         command += ["--out", out, "--timeout", str(args.timeout)]
         workers.append(
-            subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
         )
 
 
 def wait(workers: list[subprocess.Popen], logs: list, deadline: float) -> str:
-    """What became of the workers: "ok" once every one has exited with status 0;
-    else, as soon as it is known, "port taken", "failed" (one exited with another
-    status: the others would wait for it in a collective) or "timeout"."""
+    """What became of the workers: "ok" once every one has exited with status
+    0; else, as soon as it is known, "port taken", "failed" (one exited with
+    another status: the others would wait for it in a collective) or
+    "timeout"."""
     while True:
         codes = [w.poll() for w in workers]
         if all(c == 0 for c in codes):
@@ -314,9 +345,10 @@ def wait(workers: list[subprocess.Popen], logs: list, deadline: float) -> str:
 
 
 def run_workers(args, out: str, meanwhile: Callable[[], Any]) -> Any:
-    """Runs the workers to completion, and `meanwhile()` here while they run (its
-    result is returned); tries a second time (on a new port) if the coordinator
-    could not bind its port; raises with the workers' output otherwise."""
+    """Runs the workers to completion, and `meanwhile()` here while they run
+    (its result is returned); tries a second time (on a new port) if the
+    coordinator could not bind its port; raises with the workers' output
+    otherwise."""
     result = None
     for attempt in (1, 2):
         workers: list[subprocess.Popen] = []
@@ -349,7 +381,9 @@ def run_workers(args, out: str, meanwhile: Callable[[], Any]) -> Any:
             for i, (w, t) in enumerate(zip(workers, texts))
         )
         if attempt == 1 and outcome == "port taken":
-            print("the coordinator's port was taken; trying another", flush=True)
+            print(
+                "the coordinator's port was taken; trying another", flush=True
+            )
             continue
         why = {
             "timeout": f"ran past {args.timeout} s",
@@ -359,7 +393,8 @@ def run_workers(args, out: str, meanwhile: Callable[[], Any]) -> Any:
 
 
 def reference(steps: int, batch: int) -> dict[str, np.ndarray]:
-    """The same training in this process, on one device, the whole batch at once."""
+    """The same training in this process, on one device, the whole batch at
+    once."""
     device = jax.devices()[0]
     params, static = eqx.partition(make_model(), eqx.is_array)
     results = {}
@@ -415,7 +450,8 @@ def launch(args) -> int:
     )
     print(
         f"{args.processes} processes x {args.local_devices} CPU devices, "
-        f"{args.steps} steps: largest difference from one process {largest:.3g} "
+        f"{args.steps} steps: largest difference from one process "
+        f"{largest:.3g} "
         f"({time.monotonic() - start:.1f} s)"
     )
     for layout, title, _ in runs():
@@ -429,7 +465,9 @@ def launch(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").splitlines()[0]
+    )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--local-devices", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
@@ -441,7 +479,9 @@ def main(argv: list[str] | None = None) -> int:
         "--verbose", action="store_true", help="print the workers' output"
     )
     # Set by the launcher for each worker process.
-    parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--worker", type=int, default=None, help=argparse.SUPPRESS
+    )
     parser.add_argument("--coordinator", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

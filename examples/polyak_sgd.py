@@ -1,15 +1,15 @@
 """Polyak step sizes: SGD whose learning rate comes from the loss value.
 
 `eqxopt.PolyakSGD` sets each step's size to `(f - f_min) / |g|**2` (capped at
-`max_learning_rate`), so it needs the loss as well as the gradient. Both come from
-one `eqx.filter_value_and_grad` call, and the loss goes to `step` (or `update`) as
-the keyword `value=`:
+`max_learning_rate`), so it needs the loss as well as the gradient. Both come
+from one `eqx.filter_value_and_grad` call, and the loss goes to `step` (or
+`update`) as the keyword `value=`:
 
     loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
     model, state = opt.step(grads, state, model, value=loss)
 
-The loss may be the JAX array it is or a Python number: `step` turns numbers into
-arrays, so a new loss never recompiles.
+The loss may be the JAX array it is or a Python number: `step` turns numbers
+into arrays, so a new loss never recompiles.
 
 This script fits a student MLP to a teacher MLP's outputs (a problem the student
 can fit exactly, so `f_min = 0` is right), with PolyakSGD and, for comparison,
@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, loss in results.items():
         print(f"  {name:<{width}}  {loss:.3e}")
     ok = results["PolyakSGD"] < TARGET_LOSS
-    print(("ok" if ok else "FAILED") + f": PolyakSGD loss below {TARGET_LOSS:g}")
+    print(
+        ("ok" if ok else "FAILED") + f": PolyakSGD loss below {TARGET_LOSS:g}"
+    )
     return 0 if ok else 1
 
 

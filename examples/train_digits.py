@@ -2,17 +2,18 @@
 
 `make demo` runs this script. It trains an Equinox CNN on the 8x8 digits that
 scikit-learn ships (1797 images, no download) with `eqxopt.AdamW` and an
-`eqxopt.WarmupCosine` learning-rate schedule, passing the whole model (activation
-function included) to `opt.init` / `opt.step` without `eqx.filter`. Training images
-are moved by up to one pixel at random (seeded), the only augmentation. It prints a
-progress bar with the loss and the current learning rate, writes a PNG with the loss
-curve and the schedule, and ends with a one-line summary. It exits with status 1 if
-the test accuracy is below 97%.
+`eqxopt.WarmupCosine` learning-rate schedule, passing the whole model
+(activation function included) to `opt.init` / `opt.step` without `eqx.filter`.
+Training images are moved by up to one pixel at random (seeded), the only
+augmentation. It prints a progress bar with the loss and the current learning
+rate, writes a PNG with the loss curve and the schedule, and ends with a
+one-line summary. It exits with status 1 if the test accuracy is below 97%.
 
-    python examples/train_digits.py [--steps N] [--quick] [--out PATH] [--no-progress]
+    python examples/train_digits.py [--steps N] [--quick] [--out PATH]
+                                    [--no-progress]
 
-The pieces (`load_data`, `CNN`, `make_optimizer`, `train`, `plot`) are importable;
-`tests/test_demo.py` runs a shortened `train`.
+The pieces (`load_data`, `CNN`, `make_optimizer`, `train`, `plot`) are
+importable; `tests/test_demo.py` runs a shortened `train`.
 """
 
 import argparse
@@ -35,7 +36,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "train_digits.png"
 TARGET_ACCURACY = 0.97
 
 
-# --------------------------------------------------------------------------- data
+# ------------------------------------------------------------------------- data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,8 @@ def load_data(seed: int = 0, test_fraction: float = 0.2) -> Digits:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    pixels, labels = load_digits(return_X_y=True)  # (1797, 64) in 0..16, (1797,)
+    # (1797, 64) in 0..16, (1797,)
+    pixels, labels = load_digits(return_X_y=True)
     x = (np.asarray(pixels, np.float32) / 16.0).reshape(-1, 1, 8, 8)
     y = np.asarray(labels, np.int32)
     x_train, x_test, y_train, y_test = (
@@ -66,13 +68,13 @@ def load_data(seed: int = 0, test_fraction: float = 0.2) -> Digits:
     return Digits(x_train, y_train, x_test, y_test)
 
 
-# -------------------------------------------------------------------------- model
+# ------------------------------------------------------------------------ model
 
 
 class CNN(eqx.Module):
-    """Two 3x3 convolutions, a 2x2 max-pool and two linear layers, for one image of
-    shape `(1, 8, 8)`; returns 10 logits. `activation` is a plain function leaf: the
-    optimizer is given the whole module and leaves it alone."""
+    """Two 3x3 convolutions, a 2x2 max-pool and two linear layers, for one image
+    of shape `(1, 8, 8)`; returns 10 logits. `activation` is a plain function
+    leaf: the optimizer is given the whole module and leaves it alone."""
 
     conv1: eqx.nn.Conv2d
     conv2: eqx.nn.Conv2d
@@ -84,7 +86,9 @@ class CNN(eqx.Module):
     def __init__(self, key: Array, channels: int = 32, width: int = 128):
         k1, k2, k3, k4 = jax.random.split(key, 4)
         self.conv1 = eqx.nn.Conv2d(1, channels // 2, 3, padding=1, key=k1)
-        self.conv2 = eqx.nn.Conv2d(channels // 2, channels, 3, padding=1, key=k2)
+        self.conv2 = eqx.nn.Conv2d(
+            channels // 2, channels, 3, padding=1, key=k2
+        )
         self.pool = eqx.nn.MaxPool2d(2, stride=2)
         self.hidden = eqx.nn.Linear(channels * 4 * 4, width, key=k3)
         self.head = eqx.nn.Linear(width, 10, key=k4)
@@ -107,11 +111,13 @@ def loss_fn(
 
 
 @eqx.filter_jit
-def accuracy(model: CNN, x: Float[Array, "n 1 8 8"], y: Int[Array, " n"]) -> Array:
+def accuracy(
+    model: CNN, x: Float[Array, "n 1 8 8"], y: Int[Array, " n"]
+) -> Array:
     return jnp.mean(jnp.argmax(jax.vmap(model)(x), axis=1) == y)
 
 
-# ---------------------------------------------------------------------- optimizer
+# -------------------------------------------------------------------- optimizer
 
 
 def make_optimizer(
@@ -120,7 +126,8 @@ def make_optimizer(
     warmup_fraction: float = 0.1,
     weight_decay: float = 1e-2,
 ) -> eqxopt.AdamW:
-    """AdamW with a linear warmup to `peak_lr` and a cosine decay to 1% of it."""
+    """AdamW with a linear warmup to `peak_lr` and a cosine decay to 1% of
+    it."""
     warmup = max(1, int(warmup_fraction * total_steps))
     schedule = eqxopt.WarmupCosine(
         peak_lr=peak_lr,
@@ -134,14 +141,17 @@ def make_optimizer(
 def augment(
     x: Float[Array, "b 1 8 8"], key: Array, shift: int
 ) -> Float[Array, "b 1 8 8"]:
-    """Moves each image by up to `shift` pixels in each direction (zero fill)."""
+    """Moves each image by up to `shift` pixels in each direction (zero
+    fill)."""
     if shift == 0:
         return x
     padded = jnp.pad(x, ((0, 0), (0, 0), (shift, shift), (shift, shift)))
     offsets = jax.random.randint(key, (x.shape[0], 2), 0, 2 * shift + 1)
 
     def crop(image, offset):
-        return jax.lax.dynamic_slice(image, (0, offset[0], offset[1]), (1, 8, 8))
+        return jax.lax.dynamic_slice(
+            image, (0, offset[0], offset[1]), (1, 8, 8)
+        )
 
     return jax.vmap(crop)(padded, offsets)
 
@@ -155,27 +165,28 @@ def augmented_loss(
     step: Array,
     shift: int = 1,
 ) -> Float[Array, ""]:
-    """The loss on `x_all[batch]`, each image moved by up to `shift` pixels with a
-    key folded from `key` and the step number."""
+    """The loss on `x_all[batch]`, each image moved by up to `shift` pixels with
+    a key folded from `key` and the step number."""
     x = augment(x_all[batch], jax.random.fold_in(key, step), shift)
     return loss_fn(model, x, y_all[batch])
 
 
 def make_train_step(opt: eqxopt.AdamW) -> eqxopt.TrainStep:
-    """The compiled train step: `step(model, state, *loss_args) -> (model, state,
-    loss)`, the loss's gradients and the fused AdamW step in one `jit` that updates
-    model and state in place (`eqxopt.make_train_step`). The optimizer's
-    hyperparameters (schedule values included) are arguments of the compiled
-    program: a new `make_optimizer(...)` of the same shape reuses it. The whole
-    model goes in: the activation function gets no gradient and passes through.
+    """The compiled train step: `step(model, state, *loss_args) -> (model,
+    state, loss)`, the loss's gradients and the fused AdamW step in one `jit`
+    that updates model and state in place (`eqxopt.make_train_step`). The
+    optimizer's hyperparameters (schedule values included) are arguments of the
+    compiled program: a new `make_optimizer(...)` of the same shape reuses it.
+    The whole model goes in: the activation function gets no gradient and passes
+    through.
 
     Written by hand, the same step is:
 
-        @eqx.filter_jit(donate="all-except-first")
-        def train_step(opt, model, state, *loss_args):
-            loss, grads = eqx.filter_value_and_grad(augmented_loss)(model, *loss_args)
-            model, state = opt.step(grads, state, model, donate=True)
-            return model, state, loss
+        @eqx.filter_jit(donate="all-except-first") def train_step(opt, model,
+        state, *loss_args): loss, grads =
+        eqx.filter_value_and_grad(augmented_loss)(model, *loss_args) model,
+        state = opt.step(grads, state, model, donate=True) return model, state,
+        loss
     """
     return eqxopt.make_train_step(augmented_loss, opt)
 
@@ -186,7 +197,7 @@ def schedule_values(schedule: eqxopt.AbstractSchedule, steps: int) -> Array:
     return schedule(jnp.arange(steps, dtype=jnp.int32))
 
 
-# -------------------------------------------------------------------------- train
+# ------------------------------------------------------------------------ train
 
 
 @dataclasses.dataclass
@@ -211,7 +222,9 @@ def batches(n: int, batch_size: int, steps: int, seed: int) -> np.ndarray:
     order = np.concatenate(
         [rng.permutation(n)[: per_epoch * batch_size] for _ in range(epochs)]
     )
-    return order[: steps * batch_size].reshape(steps, batch_size).astype(np.int32)
+    return (
+        order[: steps * batch_size].reshape(steps, batch_size).astype(np.int32)
+    )
 
 
 def train(
@@ -245,9 +258,19 @@ def train(
     losses: list[Array] = []
     start = time.perf_counter()
     first_done = start
-    bar = tqdm(range(steps), desc="train", unit="step", disable=not progress)
+    if progress:
+        # The first call compiles the step (tens of seconds on a 2-core CPU)
+        # before the bar can move: say so.
+        print(
+            "compiling the train step (the first step waits for XLA)...",
+            flush=True,
+        )
+    bar = tqdm(
+        range(steps), desc="compiling", unit="step", disable=not progress
+    )
     for i in bar:
-        # Model and state are donated (updated in place): keep only the new ones.
+        # Model and state are donated (updated in place): keep only the new
+        # ones.
         model, state, loss = train_step(
             model,
             state,
@@ -262,8 +285,13 @@ def train(
         if i == 0:
             loss.block_until_ready()
             first_done = time.perf_counter()
+            bar.set_description("train")
+            if progress:
+                seconds = first_done - start
+                bar.write(f"compiled and ran the first step in {seconds:.1f} s")
         if i % log_every == 0 or i == steps - 1:
-            # Reading the values waits for the step; only every `log_every` steps.
+            # Reading the values waits for the step; only every `log_every`
+            # steps.
             bar.set_postfix(loss=f"{float(loss):.4f}", lr=f"{schedule[i]:.2e}")
     jax.block_until_ready(model)
     end = time.perf_counter()
@@ -284,7 +312,7 @@ def train(
     )
 
 
-# --------------------------------------------------------------------------- plot
+# ------------------------------------------------------------------------- plot
 
 
 def plot(result: Result, path: str | os.PathLike[str]) -> Path:
@@ -305,7 +333,12 @@ def plot(result: Result, path: str | os.PathLike[str]) -> Path:
         2, 1, figsize=(8, 6), sharex=True, height_ratios=(3, 2)
     )
     ax_loss.plot(
-        steps, result.losses, color="tab:blue", alpha=0.3, lw=0.8, label="per batch"
+        steps,
+        result.losses,
+        color="tab:blue",
+        alpha=0.3,
+        lw=0.8,
+        label="per batch",
     )
     ax_loss.plot(
         steps[window - 1 :],
@@ -343,7 +376,7 @@ def plot(result: Result, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-# --------------------------------------------------------------------------- main
+# ------------------------------------------------------------------------- main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -353,13 +386,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=600, help="training steps")
     parser.add_argument(
-        "--quick", action="store_true", help="300 steps (a smoke run; may miss 97%%)"
+        "--quick",
+        action="store_true",
+        help="300 steps (a smoke run; may miss 97%%)",
     )
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    parser.add_argument(
+        "--lr", type=float, default=3e-3, help="peak learning rate"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="PNG path")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="PNG path"
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar"
+    )
     args = parser.parse_args(argv)
     steps = 300 if args.quick else args.steps
 

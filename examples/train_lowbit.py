@@ -1,7 +1,8 @@
-"""Low-bit optimizer state and bf16 parameters on a real language-modelling task.
+"""Low-bit optimizer state and bf16 parameters on a real language-modelling
+   task.
 
-Trains a small byte-level transformer language model (written here in Equinox) on
-the Python standard library's own source (the `.py` files in
+Trains a small byte-level transformer language model (written here in Equinox)
+on the Python standard library's own source (the `.py` files in
 `sysconfig.get_paths()["stdlib"]`, no download) with `eqxopt.AdamW` in several
 precision set-ups, the same warmup + cosine schedule, data order and
 initialisation for each, and compares their validation losses:
@@ -15,20 +16,22 @@ initialisation for each, and compares their validation losses:
 - `bf16-sr`: bf16 parameters, `eqxopt.StochasticRounding(AdamW, key=seed)`;
 - `bf16-kahan`: bf16 parameters, `eqxopt.KahanSummation(AdamW)`.
 
-The bf16 set-ups keep float32 moments, so the only difference between them is how
-the parameter update is applied. The forward and backward passes compute in float32
-in every set-up (bf16 parameters are upcast inside the loss), so what is compared is
-the optimizer's storage, not bf16 arithmetic.
+The bf16 set-ups keep float32 moments, so the only difference between them is
+how the parameter update is applied. The forward and backward passes compute in
+float32 in every set-up (bf16 parameters are upcast inside the loss), so what is
+compared is the optimizer's storage, not bf16 arithmetic.
 
-    python examples/train_lowbit.py [--steps 1000] [--seeds 0 1 2] [--peak-lr 2e-3]
-        [--configs f32 8bit ...] [--out examples/out] [--quick] [--update-sizes]
+    python examples/train_lowbit.py [--steps 1000] [--seeds 0 1 2]
+                                    [--peak-lr 2e-3] [--configs f32 8bit ...]
+                                    [--out examples/out] [--quick]
+                                    [--update-sizes]
 
-Writes `lowbit_lm.json` (settings, curves, final losses) and `lowbit_lm.png` (the
-validation curves) into `--out`. `--update-sizes` instead measures how large each
-configuration's update is against f32's on the same batches (`update_sizes.json`).
-The pieces (`load_text`, `TransformerLM`, `CONFIGS`, `train_one`, `update_sizes`,
-`summarise`, `plot`) are importable; `tests/test_train_lowbit.py` runs a tiny
-version end to end.
+Writes `lowbit_lm.json` (settings, curves, final losses) and `lowbit_lm.png`
+(the validation curves) into `--out`. `--update-sizes` instead measures how
+large each configuration's update is against f32's on the same batches
+(`update_sizes.json`). The pieces (`load_text`, `TransformerLM`, `CONFIGS`,
+`train_one`, `update_sizes`, `summarise`, `plot`) are importable;
+`tests/test_train_lowbit.py` runs a tiny version end to end.
 """
 
 import argparse
@@ -54,7 +57,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "out"
 VOCAB = 256  # bytes
 
 
-# --------------------------------------------------------------------------- data
+# ------------------------------------------------------------------------- data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +73,9 @@ class Text:
 
 def load_text(max_bytes: int | None = None) -> Text:
     """The top-level `.py` files of the running Python's standard library, in
-    sorted order; every tenth file (index 9, 19, ...) is held out for validation,
-    so validation text is code from modules never trained on. `max_bytes` caps
-    each split (for quick runs)."""
+    sorted order; every tenth file (index 9, 19, ...) is held out for
+    validation, so validation text is code from modules never trained on.
+    `max_bytes` caps each split (for quick runs)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(root.glob("*.py"))
     if not files:
@@ -92,12 +95,13 @@ def load_text(max_bytes: int | None = None) -> Text:
 
 
 def windows(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
-    """`(len(starts), length + 1)` int32 windows of `data` (inputs and targets)."""
+    """`(len(starts), length + 1)` int32 windows of `data` (inputs and
+    targets)."""
     idx = starts[:, None] + np.arange(length + 1)[None, :]
     return data[idx].astype(np.int32)
 
 
-# -------------------------------------------------------------------------- model
+# ------------------------------------------------------------------------ model
 
 
 class Block(eqx.Module):
@@ -147,7 +151,9 @@ class TransformerLM(eqx.Module):
     ln: eqx.nn.LayerNorm
     head: eqx.nn.Linear
 
-    def __init__(self, dim: int, depth: int, heads: int, context: int, *, key: Array):
+    def __init__(
+        self, dim: int, depth: int, heads: int, context: int, *, key: Array
+    ):
         ke, kp, kh, *kb = jax.random.split(key, 3 + depth)
         self.embed = eqx.nn.Embedding(VOCAB, dim, key=ke)
         self.pos = 0.02 * jax.random.normal(kp, (context, dim))
@@ -163,7 +169,8 @@ class TransformerLM(eqx.Module):
 
 
 def cross_entropy(model: TransformerLM, batch: Int[Array, "B T1"]) -> Array:
-    """Mean next-byte cross entropy (nats) of `batch[:, 1:]` given `batch[:, :-1]`."""
+    """Mean next-byte cross entropy (nats) of `batch[:, 1:]` given
+    `batch[:, :-1]`."""
     logits = jax.vmap(model)(batch[:, :-1])
     logp = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logp, batch[:, 1:, None], axis=-1)
@@ -181,8 +188,11 @@ def _loss(model: TransformerLM, batch: Int[Array, "B T1"]) -> Array:
     return cross_entropy(_cast_floats(model, jnp.float32), batch)
 
 
-def _loss_bf16_forward(model: TransformerLM, batch: Int[Array, "B T1"]) -> Array:
-    # The model as bf16 parameters would give it: master weights rounded to bf16.
+def _loss_bf16_forward(
+    model: TransformerLM, batch: Int[Array, "B T1"]
+) -> Array:
+    # The model as bf16 parameters would give it: master weights rounded to
+    # bf16.
     return _loss(_cast_floats(model, jnp.bfloat16), batch)
 
 
@@ -191,19 +201,21 @@ _evaluate = eqx.filter_jit(_loss)
 _evaluate_bf16_forward = eqx.filter_jit(_loss_bf16_forward)
 
 
-# ------------------------------------------------------------------ configurations
+# --------------------------------------------------------------- configurations
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     """One precision set-up: the parameters' storage dtype, the optimizer (given
-    the schedule and the seed) and whether the model runs on the bf16 rounding of
-    float32 master weights."""
+    the schedule and the seed) and whether the model runs on the bf16 rounding
+    of float32 master weights."""
 
     name: str
     label: str
     param_dtype: Any
-    make_opt: Callable[[eqxopt.WarmupCosine, float, int], eqxopt.AbstractTransform]
+    make_opt: Callable[
+        [eqxopt.WarmupCosine, float, int], eqxopt.AbstractTransform
+    ]
     bf16_forward: bool = False
 
 
@@ -218,7 +230,9 @@ _Q4 = {"mu_dtype": eqxopt.Blockwise4bit(), "nu_dtype": eqxopt.Blockwise4bit()}
 CONFIGS: dict[str, Config] = {
     c.name: c
     for c in [
-        Config("f32", "f32 AdamW", jnp.float32, lambda s, wd, seed: _adamw(s, wd)),
+        Config(
+            "f32", "f32 AdamW", jnp.float32, lambda s, wd, seed: _adamw(s, wd)
+        ),
         Config(
             "8bit",
             "AdamW, 8-bit moments",
@@ -289,17 +303,20 @@ def quantized_fraction(model: TransformerLM, storage: Any) -> float:
     return sum(a.size for a in leaves if storage.quantizes(a)) / total
 
 
-# ------------------------------------------------------------------------ training
+# --------------------------------------------------------------------- training
 
 
 def train_one(
     config: Config, seed: int, text: Text, settings: Settings, log=print
 ) -> dict[str, Any]:
-    """Train one configuration with one seed; returns its curves: `steps` at which
-    the validation loss `valid` was measured, the mean training loss `train` over
-    each interval, the final validation loss and the seconds taken."""
+    """Train one configuration with one seed; returns its curves: `steps` at
+    which the validation loss `valid` was measured, the mean training loss
+    `train` over each interval, the final validation loss and the seconds
+    taken."""
     s = settings
-    model = TransformerLM(s.dim, s.depth, s.heads, s.context, key=jax.random.key(seed))
+    model = TransformerLM(
+        s.dim, s.depth, s.heads, s.context, key=jax.random.key(seed)
+    )
     model = _cast_floats(model, config.param_dtype)
     schedule = eqxopt.WarmupCosine(s.peak_lr, s.min_lr, s.warmup, s.steps)
     opt = config.make_opt(schedule, s.weight_decay, seed)
@@ -312,7 +329,9 @@ def train_one(
     # The data order depends on the seed only: every configuration sees the same
     # batches for a seed. The validation windows are the same for every run.
     rng = np.random.default_rng(seed)
-    starts = rng.integers(0, text.train.size - s.context - 1, (s.steps, s.batch))
+    starts = rng.integers(
+        0, text.train.size - s.context - 1, (s.steps, s.batch)
+    )
     vstarts = np.random.default_rng(12345).integers(
         0, text.valid.size - s.context - 1, s.eval_windows
     )
@@ -350,11 +369,14 @@ def train_one(
 def update_sizes(
     names: list[str], seed: int, text: Text, settings: Settings
 ) -> dict[str, np.ndarray]:
-    """Per configuration (float32 parameters only), the root mean square of AdamW's
-    update at every step over the leaves quantized moments cover (the same batches
-    and initialisation for each): how large a step each storage takes."""
+    """Per configuration (float32 parameters only), the root mean square of
+    AdamW's update at every step over the leaves quantized moments cover (the
+    same batches and initialisation for each): how large a step each storage
+    takes."""
     s = settings
-    model0 = TransformerLM(s.dim, s.depth, s.heads, s.context, key=jax.random.key(seed))
+    model0 = TransformerLM(
+        s.dim, s.depth, s.heads, s.context, key=jax.random.key(seed)
+    )
     covered = eqxopt.Blockwise8bit().quantizes
     starts = np.random.default_rng(seed).integers(
         0, text.train.size - s.context - 1, (s.steps, s.batch)
@@ -461,7 +483,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-# ----------------------------------------------------------------------------- main
+# ------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -486,8 +508,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--update-sizes",
         action="store_true",
-        help="instead of the comparison: the RMS of each configuration's update per "
-        "step against f32's (first seed), medians over tenths of the run",
+        help="instead of the comparison: the RMS of each configuration's "
+        "update per step against f32's (first seed), medians over tenths of "
+        "the run",
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -498,21 +521,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )  # fmt: skip
     else:
         settings = Settings(
-            steps=args.steps, eval_every=max(1, args.steps // 20), peak_lr=args.peak_lr
+            steps=args.steps,
+            eval_every=max(1, args.steps // 20),
+            peak_lr=args.peak_lr,
         )
     text = load_text(settings.max_bytes)
     s = settings
-    probe = TransformerLM(s.dim, s.depth, s.heads, s.context, key=jax.random.key(0))
-    n_params = sum(a.size for a in jax.tree.leaves(probe) if eqx.is_inexact_array(a))
+    probe = TransformerLM(
+        s.dim, s.depth, s.heads, s.context, key=jax.random.key(0)
+    )
+    n_params = sum(
+        a.size for a in jax.tree.leaves(probe) if eqx.is_inexact_array(a)
+    )
     fractions = {
         "8bit": quantized_fraction(probe, eqxopt.Blockwise8bit()),
         "4bit": quantized_fraction(probe, eqxopt.Blockwise4bit()),
     }
     print(
-        f"stdlib {text.root}: {text.train_files} files / {text.train.size:,} bytes "
+        f"stdlib {text.root}: {text.train_files} files / "
+        f"{text.train.size:,} bytes "
         f"train, {text.valid_files} files / {text.valid.size:,} bytes valid; "
         f"{n_params:,} parameters, quantized moments cover "
-        f"{fractions['8bit']:.1%} (8-bit) / {fractions['4bit']:.1%} (4-bit) of them"
+        f"{fractions['8bit']:.1%} (8-bit) / {fractions['4bit']:.1%} (4-bit) "
+        "of them"
     )
     result: dict[str, Any] = {
         "settings": dataclasses.asdict(settings),
@@ -531,12 +562,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         names = ["f32", *(n for n in args.configs if n != "f32")]
         sizes = update_sizes(names, args.seeds[0], text, settings)
         tenth = max(1, s.steps // 10)
-        print(f"{'steps':>11} " + " ".join(f"{n + ' / f32':>12}" for n in names[1:]))
+        print(
+            f"{'steps':>11} "
+            + " ".join(f"{n + ' / f32':>12}" for n in names[1:])
+        )
         ratios = {}
         for n in names[1:]:
             r = sizes[n] / np.maximum(sizes["f32"], np.finfo(np.float32).tiny)
             ratios[n] = [
-                float(np.median(r[a : a + tenth])) for a in range(0, s.steps, tenth)
+                float(np.median(r[a : a + tenth]))
+                for a in range(0, s.steps, tenth)
             ]
         for k, a in enumerate(range(0, s.steps, tenth)):
             row = " ".join(f"{ratios[n][k]:12.4f}" for n in names[1:])
@@ -547,16 +582,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         path.write_text(json.dumps(result, indent=1))
         print(f"wrote {path}")
         return result
-    json_path, png_path = args.out / "lowbit_lm.json", args.out / "lowbit_lm.png"
+    json_path, png_path = (
+        args.out / "lowbit_lm.json",
+        args.out / "lowbit_lm.png",
+    )
     # Seed by seed, so that partial results compare every configuration.
     for seed in args.seeds:
         for name in args.configs:
             run = train_one(CONFIGS[name], seed, text, settings)
             result["runs"].setdefault(name, {})[str(seed)] = run
             result["summary"] = summarise(result["runs"])
-            json_path.write_text(json.dumps(result, indent=1))  # partial results
+            # partial results
+            json_path.write_text(json.dumps(result, indent=1))
     plot(result, png_path)
-    print(f"{'config':>12} {'final valid (mean)':>19} {'min..max':>16} {'/ f32':>7}")
+    print(
+        f"{'config':>12} {'final valid (mean)':>19} {'min..max':>16} "
+        f"{'/ f32':>7}"
+    )
     for name, row in result["summary"].items():
         ratio = row.get("ratio_to_f32", float("nan"))
         print(

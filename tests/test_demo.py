@@ -79,3 +79,10 @@ def test_main_summary_and_exit_status(tmp_path, capsys, monkeypatch):
     # With the bar lowered the same run passes.
     monkeypatch.setattr(demo, "TARGET_ACCURACY", 0.0)
     assert demo.main(["--steps", "2", "--out", str(out), "--no-progress"]) == 0
+
+
+def test_says_it_is_compiling_before_the_first_step(data, capsys):
+    demo.train(steps=2, seed=0, data=data, progress=True)
+    out, err = capsys.readouterr()
+    assert out.startswith("compiling the train step")
+    assert "compiled and ran the first step in" in out + err

@@ -196,6 +196,22 @@ def test_catalog_page_is_current():
     assert sorted(set(optimizers) - wrappers) == sorted(names)
 
 
+def test_catalog_opens_with_a_table_of_families_linking_every_entry():
+    """Above the entries, a table a reader scans on a screen or two: one row per
+    family, each linking its optimizers' entries."""
+    make_catalog = load_script("docs/make_catalog.py")
+    page = (DOCS / "catalog.md").read_text()
+    overview = page.split("\n## ", 1)[0]
+    rows = re.findall(r"^\| \[([^\]]+)\]\(#[\w-]+\) \| (.*) \|$", overview, re.M)
+    families = {entry[1] for entry in make_catalog.CATALOG}
+    assert len(rows) == len(families) <= 12
+    linked = re.findall(r"\[`(\w+)`\]\(#(\w+)\)", overview)
+    assert sorted(name for name, _ in linked) == sorted(
+        entry[0] for entry in make_catalog.CATALOG
+    )
+    assert all(f"\n### {name}\n" in page for name, _ in linked)
+
+
 def test_schedules_page_has_every_schedule_and_plot():
     page = (DOCS / "schedules.md").read_text()
     schedules = [

@@ -498,6 +498,38 @@ def test_optax_spelling_is_refused_naming_eqxopts(cls_name, key, advice):
     assert str(error.value).endswith(f": {advice}"), str(error.value)
 
 
+def test_every_refused_keyword_is_named_in_one_error():
+    """optax's spellings and names a class does not take, all in one error, each
+    with eqxopt's name: a ported call is fixed in one try."""
+    with pytest.raises(TypeError) as error:
+        eqxopt.WarmupCosine(
+            peak_value=1.0, end_value=0.1, warmup_step=10, decay_steps=100
+        )
+    assert str(error.value) == (
+        "WarmupCosine got 4 keyword arguments it does not take:\n"
+        "  peak_value=: use peak_lr=\n"
+        "  end_value=: use min_lr=\n"
+        "  warmup_step=: use warmup_steps=\n"
+        "  decay_steps=: use total_steps="
+    )
+    with pytest.raises(TypeError) as error:
+        eqxopt.AdamW(lr=1e-3, betas=(0.9, 0.99), epsilon=1e-8, weight_decay=0.1)
+    assert str(error.value) == (
+        "AdamW got 3 keyword arguments it does not take:\n"
+        "  lr=: use learning_rate=\n"
+        "  betas=: use b1= and b2=\n"
+        "  epsilon=: use eps="
+    )
+    # One, alone: the same form as one of optax's spellings.
+    with pytest.raises(TypeError, match=r"^Chain got nmes=: use names=$"):
+        eqxopt.Chain(eqxopt.SGD(0.1), nmes=["sgd"])
+    with pytest.raises(
+        TypeError,
+        match=r"^Constant got colour=: not an argument; the arguments are value=$",
+    ):
+        eqxopt.Constant(1.0, colour="red")
+
+
 def test_update_without_params_as_equinox_examples_write_it():
     """optax's `update(grads, state)`, as Equinox's own examples call it, on a
     whole model: the same updates as with the model, for optax's transforms
@@ -540,3 +572,146 @@ def test_update_without_params_as_equinox_examples_write_it():
             ),
         ):
             wrapped.update(grads, wrapped.init(model))
+
+
+# ---------------------------------------------------------- code that reads the state
+
+
+def _state_row(theirs):
+    (row,) = [row for row in MIGRATION.OPTAX_STATE if row.theirs == theirs]
+    return row
+
+
+def test_the_step_count_is_read_as_the_guide_says():
+    """optax's `tree.get(state, "count")` finds nothing in an eqxopt state (it
+    returns `None`, as the row says); the guide's `tree_get(state, "step")` reads
+    what optax's reads on optax's state."""
+    row = _state_row('optax.tree.get(state, "count")')
+    tx, opt = optax.adam(1e-2), eqxopt.Adam(1e-2)
+    tx_state, state = tx.init(PARAMS), opt.init(PARAMS)
+    grads = jax.grad(loss)(PARAMS)
+    for _ in range(STEPS):
+        with STANDARD:
+            _, tx_state = tx.update(grads, tx_state, PARAMS)
+        _, state = opt.update(grads, state, PARAMS)
+    theirs = _evaluate(row.theirs, {"optax": optax, "state": tx_state})
+    assert int(theirs) == STEPS
+    assert int(_evaluate(row.ours, {"eqxopt": eqxopt, "state": state})) == STEPS
+    assert _evaluate(row.theirs, {"optax": optax, "state": state}) is None
+    with pytest.raises(KeyError, match=r"eqxopt's states count updates in 'step'"):
+        eqxopt.tree_get(state, "count")
+
+
+def rosenbrock(params):
+    v = params["x"]
+    return jnp.sum(100.0 * (v[1:] - v[:-1] ** 2) ** 2 + (1.0 - v[:-1]) ** 2)
+
+
+def test_lbfgs_value_and_grad_from_state_as_the_guide_says():
+    """optax's L-BFGS loop with `value_and_grad_from_state`, and the same loop
+    with the guide's `opt.value_and_grad`: the same values and gradients, each
+    reusing the linesearch's (optax's finds nothing in eqxopt's state)."""
+    row = _state_row("optax.value_and_grad_from_state(f)(params, state=state)")
+    start = {"x": jnp.array([-1.2, 1.0, 0.5])}
+    tx, opt = optax.lbfgs(), eqxopt.LBFGS()
+    tx_params, tx_state = start, tx.init(start)
+    params, state = start, opt.init(start)
+    calls = []
+
+    def counted(params):
+        calls.append(None)  # one per trace or evaluation outside the linesearch
+        return rosenbrock(params)
+
+    for _ in range(5):
+        theirs = _evaluate(
+            row.theirs,
+            {"optax": optax, "f": rosenbrock, "params": tx_params, "state": tx_state},
+        )
+        ours = _evaluate(
+            row.ours, {"opt": opt, "f": counted, "params": params, "state": state}
+        )
+        np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-5)
+        np.testing.assert_allclose(ours[1]["x"], theirs[1]["x"], rtol=1e-4, atol=1e-5)
+        with STANDARD:
+            updates, tx_state = tx.update(
+                theirs[1], tx_state, tx_params,
+                value=theirs[0], grad=theirs[1], value_fn=rosenbrock,
+            )  # fmt: skip
+        tx_params = optax.apply_updates(tx_params, updates)
+        params, state = opt.step(
+            ours[1], state, params, value=ours[0], value_fn=rosenbrock
+        )
+        np.testing.assert_allclose(params["x"], tx_params["x"], rtol=1e-4, atol=1e-5)
+    # After the first update the value and gradient come from the state.
+    assert float(state.value) == pytest.approx(float(rosenbrock(params)), rel=1e-6)
+    with pytest.raises(ValueError, match="Value or gradient not found in the state"):
+        optax.value_and_grad_from_state(rosenbrock)(params, state=state)
+
+
+def test_hyperparameters_are_read_and_set_as_the_guide_says():
+    """`state.hyperparams` of `optax.inject_hyperparams`, read and set, against
+    the guide's `hyperparameters(opt, state)` and `dataclasses.replace`."""
+    read = _state_row('state.hyperparams["learning_rate"]')
+    write = _state_row('state.hyperparams["learning_rate"] = lr')
+
+    def replaced(opt, lr):
+        namespace = {"dataclasses": dataclasses, "opt": opt, "lr": lr}
+        return eval(write.ours.split(" = ", 1)[1], namespace)
+
+    # Set: a new learning rate after the second step, on both sides.
+    tx = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-2)
+    opt = eqxopt.AdamW(1e-2)
+    tx_params, tx_state, params, state = PARAMS, tx.init(PARAMS), PARAMS, None
+    state = opt.init(PARAMS)
+    for step in range(STEPS):
+        with STANDARD:
+            updates, tx_state = tx.update(
+                jax.grad(loss)(tx_params), tx_state, tx_params
+            )
+        tx_params = optax.apply_updates(tx_params, updates)
+        params, state = opt.step(jax.grad(loss)(params), state, params)
+        if step == 1:
+            tx_state.hyperparams["learning_rate"] = jnp.asarray(5e-3)
+            opt = replaced(opt, 5e-3)
+    close([params], [tx_params], 2e-5, 2e-6, "after a new learning rate")
+    with pytest.raises(ValueError, match="learning_rate"):
+        replaced(opt, -1.0)
+    # Read: optax's holds the value the last update used, eqxopt's the next one's.
+    schedule = optax.linear_schedule(1e-2, 1e-3, 10)
+    tx = optax.inject_hyperparams(optax.adamw)(learning_rate=schedule)
+    opt = eqxopt.AdamW(eqxopt.Linear(1e-2, 1e-3, 10))
+    tx_state, state = tx.init(PARAMS), opt.init(PARAMS)
+    grads = jax.grad(loss)(PARAMS)
+    for _ in range(STEPS):
+        with STANDARD:
+            _, tx_state = tx.update(grads, tx_state, PARAMS)
+        _, state = opt.update(grads, state, PARAMS)
+    theirs = eval(read.theirs, {"state": tx_state})
+    ours = eval(read.ours, {"eqxopt": eqxopt, "opt": opt, "state": state})
+    np.testing.assert_allclose(theirs, schedule(STEPS - 1), rtol=1e-6)
+    np.testing.assert_allclose(ours, schedule(STEPS), rtol=1e-6)
+
+
+def test_frozen_updates_are_applied_as_the_guide_says():
+    """optax's freeze gives zeros that `optax.apply_updates` adds; eqxopt's
+    `Freeze` gives `None`, which optax's call refuses and the guide's
+    `eqxopt.apply_updates` applies, to the same parameters."""
+    row = _state_row("optax.apply_updates(params, updates)")
+    labels = {"w": "frozen", "b": "train"}
+    tx = optax.multi_transform(
+        {"frozen": optax.set_to_zero(), "train": optax.sgd(0.1)}, labels
+    )
+    opt = eqxopt.Freeze(eqxopt.SGD(0.1), frozen={"w": True, "b": False})
+    grads = jax.grad(loss)(PARAMS)
+    with STANDARD:
+        tx_updates, _ = tx.update(grads, tx.init(PARAMS), PARAMS)
+    updates, _ = opt.update(grads, opt.init(PARAMS), PARAMS)
+    assert updates["w"] is None
+    theirs = _evaluate(
+        row.theirs, {"optax": optax, "params": PARAMS, "updates": tx_updates}
+    )
+    ours = _evaluate(row.ours, {"eqxopt": eqxopt, "params": PARAMS, "updates": updates})
+    close([ours], [theirs], 0, 0, "frozen and trained leaves")
+    assert ours["w"] is PARAMS["w"]  # left as it is, not added to
+    with pytest.raises(TypeError, match="NoneType"):
+        _evaluate(row.theirs, {"optax": optax, "params": PARAMS, "updates": updates})

@@ -1,16 +1,25 @@
 """The documentation site builds as `make docs` builds it (`mkdocs build --strict`), and
 what it shows is eqxopt's: every public name has an API entry, no entry prints a
 docstring that is not eqxopt's (a builtin's, on a class attribute; `object.__init__`'s,
-merged into a class), the header names the version, formulas are typeset, and the
-examples page shows every script of `examples/`."""
+merged into a class), the header names the version, formulas are typeset when the
+site is built, the examples page shows every script of `examples/`, and every code
+block fits the content column. Then the built site is opened in headless Chromium,
+served from this machine with every other address refused: no page asks the network
+for anything or logs a JavaScript error, no code block is wider than its column at
+1280 px, and a search finds what a reader looks for."""
 
+import functools
 import html
+import http.server
 import inspect
+import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -119,13 +128,72 @@ def test_header_shows_the_version(site):
     assert header.group(1) == f"eqxopt {eqxopt.__version__}"
 
 
+def _pages(site: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(site.rglob("index.html"))
+
+
 def test_formulas_are_typeset(site):
-    """Formulas in pages and docstrings are marked for KaTeX (pymdownx.arithmatex),
-    and the page loads the script that typesets them."""
+    """Formulas in pages and docstrings are typeset by KaTeX when the site is built
+    (no LaTeX left for a script to typeset), with KaTeX's stylesheet and fonts in
+    the site itself."""
     for page in ("catalog", "api/adam", "api/schedules", "api/engine"):
         source = (site / page / "index.html").read_text()
-        assert 'class="arithmatex"' in source, page
-        assert "katex.min.js" in source and "javascripts/katex.js" in source, page
+        assert 'class="katex"' in source, page
+        assert "assets/katex/katex.min.css" in source, page
+    for page in _pages(site):
+        formulas = re.findall(
+            r'class="arithmatex"[^>]*>(.{0,40})', page.read_text(), re.S
+        )
+        raw = [f for f in formulas if not f.startswith('<span class="katex')]
+        assert raw == [], f"{page.relative_to(site)}: formulas not typeset: {raw}"
+    css = (site / "assets" / "katex" / "katex.min.css").read_text()
+    fonts = set(re.findall(r"url\((fonts/[\w-]+\.woff2)\)", css))
+    assert fonts and all((site / "assets" / "katex" / f).is_file() for f in fonts)
+
+
+def test_pages_load_nothing_from_another_host(site):
+    """Every script, stylesheet and font a page loads is part of the site."""
+    outside = []
+    for page in _pages(site):
+        source = page.read_text()
+        for tag in re.findall(r"<(?:script|link|img)\b[^>]*>", source):
+            url = re.search(r'(?:src|href)="([^"]+)"', tag)
+            if url and re.match(r"^(?:[a-z]+:)?//", url.group(1)):
+                if "<link" in tag and "stylesheet" not in tag and "icon" not in tag:
+                    continue  # a link to another site, not something loaded
+                outside.append(f"{page.relative_to(site)}: {tag}")
+    assert outside == []
+
+
+def test_search_index_holds_no_latex(site):
+    """Search results show text: the LaTeX source of a formula stays out."""
+    index = json.loads((site / "search" / "search_index.json").read_text())
+    latex = re.compile(
+        r"\\(?:frac|hat|beta|sqrt|mathrm|odot|left|right|operatorname)\b"
+    )
+    found = [doc["location"] for doc in index["docs"] if latex.search(doc["text"])]
+    assert found == []
+
+
+# The content column at 1280 px holds 80 characters of code: 656 px at 0.85 em of a
+# 16 px font, in a monospace font whose characters are 0.6 em wide (Roboto Mono,
+# DejaVu Sans Mono, Menlo); the browser test below measures it.
+MAX_CODE_COLUMNS = 80
+
+
+def test_code_blocks_fit_the_column(site):
+    """No line of a code block (page, docstring example, signature, included
+    script) is longer than the content column holds at 1280 px."""
+    long = []
+    for page in _pages(site):
+        for block in re.findall(r"<pre[^>]*>(.*?)</pre>", page.read_text(), re.S):
+            text = html.unescape(re.sub(r"<[^>]+>", "", block))
+            long += [
+                f"{page.parent.relative_to(site)}: {len(line)}: {line}"
+                for line in text.splitlines()
+                if len(line) > MAX_CODE_COLUMNS
+            ]
+    assert long == []
 
 
 # Public classes whose formulas are still plain code blocks, each with the reason.
@@ -187,3 +255,137 @@ def test_examples_page_shows_every_script_and_its_plot(site):
     }
     for src in images:
         assert (page.parent / src).resolve().is_file(), src
+
+
+# ---------------------------------------------------------------- in a browser
+
+# CI (.ci/run) installs Debian's chromium and sets this: there the browser checks
+# must run, not skip.
+REQUIRE_BROWSER = os.environ.get("EQXOPT_TEST_REQUIRE_BROWSER", "0") == "1"
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def _chromium() -> str | None:
+    for name in (
+        os.environ.get("EQXOPT_TEST_CHROMIUM"),
+        "chromium",
+        "chromium-browser",
+    ):
+        path = name and shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # one line per request otherwise
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser_page(site):
+    """A 1280 x 800 Chromium page, the site served on 127.0.0.1, every request to
+    another address refused and recorded."""
+    chromium = _chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        chromium = None
+    if chromium is None:
+        reason = "needs playwright (the test extra) and Debian's chromium"
+        if REQUIRE_BROWSER:
+            pytest.fail(f"{reason}, and EQXOPT_TEST_REQUIRE_BROWSER=1")
+        pytest.skip(reason)
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.handle_error = lambda request, address: None  # a cancelled request
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}/"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=chromium, args=CHROMIUM_FLAGS
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.base = base  # type: ignore[attr-defined]
+        page.outside = []  # type: ignore[attr-defined]
+
+        def route(request_route):
+            url = request_route.request.url
+            if url.startswith(base):
+                request_route.continue_()
+            else:
+                page.outside.append(url)  # type: ignore[attr-defined]
+                request_route.abort()
+
+        page.route("**/*", route)
+        yield page
+        browser.close()
+    server.shutdown()
+    server.server_close()
+
+
+# Code blocks wider than their column, with their longest line.
+_WIDE_CODE = """() => [...document.querySelectorAll('.md-content pre > code')]
+  .filter(code => code.scrollWidth > code.clientWidth + 1)
+  .map(code => code.textContent.split('\\n')
+    .reduce((a, line) => line.length > a.length ? line : a, ''))"""
+# Whether a line of `n` characters fits a code block's column.
+_FITS = """(n) => {
+  const code = document.querySelector('.md-content pre > code');
+  const line = document.createElement('span');
+  line.textContent = 'x'.repeat(n);
+  code.prepend(line, document.createElement('br'));
+  const fits = code.scrollWidth <= code.clientWidth + 1;
+  line.nextSibling.remove(); line.remove();
+  return fits;
+}"""
+
+
+def test_every_page_works_offline_in_a_browser(site, browser_page):
+    """Each page, opened in Chromium with no network: no request leaves this
+    machine, no JavaScript error or failed load is logged, formulas are typeset,
+    and every code block fits its column at 1280 px."""
+    page = browser_page
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    found = {}
+    for path in _pages(site):
+        where = path.parent.relative_to(site).as_posix()
+        errors.clear()
+        page.goto(page.base + ("" if where == "." else where + "/"), wait_until="load")
+        found[where] = {
+            "errors": list(errors),
+            "wide code": page.evaluate(_WIDE_CODE),
+            "raw formulas": page.evaluate(
+                "() => [...document.querySelectorAll('.arithmatex')]"
+                ".filter(e => !e.querySelector('.katex')).length"
+            ),
+        }
+    assert page.outside == []
+    problems = {w: f for w, f in found.items() if any(f.values())}
+    assert problems == {}
+    # The column holds MAX_CODE_COLUMNS characters, and not many more.
+    page.goto(page.base + "getting-started/", wait_until="load")
+    assert page.evaluate(_FITS, MAX_CODE_COLUMNS)
+    assert not page.evaluate(_FITS, MAX_CODE_COLUMNS + 5)
+
+
+def test_search_finds_the_schedules_page_for_learning_rate(browser_page):
+    page = browser_page
+    page.goto(page.base, wait_until="load")
+    page.fill("input.md-search__input", "learning rate")
+    page.wait_for_selector(".md-search-result__item > a")
+    first = page.eval_on_selector(".md-search-result__item > a", "a => a.href")
+    assert first == page.base + "schedules/"
+    excerpts = page.eval_on_selector_all(
+        ".md-search-result__item", "items => items.map(i => i.innerText)"
+    )
+    assert not any(re.search(r"\\[a-z]+\{|\\\(", text) for text in excerpts)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import TypeCheckError, jaxtyped
 
-from . import _backend, _placement
+from . import _backend, _placement, _repr
 from ._checks import (
     Renamed,
     check_grads,
@@ -130,6 +130,13 @@ class AbstractTransform(eqx.Module):
         for name in _step_value_fields(cls):
             object.__setattr__(self, name, None)
         return self
+
+    # Printed with the values, not Equinox's `f32[]` (`_repr`).
+    def __repr__(self) -> str:
+        return _repr.pformat(self)
+
+    def __pdoc__(self, **kwargs: Any) -> Any:
+        return _repr.pdoc(self, **kwargs)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

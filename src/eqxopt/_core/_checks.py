@@ -17,6 +17,7 @@ from jaxtyping import Array, ArrayLike, Float, Float32, Int, PyTree
 from . import _jax_api
 from ._compile import static_key
 from ._jax_api import is_tracer
+from ._keywords import unknown_keywords
 from ._structure import describe as _describe, is_none, structure_mismatch
 from ._tree import (
     INT32_MAX,
@@ -490,25 +491,38 @@ def renamed_advice(spelling: Renamed) -> str:
 
 
 def refuse_renamed(cls: type, kwargs: dict[str, Any]) -> None:
-    """Raises `TypeError` for a keyword argument in `cls.renamed_arguments` (optax's
-    spelling: `Prodigy got betas=: use b1= and b2=`), before anything is built. A
-    name that is also one of eqxopt's own arguments (`DoG`'s `init_step`) is
-    refused only in optax's form, a tuple of as many values as eqxopt's names."""
-    table = getattr(cls, "renamed_arguments", None)
-    if not table or not kwargs:
+    """Raises one `TypeError` naming every keyword argument that `cls` refuses, each
+    with what to write instead, before anything is built: optax's spellings in
+    `cls.renamed_arguments` (`Prodigy got betas=: use b1= and b2=`) and names it
+    does not take (`AdamW got lr=: use learning_rate=`). A name that is also one
+    of eqxopt's own arguments (`DoG`'s `init_step`) is refused only in optax's
+    form, a tuple of as many values as eqxopt's names."""
+    if not kwargs:
         return
+    table = getattr(cls, "renamed_arguments", None) or {}
     own = getattr(cls, "__dataclass_fields__", {})
-    for key in kwargs.keys() & table.keys():
-        spelling = table[key]
-        if key in own:
-            value = kwargs[key]
-            if not (
+    unknown = dict(unknown_keywords(cls, kwargs, known=frozenset(table)))
+    refused = []  # (what came, what to write instead), in the order given
+    for key, value in kwargs.items():
+        if key in unknown:
+            refused.append((f"{key}=", unknown[key]))
+        elif key in table:
+            spelling = table[key]
+            if key not in own:
+                refused.append((f"{key}=", renamed_advice(spelling)))
+            elif (
                 isinstance(value, tuple)
                 and not isinstance(spelling, str)
                 and len(value) == len(spelling)
             ):
-                continue
-            got = f"{key}={value!r} (optax's form)"
-        else:
-            got = f"{key}="
-        raise TypeError(f"{cls.__name__} got {got}: {renamed_advice(spelling)}")
+                got = f"{key}={value!r} (optax's form)"
+                refused.append((got, renamed_advice(spelling)))
+    if len(refused) == 1:
+        ((got, advice),) = refused
+        raise TypeError(f"{cls.__name__} got {got}: {advice}")
+    if refused:
+        lines = "".join(f"\n  {got}: {advice}" for got, advice in refused)
+        raise TypeError(
+            f"{cls.__name__} got {len(refused)} keyword arguments it does not take:"
+            + lines
+        )

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, Int, jaxtyped
 
+from . import _repr
 from ._checks import (
     Renamed,
     hyperparameter,
@@ -56,6 +57,13 @@ class AbstractSchedule(eqx.Module):
         refuse_renamed(cls, kwargs)
         return super().__new__(cls)
 
+    # Printed with the values, not Equinox's `f32[]` (`_repr`).
+    def __repr__(self) -> str:
+        return _repr.pformat(self)
+
+    def __pdoc__(self, **kwargs: Any) -> Any:
+        return _repr.pdoc(self, **kwargs)
+
     def __hash__(self) -> int:
         return object.__hash__(self)
 
@@ -71,6 +79,9 @@ class Constant(AbstractSchedule):
 
     - `value`: the value (a float or a scalar array; may be traced).
     """
+
+    # Held by another module, it prints as its value: `learning_rate=0.001` (`_repr`).
+    _shown_as: ClassVar[str] = "value"
 
     value: Float[Array, ""]
 

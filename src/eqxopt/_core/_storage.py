@@ -425,7 +425,8 @@ class Blockwise8bit(AbstractStateStorage):
     import jax.numpy as jnp
     import eqxopt
 
-    params = {"w": jax.random.normal(jax.random.key(0), (64, 128)), "b": jnp.zeros(128)}
+    w = jax.random.normal(jax.random.key(0), (64, 128))
+    params = {"w": w, "b": jnp.zeros(128)}
     opt = eqxopt.AdamW(
         1e-3, mu_dtype=eqxopt.Blockwise8bit(), nu_dtype=eqxopt.Blockwise8bit()
     )

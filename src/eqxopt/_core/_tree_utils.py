@@ -14,6 +14,11 @@ from ._shards import checked_axis_name, shard_max, shard_total
 from ._tree import is_float_leaf
 
 _MISSING = object()
+# Names that optax's states use where eqxopt's differ, and what to read instead.
+_OPTAX_NAMES = {
+    "count": " (eqxopt's states count updates in 'step')",
+    "hyperparams": " (eqxopt.hyperparameters(opt, state) gives the values in use)",
+}
 
 
 def _named(tree: Any, name: str, path: str = "") -> list[tuple[str, Any]]:
@@ -64,7 +69,8 @@ def tree_get(tree: PyTree, name: str, default: Any = _MISSING) -> Any:
     found = _named(tree, name)
     if not found:
         if default is _MISSING:
-            raise KeyError(f"no field or key named {name!r} in the tree")
+            hint = _OPTAX_NAMES.get(name, "")
+            raise KeyError(f"no field or key named {name!r} in the tree{hint}")
         return default
     if len(found) > 1:
         paths = ", ".join(path for path, _ in found)

@@ -206,7 +206,8 @@ def shard_state(
     state = eqxopt.shard_state(opt.init(params), mesh, "data")  # the moments split
     grads = jax.tree.map(jnp.ones_like, params)
     params, state = opt.step(grads, state, params)
-    assert params["w"].sharding.is_fully_replicated  # the parameters stay replicated
+    # the parameters stay replicated
+    assert params["w"].sharding.is_fully_replicated
     ```
     """
     names, size = _axes(mesh, axis)

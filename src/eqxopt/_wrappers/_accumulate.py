@@ -197,7 +197,8 @@ class MultiSteps(AbstractSingleWrapper):
     state = opt.init(params)
     params, state = opt.step({"w": jnp.array([1.0])}, state, params)  # accumulated
     assert jnp.allclose(params["w"], 0.0)
-    params, state = opt.step({"w": jnp.array([3.0])}, state, params)  # the mean applied
+    # the mean applied
+    params, state = opt.step({"w": jnp.array([3.0])}, state, params)
     assert jnp.allclose(params["w"], -2.0)
     ```
     """

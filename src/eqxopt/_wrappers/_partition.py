@@ -307,6 +307,11 @@ class Freeze(AbstractSingleWrapper):
     """Freezes some leaves: they get no update (`None`) and `inner` keeps no state
     for them; every other leaf is updated by `inner`.
 
+    `opt.step`, `eqxopt.apply_updates` and `eqx.apply_updates` leave a frozen
+    leaf as it is; `optax.apply_updates` adds every leaf and cannot add `None`
+    (optax's `set_to_zero` gives zeros instead, at the cost of an array per
+    frozen leaf).
+
     **Arguments:**
 
     - `inner`: the optimizer for the leaves that train.

@@ -327,7 +327,8 @@ class Muon(AbstractTransform):
 
     params = {"w": jax.random.normal(jax.random.key(0), (4, 3)), "b": jnp.zeros(3)}
     grads = {"w": jax.random.normal(jax.random.key(1), (4, 3)), "b": jnp.ones(3)}
-    opt = eqxopt.Muon(learning_rate=0.02)  # Muon for the matrix, AdamW for the vector
+    # Muon for the matrix, AdamW for the vector
+    opt = eqxopt.Muon(learning_rate=0.02)
     state = opt.init(params)
     new, state = opt.step(grads, state, params)
     # the matrix's step is orthogonalised: its singular values are close together

@@ -201,7 +201,8 @@ class PSGDKron(AbstractTransform):
     key, k_update, k_probe, k_balance = split(key, 4)
     update = uniform(k_update) < update_probability(k)
     m = b1 * m + (1 - b1) * g;   m^ = m / (1 - b1**k)
-    if update:        (v: normal(fold_in(k_probe, i)) for the i-th non-empty float leaf)
+    if update:
+        (v: normal(fold_in(k_probe, i)) for the i-th non-empty float leaf)
         if uniform(k_balance) < 0.01: rescale the factors to equal max |Q_i|
         A = Q h (Q_i along each axis i; h = m^, or g without
             momentum_into_precond_update);   B = Q^{-T} v
