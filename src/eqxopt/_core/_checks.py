@@ -221,6 +221,15 @@ def check_state(opt: Any, state: PyTree, params: PyTree) -> None:
         ) from None
     paths = leaf_paths(state)
     for path, want, got in zip(paths, expected_leaves, actual_leaves):
+        if not hasattr(want, "shape"):
+            # A leaf that is no array (a string, a function: static, a part of the
+            # compiled step's key) is checked for its kind only.
+            if type(got) is not type(want):
+                raise TypeError(
+                    f"state{path} is a {type(got).__name__} but {owner}.init(params) "
+                    f"makes a {type(want).__name__} there"
+                )
+            continue
         got_shape, got_dtype = jnp.shape(got), jnp.result_type(got)
         if got_shape != want.shape:
             raise ValueError(
