@@ -35,8 +35,10 @@ import torch
 
 import eqxopt
 from helpers import (
+    Trajectory,
     assert_histories_close,
     compiles,
+    enable_x64,
     grad_stream,
     nested_tree,
     run_eqxopt,
@@ -356,6 +358,36 @@ def test_polyak_matches_optax(kwargs):
         _run_polyak_eqxopt(eqxopt.PolyakSGD(**kwargs)),
         _run_polyak_optax(optax.polyak_sgd(**kwargs)),
     )
+
+
+def test_polyak_matches_optax_in_float64():
+    # Issue 39, item 10's sweep found PolyakSGD's |g|**2 and gap taken in float32
+    # under x64: 1e-6 off optax's float64 run on a loss where the rate is not capped.
+    def quartic(params, targets):
+        return sum(
+            jnp.sum((p - t) ** 2 + 0.1 * p**4)
+            for p, t in zip(jax.tree.leaves(params), jax.tree.leaves(targets))
+        )
+
+    with enable_x64(True):
+        start = nested_tree(dtype=jnp.float64)
+        targets = nested_tree(seed=7, dtype=jnp.float64)
+        value_and_grad = jax.jit(jax.value_and_grad(quartic))
+        ours, tx = eqxopt.PolyakSGD(100.0), optax.polyak_sgd(100.0)
+        params, state, history = start, ours.init(start), []
+        theirs, ref_state, ref_history = start, tx.init(start), Trajectory(start)
+        update = jax.jit(tx.update)
+        for _ in range(30):
+            value, grads = value_and_grad(params, targets)
+            params, state = ours.step(grads, state, params, value=value)
+            history.append(params)
+            value, grads = value_and_grad(theirs, targets)
+            with jax.numpy_dtype_promotion("standard"):  # optax promotes
+                updates, ref_state = update(grads, ref_state, theirs, value=value)
+            theirs = optax.apply_updates(theirs, updates)
+            ref_history.append(theirs)
+        assert all(x.dtype == jnp.float64 for x in jax.tree.leaves(params))
+    assert_histories_close(history, ref_history, rtol=1e-12, atol=1e-14)
 
 
 def test_polyak_scaling_follows_the_documented_formula():

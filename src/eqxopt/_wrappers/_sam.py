@@ -11,13 +11,14 @@ from jaxtyping import Array, Int
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._fields import ScalarOrSchedule, axis_name_field, hyper, values_at
-from .._core._shards import AxisName, shard_total
+from .._core._norms import sum_of_squares
+from .._core._shards import AxisName
 from .._core._tree import (
-    abs_sq,
     align_grads,
     compute_dtype,
     increment,
     is_float_leaf,
+    real_compute_dtype,
     zero_step,
 )
 from ._wrapper import AbstractSingleWrapper, inner_field, keywords_for
@@ -129,20 +130,29 @@ class SAM(AbstractSingleWrapper):
         rho = values_at(self, state.step).rho
         param_leaves, treedef = jax.tree.flatten(params)
         grad_leaves = align_grads(grads, params)
-        squares = [
-            jnp.sum(abs_sq(g.astype(compute_dtype(g.dtype)))).astype(jnp.float32)
-            for g, p in zip(grad_leaves, param_leaves)
-            if g is not None and is_float_leaf(p)
-        ]
-        norm = jnp.sqrt(shard_total(squares, self.axis_name, "SAM", jnp.float32))
+        # The norm in the precision of the leaves' maths (`_norms`): float64 for
+        # float64 gradients under x64.
+        total = sum_of_squares(
+            [
+                g
+                for g, p in zip(grad_leaves, param_leaves)
+                if g is not None and is_float_leaf(p)
+            ],
+            self.axis_name,
+            "SAM",
+        )
+        norm = jnp.sqrt(total)
         # A zero gradient has no ascent direction: no perturbation (optax: NaN).
-        scale = jnp.where(norm > 0, rho / jnp.where(norm > 0, norm, 1.0), 0.0)
+        positive = norm > 0
+        rho = jnp.asarray(rho).astype(norm.dtype)
+        scale = jnp.where(positive, rho / jnp.where(positive, norm, 1.0), 0.0)
 
         def perturb(g, p):
             if g is None or not is_float_leaf(p):
                 return p
             dtype = compute_dtype(p.dtype)
-            return (p.astype(dtype) + scale * g.astype(dtype)).astype(p.dtype)
+            step = scale.astype(real_compute_dtype(p.dtype)) * g.astype(dtype)
+            return (p.astype(dtype) + step).astype(p.dtype)
 
         perturbed = treedef.unflatten(
             [perturb(g, p) for g, p in zip(grad_leaves, param_leaves)]
