@@ -25,6 +25,7 @@ from ._checks import (
 from ._jax_api import holds_tracer, is_tracer
 from ._moments import Moment, check_declarations
 from ._placement import placing_init, raise_if_misplaced
+from ._structure import state_shaped_leaves
 from ._tree import apply_updates, cast_like, promotion_for
 
 
@@ -492,21 +493,29 @@ class _NoParameter:
 _NO_PARAMETER = _NoParameter()
 
 
-def _stand_in(grads: Grads, per_example: bool = False) -> Params:
+def _stand_in(grads: Grads, per_example: bool = False, state: State = None) -> Params:
     """For an `update` called without params (whose transform reads none): zeros
-    shaped like the gradients (like one example's, for per-example gradients), a
-    non-array leaf where a gradient is `None`. Every rule then runs as with the
+    shaped like the gradients (like one example's, for per-example gradients).
+    Where a gradient is `None`, zeros shaped like the state's moment there (the
+    leaf is a float parameter the state covers: it keeps its state, as with the
+    parameters), else a non-array leaf. Every rule then runs as with the
     parameters (a weight decay of 0 times zeros is 0, whatever the parameters
     hold) and returns updates in the gradients' dtypes."""
 
     def zeros(g: Any) -> Any:
         return jnp.zeros(g.shape[1:] if per_example else g.shape, g.dtype)
 
-    return jax.tree.map(
-        lambda g: _NO_PARAMETER if g is None else zeros(g),
-        grads,
-        is_leaf=lambda g: g is None,
-    )
+    covered = iter(state_shaped_leaves(grads, state))
+
+    def stand_in(g: Any) -> Any:
+        moment = next(covered)
+        if g is not None:
+            return zeros(g)
+        if moment is None:
+            return _NO_PARAMETER
+        return jax.tree.map(jnp.zeros_like, moment)
+
+    return jax.tree.map(stand_in, grads, is_leaf=lambda g: g is None)
 
 
 def _checked(
@@ -552,7 +561,7 @@ def _entry(key: _EntryKey, opt, grads, first, second, extra):
     params, state = (first, second) if key.step else (second, first)
     params_given = params is not None
     if not params_given:  # `update(grads, state)`: `params_needed()` said none read
-        params = _stand_in(grads, opt.takes_per_example_grads())
+        params = _stand_in(grads, opt.takes_per_example_grads(), state)
     method = type(opt).transform_step if key.step else type(opt).transform
     backend = _backend.active()
 
