@@ -132,9 +132,7 @@ def state_shaped_leaves(grads: PyTree, state: PyTree) -> list[Any]:
         try:
             parts = grad_def.flatten_up_to(node)
         except (ValueError, TypeError):
-            children, node_def = jax.tree.flatten(
-                node, is_leaf=lambda x: x is not node
-            )
+            children, node_def = jax.tree.flatten(node, is_leaf=lambda x: x is not node)
             if not jax.tree_util.treedef_is_leaf(node_def):
                 for child in children:
                     visit(child)
