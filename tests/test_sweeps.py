@@ -95,3 +95,60 @@ def test_per_example_sweep_cases_take_per_example_gradients():
             params = nested_tree()
             grads = per_example(case, params)
             opt.update(grads, opt.init(params), params)
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: eqxopt.SGD(0.1, momentum=eqxopt.Constant(1.5)), "momentum"),
+        (
+            lambda: eqxopt.SGD(
+                0.1, momentum=eqxopt.OneCycleMomentum(10, max_momentum=1.5)
+            ),
+            "momentum",
+        ),
+        (lambda: eqxopt.Adam(0.1, b1=eqxopt.Cyclic(0.8, 1.2, 5)), "b1"),
+        (lambda: eqxopt.Adam(0.1, b2=eqxopt.ExponentialDecay(0.999, 10, 0.5)), "b2"),
+        (lambda: eqxopt.RMSProp(0.1, eps=eqxopt.Linear(1e-8, 0.0, 10)), "eps"),
+        (
+            lambda: eqxopt.AdamW(
+                0.1, weight_decay=eqxopt.Lambda(1.0, lambda s: -1.0 + 0.0 * s)
+            ),
+            None,  # a function of the user's: its range is not known
+        ),
+    ],
+)
+def test_a_schedule_out_of_a_fields_range_is_refused_naming_it(make, name):
+    # Issue 39, item 4: these were accepted, and diverged.
+    if name is None:
+        make()
+        return
+    with pytest.raises(ValueError, match=rf"^{name} must be in .* at every step"):
+        make()
+
+
+def _out_of_range(case):
+    """`(argument, value)` of the case's invalid values that are finite numbers
+    (the checks of numbers, which a schedule of the same value must meet too)."""
+    return [
+        (arg, value)
+        for arg, value in case.invalid
+        if isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and abs(value) < 1e30
+    ]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_schedule_out_of_each_fields_range_is_refused(case):
+    # The sweep: each invalid number a case lists, as a schedule (constant, or
+    # reaching it after valid values), is refused as the number is, naming the
+    # argument (a `TypeError` where the field takes no schedule).
+    for arg, value in _out_of_range(case):
+        start = case.vary[1] if case.vary[0] == arg else value
+        for schedule in (
+            eqxopt.Constant(value),
+            eqxopt.Join([eqxopt.Constant(start), eqxopt.Constant(value)], [5]),
+        ):
+            with pytest.raises((ValueError, TypeError), match=rf"\b{arg}\b"):
+                case.make(**{arg: schedule})

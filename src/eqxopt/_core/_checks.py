@@ -297,6 +297,11 @@ def step_count(name: str, value: Any) -> Int[Array, ""]:
     int32 (optax takes any Python int) float32, as optax computes with it, but
     never rounded down to an int32 step, so comparisons with int32 steps stay
     exact."""
+    if not isinstance(value, (int, float, np.number, np.ndarray, jax.Array)):
+        raise TypeError(
+            f"{name} must be an integer (a Python int or an integer array), got "
+            f"{type(value).__name__}"
+        )
     if isinstance(value, bool) or jnp.ndim(value) != 0:
         raise ValueError(f"{name} must be an integer scalar, got {value!r}")
     if isinstance(value, int):
@@ -357,9 +362,10 @@ def static_count(name: str, value: Any) -> int:
 def array_count(name: str, value: Any) -> Int[Array, ""]:
     """An integer `>= 1` held as an int32 scalar array, so that a new value reuses
     the compiled step (a traced value is taken as it comes)."""
+    if not isinstance(value, (int, float, np.number, np.ndarray, jax.Array)):
+        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__}")
     if (
-        isinstance(value, bool)
-        or jnp.ndim(value) != 0
+        jnp.ndim(value) != 0
         or not jnp.issubdtype(jnp.result_type(value), jnp.integer)
         or (is_concrete(value) and int(np.asarray(value)) < 1)
     ):
