@@ -71,6 +71,25 @@ class SAM(AbstractSingleWrapper):
     batch would be a new function, and a recompile, every step). Other keyword
     arguments go to `inner`.
 
+    **Porting optax's SAM loop.** `optax.contrib.sam`'s default mode takes the
+    adversarial gradient from the training loop: each training step is two calls
+    of `update`, the first with the gradient at `p` (which moves to the perturbed
+    point), the second with the gradient there. Here one call does both, so the
+    loop calls `step` once per training step, with the gradient at `p` and the
+    function that gives the second:
+
+    ```python
+    # optax: for each batch, twice
+    #     grads = jax.grad(loss)(params, x, y)
+    #     updates, state = opt.update(grads, state, params)
+    #     params = optax.apply_updates(params, updates)
+    grads = grad_fn(model, x, y)
+    model, state = opt.step(grads, state, model, grad_fn=grad_fn, fn_args=(x, y))
+    ```
+
+    optax's `opaque_mode=True` passes `grad_fn(params, i)` (`i` the adversarial
+    step): give it as `grad_fn=grad_fn, fn_args=(0,)`.
+
     The same as `optax.contrib.sam(inner, chain(normalize(), sgd(rho)),
     sync_period=2, opaque_mode=True)` (the paper's SAM: one normalised ascent
     step, the adversarial state reset each update), except that a zero gradient
@@ -116,7 +135,11 @@ class SAM(AbstractSingleWrapper):
             raise TypeError(
                 "SAM.update/step need grad_fn=, the gradient function "
                 "grad_fn(params, *fn_args) -> grads, for the second gradient "
-                "(at the perturbed parameters)"
+                "(at the perturbed parameters): call step(grads, state, params, "
+                "grad_fn=eqx.filter_grad(loss), fn_args=(x, y)) once per training "
+                "step, where optax's SAM loop calls update twice (the second time "
+                "with the gradient at the perturbed point); optax's opaque-mode "
+                "grad_fn(params, i) goes in as grad_fn=grad_fn, fn_args=(0,)"
             )
         if not callable(grad_fn):
             raise TypeError(
