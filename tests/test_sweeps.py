@@ -4,8 +4,11 @@ its maths: `hyperparameters`, `explain_kernels`, packed models and schedules out
 of a field's range (issue 39's sweeps). `make test` runs a few cases of each (see
 `sweep_cases.swept_every_case`), `make test-slow` all of them."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import eqxopt
@@ -152,3 +155,82 @@ def test_a_schedule_out_of_each_fields_range_is_refused(case):
         ):
             with pytest.raises((ValueError, TypeError), match=rf"\b{arg}\b"):
                 case.make(**{arg: schedule})
+
+
+# ---------------------------------------------------------------------------------
+# Packed models: the tree's numbers, or a refusal naming the transform.
+
+# Vectors only: a mask or label function that reads a leaf's rank (as several
+# cases' do) then reads the same on the packed buffers, so that the sweep is about
+# the transforms' own maths.
+VECTORS = {"a": jnp.linspace(-1.0, 1.0, 6), "b": [jnp.arange(3.0) / 4, jnp.ones(5)]}
+VECTORS["c"] = {"w": jnp.asarray([0.3, -0.7, 1.1, -0.2])}
+
+
+def vector_loss(params):
+    targets = jax.tree.leaves(jax.tree.map(lambda x: jnp.cos(3 * x), VECTORS))
+    return sum(
+        jnp.sum((p - t) ** 2 + 0.1 * p**4)
+        for p, t in zip(jax.tree.leaves(params), targets)
+    )
+
+
+def packed_loss(packed):
+    return vector_loss(packed.unpack())
+
+
+def _run(opt, case, params, loss, steps=4):
+    state = opt.init(params)
+    for _ in range(steps):
+        extra = {} if case.extra is None else case.extra(loss, params)
+        grads = per_example(case, jax.grad(loss)(params))
+        params, state = opt.step(grads, state, params, **extra)
+    return params
+
+
+def _distance(a, b):
+    return max(
+        float(jnp.max(jnp.abs(x - y)))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+def _storage_off(opt):
+    """The storage options of `opt` that quantize, set to `None` (float32)."""
+    storages = (eqxopt.Blockwise8bit, eqxopt.Blockwise4bit, eqxopt.BlockwiseFp8)
+    return {
+        f.name: None
+        for f in dataclasses.fields(opt)
+        if isinstance(getattr(opt, f.name), storages)
+    }
+
+
+def _leaf_reducers(opt):
+    return {type(t).__name__ for t in transforms_in(opt) if t.reduction() == "leaf"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_packed_model_gets_the_trees_numbers_or_a_refusal(case):
+    opt = case.make()
+    reducers = _leaf_reducers(opt)
+    packed = eqxopt.pack(VECTORS)
+    if reducers:
+        with pytest.raises(ValueError, match=r"reduces over each leaf") as error:
+            opt.init(packed)
+        assert str(error.value).split()[0] in reducers
+        return
+    tree = _run(opt, case, VECTORS, vector_loss)
+    got = _run(opt, case, packed, packed_loss).unpack()
+    if "quantized" in case.tags:
+        # Block-wise moments are quantized per block of the buffer, not of each
+        # leaf: as close to the float32 run as the tree's quantized run is.
+        exact = _run(case.make(**_storage_off(opt)), case, VECTORS, vector_loss)
+        assert _distance(got, exact) <= 1.5 * _distance(tree, exact) + 1e-6
+        return
+    for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(tree), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=case.name)
+    # The run moved: the comparison is not of two starting points.
+    assert any(
+        not np.allclose(x, y)
+        for x, y in zip(jax.tree.leaves(tree), jax.tree.leaves(VECTORS))
+    )

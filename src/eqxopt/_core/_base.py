@@ -124,6 +124,15 @@ class AbstractTransform(eqx.Module):
     # optax's spelling of an argument -> eqxopt's (`_checks.refuse_renamed`).
     renamed_arguments: ClassVar[Mapping[str, Renamed]] = renames()
 
+    # What this transform's own maths (not that of the transforms it holds)
+    # reduces over, read where the leaves are laid out otherwise than the model's
+    # (`eqxopt.pack`'s buffers, ZeRO-1's shards): "nothing" (each element on its
+    # own), "tree" (also sums over the whole tree, as a global norm does: the
+    # same numbers to rounding however the leaves are cut) or "leaf" (it reduces
+    # over each leaf, reads a leaf's shape, or draws random numbers per leaf).
+    # A per-leaf rule declared `elementwise` reduces over nothing (`reduction`).
+    reduces_over: ClassVar[str] = "leaf"
+
     # Whether `transform` takes per-example gradients: each with a leading batch
     # axis before its parameter's shape, as `jax.vmap(jax.grad(loss))` gives
     # (`DifferentiallyPrivateAggregate`). The input checks then expect that axis.
@@ -167,6 +176,13 @@ class AbstractTransform(eqx.Module):
         transform = _typechecked(type(self).transform, _state_type(type(self)))
         updates, new_state = transform(self, grads, state, params, **extra)
         return apply_updates(params, updates), new_state
+
+    def reduction(self) -> str:
+        """What this transform's own maths reduces over (`reduces_over`):
+        `"nothing"` where its class declares `elementwise = True`."""
+        if getattr(type(self), "elementwise", None) is True:
+            return "nothing"
+        return self.reduces_over
 
     def takes_per_example_grads(self) -> bool:
         """Whether `update`/`step` take per-example gradients (a leading batch axis

@@ -419,6 +419,8 @@ class ScaleByPolyak(AbstractEngineTransform):
       this device's blocks only.
     """
 
+    reduces_over = "tree"
+
     reads_params = None  # the parameters are not read (`params_needed`)
 
     f_min: ScalarOrSchedule = hyper(0.0)
@@ -690,6 +692,8 @@ class ScaleByLBFGS(AbstractTransform):
       (static).
     - `axis_name`: inside `jax.shard_map`, as `LBFGS`'s.
     """
+
+    reduces_over = "tree"
 
     reads_params = "memory of parameter differences"
 

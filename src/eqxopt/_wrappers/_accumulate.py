@@ -209,6 +209,8 @@ class MultiSteps(AbstractSingleWrapper):
     ```
     """
 
+    reduces_over = "tree"
+
     # optax's spellings (`_checks.refuse_renamed`)
     renamed_arguments = renames(
         opt=("inner",), every_k_schedule=("every_k",), use_grad_mean=("mean",)

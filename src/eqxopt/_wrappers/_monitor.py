@@ -121,6 +121,8 @@ class Monitor(AbstractSingleWrapper):
       over), the same on every device. `None` (default): this device's blocks.
     """
 
+    reduces_over = "tree"
+
     inner: AbstractTransform = inner_field()
     axis_name: AxisName = axis_name_field()
 

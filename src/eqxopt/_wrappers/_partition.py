@@ -147,6 +147,8 @@ class Partition(AbstractComposite):
     ```
     """
 
+    reduces_over = "nothing"
+
     # optax's spellings (`_checks.refuse_renamed`)
     renamed_arguments = renames(param_labels=("labels",))
 
@@ -272,6 +274,8 @@ class Masked(AbstractSingleWrapper):
       every optimizer you build.
     """
 
+    reduces_over = "nothing"
+
     inner: AbstractTransform = inner_field()
     mask: MaskLike = _mask_field()
 
@@ -308,6 +312,8 @@ class Freeze(AbstractSingleWrapper):
     - `inner`: the optimizer for the leaves that train.
     - `frozen`: which leaves to freeze, as `Masked`'s `mask` (`True` = frozen).
     """
+
+    reduces_over = "nothing"
 
     inner: AbstractTransform = inner_field()
     frozen: MaskLike = _mask_field()

@@ -107,6 +107,8 @@ class SAM(AbstractSingleWrapper):
       split over), as the unsharded run. `None` (default): this device's blocks.
     """
 
+    reduces_over = "tree"
+
     reads_params = "ascent step (the perturbed parameters)"
 
     inner: AbstractTransform = inner_field()

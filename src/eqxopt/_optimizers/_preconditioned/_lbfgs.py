@@ -468,6 +468,8 @@ class LBFGS(AbstractTransform):
       the whole model's loss (summed over the mesh), the same on every device.
     """
 
+    reduces_over = "tree"
+
     reads_params = "memory of parameter differences"
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)

@@ -138,6 +138,8 @@ class PolyakSGD(AbstractEngineTransform):
       only. (`value` is the caller's: pass the global loss.)
     """
 
+    reduces_over = "tree"
+
     reads_params = None  # the parameters are not read (`params_needed`)
 
     max_learning_rate: ScalarOrSchedule = hyper(1.0, low=0.0, low_open=True)
