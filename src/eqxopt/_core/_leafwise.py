@@ -207,7 +207,8 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
       alone);
     - `elementwise`: whether `leaf` treats every element on its own (no norms, no
       reductions, nothing that depends on the leaf's shape), which lets a backend
-      such as the native CPU kernels run it;
+      such as the native CPU kernels run it (and a packed model, `eqxopt.pack`,
+      be stepped with it: `init` refuses one otherwise);
     - `leaf(h, t, g, p, *moments[, flag]) -> (update, *new_moments)`: the rule for
       one leaf, on arrays in the compute dtype (at least float32). `h` holds every
       hyperparameter's value at this step (`h.learning_rate`, `h.b1`, ...:
