@@ -622,6 +622,13 @@ CATALOG += [
         "`optax.scale_by_distance_over_gradients` over 25 steps on a tree of matrices, vectors and a 3-d leaf; chained, `DoG` on a one-leaf model",
         None,
     ),
+    (
+        "ScaleByLBFGS",
+        "blocks",
+        "Liu & Nocedal, *On the limited memory BFGS method for large scale optimization*, Mathematical Programming 45, 1989",
+        "`optax.scale_by_lbfgs` (its sign, `+H g`) over 25 steps on a tree of matrices, vectors and a 3-d leaf; chained with `ScaleByLearningRate`, `LBFGS(linesearch=False)`",
+        None,
+    ),
 ]
 
 

@@ -373,8 +373,11 @@ OPTAX_OPTIMIZER_ROWS = [
     ),
     Row(
         ("contrib.sam",),
-        "`SAM(inner, rho)` (opaque mode with a normalised SGD ascent step; "
-        "`grad_fn=` to `update`/`step`)",
+        "`SAM(inner, rho)`: one `update`/`step` per training step, given the "
+        "gradient at `p` and `grad_fn=` for the one at the perturbed point (optax's "
+        "default loop calls `update` twice per step, the second time with that "
+        "gradient; its `opaque_mode=True` `grad_fn(params, i)` goes in as "
+        "`grad_fn=grad_fn, fn_args=(0,)`); the ascent step is a normalised SGD step",
         ("SAM",),
     ),
     Row(
@@ -566,6 +569,14 @@ OPTAX_TRANSFORMS = [
         "ScaleByDistanceOverGradients",
         (1e-4, 1e-6, DEFAULT, 0.5),
         note="layer-wise DoG; `DoG` for the whole-model one",
+    ),
+    Port(
+        "scale_by_lbfgs",
+        "ScaleByLBFGS",
+        (4, False),
+        note="optax's sign, `+H g` (a descent step needs `ScaleByLearningRate` "
+        "after it); `LBFGS(learning_rate, linesearch=False)` is the chain with "
+        "`ScaleByLearningRate`, and returns `-learning_rate * H g`",
     ),
     Port("scale_by_sign", "ScaleBySign", ()),
     Port("scale_by_trust_ratio", "ScaleByTrustRatio", (0.0, 0.5, 0.0)),
@@ -769,8 +780,11 @@ OPTAX_TRANSFORM_ROWS = [
         ("from_optax",),
     ),
     Row(
-        ("scale_by_lbfgs", "scale_by_zoom_linesearch"),
-        "inside `LBFGS`",
+        ("scale_by_zoom_linesearch",),
+        "`LBFGS`'s own linesearch: its options go to `LBFGS` (`max_linesearch_steps`, "
+        "`max_learning_rate`, `tol`, `increase_factor`, `slope_rtol`, `curv_rtol`, "
+        "`approx_dec_rtol`, `stepsize_precision`); `LBFGS(linesearch=optax."
+        "scale_by_zoom_linesearch(...))` is refused, naming them",
         ("LBFGS",),
     ),
     Row(

@@ -69,4 +69,13 @@ CASES = [
         vary=("learning_rate", 0.5),
         invalid=(("reps_rel", 0.0), ("learning_rate", -1.0)),
     ),
+    CatalogCase(
+        "Blocks-LBFGS",
+        lambda learning_rate=0.05, memory_size=5: eqxopt.Chain(
+            eqxopt.ScaleByLBFGS(memory_size),
+            eqxopt.ScaleByLearningRate(learning_rate),
+        ),
+        vary=("learning_rate", 0.02),
+        invalid=(("learning_rate", -1.0), ("memory_size", 0)),
+    ),
 ]

@@ -397,3 +397,88 @@ def test_the_internals_check_passes_public_jax(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("import jax\nimport jax.numpy as jnp\nx = jax.tree.map")
     assert not jax_internals_used(path)
+
+
+# Reductions over leaves in a fixed float32, whatever the leaves' precision: a
+# float64 model (under jax_enable_x64) then gets float32 norms and sums, 1e-8 off
+# optax's float64 run at every step. Sums over leaves go through `_core/_norms.py`
+# (`sum_of_squares`, `reduction_dtype`), which follows the leaves.
+REDUCTIONS = frozenset(
+    {
+        "sum", "mean", "prod", "cumsum", "var", "std", "vdot", "dot", "inner",
+        "tensordot", "einsum", "matmul", "norm", "sum_of_squares", "shard_total",
+        "psum",
+    }
+)  # fmt: skip
+
+
+def _is_float32(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "float32") or (
+        isinstance(node, ast.Constant) and node.value == "float32"
+    )
+
+
+def _called(node: ast.expr) -> str:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def fixed_precision_reductions(path: pathlib.Path) -> list[str]:
+    """`line: what` for each reduction given float32 as its dtype, and each
+    reduction's result cast to float32."""
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _called(node.func)
+        arguments = [*node.args, *(k.value for k in node.keywords)]
+        if name in REDUCTIONS and any(_is_float32(a) for a in arguments):
+            hits.append(f"{node.lineno}: {name}(..., float32)")
+        receiver = getattr(node.func, "value", None)
+        if (
+            name == "astype"
+            and node.args
+            and _is_float32(node.args[0])
+            and isinstance(receiver, ast.Call)
+            and _called(receiver.func) in REDUCTIONS
+        ):
+            hits.append(f"{node.lineno}: {_called(receiver.func)}(...).astype(float32)")
+    return hits
+
+
+def test_reductions_follow_the_leaves_precision():
+    # Issue 39, item 10: SAM's gradient norm and PolyakSGD's were float32 sums.
+    found = {
+        str(path.relative_to(SRC.parent)): hits
+        for path in sorted(SRC.rglob("*.py"))
+        if (hits := fixed_precision_reductions(path))
+    }
+    assert not found, found
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import jax.numpy as jnp\nx = jnp.sum(jnp.abs(g)).astype(jnp.float32)",
+        "x = shard_total(squares, axis_name, 'SAM', jnp.float32)",
+        "x = sum_of_squares(floats, None, 'PolyakSGD', jnp.float32)",
+        "import numpy as np\nx = np.sum(g, dtype=np.float32)",
+        "x = jnp.vdot(a, b).astype('float32')",
+    ],
+)
+def test_the_precision_check_sees_each_form(tmp_path, source):
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    assert fixed_precision_reductions(path)
+
+
+def test_the_precision_check_passes_reductions_in_the_leaves_dtype(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "x = jnp.sum(g.astype(compute_dtype(g.dtype)))\n"
+        "n = jnp.sum(mask, dtype=jnp.int32)\n"
+        "y = sum_of_squares(leaves, None, 'Monitor')\n"
+        "z = step.astype(jnp.float32)\n"
+    )
+    assert not fixed_precision_reductions(path)

@@ -119,6 +119,10 @@ CASES = [
     ("dog-options",
      lambda: eqxopt.ScaleByDistanceOverGradients(1e-3, 1e-6, jnp.float32, -0.5),
      lambda: optax.scale_by_distance_over_gradients(1e-3, 1e-6, jnp.float32, -0.5)),
+    # optax's sign, +H g (issue 39, item 11: LBFGS(linesearch=False) gives -lr H g)
+    ("lbfgs", lambda: eqxopt.ScaleByLBFGS(), lambda: optax.scale_by_lbfgs()),
+    ("lbfgs-options", lambda: eqxopt.ScaleByLBFGS(4, False),
+     lambda: optax.scale_by_lbfgs(4, False)),
 ]
 # fmt: on
 
@@ -204,6 +208,10 @@ def _chain_vs_fused(chain, fused, params, value=False, steps=STEPS):
             eqxopt.OptimisticGradientDescent(0.05, 0.8, 0.5),
         ),
         (
+            eqxopt.Chain(eqxopt.ScaleByLBFGS(5), eqxopt.ScaleByLearningRate(0.05)),
+            eqxopt.LBFGS(0.05, 5, linesearch=False),
+        ),
+        (
             eqxopt.Chain(
                 eqxopt.ScaleByFactoredRms(min_dim_size_to_factor=3),
                 eqxopt.ScaleByLearningRate(0.01),
@@ -216,7 +224,7 @@ def _chain_vs_fused(chain, fused, params, value=False, steps=STEPS):
             ),
         ),
     ],
-    ids=["rprop", "sm3", "optimistic", "factored-rms"],
+    ids=["rprop", "sm3", "optimistic", "lbfgs", "factored-rms"],
 )
 def test_chain_is_the_fused_optimizer(chain, fused):
     moved, start = _chain_vs_fused(chain, fused, _params())

@@ -435,6 +435,22 @@ def test_clip_functions_match_optax(uniform):
     assert [int(n) for n in jax.tree.leaves(n_ours)] == [int(n) for n in n_theirs]
 
 
+def test_clip_functions_refuse_a_negative_bound():
+    # Issue 39, item 4: a negative bound flipped the gradients' sign.
+    grads = PER_EXAMPLE[0]
+    with pytest.raises(ValueError, match=r"^l2_norm_clip must be in \[0\.0, inf\]"):
+        eqxopt.per_example_global_norm_clip(grads, -1.0)
+    with pytest.raises(ValueError, match=r"^global_l2_norm_clip must be in \[0\.0"):
+        eqxopt.per_example_layer_norm_clip(grads, -1.0)
+    with pytest.raises(ValueError, match=r"^global_l2_norm_clip must be in \[0\.0"):
+        eqxopt.per_example_layer_norm_clip(grads, jnp.asarray(jnp.nan), False)
+    # A bound of 0 clips everything to zero; a traced one is taken as it comes.
+    zero, _ = eqxopt.per_example_global_norm_clip(grads, 0.0)
+    assert all(bool(jnp.all(x == 0)) for x in jax.tree.leaves(zero))
+    traced = jax.jit(eqxopt.per_example_global_norm_clip)(grads, CLIP)
+    assert_trees_close(traced, eqxopt.per_example_global_norm_clip(grads, CLIP))
+
+
 def test_update_refuses_gradients_without_the_batch_axis():
     opt = eqxopt.DPSGD(0.05, CLIP, 0.0, 0)
     state = opt.init(PARAMS)

@@ -54,3 +54,27 @@ def test_monitor_records_the_norms():
     plain, _ = eqxopt.SGD(0.5).update(GRADS, eqxopt.SGD(0.5).init(PARAMS), PARAMS)
     for a, b in zip(jax.tree.leaves(updates), jax.tree.leaves(plain)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_hyperparameters_of_dpsgd_report_its_parts():
+    # Issue 39, item 3: DPSGD's values live in two transforms it holds, and
+    # `hyperparameters` gave {}.
+    opt = eqxopt.DPSGD(
+        eqxopt.Linear(0.1, 0.0, 4), 1.5, 0.25, seed=0, momentum=0.9, nesterov=True
+    )
+    state = opt.init(PARAMS)
+    h = eqxopt.hyperparameters(opt, state)
+    assert sorted(h) == [
+        "dampening", "l2_norm_clip", "learning_rate", "momentum", "noise_multiplier"
+    ]  # fmt: skip
+    np.testing.assert_allclose(h["learning_rate"], 0.1)
+    np.testing.assert_allclose(h["l2_norm_clip"], 1.5)
+    np.testing.assert_allclose(h["noise_multiplier"], 0.25)
+    np.testing.assert_allclose(h["momentum"], 0.9)
+    per_example = jax.tree.map(
+        lambda g: None if g is None else jnp.stack([g, g]), GRADS
+    )
+    _, state = opt.update(per_example, state, PARAMS)
+    np.testing.assert_allclose(
+        eqxopt.hyperparameters(opt, state)["learning_rate"], 0.075
+    )

@@ -62,6 +62,7 @@ def test_multisteps_with_a_predicate_matches_optax(name, mean):
     assert_trees_close(state.skip_state, ref_state.skip_state, rtol=0, atol=0)
     skipped = updated = 0
     for step, g in enumerate(GRADS):
+        before = int(state.gradient_step)
         params, state = ours.step(g, state, params)
         with jax.numpy_dtype_promotion("standard"):
             updates, ref_state = update(g, ref_state, theirs)
@@ -78,7 +79,8 @@ def test_multisteps_with_a_predicate_matches_optax(name, mean):
         assert int(state.gradient_step) == int(ref_state.gradient_step), what
         skipped += bool(state.skip_state["should_skip"])
         updated += bool(ours.has_updated(state))
-    assert skipped >= 5 and updated >= 4
+        assert bool(ours.has_updated(state)) == (state.gradient_step > before), what
+    assert skipped >= 5 and updated >= 3
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params))
 
 
@@ -96,13 +98,37 @@ def test_a_skipped_call_leaves_the_state_as_it_was():
     assert int(after.skip_state["num_not_finite"]) == 1
 
 
+@pytest.mark.parametrize("every_k", [1, 3])
+def test_has_updated_is_false_after_a_skipped_call(every_k):
+    # Issue 39, item 2: a call skipped right after an update said it had updated.
+    opt = eqxopt.MultiSteps(
+        eqxopt.Adam(0.05), every_k, should_skip_update_fn=eqxopt.skip_not_finite
+    )
+    params, state = PARAMS, opt.init(PARAMS)
+    assert not bool(opt.has_updated(state))
+    seen = set()
+    for step, g in enumerate(GRADS):
+        new, state = opt.step(g, state, params)
+        moved = any(
+            bool(jnp.any(a != b))
+            for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(params))
+        )
+        skipped = bool(state.skip_state["should_skip"])
+        assert bool(opt.has_updated(state)) == moved, f"step {step}"
+        assert bool(state.skipped) == skipped, f"step {step}"
+        seen.add((moved, skipped))
+        params = new
+    # Updates, skipped calls, and (every_k > 1) calls that only accumulated.
+    assert {(True, False), (False, True)} <= seen
+
+
 def test_without_a_predicate_the_state_holds_no_more_arrays():
     plain = eqxopt.MultiSteps(eqxopt.SGD(0.1), 2)
     state = plain.init(PARAMS)
     assert plain.should_skip_update_fn is None
-    assert state.skip_state == ()
+    assert state.skip_state == () and state.skipped is None
     _, state = plain.update(GRADS[0], state, PARAMS)
-    assert state.skip_state == ()
+    assert state.skip_state == () and state.skipped is None
     # The same leaves as the state's other fields: checkpoints of leaves load.
     fields = (
         state.mini_step,

@@ -13,6 +13,7 @@ import pytest
 import eqxopt
 from eqxopt._optimizers._preconditioned._muon import newton_schulz
 from helpers import (
+    Trajectory,
     assert_histories_close,
     assert_moved,
     assert_trees_close,
@@ -624,6 +625,65 @@ def test_lbfgs_without_linesearch_matches_optax():
         except AssertionError as err:
             raise AssertionError(f"step {step}: {err}") from None
     assert float(quartic(mine)) < 1e-3 * float(quartic(PARAMS))
+
+
+def test_lbfgs_sign_is_optaxs_and_scale_by_lbfgs_has_the_block_sign():
+    # Issue 39, item 11: LBFGS's update is a descent step (-lr * H g), while
+    # optax.scale_by_lbfgs gives +H g; the migration guide maps the latter to
+    # ScaleByLBFGS, whose port applied as optax's (w - lr * u) descends too.
+    grad = jax.jit(jax.grad(quartic))
+    opt = eqxopt.LBFGS(0.5, memory_size=4, linesearch=False)
+    block, tx = eqxopt.ScaleByLBFGS(4), optax.scale_by_lbfgs(4)
+    s_opt, s_block, s_tx = opt.init(PARAMS), block.init(PARAMS), tx.init(PARAMS)
+    ported, theirs = PARAMS, PARAMS
+    for _ in range(STEPS):
+        u_opt, s_opt = opt.update(grad(ported), s_opt, ported)
+        u_block, s_block = block.update(grad(ported), s_block, ported)
+        with jax.numpy_dtype_promotion("standard"):
+            u_tx, s_tx = jax.jit(tx.update)(grad(theirs), s_tx, theirs)
+        assert_trees_close(u_opt, jax.tree.map(lambda u: -0.5 * u, u_block))
+        ported = jax.tree.map(lambda p, u: p - 0.5 * u, ported, u_block)
+        theirs = jax.tree.map(lambda p, u: p - 0.5 * u, theirs, u_tx)
+        assert_trees_close(ported, theirs, atol=1e-6)
+    assert float(quartic(ported)) < 1e-3 * float(quartic(PARAMS))
+
+
+def test_lbfgs_refuses_optax_linesearches_naming_its_own_way():
+    # Issue 42: optax.lbfgs(linesearch=...) takes these objects.
+    with pytest.raises(TypeError, match=r"^linesearch takes True or False.*"
+                       r"max_linesearch_steps="):  # fmt: skip
+        eqxopt.LBFGS(linesearch=optax.scale_by_zoom_linesearch(15))
+    with pytest.raises(TypeError, match=r"ScaleByBacktrackingLinesearch"):
+        eqxopt.LBFGS(linesearch=optax.scale_by_backtracking_linesearch(15))
+    with pytest.raises(TypeError, match=r"^linesearch must be a bool"):
+        eqxopt.LBFGS(linesearch="zoom")
+
+
+def test_lbfgs_with_a_backtracking_linesearch_is_the_chain_the_refusal_names():
+    value_and_grad = jax.jit(jax.value_and_grad(quartic))
+    ours = eqxopt.Chain(
+        eqxopt.LBFGS(0.5, memory_size=4, linesearch=False),
+        eqxopt.ScaleByBacktrackingLinesearch(15),
+    )
+    tx = optax.lbfgs(
+        0.5, memory_size=4, linesearch=optax.scale_by_backtracking_linesearch(15)
+    )
+    state, tx_state = ours.init(PARAMS), tx.init(PARAMS)
+    mine, theirs = PARAMS, PARAMS
+    history, reference = [], Trajectory(PARAMS)
+    update = jax.jit(
+        lambda g, s, p, v: tx.update(g, s, p, value=v, grad=g, value_fn=quartic)
+    )
+    for _ in range(10):
+        value, grads = value_and_grad(mine)
+        mine, state = ours.step(grads, state, mine, value=value, value_fn=quartic)
+        history.append(mine)
+        value, grads = value_and_grad(theirs)
+        with jax.numpy_dtype_promotion("standard"):
+            updates, tx_state = update(grads, tx_state, theirs, value)
+        theirs = optax.apply_updates(theirs, updates)
+        reference.append(theirs)
+    assert_histories_close(history, reference, rtol=2e-5, atol=1e-6)
 
 
 def test_lbfgs_to_optax_takes_optax_lbfgs_loop_keywords():

@@ -1,6 +1,9 @@
 """`eqxopt.pack` / `Packed`: a tree as a few flat buffers, round trips, gradients,
 and optimizers on it giving the numbers they give on the tree."""
 
+import pathlib
+import re
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -9,6 +12,7 @@ import pytest
 
 import eqxopt
 from helpers import assert_trees_close, compiles, nested_tree
+from sweep_cases import every_case, transforms_in
 
 
 @pytest.fixture(params=[True, False], ids=["native", "xla"])
@@ -322,3 +326,123 @@ def test_export_of_a_packed_loss_round_trips(native):
     assert_trees_close(value, layers_loss(static_slices(flat)), rtol=1e-6)
     expected = jax.grad(lambda x: layers_loss(static_slices(x)))(flat)
     assert_trees_close(grad, expected, rtol=1e-6, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------------
+# Optimizers whose maths reduces over a leaf: refused on a packed model, by name.
+
+
+def _mlp():
+    return eqx.nn.MLP(3, 2, 8, 2, key=jax.random.key(0))
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: eqxopt.AdamMini(1e-2), "AdamMini"),
+        (lambda: eqxopt.CAdamW(1e-2), "CAdamW"),
+        (lambda: eqxopt.Cautious(eqxopt.SGD(1e-2, momentum=0.9)), "Cautious"),
+        (lambda: eqxopt.SM3(1e-2), "SM3"),
+        (lambda: eqxopt.NorMuon(1e-2), "NorMuon"),
+        (
+            lambda: eqxopt.Chain(eqxopt.ClipByGlobalNorm(1.0), eqxopt.LAMB(1e-2)),
+            r"LAMB \(in Chain\.links\[1\]\)",
+        ),
+    ],
+)
+def test_a_rule_that_reduces_over_a_leaf_is_refused_on_a_packed_model(make, name):
+    # Issue 39, item 1: these drifted from the tree's numbers (AdamMini 0.23 away
+    # after 5 steps) with no warning.
+    opt = make()
+    with pytest.raises(ValueError, match=rf"^{name} reduces over each leaf"):
+        opt.init(eqxopt.pack(_mlp()))
+    opt.init(_mlp())  # the tree itself is fine
+
+
+class _RowNormalized(eqxopt.extend.AbstractLeafwiseOptimizer):
+    """SGD on the gradient over its leaf's RMS: a rule written with `extend`."""
+
+    learning_rate: eqxopt.extend.ScalarOrSchedule = eqxopt.extend.learning_rate_field()
+    state_type = eqxopt.SGDState
+    moments = (eqxopt.extend.Moment("velocity"),)
+    elementwise = False
+
+    def leaf(self, h, t, g, p, v):
+        return -h.learning_rate * g / (jnp.sqrt(jnp.mean(g**2)) + 1e-8), v
+
+
+class _Signed(eqxopt.extend.AbstractLeafwiseOptimizer):
+    learning_rate: eqxopt.extend.ScalarOrSchedule = eqxopt.extend.learning_rate_field()
+    state_type = eqxopt.SGDState
+    moments = (eqxopt.extend.Moment("velocity"),)
+    elementwise = True
+
+    def leaf(self, h, t, g, p, v):
+        v = 0.9 * v + g
+        return -h.learning_rate * jnp.sign(v), v
+
+
+class _Scaled(eqxopt.extend.AbstractTransform):
+    """A transform of its own, written without the per-leaf engine."""
+
+    reads_params = None
+
+    def init(self, params):
+        return ()
+
+    def transform(self, grads, state, params):
+        return jax.tree.map(lambda g: -0.1 * g, grads), state
+
+
+class _ScaledDeclared(eqxopt.extend.AbstractTransform):
+    reads_params = None
+    reduces_over = "nothing"
+
+    def init(self, params):
+        return ()
+
+    def transform(self, grads, state, params):
+        return jax.tree.map(lambda g: -0.1 * g, grads), state
+
+
+def test_optimizers_written_with_extend_give_the_trees_numbers_or_are_refused():
+    packed = eqxopt.pack(nested_tree())
+    for refused in (_RowNormalized(0.1), _Scaled()):
+        with pytest.raises(ValueError, match=r"reduces over each leaf"):
+            refused.init(packed)
+    for opt in (_Signed(0.1), _ScaledDeclared()):
+
+        def grads_at(p):
+            return jax.tree.map(lambda x: jnp.sin(3 * x) + 0.1, p)
+
+        tree_p, tree_s = nested_tree(), opt.init(nested_tree())
+        packed_p, packed_s = packed, opt.init(packed)
+        for _ in range(5):
+            tree_p, tree_s = opt.step(grads_at(tree_p), tree_s, tree_p)
+            grads = eqxopt.pack(grads_at(packed_p.unpack()))
+            packed_p, packed_s = opt.step(grads, packed_s, packed_p)
+        assert_trees_close(packed_p.unpack(), tree_p, rtol=1e-6, atol=1e-7)
+
+
+def test_the_cookbook_lists_the_optimizers_refused_on_a_packed_model():
+    page = (pathlib.Path(__file__).parents[1] / "docs" / "cookbook.md").read_text()
+    listed = page.split("<!-- packed-refused -->")[1].split("<!-- end packed")[0]
+    packed = eqxopt.pack(nested_tree())
+    refused = set()
+    for name in eqxopt.__all__:
+        cls = getattr(eqxopt, name)
+        if not (isinstance(cls, type) and issubclass(cls, eqxopt.AbstractTransform)):
+            continue
+        if name.startswith("Abstract"):
+            continue
+        kind = "nothing" if getattr(cls, "elementwise", None) is True else None
+        if (kind or cls.reduces_over) == "leaf":
+            refused.add(name)
+    assert set(re.findall(r"`(\w+)`", listed)) == refused
+    # And each is refused: the ones the sweep's cases build, by `init`.
+    for case in every_case():
+        opt = case.make()
+        names = {type(t).__name__ for t in transforms_in(opt)}
+        if names & refused:
+            with pytest.raises(ValueError, match=r"reduces over each leaf"):
+                opt.init(packed)

@@ -2071,3 +2071,113 @@ def test_checks_between_values_skip_traced_values():
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
     with pytest.raises(ValueError, match="min_lr must be <= peak_lr"):
         eqxopt.WarmupCosine(0.1, 0.8, 2, 10)
+
+
+# ---------------------------------------------------------------------------------
+# Ranges: each schedule knows, at construction, the least and the greatest value it
+# takes (`value_range`), and an optimizer's field checks them against its bounds.
+
+
+def _dense_range(schedule):
+    """The least and the greatest value over steps 0 to 3000 and the last two."""
+    steps = jnp.concatenate([STEPS, jnp.asarray([INT32_MAX - 1, INT32_MAX], jnp.int32)])
+    values = np.asarray(evaluate(schedule, steps), np.float64)
+    return float(values.min()), float(values.max())
+
+
+@cases
+def test_value_range_is_the_least_and_greatest_value(case):
+    known = case.schedule.value_range()
+    if isinstance(case.schedule, eqxopt.Lambda):
+        assert known is None  # a function of the user's
+        return
+    assert known == _dense_range(case.schedule)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        # A peak inside a rise ((s / up) * gamma**s), and cycles without a fall.
+        eqxopt.Cyclic(0.2, 1.0, 400, mode="exp_range", gamma=0.99),
+        eqxopt.Cyclic(1.0, 0.2, 400, 100, mode="exp_range", gamma=0.995),
+        eqxopt.Cyclic(0.1, 0.9, 7, 0),
+        eqxopt.Cyclic(0.1, 0.9, 5, 3, mode="triangular2"),
+        # A phase of no length: the peak it would reach is never taken.
+        eqxopt.LinearOneCycle(10, 1.0, pct_start=0.3, pct_final=0.3),
+        eqxopt.CosineOneCycle(7, 2.0, pct_start=0.0),
+        # Phase ends between whole steps.
+        eqxopt.OneCycleMomentum(7, 0.5, 0.95, pct_start=0.35),
+        eqxopt.OneCycleMomentum(9, 0.5, 0.95, 0.3, "linear", three_phase=True),
+        # A product that peaks between its factors' breakpoints, and one that
+        # rises and falls.
+        eqxopt.Product(1.0, [eqxopt.Linear(0.5, 1.0, 40), eqxopt.Linear(1.0, 0.5, 40)]),
+        eqxopt.Product(
+            2.0, [eqxopt.WarmupConstant(0.0, 1.0, 30), eqxopt.StepDecay(1.0, 50, 0.5)]
+        ),
+        eqxopt.Join(
+            [eqxopt.ExponentialDecay(0.9, 10, 1.1), eqxopt.CosineDecay(0.5, 100)],
+            [25],
+        ),
+        eqxopt.Join([eqxopt.Constant(0.3), eqxopt.Linear(0.3, 0.8, 10)], [100]),
+        eqxopt.SGDR(
+            [
+                {
+                    "init_value": 0.3,
+                    "peak_value": 0.9,
+                    "warmup_steps": 3,
+                    "decay_steps": 9,
+                },
+                {"peak_value": 0.5, "decay_steps": 20, "end_value": 0.1},
+            ]
+        ),
+        eqxopt.WarmupStableDecay(1.0, 10, 100, decay_steps=20, init_value=0.2),
+        eqxopt.WarmupExponentialDecay(0.0, 1.0, 10, 20, 0.5, end_value=0.05),
+        eqxopt.PiecewiseInterpolate("cosine", 1.0, {10: 2.0, 30: 0.1, 60: 10.0}),
+        eqxopt.PiecewiseConstant(1.0, {10: 0.5, 20: 4.0}),
+        eqxopt.SWALR(1.0, 0.05, 0),
+        eqxopt.MultiStepDecay(1.0, [10, 10, 40], gamma=3.0),
+    ],
+    ids=lambda s: type(s).__name__,
+)
+def test_value_range_where_the_extremes_are_hard_to_find(schedule):
+    assert schedule.value_range() == _dense_range(schedule)
+
+
+def test_value_range_is_unknown_for_traced_values():
+    known = eqxopt.Cyclic(0.8, 1.2, 5)
+
+    @jax.jit
+    def inside(peak):
+        assert eqxopt.Linear(peak, 0.0, 10).value_range() is None
+        eqxopt.SGD(0.1, momentum=eqxopt.Linear(peak, 0.0, 10))  # not checked
+        # A schedule of known values is read inside a trace too.
+        assert known.value_range() == pytest.approx((0.8, 1.2))
+        with pytest.raises(ValueError, match=r"^b1 must be in \[0\.0, 1\.0\)"):
+            eqxopt.Adam(peak, b1=known)
+        return peak
+
+    inside(1.5)
+
+
+def test_a_schedule_of_your_own_says_its_range_through_its_breakpoints():
+    class Triangle(eqxopt.AbstractSchedule):
+        top: float
+
+        def __call__(self, step):
+            s = jnp.asarray(step).astype(jnp.float32)
+            return self.top * (1.0 - jnp.abs(s - 10.0) / 10.0).clip(0.0)
+
+    class Known(eqxopt.AbstractSchedule):
+        top: float
+
+        def __call__(self, step):
+            return Triangle(self.top)(step)
+
+        def breakpoints(self):
+            return [10, 20]
+
+    assert Triangle(0.5).value_range() is None
+    eqxopt.SGD(0.1, momentum=Triangle(1.5))  # not known: not checked
+    assert Known(1.5).value_range() == (0.0, 1.5)
+    with pytest.raises(ValueError, match=r"^momentum must be in \[0\.0, 1\.0\)"):
+        eqxopt.SGD(0.1, momentum=Known(1.5))

@@ -35,8 +35,10 @@ import torch
 
 import eqxopt
 from helpers import (
+    Trajectory,
     assert_histories_close,
     compiles,
+    enable_x64,
     grad_stream,
     nested_tree,
     run_eqxopt,
@@ -356,6 +358,36 @@ def test_polyak_matches_optax(kwargs):
         _run_polyak_eqxopt(eqxopt.PolyakSGD(**kwargs)),
         _run_polyak_optax(optax.polyak_sgd(**kwargs)),
     )
+
+
+def test_polyak_matches_optax_in_float64():
+    # Issue 39, item 10's sweep found PolyakSGD's |g|**2 and gap taken in float32
+    # under x64: 1e-6 off optax's float64 run on a loss where the rate is not capped.
+    def quartic(params, targets):
+        return sum(
+            jnp.sum((p - t) ** 2 + 0.1 * p**4)
+            for p, t in zip(jax.tree.leaves(params), jax.tree.leaves(targets))
+        )
+
+    with enable_x64(True):
+        start = nested_tree(dtype=jnp.float64)
+        targets = nested_tree(seed=7, dtype=jnp.float64)
+        value_and_grad = jax.jit(jax.value_and_grad(quartic))
+        ours, tx = eqxopt.PolyakSGD(100.0), optax.polyak_sgd(100.0)
+        params, state, history = start, ours.init(start), []
+        theirs, ref_state, ref_history = start, tx.init(start), Trajectory(start)
+        update = jax.jit(tx.update)
+        for _ in range(30):
+            value, grads = value_and_grad(params, targets)
+            params, state = ours.step(grads, state, params, value=value)
+            history.append(params)
+            value, grads = value_and_grad(theirs, targets)
+            with jax.numpy_dtype_promotion("standard"):  # optax promotes
+                updates, ref_state = update(grads, ref_state, theirs, value=value)
+            theirs = optax.apply_updates(theirs, updates)
+            ref_history.append(theirs)
+        assert all(x.dtype == jnp.float64 for x in jax.tree.leaves(params))
+    assert_histories_close(history, ref_history, rtol=1e-12, atol=1e-14)
 
 
 def test_polyak_scaling_follows_the_documented_formula():
@@ -682,7 +714,9 @@ def test_scheduled_hyperparameter_is_read_at_the_step(case, donate):
     extra = {"value": jnp.asarray(3.0)} if "Polyak" in case else {}
 
     def number(k):
-        return float(schedule(jnp.asarray(k, jnp.int32)))
+        # As an array: the optimizer rebuilt with each step's value keeps the state
+        # it started with (a plain 0 would be SGD without a momentum buffer).
+        return jnp.asarray(float(schedule(jnp.asarray(k, jnp.int32))))
 
     scheduled = run_scheduled(make, name, lambda k: schedule, grads, donate, **extra)
     rebuilt = run_scheduled(make, name, number, grads, donate, **extra)
@@ -761,3 +795,68 @@ def test_sgd_dampening_is_traced_and_checked():
     with pytest.raises(ValueError, match=r"nesterov=True needs dampening=0.*schedule"):
         eqxopt.SGD(0.1, 0.9, True, dampening=eqxopt.Linear(0.1, 0.0, 5))
     eqxopt.SGD(0.1, momentum=0.9, nesterov=True, dampening=0.0)  # torch's default
+
+
+# ---------------------------------------------------------------- plain SGD state
+
+
+def test_plain_sgd_keeps_no_velocity_buffer():
+    # Issue 39, item 12: SGD(0.1) kept a parameter-sized buffer that optax's and
+    # torch's SGD do not.
+    for opt in (eqxopt.SGD(0.1), eqxopt.SGD(0.1, 0.0), eqxopt.SGD(0.1, nesterov=True)):
+        state = opt.init(PARAMS)
+        assert state.velocity is None
+        assert [x.size for x in jax.tree.leaves(state)] == [1]  # the step count
+    _check_optax(eqxopt.SGD(0.05), optax.sgd(0.05))
+    _check_torch(eqxopt.SGD(0.05), lambda ps: torch.optim.SGD(ps, lr=0.05))
+    ref = jax.tree.leaves(optax.sgd(0.05).init(PARAMS))
+    assert sum(x.size for x in ref) <= 1
+
+
+def test_a_momentum_given_as_an_array_keeps_the_buffer_and_the_compiled_step():
+    # The docstring's way to start at momentum 0 and raise it without recompiling.
+    opt = eqxopt.SGD(0.05, momentum=jnp.asarray(0.0))
+    state = opt.init(PARAMS)
+    assert jax.tree.structure(state.velocity) == jax.tree.structure(PARAMS)
+    params, state = opt.step(GRADS[0], state, PARAMS)
+    np.testing.assert_allclose(
+        params["dense"]["w"], PARAMS["dense"]["w"] - 0.05 * GRADS[0]["dense"]["w"]
+    )
+    raised = eqxopt.SGD(0.05, momentum=jnp.asarray(0.9))
+    with compiles() as log:
+        params, state = raised.step(GRADS[1], state, params)
+    assert log == []
+    for scheduled in (eqxopt.Constant(0.0), eqxopt.Linear(0.0, 0.9, 10)):
+        velocity = eqxopt.SGD(0.05, momentum=scheduled).init(PARAMS).velocity
+        assert jax.tree.structure(velocity) == jax.tree.structure(PARAMS)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: eqxopt.SGD(0.1),
+        lambda: eqxopt.SGD(0.1, momentum=0.9),
+        lambda: eqxopt.Adam(0.1),
+        lambda: eqxopt.Chain(eqxopt.ClipByGlobalNorm(1.0), eqxopt.Adam(0.1)),
+    ],
+    ids=["SGD", "SGD-momentum", "Adam", "Chain"],
+)
+def test_update_without_params_takes_none_gradients_the_state_covers(make):
+    # Issue 39, item 12: a whole-model state refused the gradients of a part
+    # (None at frozen leaves) in update(grads, state), as optax's sgd does not.
+    opt = make()
+    state = opt.init(PARAMS)
+    grads = dict(GRADS[0], dense=None, scale=None)
+    with_params = opt.update(grads, state, PARAMS)
+    without = opt.update(grads, state)
+    # The same updates and state (without params, a `None` gradient of a leaf
+    # that has no state gives `None` for the whole subtree: no leaves either way).
+    assert jax.tree.structure(without[1]) == jax.tree.structure(with_params[1])
+    for got, want in zip(without, with_params):
+        for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(x, y)
+    assert jax.tree.leaves((without[0]["dense"], without[0]["scale"])) == []
+    # The frozen leaves keep their state.
+    for before, after in zip(jax.tree.leaves(state), jax.tree.leaves(without[1])):
+        if before.shape == PARAMS["dense"]["w"].shape:
+            np.testing.assert_array_equal(before, after)

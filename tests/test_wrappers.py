@@ -57,9 +57,10 @@ def test_multisteps_sum_matches_optax_and_the_state_reads_well():
     )
     state = ours.init(PARAMS)
     assert set(vars(state)) == {
-        "mini_step", "gradient_step", "acc", "counts", "inner", "skip_state"
+        "mini_step", "gradient_step", "acc", "counts", "inner", "skip_state",
+        "skipped",
     }  # fmt: skip
-    assert state.skip_state == ()  # no predicate: no arrays
+    assert state.skip_state == () and state.skipped is None  # no predicate: no arrays
     _, state = ours.update(GRADS[0], state, PARAMS)
     assert int(state.mini_step) == 1 and int(state.gradient_step) == 0
     assert not bool(ours.has_updated(state))
@@ -453,6 +454,38 @@ def test_from_optax_takes_a_whole_equinox_model():
         [eqx.filter(m1, eqx.is_array)], [eqx.filter(m2, eqx.is_array)]
     )
     assert loss_fn(m1) < loss_fn(model)
+
+
+def test_from_optax_takes_a_state_holding_python_numbers():
+    # Issue 39, item 8: an optax state holding a plain int crashed the state check.
+    traces = []
+
+    def init(params):
+        return {"count": 0, "scale": 1.0}
+
+    def update(updates, state, params=None):
+        traces.append(None)
+        shrink = 1.0 / (1.0 + state["count"])
+        scaled = jax.tree.map(lambda u: u * shrink * state["scale"], updates)
+        return scaled, {"count": state["count"] + 1, "scale": state["scale"]}
+
+    tx = optax.GradientTransformation(init, update)
+    ours = eqxopt.Chain(eqxopt.from_optax(tx), eqxopt.SGD(0.05, momentum=0.9))
+    ref = optax.chain(tx, optax.sgd(0.05, momentum=0.9))
+    assert_histories_close(
+        run_eqxopt(ours, PARAMS, GRADS), run_optax(ref, PARAMS, GRADS)
+    )
+    # The numbers are arrays, so a new count does not compile a new step.
+    state = ours.init(PARAMS)
+    inner = state.states[0].inner
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(inner))
+    params = PARAMS
+    for i, g in enumerate(GRADS[:6]):
+        params, state = ours.step(g, state, params)
+        if i == 1:
+            traced = len(traces)
+    assert len(traces) == traced
+    assert int(state.states[0].inner["count"]) == 6
 
 
 def test_to_optax_works_inside_optax_chain():

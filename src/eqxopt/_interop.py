@@ -50,7 +50,8 @@ class FromOptaxState(eqx.Module):
 
     **Fields:**
 
-    - `inner`: the optax state, as `tx.init` made it (for the float leaves only).
+    - `inner`: the optax state, as `tx.init` made it (for the float leaves only),
+      with its plain Python numbers as arrays (as `jax.jit` passes them).
     """
 
     inner: Any
@@ -99,7 +100,8 @@ class FromOptax(AbstractTransform):
 
     def init(self, params: Params) -> FromOptaxState:
         with _optax_promotion():
-            return FromOptaxState(inner=self.tx.init(_float_only(params)))
+            inner = self.tx.init(_float_only(params))
+        return FromOptaxState(inner=jax.tree.map(_number_as_array, inner))
 
     def transform(
         self, grads: Grads, state: FromOptaxState, params: Params, **extra: Any
@@ -130,6 +132,15 @@ class FromOptax(AbstractTransform):
             for g, u, p in zip(aligned, update_leaves, param_leaves)
         ]
         return treedef.unflatten(out), FromOptaxState(inner=inner)
+
+
+def _number_as_array(x: Any) -> Any:
+    # A plain Python number in an optax state (a counter `tx.init` starts at 0) is
+    # an array, as `jax.jit` makes it of every argument: a number would be a static
+    # part of the compiled step, compiled again for each new value.
+    if isinstance(x, (bool, int, float, complex)):
+        return jnp.asarray(x)
+    return x
 
 
 def _float_only(params: Params) -> Params:

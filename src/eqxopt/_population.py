@@ -28,8 +28,9 @@ def population(
     \quad i = 1, \dots, N.
     $$
 
-    Each member is built on its own by `make_opt`, so its values are checked as
-    any optimizer's are: a negative learning rate among the $N$ is a `ValueError`
+    Each member is built on its own by `make_opt` (a float given as a scalar
+    array, as the stacked values are), so its values are checked as any
+    optimizer's are: a negative learning rate among the $N$ is a `ValueError`
     naming the argument and the member. The members must differ only in the values
     of array fields (float hyperparameters, a schedule's values and step counts),
     not in static ones (a mask, a dtype, a schedule of another kind). Values that
@@ -139,7 +140,10 @@ def _stacked(value: Any) -> Any:
 
 
 def _member(make_opt: Callable[..., Any], values: dict[str, Any], i: int) -> Any:
-    kwargs = {name: value[i] for name, value in values.items()}
+    # A float is passed as an array: members are stacked data, and an option that
+    # a plain number decides otherwise (`SGD` keeps no momentum buffer for a
+    # plain 0) must be the same for every member.
+    kwargs = {name: _as_array(value[i]) for name, value in values.items()}
     try:
         opt = make_opt(**kwargs)
     except (ValueError, TypeError) as error:
@@ -148,6 +152,11 @@ def _member(make_opt: Callable[..., Any], values: dict[str, Any], i: int) -> Any
         kind = ValueError if isinstance(error, ValueError) else TypeError
         raise kind(f"population member {i} ({where}): {error}") from error
     return checked_transform("make_opt's result", opt)
+
+
+def _as_array(value: Any) -> Any:
+    # NumPy's, which keeps the number as given (float64) for the checks' messages.
+    return np.asarray(value) if isinstance(value, float) else value
 
 
 def _show(value: Any) -> str:

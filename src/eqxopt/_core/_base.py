@@ -30,6 +30,7 @@ from ._compile import FilteredJit
 from ._jax_api import holds_tracer, is_tracer
 from ._moments import Moment, check_declarations
 from ._placement import placing_init, raise_if_misplaced
+from ._structure import state_shaped_leaves
 from ._tree import align_grads, apply_updates, cast_like, promotion_for
 from ._types import (
     Extra,
@@ -116,6 +117,15 @@ class AbstractTransform(eqx.Module):
     # optax's spelling of an argument -> eqxopt's (`_checks.refuse_renamed`).
     renamed_arguments: ClassVar[Mapping[str, Renamed]] = renames()
 
+    # What this transform's own maths (not that of the transforms it holds)
+    # reduces over, read where the leaves are laid out otherwise than the model's
+    # (`eqxopt.pack`'s buffers, ZeRO-1's shards): "nothing" (each element on its
+    # own), "tree" (also sums over the whole tree, as a global norm does: the
+    # same numbers to rounding however the leaves are cut) or "leaf" (it reduces
+    # over each leaf, reads a leaf's shape, or draws random numbers per leaf).
+    # A per-leaf rule declared `elementwise` reduces over nothing (`reduction`).
+    reduces_over: ClassVar[str] = "leaf"
+
     # Whether `transform` takes per-example gradients: each with a leading batch
     # axis before its parameter's shape, as `jax.vmap(jax.grad(loss))` gives
     # (`DifferentiallyPrivateAggregate`). The input checks then expect that axis.
@@ -172,6 +182,13 @@ class AbstractTransform(eqx.Module):
         # Before the apply, which would broadcast an update of another shape.
         updates = check_outputs(self, False, updates, params)
         return apply_updates(params, updates), new_state
+
+    def reduction(self) -> str:
+        """What this transform's own maths reduces over (`reduces_over`):
+        `"nothing"` where its class declares `elementwise = True`."""
+        if getattr(type(self), "elementwise", None) is True:
+            return "nothing"
+        return self.reduces_over
 
     def takes_per_example_grads(self) -> bool:
         """Whether `update`/`step` take per-example gradients (a leading batch axis
@@ -571,21 +588,29 @@ class _NoParameter:
 _NO_PARAMETER = _NoParameter()
 
 
-def _stand_in(grads: Grads, per_example: bool = False) -> Params:
+def _stand_in(grads: Grads, per_example: bool = False, state: State = None) -> Params:
     """For an `update` called without params (whose transform reads none): zeros
-    shaped like the gradients (like one example's, for per-example gradients), a
-    non-array leaf where a gradient is `None`. Every rule then runs as with the
+    shaped like the gradients (like one example's, for per-example gradients).
+    Where a gradient is `None`, zeros shaped like the state's moment there (the
+    leaf is a float parameter the state covers: it keeps its state, as with the
+    parameters), else a non-array leaf. Every rule then runs as with the
     parameters (a weight decay of 0 times zeros is 0, whatever the parameters
     hold) and returns updates in the gradients' dtypes."""
 
     def zeros(g: Any) -> Any:
         return jnp.zeros(g.shape[1:] if per_example else g.shape, g.dtype)
 
-    return jax.tree.map(
-        lambda g: _NO_PARAMETER if g is None else zeros(g),
-        grads,
-        is_leaf=lambda g: g is None,
-    )
+    covered = iter(state_shaped_leaves(grads, state))
+
+    def stand_in(g: Any) -> Any:
+        moment = next(covered)
+        if g is not None:
+            return zeros(g)
+        if moment is None:
+            return _NO_PARAMETER
+        return jax.tree.map(jnp.zeros_like, moment)
+
+    return jax.tree.map(stand_in, grads, is_leaf=lambda g: g is None)
 
 
 @functools.cache
@@ -712,7 +737,7 @@ def per_leaf(tree: Any, params: Params) -> Any:
 def _run(key: _EntryKey, opt, grads, params, state, extra):
     """The traced body of `update` and `step`."""
     if not key.params_given:  # `update(grads, state)`: `params_needed()` said none
-        params = _stand_in(grads, opt.takes_per_example_grads())
+        params = _stand_in(grads, opt.takes_per_example_grads(), state)
     backend = key.backend
 
     def run(opt, grads, params, state, extra, backend_placement):

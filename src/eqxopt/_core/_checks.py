@@ -249,7 +249,7 @@ _UNKNOWN = object()
 
 def _abstract_key(tree: PyTree) -> Hashable | None:
     """`tree` as `jax.eval_shape` sees it: its structure, each array leaf's type and
-    every other leaf by value (`_dispatch.static`), and the 64-bit switch; `None`
+    every other leaf by value (`_compile.static_key`), and the 64-bit switch; `None`
     where some part is unhashable."""
     leaves, treedef = jax.tree.flatten(tree)
     kinds = tuple(
@@ -312,6 +312,15 @@ def check_state(
         raise error from None
     paths = leaf_paths(state)
     for path, want, got in zip(paths, expected_leaves, actual_leaves):
+        if not hasattr(want, "shape"):
+            # A leaf that is no array (a string, a function: static, a part of the
+            # compiled step's key) is checked for its kind only.
+            if type(got) is not type(want):
+                raise TypeError(
+                    f"state{path} is a {type(got).__name__} but {owner}.init(params) "
+                    f"makes a {type(want).__name__} there"
+                )
+            continue
         got_shape, got_dtype = jnp.shape(got), jnp.result_type(got)
         if got_shape != want.shape:
             if returned_by is not None:
@@ -389,6 +398,11 @@ def step_count(name: str, value: Any) -> Int[Array, ""]:
     int32 (optax takes any Python int) float32, as optax computes with it, but
     never rounded down to an int32 step, so comparisons with int32 steps stay
     exact."""
+    if not isinstance(value, (int, float, np.number, np.ndarray, jax.Array)):
+        raise TypeError(
+            f"{name} must be an integer (a Python int or an integer array), got "
+            f"{type(value).__name__}"
+        )
     if isinstance(value, bool) or jnp.ndim(value) != 0:
         raise ValueError(f"{name} must be an integer scalar, got {value!r}")
     if isinstance(value, int):
@@ -460,9 +474,10 @@ def static_count(name: str, value: int) -> int:
 def array_count(name: str, value: int | Int[ArrayLike, ""]) -> Int[Array, ""]:
     """An integer `>= 1` held as an int32 scalar array, so that a new value reuses
     the compiled step (a traced value is taken as it comes)."""
+    if not isinstance(value, (int, float, np.number, np.ndarray, jax.Array)):
+        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__}")
     if (
-        isinstance(value, bool)
-        or jnp.ndim(value) != 0
+        jnp.ndim(value) != 0
         or not jnp.issubdtype(jnp.result_type(value), jnp.integer)
         or (is_concrete(value) and int(np.asarray(value)) < 1)
     ):

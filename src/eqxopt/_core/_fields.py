@@ -35,7 +35,7 @@ from ._checks import (
     step_count,
 )
 from ._masks import Mask, freeze_mask
-from ._schedule import AbstractSchedule, as_schedule, value_at
+from ._schedule import AbstractSchedule, check_range, checked_schedule, value_at
 from ._shards import checked_axis_name, checked_param_specs
 from ._storage import AbstractStateStorage
 
@@ -74,6 +74,8 @@ class _Hyper(NamedConverter):
         if value is None and self.optional:
             return None
         if isinstance(value, AbstractSchedule) and self.schedule:
+            # A schedule's values are checked as a number is (where known now).
+            check_range(self.name, value, **self.bounds)
             return value
         if callable(value):
             allowed = "a float, a scalar array or an eqxopt schedule module"
@@ -91,7 +93,7 @@ class _LearningRate(NamedConverter):
     def __call__(self, value: Any) -> AbstractSchedule | None:
         if value is None and self.optional:
             return None
-        return as_schedule(self.name, value)
+        return checked_schedule(self.name, value)
 
 
 class _Mask(NamedConverter):

@@ -237,7 +237,8 @@ class AbstractLeafwiseOptimizer(AbstractEngineTransform):
       the decay alone);
     - `elementwise`: whether `leaf` treats every element on its own (no norms, no
       reductions, nothing that depends on the leaf's shape), which lets a backend
-      such as the native CPU kernels run it;
+      such as the native CPU kernels run it (and a packed model, `eqxopt.pack`,
+      be stepped with it: `init` refuses one otherwise);
     - `leaf(h, t, g, p, *moments[, flag]) -> (update, *new_moments)`: the rule for
       one leaf, on arrays in the compute dtype (at least float32). `h` is the
       optimizer itself at this step (`step_values`): each hyperparameter is its

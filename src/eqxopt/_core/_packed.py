@@ -65,9 +65,11 @@ class Packed(eqx.Module):
     Any optimizer takes a `Packed` as its parameters; its state then holds `Packed`
     moments with the same layout (`state.mu.unpack()` is params-shaped). Element-wise
     optimizers (SGD, the Adam family, Lion, ...) give the same numbers as on the
-    tree. Optimizers that reduce over a leaf (LAMB, LARS, Adafactor, Muon, SOAP,
-    `ClipByBlockRMS`, ...) would see one leaf per buffer instead of one per
-    parameter: use the tree for those.
+    tree, and those that also reduce over the whole tree (global-norm clipping,
+    SAM, L-BFGS, ...) the same to rounding. Optimizers that reduce over each leaf
+    (LAMB, LARS, Adafactor, Muon, SOAP, `Cautious`, `ClipByBlockRMS`, ...) would
+    see one leaf per buffer instead of one per parameter: their `init` refuses a
+    packed model, naming them; use the tree for those.
 
     **Fields:**
 
@@ -312,3 +314,47 @@ def pack(tree: PyTree, labels: PyTree | Callable | None = None) -> Packed:
         slots.append(("array", index, tuple(np.shape(leaf)), jnp.dtype(leaf.dtype)))
     buffers = tuple(_concat([jnp.ravel(x) for x in group]) for group in grouped)
     return Packed(buffers, _Layout(treedef, tuple(slots), tuple(keys)))
+
+
+def refuse_leaf_reductions(opt: Any, params: PyTree) -> None:
+    """Where `params` hold a `Packed`, a `ValueError` naming the first transform of
+    `opt` (itself, or one it holds at any depth) whose own maths reduces over a
+    leaf (`AbstractTransform.reduction`): on a packed model it would reduce over a
+    buffer of many parameters, and its numbers would not be the tree's. Maths
+    that reduces over nothing, or over the whole tree only, gives the tree's
+    numbers (to rounding) on the buffers."""
+    packed = [x for x in jax.tree.leaves(params, is_leaf=_is_packed) if _is_packed(x)]
+    if not packed:
+        return
+    for transform, path in _transforms_in(opt, type(opt).__name__):
+        if transform.reduction() != "leaf":
+            continue
+        name = type(transform).__name__
+        where = "" if path == name else f" (in {path})"
+        raise ValueError(
+            f"{name}{where} reduces over each leaf of the parameters (norms, means, "
+            "matrix statistics or noise drawn per leaf), and a packed model's "
+            "leaves are buffers of many parameters: its numbers would not be the "
+            f"tree's. Step the tree itself (opt.init(model)), or pack the model "
+            "for an optimizer whose maths is element-wise (SGD, the Adam family, "
+            "Lion, ...) or reduces over the whole tree only (ClipByGlobalNorm, ...)"
+        )
+
+
+def _is_packed(x: Any) -> bool:
+    return isinstance(x, Packed)
+
+
+def _transforms_in(opt: Any, path: str) -> list[tuple[Any, str]]:
+    """`opt` and every transform it holds in its fields, at any depth, each with
+    where it is (`Chain.links[1]`)."""
+    found = [(opt, path)]
+    for field in dataclasses.fields(opt):
+        held = getattr(opt, field.name, None)
+        items = held if isinstance(held, (list, tuple)) else [held]
+        items = held.values() if isinstance(held, dict) else items
+        for i, item in enumerate(items):
+            if isinstance(item, eqx.Module) and hasattr(item, "reduction"):
+                index = f"[{i}]" if isinstance(held, (list, tuple)) else ""
+                found += _transforms_in(item, f"{path}.{field.name}{index}")
+    return found

@@ -44,6 +44,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from . import _jax_api
 from ._jax_api import array_type, is_tracer, several_devices
+from ._packed import refuse_leaf_reductions
 from ._tree import leaf_paths
 
 
@@ -102,13 +103,18 @@ _inside = threading.local()
 def placing_init(init: Any) -> Callable:
     """`init` (a method as found in a class's `__dict__`) followed by `place_state`
     on the outermost call only: a wrapper's `init` calls those of the transforms it
-    holds, and the whole state is placed once, against the whole parameter tree."""
+    holds, and the whole state is placed once, against the whole parameter tree.
+    The outermost call first refuses a packed model that some transform of the
+    optimizer would not give the tree's numbers on (`_packed`)."""
 
     @functools.wraps(getattr(init, "method", init))
     def wrapped(self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
         bound = init.__get__(self, type(self))
         if getattr(_inside, "flag", False):
             return bound(params, *args, **kwargs)
+        # A packed model is refused before any state is made, naming the
+        # transform whose maths reduces over a leaf.
+        refuse_leaf_reductions(self, params)
         _inside.flag = True
         try:
             state = bound(params, *args, **kwargs)

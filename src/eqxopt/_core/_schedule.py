@@ -2,11 +2,14 @@
 hold, the constant one a number becomes, and how a field's value is read at a step."""
 
 import abc
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
+import numpy as np
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, Int, jaxtyped
 
@@ -19,7 +22,8 @@ from ._checks import (
     refuse_renamed,
     renames,
 )
-from ._tree import default_float
+from ._jax_api import holds_tracer
+from ._tree import INT32_MAX, default_float
 
 
 class AbstractSchedule(eqx.Module):
@@ -71,6 +75,99 @@ class AbstractSchedule(eqx.Module):
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
         """The value at each entry of `step`, in the default float dtype."""
 
+    def value_range(self) -> tuple[float, float] | None:
+        """The least and the greatest value the schedule takes at the steps an
+        optimizer reaches (`0` to `2**31 - 1`, where its step count saturates), in
+        the dtype it returns; `None` where they are not known now (a value is
+        traced, or the curve is a function of your own, as in `Lambda`).
+
+        An optimizer's field checks them against its bounds at construction, as it
+        checks a number (`SGD(momentum=Cyclic(0.8, 1.2, 5))` is refused, naming
+        `momentum`). Every schedule eqxopt ships knows its range; one of your own
+        says it by overriding `breakpoints` (or this method), and is otherwise not
+        checked, as a traced value is not. By default: the least and the greatest
+        value at step 0, the last step, each breakpoint and the step before it."""
+        if holds_tracer(self):
+            return None
+        breakpoints = self.breakpoints()
+        if breakpoints is None:
+            return None
+        return range_at(self, [0, INT32_MAX, *breakpoints])
+
+    def breakpoints(self) -> list[Any] | None:
+        """The steps at which the curve changes piece (numbers or arrays of them;
+        called on a schedule whose values are all known, so NumPy may read them):
+        between two of them, and from the last on, its values only rise or only
+        fall (or hold), so that its least and greatest values lie at step 0, the
+        last step, a breakpoint or the step before one (`value_range`). `None`
+        (the default): not known."""
+        return None
+
+
+def range_at(
+    schedule: AbstractSchedule, steps: list[Any]
+) -> tuple[float, float] | None:
+    """The least and the greatest value of `schedule` at `steps` and at the step
+    before each (numbers or arrays of them, clipped to the steps an optimizer
+    reaches), or `None` where the schedule or a step is traced. Computed now,
+    also inside a trace (`jax.ensure_compile_time_eval`)."""
+    if holds_tracer((schedule, steps)):
+        return None
+    flat = np.concatenate(
+        [np.ravel(np.asarray(s, np.float64)) for s in steps] or [np.zeros(1)]
+    )
+    every = np.unique(np.clip(np.floor(np.concatenate([flat, flat - 1])), 0, INT32_MAX))
+    # Padded (with step 0) to a power of two, so that schedules of a kind share
+    # the compiled evaluation.
+    size = max(8, 1 << (len(every) - 1).bit_length())
+    padded = np.zeros(size, np.int32)
+    padded[: len(every)] = every
+    with jax.ensure_compile_time_eval():
+        values = np.asarray(_evaluate(schedule, jnp.asarray(padded)), np.float64)
+    return float(np.min(values)), float(np.max(values))
+
+
+@eqx.filter_jit
+def _evaluate(schedule: AbstractSchedule, steps: Array) -> Array:
+    return schedule(steps)
+
+
+def check_range(
+    name: str,
+    schedule: AbstractSchedule,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+    allow_inf: bool = False,
+) -> None:
+    """A `ValueError` naming `name` where `schedule`'s values (`value_range`) leave
+    `[low, high]` (each end open if asked) or are NaN; nothing where its range is
+    not known. (An infinity within the bounds is taken: a growing schedule's
+    values overflow at some step whatever the field.)"""
+    del allow_inf
+    known = schedule.value_range()
+    if known is None:
+        return
+    least, greatest = known
+    too_low = least <= low if low_open else least < low
+    too_high = greatest >= high if high_open else greatest > high
+    if not (math.isnan(least) or math.isnan(greatest) or too_low or too_high):
+        return
+    left, right = "(" if low_open else "[", ")" if high_open else "]"
+    raise ValueError(
+        f"{name} must be in {left}{_fmt(low)}, {_fmt(high)}{right} at every step; "
+        f"the {type(schedule).__name__} schedule given goes from {least:.6g} to "
+        f"{greatest:.6g}"
+    )
+
+
+def _fmt(x: float) -> str:
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return repr(x)
+
 
 class Constant(AbstractSchedule):
     """The same value at every step: `f(s) = value`.
@@ -93,6 +190,9 @@ class Constant(AbstractSchedule):
         value = jnp.broadcast_to(self.value, jnp.shape(step))
         return value.astype(default_float())
 
+    def breakpoints(self) -> list[Any]:
+        return []
+
 
 def as_schedule(name: str, value: Any) -> AbstractSchedule:
     """A schedule as given, or a `Constant` (checked to be `>= 0`) for a number."""
@@ -108,10 +208,28 @@ def as_schedule(name: str, value: Any) -> AbstractSchedule:
     return Constant(hyperparameter(name, value, low=0.0))
 
 
+def checked_schedule(name: str, value: Any) -> AbstractSchedule:
+    """`as_schedule`, with a schedule's values checked to be `>= 0` too."""
+    schedule = as_schedule(name, value)
+    if schedule is value:
+        check_range(name, schedule, low=0.0)
+    return schedule
+
+
 def value_at(value: Any, step: Int[Array, ""]) -> Any:
     """A hyperparameter field's value at `step`: a schedule is called on it, an array
     (or anything else) is returned as it is."""
     return value(step) if isinstance(value, AbstractSchedule) else value
+
+
+def known_range(value: Any) -> tuple[float, float] | None:
+    """The least and the greatest value a hyperparameter field takes over the
+    steps where they are known now (a number: itself twice; a schedule: its
+    `value_range`), for checks across fields at construction; else `None`."""
+    if isinstance(value, AbstractSchedule):
+        return value.value_range()
+    number = known_number(value)
+    return None if number is None else (number, number)
 
 
 def known_number(value: Any) -> float | None:

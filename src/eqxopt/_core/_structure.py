@@ -112,3 +112,43 @@ class FrozenTree:
 
     def __repr__(self) -> str:
         return f"{self.kind}({self.tree()!r})"
+
+
+def state_shaped_leaves(grads: PyTree, state: PyTree) -> list[Any]:
+    """Per leaf of `grads` (in `jax.tree.leaves` order, `None` counted as a leaf),
+    what a part of `state` shaped like `grads` (a moment) holds at that place: an
+    array, or the subtree of arrays where a `None` gradient stands for a subtree;
+    `None` where no such part holds arrays there. What `update` without params
+    reads a parameter's shape and dtype from where its gradient is `None`. Among
+    several moments, one in a dtype of the gradients is preferred (a moment kept
+    in another dtype by an option, such as `mu_dtype`, comes last)."""
+    grad_def = jax.tree.structure(grads, is_leaf=is_none)
+    count = grad_def.num_leaves
+    found: list[list[Any]] = [[] for _ in range(count)]
+    if jax.tree_util.treedef_is_leaf(grad_def):
+        return [None] * count  # a bare array: every array in the state "matches"
+
+    def visit(node: Any) -> None:
+        try:
+            parts = grad_def.flatten_up_to(node)
+        except (ValueError, TypeError):
+            children, node_def = jax.tree.flatten(node, is_leaf=lambda x: x is not node)
+            if not jax.tree_util.treedef_is_leaf(node_def):
+                for child in children:
+                    visit(child)
+            return
+        for i, part in enumerate(parts):
+            arrays = jax.tree.leaves(part)
+            if arrays and all(isinstance(x, jax.Array) for x in arrays):
+                found[i].append(part)
+
+    visit(state)
+    dtypes = {g.dtype for g in jax.tree.leaves(grads) if hasattr(g, "dtype")}
+
+    def preferred(parts: list[Any]) -> Any:
+        for part in parts:
+            if all(x.dtype in dtypes for x in jax.tree.leaves(part)):
+                return part
+        return parts[0] if parts else None
+
+    return [preferred(parts) for parts in found]

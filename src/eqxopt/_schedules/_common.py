@@ -159,6 +159,12 @@ def int_steps(count: Array) -> Int[Array, "*n"]:
     return jnp.minimum(count, float(2**31 - 128)).astype(jnp.int32)
 
 
+def steps(count: Any) -> np.ndarray:
+    """A known step count (or array of them) as float64, for sums of counts that
+    int32 would overflow (`breakpoints`)."""
+    return np.asarray(count, np.float64)
+
+
 def joined(*values: Any) -> list[Array]:
     """`values` (int32 steps and counts, float32 counts beyond int32, float values)
     cast to the dtype standard promotion joins them in, so that mixed arithmetic

@@ -1,11 +1,13 @@
 """Schedules that rise and fall: the one-cycle policies (and torch's one-cycle
 momentum), cyclical learning rates and SGDR's warm restarts."""
 
+import abc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, Int, jaxtyped
 
@@ -26,6 +28,7 @@ from ._common import (
     interpolate,
     joined,
     linear_warmup,
+    steps,
     sum_overflows,
     value_field,
 )
@@ -88,6 +91,14 @@ class AbstractOneCycle(AbstractSchedule):
         )
         return interpolate(as_float(step), bounds, values, cosine=cosine)
 
+    @abc.abstractmethod
+    def phase_ends(self) -> list[Array]:
+        """The ends of the phases before the last (int32 steps)."""
+
+    def breakpoints(self) -> list[Any]:
+        # Each phase runs from one value to the next, monotone.
+        return [*self.phase_ends(), self.transition_steps]
+
 
 class LinearOneCycle(AbstractOneCycle):
     """The linear one-cycle policy (Smith & Topin, 2017).
@@ -145,8 +156,10 @@ class LinearOneCycle(AbstractOneCycle):
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
         div = as_float(self.div_factor)
         factors = [div, 1.0 / div, 1.0 / as_float(self.final_div_factor)]
-        ends = (self.start_step, self.final_step)
-        return self._cycle_at(step, ends, factors, cosine=False)
+        return self._cycle_at(step, self.phase_ends(), factors, cosine=False)
+
+    def phase_ends(self) -> list[Array]:
+        return [self.start_step, self.final_step]
 
 
 class CosineOneCycle(AbstractOneCycle):
@@ -197,7 +210,10 @@ class CosineOneCycle(AbstractOneCycle):
     def __call__(self, step: Int[ArrayLike, "*k"]) -> Float[Array, "*k"]:
         div = as_float(self.div_factor)
         factors = [div, 1.0 / (div * as_float(self.final_div_factor))]
-        return self._cycle_at(step, (self.start_step,), factors, cosine=True)
+        return self._cycle_at(step, self.phase_ends(), factors, cosine=True)
+
+    def phase_ends(self) -> list[Array]:
+        return [self.start_step]
 
 
 def _cycle_lengths(up: Any, down: Any) -> tuple[Array, Array]:
@@ -286,6 +302,19 @@ class Cyclic(AbstractSchedule):
             scale = jnp.power(as_float(self.gamma), as_float(s))
         base = as_float(self.base_lr)
         return base + (as_float(self.max_lr) - base) * height * scale
+
+    def breakpoints(self) -> list[Any]:
+        # The first cycle holds the extremes (later ones are the same triangle,
+        # or one scaled down towards `base_lr`): up, then down. With
+        # "exp_range", `(s / up) * gamma**s` peaks at `s = -1 / ln(gamma)` on the
+        # way up.
+        up, down = steps(self.step_size_up), steps(self.step_size_down)
+        points: list[Any] = [up, up + down]
+        gamma = float(np.asarray(self.gamma, np.float64))
+        if self.mode == "exp_range" and gamma < 1.0:
+            peak = -1.0 / np.log(gamma)
+            points += [np.floor(peak), np.floor(peak) + 1.0]
+        return points
 
 
 # Each cycle's keys (the arguments of `optax.warmup_cosine_decay_schedule`): the
@@ -411,6 +440,12 @@ class SGDR(AbstractSchedule):
         decay = peak * ((1.0 - alpha) * jnp.power(cosine, exponent) + alpha)
         return jnp.where(t < warmup, ramp, decay)
 
+    def breakpoints(self) -> list[Any]:
+        # Each cycle: a monotone ramp, then a monotone decay.
+        lengths = steps(self.decay_steps)
+        starts = np.concatenate([[0.0], np.cumsum(lengths)[:-1]])
+        return [starts, starts + steps(self.warmup_steps), starts + lengths]
+
 
 class OneCycleMomentum(AbstractSchedule):
     r"""The momentum of torch's `OneCycleLR` (`cycle_momentum=True`): down from
@@ -485,3 +520,13 @@ class OneCycleMomentum(AbstractSchedule):
             chosen = chosen | inside
             start = end
         return value
+
+    def breakpoints(self) -> list[Any]:
+        # Each phase is monotone; its ends (`pct * T - 1`, ...) need not be whole
+        # steps: the steps on both sides of each.
+        total = steps(self.total_steps)
+        pct = float(np.asarray(self.pct_start, np.float64))
+        ends = [pct * total - 1.0, total - 1.0]
+        if self.three_phase:
+            ends.append(2.0 * pct * total - 2.0)
+        return [np.floor(e) + k for e in ends for k in (0.0, 1.0, 2.0)]

@@ -2,6 +2,7 @@
 torch's step and multi-step decays."""
 
 import abc
+from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ from ._common import (
     factor_field,
     joined,
     optional_value,
+    steps,
     value_field,
 )
 
@@ -45,6 +47,10 @@ class AbstractTransition(AbstractSchedule):
         c = jnp.clip(s - as_float(self.transition_begin), 0.0, t)
         init, end = as_float(self.init_value), as_float(self.end_value)
         return (init - end) * self.curve(1.0 - c / t) + end
+
+    def breakpoints(self) -> list[Any]:
+        # Held, then monotone from `init_value` to `end_value`, then held.
+        return [steps(self.transition_begin) + steps(self.transition_steps)]
 
 
 class Polynomial(AbstractTransition):
@@ -166,6 +172,9 @@ class ExponentialDecay(AbstractSchedule):
             self.end_value,
         )
 
+    def breakpoints(self) -> list[Any]:
+        return []  # monotone (bounded by `end_value`): step 0 and the last step
+
 
 class CosineDecay(AbstractSchedule):
     r"""Half-cosine decay from `init_value` to `alpha * init_value` over `decay_steps`.
@@ -218,6 +227,9 @@ class CosineDecay(AbstractSchedule):
         decayed = (1.0 - alpha) * jnp.power(cosine, as_float(self.exponent)) + alpha
         return as_float(self.init_value) * decayed
 
+    def breakpoints(self) -> list[Any]:
+        return [self.decay_steps]
+
 
 class StepDecay(AbstractSchedule):
     r"""Multiply by `gamma` every `step_size` steps.
@@ -247,6 +259,9 @@ class StepDecay(AbstractSchedule):
         s, size = joined(s, self.step_size)
         k = as_float(s // size)
         return as_float(self.init_value) * jnp.power(as_float(self.gamma), k)
+
+    def breakpoints(self) -> list[Any]:
+        return []  # monotone: step 0 and the last step
 
 
 class MultiStepDecay(AbstractSchedule):
@@ -278,6 +293,9 @@ class MultiStepDecay(AbstractSchedule):
         s, milestones = joined(step, self.milestones)
         k = as_float(jnp.sum(s[..., None] >= milestones, axis=-1))
         return as_float(self.init_value) * jnp.power(as_float(self.gamma), k)
+
+    def breakpoints(self) -> list[Any]:
+        return []  # monotone: step 0 and the last step
 
 
 class SWALR(AbstractSchedule):
@@ -325,3 +343,6 @@ class SWALR(AbstractSchedule):
         else:
             alpha = t
         return as_float(self.swa_lr) * alpha + as_float(self.init_value) * (1 - alpha)
+
+    def breakpoints(self) -> list[Any]:
+        return [self.anneal_steps]

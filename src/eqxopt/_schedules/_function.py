@@ -4,14 +4,21 @@ product of several schedules (torch's `ChainedScheduler`)."""
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, Int, jaxtyped
 
 from .._core._fields import checked_field
-from .._core._schedule import AbstractSchedule
-from ._common import Value, as_float, value_field
+from .._core._jax_api import holds_tracer
+from .._core._schedule import AbstractSchedule, range_at
+from .._core._tree import INT32_MAX
+from ._common import Value, as_float, steps, value_field
 from ._piecewise import _schedule_tuple
+
+# The most steps `Product.value_range` evaluates one by one.
+_DENSE_STEPS = 2**16
 
 
 def _function(
@@ -51,6 +58,10 @@ class Lambda(AbstractSchedule):
 
     - `init_value`: the value `lr_lambda` scales, `>= 0`.
     - `lr_lambda`: a function of the step array returning the factor (static).
+
+    Its range is not known at construction (`value_range` is `None`), so an
+    optimizer's field does not check its bounds against it, as it does for the
+    other schedules: keep a `momentum` or `b1` of your own below 1.
     """
 
     init_value: Value = value_field()
@@ -95,3 +106,30 @@ class Product(AbstractSchedule):
         for factor in self.factors:
             value = value * factor(s)
         return value
+
+    def value_range(self) -> tuple[float, float] | None:
+        # A product of monotone pieces need not be monotone: every step up to the
+        # factors' last breakpoint is evaluated (`None` beyond _DENSE_STEPS), and
+        # from there on the product of non-negative factors that all rise, or all
+        # fall, is monotone.
+        if holds_tracer(self):
+            return None
+        points = []
+        for factor in self.factors:
+            own = factor.breakpoints()
+            known = factor.value_range()
+            if own is None or known is None or known[0] < 0:
+                return None
+            points += [np.ravel(steps(p)) for p in own]
+        finite = np.concatenate([np.zeros(1), *points])
+        last = int(np.max(finite[finite < INT32_MAX]))
+        if last > _DENSE_STEPS:
+            return None
+        ends = jnp.asarray([last, INT32_MAX], jnp.int32)
+        with jax.ensure_compile_time_eval():
+            moves = {
+                float(np.sign(np.diff(np.asarray(f(ends))))[0]) for f in self.factors
+            }
+        if len(moves - {0.0}) > 1:
+            return None
+        return range_at(self, [np.arange(last + 1), INT32_MAX])

@@ -11,6 +11,7 @@ from jaxtyping import Array, ArrayLike, Float, Int, jaxtyped
 
 from .._core._fields import checked_field, choice_field
 from .._core._schedule import AbstractSchedule
+from .._core._tree import INT32_MAX
 from ._common import (
     REQUIRED,
     Steps,
@@ -22,6 +23,7 @@ from ._common import (
     int_steps,
     interpolate,
     joined,
+    steps,
     value_field,
 )
 
@@ -88,6 +90,9 @@ class PiecewiseConstant(AbstractSchedule):
             value = jnp.where(step >= boundary, value * as_float(self.scales[i]), value)
         return value
 
+    def breakpoints(self) -> list[Any]:
+        return [self.boundaries]
+
 
 class PiecewiseInterpolate(AbstractSchedule):
     """Linear or cosine interpolation between values set by cumulative scale factors.
@@ -131,6 +136,9 @@ class PiecewiseInterpolate(AbstractSchedule):
         return interpolate(
             as_float(step), bounds, values, self.interpolate_type == "cosine"
         )
+
+    def breakpoints(self) -> list[Any]:
+        return [self.boundaries]
 
 
 def _schedule_tuple(
@@ -194,3 +202,17 @@ class Join(AbstractSchedule):
             step_joined, boundary = joined(s, b)
             out = jnp.where(step_joined < boundary, out, sched(s - int_steps(b)))
         return out
+
+    def breakpoints(self) -> list[Any] | None:
+        # Each schedule's breakpoints, from where it starts, within the steps it
+        # serves; and the boundaries.
+        bounds = [0.0, *np.ravel(steps(self.boundaries)), float(INT32_MAX)]
+        points: list[Any] = list(bounds[1:-1])
+        for sched, start, stop in zip(self.schedules, bounds[:-1], bounds[1:]):
+            own = sched.breakpoints()
+            if own is None:
+                return None
+            for point in [0.0, float(INT32_MAX), *own]:
+                local = start + np.ravel(np.asarray(point, np.float64))
+                points.append(local[(local >= start) & (local <= stop)])
+        return points

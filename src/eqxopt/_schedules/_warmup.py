@@ -23,6 +23,7 @@ from ._common import (
     fraction_of,
     linear_warmup,
     optional_value,
+    steps,
     value_field,
 )
 
@@ -107,6 +108,9 @@ class WarmupCosine(AbstractSchedule):
         decay = floor + (peak - floor) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
         return jnp.where(s < warmup, ramp, decay)
 
+    def breakpoints(self) -> list[Any]:
+        return [self.warmup_steps, self.total_steps]
+
 
 class AbstractWarmup(AbstractSchedule):
     """A linear warmup from `init_value` to `peak_value` over `warmup_steps` (optax's
@@ -115,6 +119,15 @@ class AbstractWarmup(AbstractSchedule):
     init_value: eqx.AbstractVar[Value]
     peak_value: eqx.AbstractVar[Value]
     warmup_steps: eqx.AbstractVar[Count]
+
+    def breakpoints(self) -> list[Any]:
+        # The ramp, then what follows it, monotone between its own breakpoints.
+        return [self.warmup_steps, *self.after_warmup_breakpoints()]
+
+    @abc.abstractmethod
+    def after_warmup_breakpoints(self) -> list[Any]:
+        """The breakpoints (`AbstractSchedule.breakpoints`) of `after_warmup`,
+        as steps of the whole schedule."""
 
     @abc.abstractmethod
     def after_warmup(
@@ -162,6 +175,9 @@ class WarmupConstant(AbstractWarmup):
     peak_value: Value = value_field()
     warmup_steps: Count = count_field(at_least_one=False)
 
+    def after_warmup_breakpoints(self) -> list[Any]:
+        return []
+
     def after_warmup(self, s, warmup, peak):
         return peak
 
@@ -191,6 +207,9 @@ class WarmupExponentialDecay(AbstractWarmup):
     transition_begin: Count = count_field(0, at_least_one=False)
     staircase: bool = flag_field(False, kw_only=False)
     end_value: Value | None = checked_field(optional_value, None)
+
+    def after_warmup_breakpoints(self) -> list[Any]:
+        return []  # monotone from the peak on
 
     def after_warmup(self, s, warmup, peak):
         return exponential(
@@ -310,6 +329,10 @@ class WarmupStableDecay(AbstractWarmup):
                     "warmup_steps + decay_steps must be <= total_steps, got "
                     f"warmup_steps={w}, decay_steps={d} and total_steps={t}"
                 )
+
+    def after_warmup_breakpoints(self) -> list[Any]:
+        # The plateau, then the decay over the last `decay_steps`.
+        return [steps(self.total_steps) - steps(self.decay_steps), self.total_steps]
 
     def after_warmup(self, s, warmup, peak):
         d = as_float(self.decay_steps)

@@ -1,11 +1,11 @@
 """Building blocks whose state is shaped otherwise than one moment per element, or
 that read the parameters or the loss: optax's `scale_by_rprop`, `scale_by_sm3`,
 `scale_by_stddev`, `scale_by_factored_rms`, `scale_by_param_block_norm`,
-`scale_by_param_block_rms`, `scale_by_optimistic_gradient`, `scale_by_polyak` and
-`scale_by_distance_over_gradients`.
+`scale_by_param_block_rms`, `scale_by_optimistic_gradient`, `scale_by_polyak`,
+`scale_by_distance_over_gradients` and `scale_by_lbfgs`.
 
 Where eqxopt has the fused optimizer (Rprop, SM3, Adafactor, OptimisticGradient-
-Descent, PolyakSGD, DoG), the block calls the same function of the maths that
+Descent, PolyakSGD, DoG, LBFGS), the block calls the same function of the maths that
 optimizer does, so the two cannot drift apart."""
 
 from collections.abc import Callable
@@ -52,6 +52,7 @@ from .._optimizers._preconditioned._adafactor import (
     factored_rms,
     factored_stats,
 )
+from .._optimizers._preconditioned._lbfgs import LBFGS, LBFGSState
 from .._optimizers._preconditioned._sm3 import sm3_accumulators, sm3_direction
 from .._optimizers._sgd._optimistic import optimistic_direction
 from .._optimizers._sgd._polyak import polyak_rate
@@ -424,6 +425,8 @@ class ScaleByPolyak(AbstractEngineTransform):
       this device's blocks only.
     """
 
+    reduces_over = "tree"
+
     reads_params = None  # the parameters are not read (`params_needed`)
 
     f_min: ScalarOrSchedule = hyper(0.0)
@@ -672,3 +675,56 @@ class ScaleByFactoredRms(AbstractTransform):
             h.epsilon,
         )
         return scaled, ScaleByFactoredRmsState(increment(state.step), v_row, v_col, v)
+
+
+class ScaleByLBFGS(AbstractTransform):
+    r"""The L-BFGS direction with optax's sign (`optax.scale_by_lbfgs`): the
+    gradient preconditioned by the L-BFGS inverse-Hessian estimate $H$ of the last
+    `memory_size` pairs (the two-loop recursion of `LBFGS`),
+
+    $$
+    u = +H g
+    $$
+
+    a direction of ascent, as a gradient is: follow it with
+    `ScaleByLearningRate(lr)` (which negates it), or a linesearch, as optax's
+    `chain(scale_by_lbfgs(), scale_by_learning_rate(lr))`. `LBFGS(lr,
+    linesearch=False)` is that chain in one: its update is `-lr * H g`, to be
+    added to the parameters.
+
+    **Arguments:**
+
+    - `memory_size`: the number of pairs kept (static int `>= 1`).
+    - `scale_init_precond`: scale the initial inverse Hessian by `<s, y> / <y, y>`
+      of the newest pair (`min(1, 1 / |g|)` at the first update), as `LBFGS`
+      (static).
+    - `axis_name`: inside `jax.shard_map`, as `LBFGS`'s.
+    """
+
+    reduces_over = "tree"
+
+    reads_params = "memory of parameter differences"
+
+    memory_size: int = checked_field(static_count, 10, static=True)
+    scale_init_precond: bool = flag_field(True, kw_only=False)
+    axis_name: AxisName = axis_name_field()
+
+    def _lbfgs(self) -> LBFGS:
+        # L-BFGS without linesearch at learning rate 1: `-H g`, the sign flipped
+        # below (exactly).
+        return LBFGS(  # pyright: ignore[reportCallIssue]
+            1.0,
+            self.memory_size,
+            self.scale_init_precond,
+            linesearch=False,
+            axis_name=self.axis_name,
+        )
+
+    def init(self, params: Params) -> LBFGSState:
+        return self._lbfgs().init(params)
+
+    def transform(
+        self, grads: Grads, state: LBFGSState, params: Params
+    ) -> tuple[Updates, LBFGSState]:
+        descent, new_state = self._lbfgs().transform(grads, state, params)
+        return jax.tree.map(jnp.negative, descent), new_state

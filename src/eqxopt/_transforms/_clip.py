@@ -199,6 +199,8 @@ class ClipByGlobalNorm(AbstractTransform):
     ```
     """
 
+    reduces_over = "tree"
+
     reads_params = None  # the parameters are not read (`params_needed`)
 
     max_norm: ScalarOrSchedule = hyper(low=0.0, low_open=True)
@@ -251,6 +253,8 @@ class NormalizeByUpdateNorm(AbstractTransform):
       norm of the whole model, each leaf summed over the named axes it is split
       over, as the unsharded run. `None` (default): this device's updates only.
     """
+
+    reduces_over = "tree"
 
     reads_params = None  # the parameters are not read (`params_needed`)
 

@@ -102,6 +102,8 @@ class AddDecayedWeights(AbstractWeightDecay):
       function rather than writing a new lambda for every optimizer you build.
     """
 
+    reduces_over = "nothing"
+
     weight_decay: ScalarOrSchedule = weight_decay_field(kw_only=False)
     mask: MaskLike = mask_field(kw_only=False)
 
@@ -131,6 +133,8 @@ class DecoupledWeightDecay(AbstractWeightDecay):
     - `weight_decay`: the coefficient, `>= 0`, or a schedule (read at the step).
     - `mask`: which leaves to decay, as for `AddDecayedWeights`.
     """
+
+    reduces_over = "nothing"
 
     learning_rate: ScalarOrSchedule = learning_rate_field()
     weight_decay: ScalarOrSchedule = weight_decay_field(kw_only=False)

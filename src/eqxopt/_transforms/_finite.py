@@ -55,6 +55,8 @@ class SkipNonFinite(AbstractGate):
       each device decides from its own blocks.
     """
 
+    reduces_over = "tree"
+
     inner: AbstractTransform = inner_field()
     max_consecutive_errors: Int[Array, ""] = count_field(10, at_least_one=False)
     axis_name: AxisName = axis_name_field()
@@ -126,6 +128,8 @@ class ZeroNans(AbstractTransform):
     """Replaces NaN gradient elements with 0 (infinities are kept):
     `u = where(isnan(g), 0, g)`, recording per leaf whether a NaN was found. The
     same as `optax.zero_nans`."""
+
+    reduces_over = "nothing"
 
     reads_params = None  # the parameters are not read (`params_needed`)
 

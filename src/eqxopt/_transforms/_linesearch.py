@@ -84,6 +84,8 @@ class ScaleByBacktrackingLinesearch(AbstractTransform):
     - `store_grad`: keep the gradient where the search stopped (a bool).
     """
 
+    reduces_over = "tree"
+
     reads_params = "linesearch (the loss at points along the update)"
 
     max_backtracking_steps: Int[Array, ""] = count_field(at_least_one=False)

@@ -86,6 +86,8 @@ class Snapshot(AbstractTransform):
     - `measure`: a function `updates -> measurement`.
     """
 
+    reduces_over = "tree"
+
     reads_params = None  # the parameters are not read (`params_needed`)
 
     measure_name: str = checked_field(_name, static=True)
@@ -150,6 +152,8 @@ class MeasureWithEMA(AbstractTransform):
       measurement's, or float32 for a measurement that is not a float (a bool
       such as `norm > 1`) (optax's `accumulator_dtype`).
     """
+
+    reduces_over = "tree"
 
     reads_params = None  # the parameters are not read (`params_needed`)
 

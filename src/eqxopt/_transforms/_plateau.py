@@ -87,6 +87,8 @@ class ReduceOnPlateau(AbstractTransform):
     - `min_scale`: the scale never goes below this, `>= 0`.
     """
 
+    reduces_over = "nothing"
+
     reads_params = None  # the parameters are not read (`params_needed`)
 
     # Not schedules: the state (optax's fields) keeps no step count to read them at.

@@ -8,7 +8,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PyTree
+from jaxtyping import Array, Bool, Float, Int, PyTree
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._checks import renames
@@ -43,6 +43,9 @@ class MultiStepsState(eqx.Module):
     - `skip_state`: what `should_skip_update_fn` returned beside its decision at
       the last call (at `init`: for zero gradients); `()`, no arrays, without a
       predicate, as in optax.
+    - `skipped`: with `should_skip_update_fn`, a bool scalar: whether the
+      predicate skipped the call that produced this state (`False` at `init`);
+      `None` without a predicate, when no call is ever skipped.
     """
 
     mini_step: Int[Array, ""]
@@ -53,6 +56,9 @@ class MultiStepsState(eqx.Module):
     # Last, with an empty default: without a predicate the state's array leaves
     # are those it had before the option existed (checkpoints of leaves load).
     skip_state: PyTree = ()
+    # `None` without a predicate, for the same reason. A skipped call leaves the
+    # counters as they were, so they alone cannot tell it from the call before it.
+    skipped: Bool[Array, ""] | None = None
 
 
 def skip_not_finite(
@@ -171,7 +177,8 @@ class MultiSteps(AbstractSingleWrapper):
     `(should_skip, skip_state)`, as optax does. A skipped call is as if it never
     happened: the accumulator, the counts, `mini_step`, `gradient_step` and the
     inner state stay as they were (so a NaN gradient does not reach the mean), the
-    updates are zero, and only `skip_state` is replaced. `skip_not_finite` and
+    updates are zero, and only `skip_state` and `skipped` are replaced
+    (`has_updated` is then `False`). `skip_not_finite` and
     `skip_large_updates` are optax's two predicates.
 
     **Arguments:**
@@ -202,6 +209,8 @@ class MultiSteps(AbstractSingleWrapper):
     assert jnp.allclose(params["w"], -2.0)
     ```
     """
+
+    reduces_over = "tree"
 
     # optax's spellings (`_checks.refuse_renamed`)
     renamed_arguments = renames(
@@ -242,6 +251,7 @@ class MultiSteps(AbstractSingleWrapper):
             counts=jax.tree.map(count, params),
             inner=self.inner.init(params),
             skip_state=skip_state,
+            skipped=None if self.should_skip_update_fn is None else jnp.array(False),
         )
 
     def _should_skip(
@@ -314,8 +324,13 @@ class MultiSteps(AbstractSingleWrapper):
             counts=treedef.unflatten(counts),
             inner=inner_state,
             skip_state=skip_state,
+            skipped=skip,
         )
 
     def has_updated(self, state: MultiStepsState) -> Array:
-        """Whether the call that produced `state` made an update (bool scalar)."""
-        return jnp.logical_and(state.mini_step == 0, state.gradient_step > 0)
+        """Whether the call that produced `state` made an update (bool scalar):
+        `False` after a call that `should_skip_update_fn` skipped."""
+        updated = jnp.logical_and(state.mini_step == 0, state.gradient_step > 0)
+        if state.skipped is None:
+            return updated
+        return jnp.logical_and(updated, jnp.logical_not(state.skipped))

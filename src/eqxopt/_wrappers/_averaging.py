@@ -88,6 +88,8 @@ class ParamEMA(AbstractSingleWrapper):
       at the step before the update (for a warm-up of the average).
     """
 
+    reduces_over = "nothing"
+
     reads_params = "average of the parameters"
 
     inner: AbstractTransform = inner_field()
@@ -205,6 +207,8 @@ class SWA(AbstractSingleWrapper):
     - `every`: updates between snapshots, an int `>= 1`.
     """
 
+    reduces_over = "nothing"
+
     reads_params = "mean of the parameters"
 
     inner: AbstractTransform = inner_field()
@@ -308,6 +312,8 @@ class Lookahead(AbstractSingleWrapper):
     - `sync_period`: fast steps per synchronisation, an int `>= 1` (an array field).
     - `alpha`: the slow step size, in `[0, 1]`.
     """
+
+    reduces_over = "nothing"
 
     reads_params = "slow weights (pulled towards the parameters)"
 

@@ -91,6 +91,8 @@ class Chain(AbstractComposite):
     ```
     """
 
+    reduces_over = "nothing"
+
     links: tuple[AbstractTransform, ...]
     names: tuple[str, ...] = eqx.field(static=True)
 

@@ -84,6 +84,8 @@ class SplitRealAndImaginary(AbstractSingleWrapper):
     - `inner`: the transform to run on the real pairs.
     """
 
+    reduces_over = "nothing"
+
     inner: AbstractTransform = inner_field()
 
     def init(self, params: Params) -> SplitRealAndImaginaryState:

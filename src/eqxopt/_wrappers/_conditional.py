@@ -129,6 +129,8 @@ class ConditionallyTransform(AbstractConditional):
       **extra)` (a bool).
     """
 
+    reduces_over = "nothing"
+
     inner: AbstractTransform = inner_field()
     should_transform_fn: Callable = checked_field(_predicate, static=True)
     forward_extra_args: bool = flag_field(False, kw_only=False)
@@ -157,6 +159,8 @@ class ConditionallyMask(AbstractConditional):
       `update`/`step` (such as `value=`), as `should_transform_fn(step,
       **extra)` (a bool).
     """
+
+    reduces_over = "nothing"
 
     inner: AbstractTransform = inner_field()
     should_transform_fn: Callable = checked_field(_predicate, static=True)

@@ -107,6 +107,8 @@ class Mechanic(AbstractSingleWrapper):
       (default): this device's blocks only.
     """
 
+    reduces_over = "tree"
+
     reads_params = "scale of the change from the initial parameters"
 
     # optax's spellings (`_checks.refuse_renamed`)

@@ -1,6 +1,7 @@
 """Reading an optimizer's hyperparameters at its state's step, and recording
 gradient and update norms into the state for logging."""
 
+import dataclasses
 from typing import Any
 
 import equinox as eqx
@@ -31,7 +32,11 @@ def hyperparameters(opt: AbstractTransform, state: Any) -> dict[str, Any]:
     A `Chain` gives a dict by link name (`state`'s names), a `Partition` a dict
     by label, a wrapper around one transform its own values plus `"inner"`
     (the wrapped transform's dict), as in
-    `hyperparameters(opt, state)["ScaleByLearningRate"]["learning_rate"]`.
+    `hyperparameters(opt, state)["ScaleByLearningRate"]["learning_rate"]`. A
+    transform built from others that it holds as fields (`DPSGD`: a
+    `DifferentiallyPrivateAggregate` and an `SGD`) gives their values with its
+    own, at its state's step (under the field's name, as a dict, where two would
+    share a name).
 
     **Arguments:**
 
@@ -58,11 +63,30 @@ def hyperparameters(opt: AbstractTransform, state: Any) -> dict[str, Any]:
             for label, t in opt.transforms.items()
         }
     step = getattr(state, "step", None)
-    own = vars(values_at(opt, zero_step() if step is None else step))
-    if isinstance(opt, AbstractSingleWrapper):
+    step = zero_step() if step is None else step
+    wrapper = isinstance(opt, AbstractSingleWrapper)
+    own = _values(opt, step, skip="inner" if wrapper else None)
+    if wrapper:
         # Wrappers keep the inner state in `inner`, or are the inner state itself.
         inner_state = getattr(state, "inner", state)
         own["inner"] = hyperparameters(opt.inner, inner_state)
+    return own
+
+
+def _values(opt: AbstractTransform, step: Any, skip: str | None = None) -> dict:
+    """`opt`'s hyperparameters at `step` (`values_at`), with those of the
+    transforms it holds as fields (but `skip`), merged in where no name is taken
+    and under the field's name otherwise."""
+    own = vars(values_at(opt, step))
+    for field in dataclasses.fields(opt):
+        held = getattr(opt, field.name, None)
+        if field.name == skip or not isinstance(held, AbstractTransform):
+            continue
+        theirs = _values(held, step)
+        if own.keys() & theirs.keys():
+            own[field.name] = theirs
+        else:
+            own.update(theirs)
     return own
 
 
@@ -96,6 +120,8 @@ class Monitor(AbstractSingleWrapper):
       norms of the whole model (each leaf summed over the named axes it is split
       over), the same on every device. `None` (default): this device's blocks.
     """
+
+    reduces_over = "tree"
 
     inner: AbstractTransform = inner_field()
     axis_name: AxisName = axis_name_field()

@@ -151,6 +151,8 @@ class Partition(AbstractComposite):
     ```
     """
 
+    reduces_over = "nothing"
+
     # optax's spellings (`_checks.refuse_renamed`)
     renamed_arguments = renames(param_labels=("labels",))
 
@@ -276,6 +278,8 @@ class Masked(AbstractSingleWrapper):
       every optimizer you build.
     """
 
+    reduces_over = "nothing"
+
     inner: AbstractTransform = inner_field()
     mask: MaskLike = _mask_field()
 
@@ -317,6 +321,8 @@ class Freeze(AbstractSingleWrapper):
     - `inner`: the optimizer for the leaves that train.
     - `frozen`: which leaves to freeze, as `Masked`'s `mask` (`True` = frozen).
     """
+
+    reduces_over = "nothing"
 
     inner: AbstractTransform = inner_field()
     frozen: MaskLike = _mask_field()

@@ -97,6 +97,10 @@ class LearningRateMultipliers(AbstractSingleWrapper):
       `lambda` each time.
     """
 
+    # Element-wise: a packed model's leaves are buffers, and a multiplier of a
+    # leaf is one of a buffer there (as a mask's value is), given per label.
+    reduces_over = "nothing"
+
     inner: AbstractTransform = inner_field()
     multipliers: Multipliers = checked_field(_multipliers)
 
@@ -131,6 +135,8 @@ class Maximize(AbstractSingleWrapper):
 
     - `inner`: the optimizer whose objective to maximise.
     """
+
+    reduces_over = "nothing"
 
     inner: AbstractTransform = inner_field()
 

@@ -310,6 +310,8 @@ class KahanSummation(AbstractSingleWrapper):
     - `inner`: the optimizer.
     """
 
+    reduces_over = "nothing"
+
     reads_params = "compensated sum with the parameters"
 
     inner: AbstractTransform = inner_field()

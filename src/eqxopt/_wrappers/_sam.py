@@ -11,13 +11,14 @@ from jaxtyping import Array, Int
 
 from .._core._base import AbstractTransform, Grads, Params, Supplied, Updates, supplies
 from .._core._fields import ScalarOrSchedule, axis_name_field, hyper, values_at
-from .._core._shards import AxisName, shard_total
+from .._core._norms import sum_of_squares
+from .._core._shards import AxisName
 from .._core._tree import (
-    abs_sq,
     align_grads,
     compute_dtype,
     increment,
     is_float_leaf,
+    real_compute_dtype,
     zero_step,
 )
 from ._wrapper import AbstractSingleWrapper, inner_field, keywords_for
@@ -70,6 +71,25 @@ class SAM(AbstractSingleWrapper):
     batch would be a new function, and a recompile, every step). Other keyword
     arguments go to `inner`.
 
+    **Porting optax's SAM loop.** `optax.contrib.sam`'s default mode takes the
+    adversarial gradient from the training loop: each training step is two calls
+    of `update`, the first with the gradient at `p` (which moves to the perturbed
+    point), the second with the gradient there. Here one call does both, so the
+    loop calls `step` once per training step, with the gradient at `p` and the
+    function that gives the second:
+
+    ```python
+    # optax: for each batch, twice
+    #     grads = jax.grad(loss)(params, x, y)
+    #     updates, state = opt.update(grads, state, params)
+    #     params = optax.apply_updates(params, updates)
+    grads = grad_fn(model, x, y)
+    model, state = opt.step(grads, state, model, grad_fn=grad_fn, fn_args=(x, y))
+    ```
+
+    optax's `opaque_mode=True` passes `grad_fn(params, i)` (`i` the adversarial
+    step): give it as `grad_fn=grad_fn, fn_args=(0,)`.
+
     The same as `optax.contrib.sam(inner, chain(normalize(), sgd(rho)),
     sync_period=2, opaque_mode=True)` (the paper's SAM: one normalised ascent
     step, the adversarial state reset each update), except that a zero gradient
@@ -86,6 +106,8 @@ class SAM(AbstractSingleWrapper):
       gradient norm of the whole model (each leaf summed over the named axes it is
       split over), as the unsharded run. `None` (default): this device's blocks.
     """
+
+    reduces_over = "tree"
 
     reads_params = "ascent step (the perturbed parameters)"
 
@@ -118,7 +140,11 @@ class SAM(AbstractSingleWrapper):
             raise TypeError(
                 "SAM.update/step need grad_fn=, the gradient function "
                 "grad_fn(params, *fn_args) -> grads, for the second gradient "
-                "(at the perturbed parameters)"
+                "(at the perturbed parameters): call step(grads, state, params, "
+                "grad_fn=eqx.filter_grad(loss), fn_args=(x, y)) once per training "
+                "step, where optax's SAM loop calls update twice (the second time "
+                "with the gradient at the perturbed point); optax's opaque-mode "
+                "grad_fn(params, i) goes in as grad_fn=grad_fn, fn_args=(0,)"
             )
         if not callable(grad_fn):
             raise TypeError(
@@ -132,20 +158,29 @@ class SAM(AbstractSingleWrapper):
         rho = values_at(self, state.step).rho
         param_leaves, treedef = jax.tree.flatten(params)
         grad_leaves = align_grads(grads, params)
-        squares = [
-            jnp.sum(abs_sq(g.astype(compute_dtype(g.dtype)))).astype(jnp.float32)
-            for g, p in zip(grad_leaves, param_leaves)
-            if g is not None and is_float_leaf(p)
-        ]
-        norm = jnp.sqrt(shard_total(squares, self.axis_name, "SAM", jnp.float32))
+        # The norm in the precision of the leaves' maths (`_norms`): float64 for
+        # float64 gradients under x64.
+        total = sum_of_squares(
+            [
+                g
+                for g, p in zip(grad_leaves, param_leaves)
+                if g is not None and is_float_leaf(p)
+            ],
+            self.axis_name,
+            "SAM",
+        )
+        norm = jnp.sqrt(total)
         # A zero gradient has no ascent direction: no perturbation (optax: NaN).
-        scale = jnp.where(norm > 0, rho / jnp.where(norm > 0, norm, 1.0), 0.0)
+        positive = norm > 0
+        rho = jnp.asarray(rho).astype(norm.dtype)
+        scale = jnp.where(positive, rho / jnp.where(positive, norm, 1.0), 0.0)
 
         def perturb(g, p):
             if g is None or not is_float_leaf(p):
                 return p
             dtype = compute_dtype(p.dtype)
-            return (p.astype(dtype) + scale * g.astype(dtype)).astype(p.dtype)
+            step = scale.astype(real_compute_dtype(p.dtype)) * g.astype(dtype)
+            return (p.astype(dtype) + step).astype(p.dtype)
 
         perturbed = treedef.unflatten(
             [perturb(g, p) for g, p in zip(grad_leaves, param_leaves)]

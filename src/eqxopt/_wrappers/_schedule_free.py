@@ -88,6 +88,8 @@ class ScheduleFree(AbstractSingleWrapper):
     - `z_dtype`: dtype to store `z` in (`None`: each parameter's dtype).
     """
 
+    reduces_over = "nothing"
+
     reads_params = "interpolation between the averaged and the fast iterate"
 
     # optax's spellings (`_checks.refuse_renamed`)

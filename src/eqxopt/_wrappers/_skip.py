@@ -53,6 +53,8 @@ class SkipLargeUpdates(AbstractGate):
       gradients only.
     """
 
+    reduces_over = "tree"
+
     inner: AbstractTransform = inner_field()
     axis_name: AxisName = axis_name_field()
     # Read without a step count (the wrapper keeps none), so not a schedule.

@@ -16,13 +16,18 @@ from ..._core._fields import (
 )
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._moments import Moment, ref
-from ..._core._schedule import known_number
+from ..._core._schedule import known_range
 from ..._core._tree import abs_sq, step_power
 
 
 def check_adan_eps(eps: Any, eps_root: Any) -> None:
-    """Refuses `eps = eps_root = 0` (known values), shared with `ScaleByAdan`."""
-    if known_number(eps) == 0.0 and known_number(eps_root) == 0.0:
+    """Refuses `eps = eps_root = 0` at some step, where known (a number 0 beside
+    a number or schedule that reaches 0), shared with `ScaleByAdan`."""
+    ranges = known_range(eps), known_range(eps_root)
+    if any(r is None for r in ranges):
+        return
+    (eps_low, eps_high), (root_low, root_high) = ranges  # pyright: ignore
+    if (eps_high == 0.0 and root_low == 0.0) or (root_high == 0.0 and eps_low == 0.0):
         raise ValueError(
             "eps and eps_root must not both be 0 (a zero gradient would divide 0 by 0)"
         )

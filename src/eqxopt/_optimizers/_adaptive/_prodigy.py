@@ -104,6 +104,8 @@ class Prodigy(AbstractEngineTransform):
       this device's blocks only.
     """
 
+    reduces_over = "tree"
+
     reads_params = "estimate of the distance from the initial parameters"
 
     # optax's spellings (`_checks.refuse_renamed`)

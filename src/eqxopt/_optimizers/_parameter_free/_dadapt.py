@@ -96,6 +96,8 @@ class DAdaptAdamW(AbstractEngineTransform):
       (default): this device's blocks only.
     """
 
+    reduces_over = "tree"
+
     reads_params = "estimate of the distance from the initial parameters"
 
     # optax's spellings (`_checks.refuse_renamed`)
@@ -247,6 +249,8 @@ class DAdaptSGD(AbstractEngineTransform):
       `>= 1`; `None` (the default, the authors' `inf`) leaves it unrestricted.
     - `axis_name`: as for `DAdaptAdamW`.
     """
+
+    reduces_over = "tree"
 
     reads_params = "estimate of the distance from the initial parameters"
 

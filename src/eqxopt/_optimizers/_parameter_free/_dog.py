@@ -165,6 +165,8 @@ class DoG(AbstractDistanceOverGradients):
       (default): this device's blocks only.
     """
 
+    reduces_over = "tree"
+
     # optax's spellings (`_checks.refuse_renamed`)
     renamed_arguments = renames(init_step=("init_step", "init_value"))
 
@@ -254,6 +256,8 @@ class DoWG(AbstractDistanceOverGradients):
     - `eps`: added to the denominator of the step size, `> 0`.
     - `weight_decay`, `mask`, `axis_name`: as for `DoG`.
     """
+
+    reduces_over = "tree"
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
     # Read at `init` (the state starts at it), so not a schedule.

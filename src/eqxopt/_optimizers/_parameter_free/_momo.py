@@ -171,6 +171,8 @@ class Momo(AbstractEngineTransform):
       (default): this device's blocks only.
     """
 
+    reduces_over = "tree"
+
     reads_params = "model-based step size (the parameters' product with the momentum)"
 
     axis_name: AxisName = axis_name_field()
@@ -297,6 +299,8 @@ class MomoAdam(AbstractEngineTransform):
     - `lower_bound`, `weight_decay`, `adapt_lower_bound`, `axis_name`: as for
       `Momo`.
     """
+
+    reduces_over = "tree"
 
     reads_params = "model-based step size (the parameters' product with the momentum)"
 

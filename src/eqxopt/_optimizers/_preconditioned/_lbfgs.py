@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core import _shards
 from ..._core._base import AbstractTransform, Grads, Params, Supplied, Updates
-from ..._core._checks import array_count, static_count
+from ..._core._checks import array_count, check_bool, static_count
 from ..._core._compile import FilteredJit
 from ..._core._fields import (
     ScalarOrSchedule,
@@ -345,6 +345,32 @@ def _two_loop(
     return vec
 
 
+def _linesearch(name: str, value: Any) -> bool:
+    """`linesearch`: a bool. optax's linesearch transformations (what
+    `optax.lbfgs(linesearch=...)` takes) are refused, naming eqxopt's way to the
+    same search."""
+    update = getattr(value, "update", None)
+    made_by = getattr(update, "__qualname__", "").split(".")[0]
+    if made_by == "scale_by_zoom_linesearch":
+        raise TypeError(
+            f"{name} takes True or False, not optax.scale_by_zoom_linesearch(...): "
+            "LBFGS's own linesearch is that zoom linesearch (linesearch=True, the "
+            "default); give its options to LBFGS itself: max_linesearch_steps=, "
+            "max_learning_rate=, tol=, increase_factor=, slope_rtol=, curv_rtol=, "
+            "approx_dec_rtol=, stepsize_precision="
+        )
+    if made_by == "scale_by_backtracking_linesearch":
+        raise TypeError(
+            f"{name} takes True or False, not "
+            "optax.scale_by_backtracking_linesearch(...): for L-BFGS with a "
+            "backtracking linesearch, chain eqxopt's after it: "
+            "eqxopt.Chain(eqxopt.LBFGS(learning_rate, linesearch=False), "
+            "eqxopt.ScaleByBacktrackingLinesearch(max_backtracking_steps, ...)), "
+            "called with value= and value_fn="
+        )
+    return check_bool(name, value)
+
+
 class LBFGS(AbstractTransform):
     r"""L-BFGS (Liu & Nocedal, 1989) with a zoom linesearch, for deterministic
     (full-batch) problems.
@@ -364,6 +390,12 @@ class LBFGS(AbstractTransform):
     p &\leftarrow p + \eta\, d
     \end{aligned}
     $$
+
+    The update that `update` returns is the step to add, $\eta d = -\eta \cdot
+    \mathrm{lr} \cdot H g$ (with `linesearch=False`, $-\mathrm{lr} \cdot H g$):
+    a descent step, as `optax.lbfgs`'s. `optax.scale_by_lbfgs` returns `+H g`, for
+    a following `scale_by_learning_rate` to negate; eqxopt's building block with
+    that sign is `ScaleByLBFGS`.
 
     The linesearch is Nocedal & Wright's Algorithms 3.5 and 3.6 with the
     approximate-decrease criterion of Hager & Zhang, as `optax.lbfgs` (whose
@@ -411,7 +443,11 @@ class LBFGS(AbstractTransform):
       `learning_rate=None`).
     - `memory_size`: the number of pairs kept (static int `>= 1`).
     - `scale_init_precond`: scale the initial inverse Hessian as above (static).
-    - `linesearch`: run the zoom linesearch (static; `False` steps by `d`).
+    - `linesearch`: run the zoom linesearch (static; `False` steps by `d`). A
+      bool: optax's linesearch objects are refused, naming eqxopt's way to the
+      same search (the zoom linesearch's options are `LBFGS`'s own; a
+      backtracking one is `Chain(LBFGS(..., linesearch=False),
+      ScaleByBacktrackingLinesearch(...))`).
     - `max_linesearch_steps`: the most linesearch iterations per update (an int
       `>= 1`; an array field).
     - `max_learning_rate`: the largest step size tried; `None` for no bound.
@@ -432,13 +468,15 @@ class LBFGS(AbstractTransform):
       the whole model's loss (summed over the mesh), the same on every device.
     """
 
+    reduces_over = "tree"
+
     reads_params = "memory of parameter differences"
 
     learning_rate: ScalarOrSchedule = learning_rate_field(1.0)
     # Static: it decides the shapes of the state.
     memory_size: int = checked_field(static_count, 10, static=True)
     scale_init_precond: bool = flag_field(True, kw_only=False)
-    linesearch: bool = flag_field(True)
+    linesearch: bool = checked_field(_linesearch, True, static=True, kw_only=True)
     max_linesearch_steps: Int[Array, ""] = checked_field(array_count, 20, kw_only=True)
     max_learning_rate: ScalarOrSchedule | None = hyper(
         None, low=0.0, low_open=True, optional=True, kw_only=True

@@ -55,8 +55,10 @@ def polyak_rate(
         for g, p in zip(align_grads(grads, params), jax.tree.leaves(params))
         if is_float_leaf(p)
     ]
-    sq_norm = sum_of_squares(floats, owner.axis_name, name, jnp.float32)
-    gap = jnp.asarray(value, jnp.float32) - h.f_min
+    # In the precision of the leaves' maths (float64 for float64 gradients under
+    # x64), as optax takes the gap in the norm's dtype.
+    sq_norm = sum_of_squares(floats, owner.axis_name, name)
+    gap = jnp.asarray(value).astype(sq_norm.dtype) - h.f_min.astype(sq_norm.dtype)
     if owner.variant == "sps+":
         gap = jnp.maximum(gap, 0.0)
     denominator = sq_norm + h.eps
@@ -135,6 +137,8 @@ class PolyakSGD(AbstractEngineTransform):
       split over), as the unsharded run. `None` (default): this device's blocks
       only. (`value` is the caller's: pass the global loss.)
     """
+
+    reduces_over = "tree"
 
     reads_params = None  # the parameters are not read (`params_needed`)
 

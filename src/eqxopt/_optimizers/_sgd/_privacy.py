@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, PyTree, UInt32
 
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import renames
+from ..._core._checks import hyperparameter, renames
 from ..._core._fields import hyper
 from ..._core._keys import key_data
 from ..._core._norms import norm
@@ -38,6 +38,13 @@ def _batch_size(grads: PyTree, owner: str) -> int:
     if size is None:
         raise ValueError(f"{owner} got no gradients")
     return size
+
+
+def _check_clip(name: str, value: Any) -> None:
+    """A `ValueError` naming `name` unless a known `value` is `>= 0` (a negative
+    bound would flip the gradients' sign); a traced one is taken as it comes. The
+    value itself is used as given (a Python float stays weakly typed)."""
+    hyperparameter(name, value, low=0.0, allow_inf=True)
 
 
 def _clipped_sum(
@@ -77,6 +84,7 @@ def per_example_global_norm_clip(
     like one example's gradients (in at least float32), and how many examples
     were scaled down.
     """
+    _check_clip("l2_norm_clip", l2_norm_clip)
     _batch_size(grads, "per_example_global_norm_clip")
     leaves, treedef = jax.tree.flatten(grads)
     clipped, num_clipped = _clipped_sum(leaves, l2_norm_clip)
@@ -111,6 +119,7 @@ def per_example_layer_norm_clip(
     example's gradients, and a tree of how many examples were scaled down at
     each leaf.
     """
+    _check_clip("global_l2_norm_clip", global_l2_norm_clip)
     _batch_size(grads, "per_example_layer_norm_clip")
     leaves, treedef = jax.tree.flatten(grads)
     sizes = [g[0].size for g in leaves]

@@ -10,7 +10,7 @@ from ..._core._fields import ScalarOrSchedule, hyper
 from ..._core._leafwise import AbstractLeafwiseOptimizer
 from ..._core._moments import Moment
 from ..._core._real import RealOnly
-from ..._core._schedule import known_number
+from ..._core._schedule import known_range
 
 # The rule compares the signs of successive gradients: complex numbers have none.
 _WHY = "the sign of g * g_prev decides the step; complex numbers have no sign"
@@ -29,12 +29,21 @@ def rprop_direction(h, g, size, prev):
 
 
 def check_step_sizes(owner: Any) -> None:
-    """`min_step_size <= max_step_size` where both are known numbers."""
-    low, high = known_number(owner.min_step_size), known_number(owner.max_step_size)
-    if low is not None and high is not None and low > high:
+    """`min_step_size <= max_step_size` at every step, refused where it is known
+    to fail: exactly with a number on either side, and with two schedules where
+    the least `min_step_size` exceeds the greatest `max_step_size`."""
+    low, high = known_range(owner.min_step_size), known_range(owner.max_step_size)
+    if low is None or high is None:
+        return
+    one_constant = low[0] == low[1] or high[0] == high[1]
+    if (low[1] > high[0]) if one_constant else (low[0] > high[1]):
+        shown = [
+            f"{r[0]!r}" if r[0] == r[1] else f"a schedule from {r[0]:.6g} to {r[1]:.6g}"
+            for r in (low, high)
+        ]
         raise ValueError(
-            "min_step_size must be <= max_step_size, got "
-            f"min_step_size={low!r} and max_step_size={high!r}"
+            "min_step_size must be <= max_step_size (at every step), got "
+            f"min_step_size={shown[0]} and max_step_size={shown[1]}"
         )
 
 

@@ -169,6 +169,8 @@ class ScheduleFreeSGD(AbstractScheduleFree):
     - `z_dtype`: dtype to store `z` in (`None`: each parameter's dtype).
     """
 
+    reduces_over = "nothing"
+
     # optax's spellings (`_checks.refuse_renamed`)
     renamed_arguments = renames(
         state_dtype=("z_dtype",), warmup_steps=_WARMUP_AS_SCHEDULE
@@ -223,6 +225,8 @@ class ScheduleFreeAdamW(AbstractScheduleFree):
     - `z_dtype`: dtype to store `z` in (`None`: each parameter's dtype).
     - `nu_dtype`: dtype to store `nu` in (`None`: each parameter's dtype).
     """
+
+    reduces_over = "nothing"
 
     # optax's spellings (`_checks.refuse_renamed`)
     renamed_arguments = renames(
