@@ -550,6 +550,8 @@ def _with_dtype_option(cls, **option):
         return cls(eqxopt.SGD(1e-2), **option)
     if cls is eqxopt.MeasureWithEMA:
         return cls(eqxopt.global_norm, 0.9, **option)
+    if cls is eqxopt.SGD:  # plain SGD keeps no velocity to store
+        return cls(1e-2, momentum=0.9, **option)
     return cls(1e-2, **option)
 
 

@@ -150,13 +150,14 @@ def test_traced_and_stacked_values_keep_the_shape_summary():
     shown = []
 
     @jax.jit
-    def build(learning_rate):
-        shown.append(repr(eqxopt.SGD(learning_rate, momentum=0.9)))
+    def build(learning_rate, momentum):
+        shown.append(repr(eqxopt.SGD(learning_rate, momentum=momentum)))
         return learning_rate
 
-    build(0.1)
+    build(0.1, 0.9)
+    # (A number given inside the trace is a number: `dampening` shows its value.)
     assert shown == [
-        "SGD(learning_rate=Constant(value=f32[]), momentum=f32[], dampening=f32[])"
+        "SGD(learning_rate=Constant(value=f32[]), momentum=f32[], dampening=0.0)"
     ]
     stacked = eqxopt.population(
         lambda learning_rate: eqxopt.SGD(learning_rate, momentum=0.9),

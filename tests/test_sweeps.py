@@ -36,10 +36,10 @@ def test_hyperparameters_report_every_declared_float_hyperparameter(case):
     state = opt.init(nested_tree())
     step = jnp.zeros((), jnp.int32)
     declared = sorted(
-        (name, float(value))
+        (name, float(getattr(extend.values_at(t, step), name)))
         for t in transforms_in(opt)
-        for name, value in vars(extend.values_at(t, step)).items()
-        if value is not None
+        for name in extend.hyperparameter_fields(t)
+        if getattr(t, name) is not None
     )
     # (every case declares some, but an optax transformation: its are baked in)
     assert declared or isinstance(opt, eqxopt.FromOptax)
@@ -234,3 +234,33 @@ def test_a_packed_model_gets_the_trees_numbers_or_a_refusal(case):
         not np.allclose(x, y)
         for x, y in zip(jax.tree.leaves(tree), jax.tree.leaves(VECTORS))
     )
+
+
+def _train_loss(params, x):
+    squares = [jnp.sum(p * p) for p in jax.tree.leaves(params) if eqx_is_float(p)]
+    return sum(squares) * jnp.mean(x)
+
+
+def eqx_is_float(x):
+    return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_make_train_step_works_or_refuses_when_made(case):
+    """Every transform through `make_train_step`: the step is made and its first
+    call runs, or it is refused when it is made, never at its first call. What a
+    transform needs besides gradients comes from its declarations (the loss, the
+    loss as a function of the parameters, per-example gradients)."""
+    opt = case.make()
+    params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), nested_tree())
+    x = jnp.linspace(0.5, 1.5, 4)
+    axes = 0 if opt.takes_per_example_grads() else None
+    try:
+        step = eqxopt.make_train_step(_train_loss, opt, per_example_axes=axes)
+    except (TypeError, ValueError) as error:
+        assert str(error), case.name
+        return
+    new_params, _, loss = step(params, opt.init(params), x)
+    assert np.isfinite(float(loss))
+    assert jax.tree.structure(new_params) == jax.tree.structure(nested_tree())
+    assert all(np.all(np.isfinite(np.asarray(p))) for p in jax.tree.leaves(new_params))

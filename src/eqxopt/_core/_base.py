@@ -566,14 +566,15 @@ def _numbers_as_arrays(extra: dict[str, Any]) -> dict[str, Any]:
 def state_class(cls: type) -> type:
     """The state class a transform declares: its `state_type` (the per-leaf
     engine's optimizers), else the class its `init` is annotated to return, else
-    any Equinox module."""
+    any value (a transform of one's own may keep its state in any pytree; eqxopt's
+    own are Equinox modules)."""
     declared = getattr(cls, "state_type", None)
     if isinstance(declared, type):
         return declared
     returns = getattr(cls.init, "__annotations__", {}).get("return")
     if isinstance(returns, type) and issubclass(returns, eqx.Module):
         return returns
-    return eqx.Module
+    return object
 
 
 class _NoParameter:
@@ -588,7 +589,9 @@ class _NoParameter:
 _NO_PARAMETER = _NoParameter()
 
 
-def _stand_in(grads: Grads, per_example: bool = False, state: State = None) -> Params:
+def _stand_in(
+    grads: Grads, per_example: bool = False, state: State | None = None
+) -> Params:
     """For an `update` called without params (whose transform reads none): zeros
     shaped like the gradients (like one example's, for per-example gradients).
     Where a gradient is `None`, zeros shaped like the state's moment there (the
@@ -657,7 +660,7 @@ def checked_rule(cls: type, step: bool, per_example: bool) -> Callable[..., Any]
             out, new_state = method(opt, grads, state, params, **extra)
         results.append((out, new_state))
         out = check_outputs(opt, step, out, params)
-        if type(new_state) is state_type or state_type is eqx.Module:
+        if type(new_state) is state_type or state_type is object:
             # (Another class is the return annotation's to refuse.)
             check_state(opt, new_state, params, method.__name__)
         return out, new_state

@@ -83,9 +83,11 @@ def hyperparameter(
                     f"in), got {number!r}"
                 )
         # Concrete even inside a trace (an optimizer built inside `jit`): what
-        # depends on whether the value is zero (`params_needed`) reads it.
-        with jax.ensure_compile_time_eval():
-            return jnp.asarray(value, dtype=default_float())
+        # depends on whether the value is zero (`params_needed`) reads it. (From
+        # NumPy in its dtype: a transfer, where a conversion would compile.)
+        if not isinstance(value, jax.Array):
+            with jax.ensure_compile_time_eval():
+                return jnp.asarray(np.asarray(value, dtype=default_float()))
     return jnp.asarray(value, dtype=default_float())
 
 

@@ -311,12 +311,23 @@ def _fields(module: Any) -> tuple[dataclasses.Field, ...]:
     return dataclasses.fields(module)
 
 
+def hyperparameter_fields(module: Any) -> tuple[str, ...]:
+    """The names of `module`'s hyperparameters: its fields declared with `hyper`,
+    `learning_rate_field` or `weight_decay_field` (what `values_at` evaluates).
+
+    **Arguments:**
+
+    - `module`: an eqxopt transform (or its class).
+    """
+    return tuple(f.name for f in _fields(module) if _is_value(f))
+
+
 def values_at(module: _M, step: Int[Array, ""]) -> _M:
     """`module` with each of its hyperparameters (its `hyper` and
     `learning_rate` fields) replaced by its value at `step`: a schedule called
     there, a number as its array. What a per-leaf rule reads (`leaf`'s `h`):
     `h.learning_rate` is a scalar array; every other field is as it was."""
-    names = [f.name for f in _fields(module) if _is_value(f)]
+    names = hyperparameter_fields(module)
     values = [value_at(getattr(module, name), step) for name in names]
     return replace(module, **dict(zip(names, values)))
 

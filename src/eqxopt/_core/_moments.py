@@ -71,13 +71,16 @@ class Moment:
     class attribute `moments` (a tuple of these).
 
     ```python
-    class LaProp(eqxopt.extend.AbstractLeafwiseOptimizer):
+    from eqxopt import extend
+
+
+    class LaProp(extend.AbstractLeafwiseOptimizer):
         ...
-        mu_dtype: eqxopt.extend.StorageLike = eqxopt.extend.dtype_field(storage=True)
-        nu_dtype: eqxopt.extend.StorageLike = eqxopt.extend.dtype_field(storage=True)
+        mu_dtype: extend.StorageLike = extend.dtype_field(storage=True)
+        nu_dtype: extend.StorageLike = extend.dtype_field(storage=True)
         moments = (
-            eqxopt.extend.Moment("mu", dtype=mu_dtype),
-            eqxopt.extend.Moment("nu", dtype=nu_dtype, nonnegative=True),
+            extend.Moment("mu", dtype=mu_dtype),
+            extend.Moment("nu", dtype=nu_dtype, nonnegative=True),
         )
     ```
 

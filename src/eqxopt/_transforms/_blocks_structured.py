@@ -721,7 +721,9 @@ class ScaleByLBFGS(AbstractTransform):
         )
 
     def init(self, params: Params) -> LBFGSState:
-        return self._lbfgs().init(params)
+        state = self._lbfgs().init(params)
+        # No linesearch evaluates the loss here: its slot holds 0, not "unknown".
+        return eqx.tree_at(lambda s: s.value, state, jnp.zeros_like(state.value))
 
     def transform(
         self, grads: Grads, state: LBFGSState, params: Params

@@ -106,7 +106,7 @@ class ReduceOnPlateau(AbstractTransform):
 
     def __check_init__(self):
         rtol, atol = self.rtol, self.atol
-        if is_concrete(rtol) and is_concrete(atol) and rtol == 0.0 and atol == 0.0:
+        if is_concrete(rtol) and is_concrete(atol) and float(rtol) == float(atol) == 0:
             raise ValueError("rtol and atol must not both be 0")
 
     def init(self, params: Params) -> ReduceOnPlateauState:

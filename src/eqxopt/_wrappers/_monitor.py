@@ -16,7 +16,7 @@ from .._core._base import (
     Updates,
     checked_transform,
 )
-from .._core._fields import axis_name_field, values_at
+from .._core._fields import axis_name_field, hyperparameter_fields, values_at
 from .._core._norms import norm, reduction_dtype
 from .._core._shards import AxisName
 from .._core._tree import align_grads, is_float_leaf, zero_step
@@ -77,7 +77,8 @@ def _values(opt: AbstractTransform, step: Any, skip: str | None = None) -> dict:
     """`opt`'s hyperparameters at `step` (`values_at`), with those of the
     transforms it holds as fields (but `skip`), merged in where no name is taken
     and under the field's name otherwise."""
-    own = vars(values_at(opt, step))
+    at_step = values_at(opt, step)
+    own = {name: getattr(at_step, name) for name in hyperparameter_fields(opt)}
     for field in dataclasses.fields(opt):
         held = getattr(opt, field.name, None)
         if field.name == skip or not isinstance(held, AbstractTransform):

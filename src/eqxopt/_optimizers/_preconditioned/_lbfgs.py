@@ -345,7 +345,7 @@ def _two_loop(
     return vec
 
 
-def _linesearch(name: str, value: Any) -> bool:
+def _linesearch(name: str, value: bool) -> bool:
     """`linesearch`: a bool. optax's linesearch transformations (what
     `optax.lbfgs(linesearch=...)` takes) are refused, naming eqxopt's way to the
     same search."""
