@@ -216,6 +216,11 @@ def test_make_train_step_reuses_the_compiled_step_for_new_hyperparameters():
     x, y = batch()
     state = opt.init(model)
     step(fresh(model), fresh(state), x, y)  # compiles
+    # (Building a schedule evaluates it at its breakpoints, to check its range:
+    # eager operations, compiled once per process, outside the counted steps.)
+    schedule = eqxopt.AdamW(eqxopt.WarmupCosine(1e-2, 1e-4, 5, 50))
+    other = eqxopt.AdamW(eqxopt.WarmupCosine(3e-2, 1e-5, 2, 20))
+    schedule_states = schedule.init(model), other.init(model)
     COMPILES.count, COMPILES.active = 0, True
     try:
         results = []
@@ -225,11 +230,9 @@ def test_make_train_step_reuses_the_compiled_step_for_new_hyperparameters():
             results.append(
                 eqxopt.make_train_step(mlp_loss, new)(fresh(model), fresh(state), x, y)
             )
-        schedule = eqxopt.AdamW(eqxopt.WarmupCosine(1e-2, 1e-4, 5, 50))
-        step(fresh(model), schedule.init(model), x, y, opt=schedule)
+        step(fresh(model), schedule_states[0], x, y, opt=schedule)
         first_schedule_compiles = COMPILES.count
-        other = eqxopt.AdamW(eqxopt.WarmupCosine(3e-2, 1e-5, 2, 20))
-        step(fresh(model), other.init(model), x, y, opt=other)
+        step(fresh(model), schedule_states[1], x, y, opt=other)
     finally:
         COMPILES.active = False
     # A new schedule structure compiles once; new values of either never do.
