@@ -1,4 +1,4 @@
-"""Case 13: the cost of a direct `opt.step` (outside the user's own `jit`) of AdamW
+"""Case 15: the cost of a direct `opt.step` (outside the user's own `jit`) of AdamW
 on an Equinox MLP, against optax under `jax.jit` and `eqx.filter_jit` of the same
 `opt.step`, on a 6-leaf MLP and a 200-leaf one (100 layers); its first call
 (trace, lowering and XLA's compile) against optax's; its trace and lowering with
@@ -86,7 +86,7 @@ def per_call(label, model, n_calls):
     optax_t = med["optax jax.jit step"]
     filter_t = med["eqx.filter_jit(opt.step)"]
     table(
-        f"Case 13: direct-call cost per step, {label}",
+        f"Case 15: direct-call cost per step, {label}",
         [(k, v * 1e6, v / optax_t, v / filter_t) for k, v in med.items()],
         ("variant", "us per call", "/ optax jax.jit", "/ eqx.filter_jit"),
     )

@@ -347,4 +347,4 @@ def _step(key: _TrainKey, opt: AbstractTransform, batch: tuple, model, state):
 def _compiled(options: tuple[tuple[str, Any], ...]) -> FilteredJit:
     """The compiled train step for a backend's compiler options (the model and the
     state, its last two arguments, donated)."""
-    return FilteredJit(_step, donate_from=3, compiler_options=options)
+    return FilteredJit(_step, donate_from=2, compiler_options=options, held=0)

@@ -8,7 +8,7 @@ import inspect
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -460,10 +460,9 @@ def _check_donate(donate: Any) -> None:
         raise TypeError(f"donate must be a bool, got {donate!r}")
 
 
-@dataclasses.dataclass(frozen=True)
-class _EntryKey:
-    """What selects an entry's program besides the arrays it is given (one static
-    argument of the compiled entry).
+class _EntryKey(NamedTuple):
+    """What selects an entry's program besides the arrays it is given (the static
+    argument of the compiled entry; a tuple: made and hashed on every call).
 
     - `step`: `step` (new parameters) rather than `update` (updates).
     - `donated`: `donate=True`: the outputs may overwrite the inputs.
@@ -528,13 +527,13 @@ def _call(
     # The donated buffers come last: the state (`update`), the params and the
     # state (`step`).
     if step:
-        compiled, args = _STEP, (key, opt, grads, extra, params, state)
+        compiled, args = _STEP, (opt, grads, extra, params, state)
     else:
-        compiled, args = _UPDATE, (key, opt, grads, params, extra, state)
+        compiled, args = _UPDATE, (opt, grads, params, extra, state)
     if lower:
-        return compiled.lower(*args, donate=donate)
+        return compiled.lower(key, *args, donate=donate)
     try:
-        out = compiled(*args, donate=donate)
+        out = compiled(key, *args, donate=donate)
     except ValueError as error:
         raise_if_misplaced(error, opt, grads, state, params)
         raise
@@ -786,5 +785,6 @@ def _step_entry(key, opt, grads, extra, params, state):
     return _run(key, opt, grads, params, state, extra)
 
 
-_UPDATE = FilteredJit(_update_entry, donate_from=5)
-_STEP = FilteredJit(_step_entry, donate_from=4)
+# The optimizer is held: usually the same object call after call.
+_UPDATE = FilteredJit(_update_entry, donate_from=4, held=0)
+_STEP = FilteredJit(_step_entry, donate_from=3, held=0)

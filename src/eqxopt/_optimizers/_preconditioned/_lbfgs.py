@@ -683,10 +683,10 @@ class LBFGS(AbstractTransform):
         gradients with `None` at
         non-float leaves, each in its parameter's dtype.
         """
-        return _VALUE_AND_GRAD(state, params, value_fn, fn_kwargs)
+        return _VALUE_AND_GRAD(None, state, params, value_fn, fn_kwargs)
 
 
-def _value_and_grad_entry(state, params, value_fn, fn_kwargs):
+def _value_and_grad_entry(_, state, params, value_fn, fn_kwargs):
     def compute(_):
         value, grads = eqx.filter_value_and_grad(value_fn)(params, **fn_kwargs)
         return jnp.asarray(value).astype(state.value.dtype), grads
