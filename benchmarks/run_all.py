@@ -22,6 +22,7 @@ CASES = [
     "bench_big_leaf.py+mof",
     "bench_many_leaves.py",
     "bench_overhead.py",
+    "bench_direct_call.py",
     "bench_recompiles.py",
     "bench_memory.py",
     "bench_state_memory.py",

@@ -91,3 +91,34 @@ def test_the_population_benchmark_runs_in_quick_mode(tmp_path):
     assert all(t > 0 for t in data["per_model_step_ms"].values())
     assert data["sequential_over_population"] > 0
     assert "sequential / population" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_direct_call_benchmark_runs_in_quick_mode(tmp_path):
+    results = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "bench_direct_call.py"],
+        cwd=ROOT / "benchmarks",
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT / "src"),
+            "EQXOPT_BENCH_RESULTS": str(results),
+            "EQXOPT_BENCH_QUICK": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads(results.read_text())["direct_call"]
+    for label in ("6-leaf MLP", "200-leaf MLP"):
+        case = data[label]
+        assert set(case["per_call"]["us"]) == {
+            "eqxopt opt.step",
+            "eqx.filter_jit(opt.step)",
+            "optax jax.jit step",
+        }
+        assert case["per_call"]["vs_optax_jit"] > 0
+        assert case["checking"]["checked_ms"] > 0 and case["checking"]["ratio"] > 0
+        assert case["first_call"]["eqxopt"]["vs_optax"]["total"] > 0
+    assert data["python_calls"]["later"] < data["python_calls"]["first"]

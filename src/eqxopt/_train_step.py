@@ -14,12 +14,7 @@ import jax.numpy as jnp
 
 from ._core import _backend, _placement
 from ._core._backend import TrainStepPlan
-from ._core._base import (
-    AbstractTransform,
-    Supplied,
-    callers_leaves,
-    checked_transform,
-)
+from ._core._base import AbstractTransform, Supplied, checked_transform
 from ._core._checks import check_bool
 from ._core._compile import FilteredJit
 from ._core._packed import Packed
@@ -72,8 +67,7 @@ class TrainStep(eqx.Module):
         `has_aux=True`.
         """
         compiled, args = self._call(model, state, batch, opt)
-        new_model, *rest = compiled(*args, donate=True)
-        return callers_leaves(new_model, model), *rest
+        return compiled(*args, donate=True)
 
     def lower(
         self,

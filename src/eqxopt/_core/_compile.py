@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from . import _backend
-from ._jax_api import array_type, is_tracer
+from ._jax_api import array_type, holds_tracer, is_tracer
 
 # Programs kept per compiled function (least recently used dropped first): each
 # structure of the arguments and set of static leaves is one.
@@ -336,12 +336,17 @@ class FilteredJit:
     def __call__(self, static: Hashable, *args: Any, donate: bool = False) -> Any:
         """`fn(static, *args)`, compiled: `static` (hashable) selects the program
         by value, as a non-array leaf does; see the class docstring."""
+        if donate:
+            # Inside someone else's trace the arguments it keeps (the optimizer,
+            # the gradients or the batch) are its values; the donated ones would
+            # be too. (Read the kept ones only: the donated are the model's size.)
+            split = self.donate_from
+            if holds_tracer(args[:split]):
+                return self.fn(static, *args)
+            return self._equinox_donated((static, *args[:split]), *args[split:])
         found = self._flatten(args)
         if found is None:
             return self.fn(static, *args)
-        if donate:
-            split = self.donate_from
-            return self._equinox_donated((static, *args[:split]), *args[split:])
         arrays, structure, statics, held = found
         local = (static, structure[2], statics)
         program = held.programs.get(local)
