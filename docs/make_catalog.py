@@ -297,8 +297,8 @@ CATALOG = [
         "Muon",
         "newer",
         "Jordan et al., *Muon: An optimizer for hidden layers in neural networks*, 2024 (kellerjordan.github.io/posts/muon)",
-        "`optax.contrib.muon`: Nesterov on and off, decay, a schedule, `consistent_rms`, a 3-D leaf by mask",
-        None,
+        "`optax.contrib.muon` (0.2.8) option by option over 30 steps in float32 and float64: `preconditioning` (`frobenius`, `spectral`, `aol`, `schatten`), `adaptive`, `consistent_rms`, the `standard` and `dion` presets and the Polar Express rows, `MatrixAxes` against `MuonDimensionNumbers` on a conv kernel, a stack with its batch axis in the middle and an `(out, in)` matrix; Nesterov on and off, decay, a schedule; Gram Newton-Schulz against the plain iteration in float64 (rtol 1e-10); 8-bit momentum against float32; inside `shard_map` with rows split over 8 devices against one device",
+        "the default in float32; rtol 1e-10, atol 1e-11 in float64",
     ),
     (
         "NorMuon",

@@ -183,6 +183,9 @@ from ._optimizers._preconditioned._normuon import (
     NorMuon as NorMuon,
     NorMuonState as NorMuonState,
 )
+from ._optimizers._preconditioned._orthogonal import (
+    MatrixAxes as MatrixAxes,
+)
 from ._optimizers._preconditioned._psgd import (
     PSGDKron as PSGDKron,
     PSGDKronState as PSGDKronState,
@@ -547,6 +550,7 @@ __all__ = [
     "MARSState",
     "Masked",
     "MaskedState",
+    "MatrixAxes",
     "Maximize",
     "MeasureWithEMA",
     "MeasureWithEMAState",

@@ -1,22 +1,22 @@
 """Muon: momentum orthogonalised by Newton-Schulz, with an AdamW fallback."""
 
-from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-from jaxtyping import Array, ArrayLike, Float, Int, PyTree
+from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core import _jax_api
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import is_concrete, static_count
+from ..._core._checks import static_count
 from ..._core._fields import (
-    DTypeLike,
     MaskLike,
     ScalarOrSchedule,
+    StorageLike,
     checked_field,
+    choice_field,
     dtype_field,
     flag_field,
     hyper,
@@ -36,8 +36,20 @@ from ..._core._tree import (
     step_power,
     zero_step,
 )
-
-_DEFAULT_NS_COEFFS = (3.4445, -4.7750, 2.0315)
+from ._orthogonal import (
+    DEFAULT_NS_COEFFS,
+    PRECONDITIONINGS,
+    axis_size,
+    check_coeffs,
+    coefficient_rows,
+    fans,
+    keeps_split,
+    leaf_axes,
+    matrix_mask,
+    newton_schulz_matrices,
+    ns_coeffs as ns_coeffs_field,
+    to_matrices,
+)
 
 
 class MuonState(eqx.Module):
@@ -61,85 +73,44 @@ def newton_schulz(
     x: Float[Array, "*batch m n"],
     coeffs: Float[Array, "k 3"],
     eps: Float[Array, ""] | float = 1e-8,
+    *,
+    preconditioning: str = "frobenius",
+    gram: bool = False,
 ) -> Float[Array, "*batch m n"]:
     """Approximately orthogonalises the matrices in the last two axes of `x`.
 
-    `x` is divided by its Frobenius norm plus `eps`, transposed if it has more rows
-    than columns, and then each row `(a, b, c)` of `coeffs` applies one quintic step
+    `x` is divided by its Frobenius norm plus `eps` (or scaled as
+    `preconditioning` says: see `Muon`), transposed if it has more rows than
+    columns, and then each row `(a, b, c)` of `coeffs` applies one quintic step
     `x <- a x + (b A + c A A) x` with `A = x x^T` (the iteration of Jordan's Muon
-    and `optax.contrib.orthogonalize_via_newton_schulz`).
+    and `optax.contrib.orthogonalize_via_newton_schulz`); `gram=True` runs the same
+    steps on the Gram matrix (Gram Newton-Schulz).
     """
-    return _newton_schulz(x, coeffs, eps)
-
-
-def _newton_schulz(
-    x: Array,
-    coeffs: Array,
-    eps: Array | float,
-    *,
-    pinned: tuple[Any, Any] | None = None,
-    axis_name: Any = None,
-    transposed: bool | None = None,
-) -> Array:
-    """`newton_schulz` on a stack of matrices, one of which may be split over mesh
-    axes along the dimension its Gram matrix `x x^T` sums over: `pinned` the
-    shardings of each iterate and Gram matrix on Auto axes (sharding
-    constraints, else the compiler carries the parameter's sharding back into the
-    loop from its output and gathers at every product); `axis_name` the axes to sum
-    the Gram matrix over inside `shard_map` (there `transposed` says whether the
-    whole matrix has more rows than columns; the block's shape cannot tell)."""
-
-    def pin(v, which):
-        if pinned is None:
-            return v
-        return jax.lax.with_sharding_constraint(v, pinned[which])
-
-    if transposed is None:
-        transposed = x.shape[-2] > x.shape[-1]
-    if transposed:
-        x = jnp.swapaxes(x, -1, -2)
-    sq = jnp.sum(abs_sq(x), axis=(-2, -1), keepdims=True)
-    if axis_name is not None:
-        sq = jax.lax.psum(sq, axis_name)
-    x = pin(x / (jnp.sqrt(sq) + eps), 0)
-    for i in range(coeffs.shape[0]):
-        a = x @ jnp.swapaxes(x, -1, -2).conj()
-        if axis_name is not None:
-            a = jax.lax.psum(a, axis_name)
-        a = pin(a, 1)
-        b = coeffs[i, 1] * a + coeffs[i, 2] * a @ a
-        x = pin(coeffs[i, 0] * x + b @ x, 0)
-    return jnp.swapaxes(x, -1, -2) if transposed else x
-
-
-def _keeps_split(m: int, n: int, ns_steps: int) -> bool:
-    """Whether a matrix split along its long dimension (the one `x x^T` sums over)
-    is orthogonalised in place, all-reducing each step's Gram matrix, rather than
-    gathered once: per device, ring all-reduces of the `(short, short)` Gram matrix
-    move `2 (k-1)/k short**2` elements each, the gather `(k-1)/k short long`."""
-    short, long = min(m, n), max(m, n)
-    return long > 2 * ns_steps * short
-
-
-def _axis_size(axis_name: tuple[str, ...]) -> int:
-    """The number of shards over `axis_name` inside `shard_map` (a Python int)."""
-    return int(jax.lax.psum(1, axis_name))
+    return newton_schulz_matrices(
+        x, coeffs, eps, preconditioning=preconditioning, gram=gram
+    )
 
 
 def _orthogonalise_rows(
-    x: Array, coeffs: Array, eps: Array | float, axis_name: tuple[str, ...]
+    x: Array,
+    coeffs: Array,
+    eps: Array | float,
+    axis_name: tuple[str, ...],
+    **how: Any,
 ) -> Array:
     """`newton_schulz` inside `shard_map` of the matrices whose rows (axis -2) are
     split over `axis_name`, `x` this shard's block: kept split where the rows are the
-    long side and `_keeps_split` says so (the Gram matrix over the rows is summed),
+    long side and `keeps_split` says so (the Gram matrix over the rows is summed),
     else gathered once (tiled along the rows) and this shard's rows taken back."""
-    k = _axis_size(axis_name)
+    k = axis_size(axis_name)
     rows, n = x.shape[-2], x.shape[-1]
     m = rows * k
-    if m > n and _keeps_split(m, n, coeffs.shape[0]):
-        return _newton_schulz(x, coeffs, eps, axis_name=axis_name, transposed=True)
+    if m > n and keeps_split(m, n, coeffs.shape[0]):
+        return newton_schulz_matrices(
+            x, coeffs, eps, axis_name=axis_name, transposed=True, **how
+        )
     whole = jax.lax.all_gather(x, axis_name, axis=x.ndim - 2, tiled=True)
-    out = _newton_schulz(whole, coeffs, eps)
+    out = newton_schulz_matrices(whole, coeffs, eps, **how)
     start = jax.lax.axis_index(axis_name) * rows
     return jax.lax.dynamic_slice_in_dim(out, start, rows, axis=x.ndim - 2)
 
@@ -163,12 +134,12 @@ def _axis_names(
     return names
 
 
-def _orthogonalise(x: Array, coeffs: Array, eps: Array | float) -> Array:
+def _orthogonalise(x: Array, coeffs: Array, eps: Array | float, **how: Any) -> Array:
     """`newton_schulz` of a leaf that may be sharded over a mesh, returned with the
     leaf's sharding and with at most one gather of it.
 
     A matrix split along its long dimension stays split when that moves fewer bytes
-    than gathering it (`_keeps_split`): each step's small Gram matrix is all-reduced.
+    than gathering it (`keeps_split`): each step's small Gram matrix is all-reduced.
     Otherwise the matrix's two dimensions are gathered once (a dimension of a stack
     of matrices stays split) and the result sliced back. A sharding constraint
     leaves the compiler that choice (it never gathers a matrix already whole on
@@ -177,29 +148,30 @@ def _orthogonalise(x: Array, coeffs: Array, eps: Array | float) -> Array:
     """
     placed = _jax_api.mesh_and_spec(x)
     if placed is None:
-        return _newton_schulz(x, coeffs, eps)
+        return newton_schulz_matrices(x, coeffs, eps, **how)
     mesh, _ = placed
     if "manual" in _jax_api.axis_kinds(mesh).values():
-        return _newton_schulz(x, coeffs, eps)  # inside shard_map: a local block
+        # inside shard_map: a local block
+        return newton_schulz_matrices(x, coeffs, eps, **how)
     m, n = x.shape[-2:]
-    keep = _keeps_split(m, n, coeffs.shape[0])
+    keep = keeps_split(m, n, coeffs.shape[0])
     summed = -1 if m <= n else -2  # the dimension x x^T sums over
     batch = x.ndim - 2
     free = P.UNCONSTRAINED
     inner = [free] * batch + [None, None]
     if keep:
         inner[summed] = free
-    if m > n:  # as `_newton_schulz` holds it, transposed
+    if m > n:  # as `newton_schulz_matrices` holds it, transposed
         inner[-2:] = inner[-1], inner[-2]
     pinned = (
         NamedSharding(mesh, P(*inner)),
         NamedSharding(mesh, P(*[free] * batch, None, None)),
     )
-    return _newton_schulz(x, coeffs, eps, pinned=pinned)
+    return newton_schulz_matrices(x, coeffs, eps, pinned=pinned, **how)
 
 
 def _muon_flags(mask: Any, params: Params) -> list[bool]:
-    """Which leaves Muon orthogonalises (the others get AdamW); checked."""
+    """Which leaves NorMuon orthogonalises (the others get AdamW); checked."""
     leaves_with_paths = jax.tree.leaves_with_path(params)
     if mask is None:
         return [is_float_leaf(p) and p.ndim == 2 for _, p in leaves_with_paths]
@@ -224,27 +196,15 @@ def _select(
     return treedef.unflatten([x if k else None for x, k in zip(leaves, keep)])
 
 
-def _ns_coeffs(name: str, value: ArrayLike | Sequence[Sequence[float]]) -> Array:
-    # The shape is checked against ns_steps in `Muon.__check_init__`.
-    try:
-        coeffs = jnp.asarray(value, dtype=float)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"{name} must be 3 numbers or an (ns_steps, 3) array, got {value!r}"
-        ) from None
-    if is_concrete(coeffs) and not bool(jnp.all(jnp.isfinite(coeffs))):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return coeffs
-
-
 class Muon(AbstractTransform):
     r"""Muon (Jordan et al., 2024): Newton-Schulz orthogonalised momentum for matrix
     weights, AdamW for every other leaf.
 
-    For a Muon leaf (by default every float leaf with `ndim == 2`; a leaf with more
-    dimensions that `muon_mask` selects is a stack of matrices in its last two axes),
-    with $t = \mathrm{step} + 1$, `lr` and `wd` the learning rate and weight decay at
-    `step`, $\mu$ the momentum and shape `(..., m, n)`:
+    For a Muon leaf (by default every float leaf with `ndim == 2`; `muon_mask`
+    selects others, and says which of their axes form the matrix), with
+    $t = \mathrm{step} + 1$, `lr` and `wd` the learning rate and weight decay at
+    `step`, $\mu$ the momentum and each matrix of shape `(m, n)` = `(fan_in,
+    fan_out)`:
 
     $$
     \begin{aligned}
@@ -254,11 +214,17 @@ class Muon(AbstractTransform):
     \hat\mu &= \mu / (1 - \beta^t) && \text{(otherwise)} \\
     O &= \operatorname{NewtonSchulz}(\hat\mu)
         && \text{(ns\_steps quintic steps, coefficients ns\_coeffs)} \\
+    O &\leftarrow \langle \hat\mu, O \rangle \, O && \text{(adaptive)} \\
     p &\leftarrow p - \mathrm{lr} \left( s \, O + \mathrm{wd} \cdot p \right) \\
     s &= \sqrt{\max(1, n / m)} && \text{(consistent\_rms=None)} \\
     s &= \sqrt{\max(m, n)} \cdot \mathrm{consistent\_rms} && \text{(otherwise)}
     \end{aligned}
     $$
+
+    Newton-Schulz transposes a matrix with more rows than columns, scales it as
+    `preconditioning` says (by default $\hat\mu / (\|\hat\mu\|_F + \epsilon)$),
+    and applies $X \leftarrow a X + (b A + c A^2) X$, $A = X X^\top$, once per row
+    $(a, b, c)$ of the coefficients.
 
     Every other float leaf gets AdamW (`optax.adamw` with the same `nesterov`) with
     `adam_b1`, `adam_b2`, `eps`, `adam_eps_root`, `adam_weight_decay` and
@@ -276,27 +242,51 @@ class Muon(AbstractTransform):
     \end{aligned}
     $$
 
-    The same as `optax.contrib.muon` with its default `'frobenius'`
-    preconditioning. Differences: `weight_decay_mask`
-    applies to both branches (optax applies it to the Muon leaves only), and which
-    leaves get Muon is a mask of bools (optax: a tree of dimension numbers).
+    Every option of `optax.contrib.muon` (0.2.8) is here and gives its numbers:
+    `preconditioning`, `adaptive`, `consistent_rms`, the coefficient presets and
+    per-step rows, and `optax.contrib.MuonDimensionNumbers` as `MatrixAxes` in
+    `muon_mask`. Differences: `weight_decay_mask` applies to both branches (optax
+    applies it to the Muon leaves only); `adaptive`'s inner product is taken per
+    matrix of a stack (optax's over the whole leaf; the same for one matrix); and
+    AOL's floor is `eps` (optax's is `1e-8` whatever `eps`).
 
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module.
     - `beta`: momentum, in `[0, 1)`.
     - `ns_steps`: the number of Newton-Schulz steps (static int `>= 1`).
-    - `ns_coeffs`: the quintic's coefficients `(a, b, c)`, shape `(3,)` (used for
-      every step) or `(ns_steps, 3)` (one row per step).
-    - `eps`: added to the Frobenius norm before Newton-Schulz and to AdamW's
-      denominator, `> 0`.
+    - `ns_coeffs`: the quintic's coefficients `(a, b, c)`: shape `(3,)` (every
+      step), `(k, 3)` with `k >= ns_steps` (one row per step, the first `ns_steps`
+      used), or a preset's name: `"standard"` (Jordan's, the default), `"dion"`
+      (optax's per-step rows from microsoft/dion) or `"polar_express"` (the five
+      Polar Express steps of Amsel et al., 2025, their `1.02` safety factor in the
+      first row).
+    - `preconditioning`: how the matrix is scaled before Newton-Schulz:
+      `"frobenius"` (by its Frobenius norm plus `eps`, the default),
+      `"spectral"` (by its largest singular value plus `eps`), `"aol"` (row `i`
+      of $X$ by $(\sum_j |A_{ij}|)^{-1/2}$, Turbo-Muon's almost-orthogonal
+      scaling, Boissin et al., 2025, which usually saves a step) or `"schatten"`
+      (by $\|A\|_F^{1/2}$, the Schatten-4 norm, Grishina et al., 2025); the
+      first step reuses the Gram matrix the last three read.
+    - `adaptive`: scale each orthogonalised matrix by its inner product with the
+      momentum estimate, the dual norm of Bernstein & Newhouse (2024).
+    - `gram_newton_schulz`: run the same steps on the Gram matrix $A$ alone
+      (Gram Newton-Schulz, Dao AI Lab, 2026: $A \leftarrow h(A) A h(A)$,
+      $Q \leftarrow h(A) Q$, $X \leftarrow Q X$ at the end and after step 2),
+      cheaper for matrices much wider than tall; the same result in exact
+      arithmetic.
+    - `eps`: added to the norm before Newton-Schulz (the floor of `"aol"` and
+      `"schatten"`'s) and to AdamW's denominator, `> 0`.
     - `weight_decay`: decoupled decay of the Muon leaves, `>= 0`.
     - `weight_decay_mask`: which leaves decay: `None` (all), a tree of bools (or a
       prefix of params) or a function of params returning one.
     - `nesterov`: Nesterov momentum, for both branches (default `True`, as optax).
     - `muon_mask`: which leaves get Muon: `None` (every leaf with `ndim == 2`), a
-      tree of bools (an Equinox module is always read as a tree, never called) or a
-      function of params returning one. Selected leaves need `ndim >= 2`.
+      tree (or prefix) whose entries are bools or `eqxopt.MatrixAxes` (which axes
+      form the matrix: `True` is the last two, a stack of matrices for a leaf
+      with more), or a function of params returning one; an Equinox module is
+      read as a tree, never called. `eqxopt.matrix_axes(model)` gives one from
+      an Equinox model's module types.
     - `consistent_rms`: `None` for Jordan's width scaling, or a float `> 0` for
       the RMS-matching scaling of Liu et al. (2025) (`0.2` matches AdamW's update
       RMS).
@@ -304,8 +294,9 @@ class Muon(AbstractTransform):
     - `adam_eps_root`: added inside AdamW's root, `>= 0`.
     - `adam_weight_decay`: AdamW's decoupled decay, `>= 0`.
     - `adam_learning_rate`: AdamW's learning rate; `None` uses `learning_rate`.
-    - `mu_dtype`, `nu_dtype`: dtypes to store the moments in (`None`: the
-      parameter's).
+    - `mu_dtype`, `nu_dtype`: how to store the moments: a dtype (`None`: the
+      parameter's) or a block-wise quantized storage (`eqxopt.Blockwise8bit()`:
+      8-bit momentum, which the orthogonalisation tolerates well).
     - `axis_name`: inside `shard_map`, the mesh axis name (or tuple of names) whose
       shards each hold a block of rows (axis -2) of every Muon matrix, as FSDP splits
       a weight's first dimension; `None` (default) where each device holds whole
@@ -347,13 +338,16 @@ class Muon(AbstractTransform):
     # Static: the number of Newton-Schulz steps unrolled in the compiled step.
     ns_steps: int = checked_field(static_count, 5, static=True, kw_only=True)
     ns_coeffs: Float[Array, "*k 3"] = checked_field(
-        _ns_coeffs, _DEFAULT_NS_COEFFS, kw_only=True
+        ns_coeffs_field, DEFAULT_NS_COEFFS, kw_only=True
     )
+    preconditioning: str = choice_field("frobenius", PRECONDITIONINGS)
+    adaptive: bool = flag_field(False)
+    gram_newton_schulz: bool = flag_field(False)
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True, kw_only=True)
     weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
     weight_decay_mask: MaskLike = mask_field()
     nesterov: bool = flag_field(True)
-    muon_mask: MaskLike = mask_field()
+    muon_mask: Any = checked_field(matrix_mask, None, static=True, kw_only=True)
     consistent_rms: ScalarOrSchedule | None = hyper(
         None, low=0.0, low_open=True, optional=True, kw_only=True
     )
@@ -368,8 +362,8 @@ class Muon(AbstractTransform):
     adam_learning_rate: ScalarOrSchedule | None = learning_rate_field(
         None, optional=True, kw_only=True
     )
-    mu_dtype: DTypeLike = dtype_field(storage=True)
-    nu_dtype: DTypeLike = dtype_field(storage=True)
+    mu_dtype: StorageLike = dtype_field(storage=True)
+    nu_dtype: StorageLike = dtype_field(storage=True)
     # Static: mesh axis names, read while tracing.
     axis_name: tuple[str, ...] | None = checked_field(
         _axis_names, None, static=True, kw_only=True
@@ -381,15 +375,24 @@ class Muon(AbstractTransform):
     )
 
     def __check_init__(self):
-        k = self.ns_steps
-        if self.ns_coeffs.shape not in ((3,), (k, 3)):
-            raise ValueError(
-                f"ns_coeffs must have shape (3,) or (ns_steps, 3) = ({k}, 3), "
-                f"got shape {self.ns_coeffs.shape}"
-            )
+        check_coeffs(self.ns_coeffs, self.ns_steps)
+
+    def matrices(self, params: Params) -> list[Any]:
+        """Per leaf of `params` (in `jax.tree.leaves` order), the `MatrixAxes` of
+        each leaf Muon orthogonalises, `None` at the others (checked)."""
+        axes = leaf_axes(self.muon_mask, params)
+        if self.axis_name is not None:
+            for (path, p), a in zip(jax.tree.leaves_with_path(params), axes):
+                if a is not None and not a.is_last_two(p.ndim):
+                    raise ValueError(
+                        f"muon_mask gives params{jax.tree_util.keystr(path)} {a}; "
+                        "with axis_name, Muon's matrices are the last two axes "
+                        "(rows split over the axis): give True there"
+                    )
+        return axes
 
     def init(self, params: Params) -> MuonState:
-        flags = _muon_flags(self.muon_mask, params)
+        flags = [a is not None for a in self.matrices(params)]
         decay_flags(self.weight_decay_mask, params, "weight_decay_mask")  # checked
         nu = moment_like(self, params, "nu")
         return MuonState(
@@ -401,48 +404,29 @@ class Muon(AbstractTransform):
     def transform(
         self, grads: Grads, state: MuonState, params: Params
     ) -> tuple[Updates, MuonState]:
-        is_muon = _muon_flags(self.muon_mask, params)
+        axes = self.matrices(params)
+        is_muon = [a is not None for a in axes]
         decays = decay_flags(self.weight_decay_mask, params, "weight_decay_mask")
         t = increment(state.step)
-        nesterov = self.nesterov
         h = values_at(self, state.step)
+        direction = muon_direction(self, h, t)
+        lr, wd = h.learning_rate, h.weight_decay
 
-        lr, beta, eps, wd = h.learning_rate, h.beta, h.eps, h.weight_decay
-        coeffs = jnp.broadcast_to(self.ns_coeffs, (self.ns_steps, 3))
-        rms = h.consistent_rms
-        axis_name = self.axis_name
-
-        def muon_rule(g, p, mu, decay):
-            mu = beta * mu + (1 - beta) * g
-            if p.size == 0:  # an empty matrix: nothing to orthogonalise or scale
-                return jnp.zeros_like(g), mu
-            if nesterov:
-                mu_hat = beta * mu / (1 - step_power(beta, increment(t))) + (
-                    1 - beta
-                ) * g / (1 - step_power(beta, t))
-            else:
-                mu_hat = mu / (1 - step_power(beta, t))
-            m, n = p.shape[-2:]
-            if axis_name is None:
-                orthogonal = _orthogonalise(mu_hat, coeffs, eps)
-            else:  # this shard's rows of the matrices
-                m = m * _axis_size(axis_name)
-                orthogonal = _orthogonalise_rows(mu_hat, coeffs, eps, axis_name)
-            # Jordan's width scaling, or Liu et al.'s RMS matching.
-            scale = max(1.0, n / m) ** 0.5 if rms is None else max(m, n) ** 0.5 * rms
-            direction = scale * orthogonal
+        def muon_rule(g, p, mu, flag):
+            leaf_axes_, decay = flag
+            update, mu = direction(g, mu, leaf_axes_)
             if decay:
-                direction = direction + wd * p
-            return -lr * direction, mu
+                update = update + wd * p
+            return -lr * update, mu
 
-        adam_rule = adamw_rule(h, t, nesterov)
+        adam_rule = adamw_rule(h, t, self.nesterov)
         not_muon = [not f for f in is_muon]
         muon_updates, (muon_mu,) = map_leaves(
             muon_rule,
             _select(grads, params, is_muon, grads=True),
             params,
             (_select(state.mu, params, is_muon),),
-            flags=decays,
+            flags=list(zip(axes, decays)),
         )
         adam_updates, (adam_mu, nu) = map_leaves(
             adam_rule,
@@ -455,6 +439,44 @@ class Muon(AbstractTransform):
         updates = _merge(muon_updates, adam_updates, params, is_muon)
         mu = _merge(muon_mu, adam_mu, params, is_muon)
         return updates, MuonState(step=t, mu=mu, nu=nu)
+
+
+def muon_direction(opt: Any, h: Any, t: Int[Array, ""]) -> Any:
+    """Muon's step for one leaf before the learning rate and decay, as
+    `direction(g, mu, axes) -> (s O, new mu)`, for an optimizer with `Muon`'s
+    options (`opt`), `h` its values at this step and `t = step + 1`."""
+    beta, eps, rms = h.beta, h.eps, h.consistent_rms
+    coeffs = coefficient_rows(opt.ns_coeffs, opt.ns_steps)
+    nesterov, adaptive, axis_name = opt.nesterov, opt.adaptive, opt.axis_name
+    how = dict(preconditioning=opt.preconditioning, gram=opt.gram_newton_schulz)
+
+    def direction(g, mu, axes):
+        mu = beta * mu + (1 - beta) * g
+        if g.size == 0:  # an empty matrix: nothing to orthogonalise or scale
+            return jnp.zeros_like(g), mu
+        if nesterov:
+            mu_hat = beta * mu / (1 - step_power(beta, increment(t))) + (
+                1 - beta
+            ) * g / (1 - step_power(beta, t))
+        else:
+            mu_hat = mu / (1 - step_power(beta, t))
+        m, n = fans(g.shape, axes)
+        matrices, back = to_matrices(mu_hat, axes)
+        if axis_name is None:
+            orthogonal = _orthogonalise(matrices, coeffs, eps, **how)
+        else:  # this shard's rows of the matrices
+            m = m * axis_size(axis_name)
+            orthogonal = _orthogonalise_rows(matrices, coeffs, eps, axis_name, **how)
+        if adaptive:  # the dual norm of each matrix, <mu_hat, O>
+            dual = jnp.sum(matrices.conj() * orthogonal, axis=(-2, -1), keepdims=True)
+            if axis_name is not None:
+                dual = jax.lax.psum(dual, axis_name)
+            orthogonal = dual * orthogonal
+        # Jordan's width scaling, or Liu et al.'s RMS matching.
+        scale = max(1.0, n / m) ** 0.5 if rms is None else max(m, n) ** 0.5 * rms
+        return scale * back(orthogonal), mu
+
+    return direction
 
 
 def adamw_rule(h: Any, t: Int[Array, ""], nesterov: bool) -> Any:

@@ -30,13 +30,17 @@ from ..._core._tree import (
     zero_step,
 )
 from ._muon import (
-    _DEFAULT_NS_COEFFS,
     _merge,
     _muon_flags,
-    _ns_coeffs,
     _orthogonalise,
     _select,
     adamw_rule,
+)
+from ._orthogonal import (
+    DEFAULT_NS_COEFFS,
+    check_coeffs,
+    coefficient_rows,
+    ns_coeffs as ns_coeffs_field,
 )
 
 # The authors' guard of the divisions by the row RMS and by the norm.
@@ -113,7 +117,8 @@ class NorMuon(AbstractTransform):
     - `beta2`: decay of the row second moments, in `[0, 1)`.
     - `ns_steps`: the number of Newton-Schulz steps (static int `>= 1`).
     - `ns_coeffs`: the quintic's coefficients `(a, b, c)`, shape `(3,)` (used for
-      every step) or `(ns_steps, 3)` (one row per step).
+      every step), `(k, 3)` with `k >= ns_steps` (one row per step), or a preset's
+      name (see `Muon`).
     - `eps`: added to the Frobenius norm before Newton-Schulz and to AdamW's
       denominator, `> 0`.
     - `weight_decay`: decoupled decay of the NorMuon leaves, `>= 0`.
@@ -145,7 +150,7 @@ class NorMuon(AbstractTransform):
     # Static: the number of Newton-Schulz steps unrolled in the compiled step.
     ns_steps: int = checked_field(static_count, 5, static=True, kw_only=True)
     ns_coeffs: Float[Array, "*k 3"] = checked_field(
-        _ns_coeffs, _DEFAULT_NS_COEFFS, kw_only=True
+        ns_coeffs_field, DEFAULT_NS_COEFFS, kw_only=True
     )
     eps: ScalarOrSchedule = hyper(1e-8, low=0.0, low_open=True, kw_only=True)
     weight_decay: ScalarOrSchedule = weight_decay_field(0.0)
@@ -175,12 +180,7 @@ class NorMuon(AbstractTransform):
     )
 
     def __check_init__(self):
-        k = self.ns_steps
-        if self.ns_coeffs.shape not in ((3,), (k, 3)):
-            raise ValueError(
-                f"ns_coeffs must have shape (3,) or (ns_steps, 3) = ({k}, 3), "
-                f"got shape {self.ns_coeffs.shape}"
-            )
+        check_coeffs(self.ns_coeffs, self.ns_steps)
 
     def init(self, params: Params) -> NorMuonState:
         flags = _muon_flags(self.muon_mask, params)
@@ -208,7 +208,7 @@ class NorMuon(AbstractTransform):
         t = increment(state.step)
         h = values_at(self, state.step)
         lr, beta, beta2, wd = h.learning_rate, h.beta, h.beta2, h.weight_decay
-        coeffs = jnp.broadcast_to(self.ns_coeffs, (self.ns_steps, 3))
+        coeffs = coefficient_rows(self.ns_coeffs, self.ns_steps)
         eps, rms, nesterov = h.eps, h.consistent_rms, self.nesterov
 
         def frobenius(x):
