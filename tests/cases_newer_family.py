@@ -3,6 +3,17 @@
 import eqxopt
 from catalog import CatalogCase
 
+
+def _no_attention(params):
+    # The sweep's pytrees have no attention layers: MuonClip is Muon there, with
+    # its keyword and wrapper on every path.
+    return []
+
+
+def _max_logits(loss_fn, params):
+    return {"max_logits": []}
+
+
 CASES = [
     CatalogCase(
         "Muon",
@@ -116,5 +127,22 @@ CASES.append(
             ("stepsize_precision", -1.0),
         ),
         extra=_lbfgs_extra,
+    )
+)
+
+CASES.append(
+    CatalogCase(
+        "MuonClip",
+        lambda **kw: eqxopt.MuonClip(
+            **{
+                "learning_rate": 0.05,
+                "attention": _no_attention,
+                "weight_decay": 0.01,
+                **kw,
+            }
+        ),
+        vary=("learning_rate", 0.01),
+        invalid=(("threshold", 0.0), ("learning_rate", -0.1), ("beta", 1.0)),
+        extra=_max_logits,
     )
 )

@@ -179,6 +179,9 @@ from ._optimizers._preconditioned._muon import (
     Muon as Muon,
     MuonState as MuonState,
 )
+from ._optimizers._preconditioned._muon_clip import (
+    MuonClip as MuonClip,
+)
 from ._optimizers._preconditioned._normuon import (
     NorMuon as NorMuon,
     NorMuonState as NorMuonState,
@@ -413,6 +416,7 @@ from ._wrappers import (
     ParamEMAState as ParamEMAState,
     Partition as Partition,
     PartitionState as PartitionState,
+    QKClip as QKClip,
     RealImaginaryPair as RealImaginaryPair,
     SAMState as SAMState,
     ScheduleFree as ScheduleFree,
@@ -425,6 +429,7 @@ from ._wrappers import (
     StochasticRoundingState as StochasticRoundingState,
     SWAState as SWAState,
     hyperparameters as hyperparameters,
+    max_attention_logits as max_attention_logits,
     round_stochastic_bf16 as round_stochastic_bf16,
     skip_large_updates as skip_large_updates,
     skip_not_finite as skip_not_finite,
@@ -566,6 +571,7 @@ __all__ = [
     "MultiSteps",
     "MultiStepsState",
     "Muon",
+    "MuonClip",
     "MuonState",
     "NAdam",
     "NAdamState",
@@ -598,6 +604,7 @@ __all__ = [
     "Prodigy",
     "ProdigyState",
     "Product",
+    "QKClip",
     "QuantizedArray",
     "RAdam",
     "RMSProp",
@@ -707,6 +714,7 @@ __all__ = [
     "incremental_update",
     "make_train_step",
     "map_leaves",
+    "max_attention_logits",
     "microbatch",
     "native_kernels_available",
     "pack",

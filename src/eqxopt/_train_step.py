@@ -146,7 +146,8 @@ def make_train_step(
       declare what (`eqxopt.extend.Supplied`, in their `keywords`) and get it from
       the step: the loss (`PolyakSGD`, `Momo`, `ReduceOnPlateau` in a `Chain`,
       ...), the loss on the batch as a function of the parameters (`LBFGS`'s
-      linesearch, `Sophia`) or its gradient (`SAM`).
+      linesearch, `Sophia`) or its gradient (`SAM`), or the loss function's aux
+      (`QKClip`, `MuonClip`: the largest attention logits).
     - `has_aux`: whether `loss_fn` returns `(loss, aux)`; `aux` is then returned
       as the step's last output.
     - `per_example_axes`: for an optimizer that takes per-example gradients
@@ -209,6 +210,12 @@ def make_train_step(
             f"per_example_axes is for optimizers that take per-example gradients "
             f"(DPSGD, ...); {name} takes the batch's gradient"
         )
+    wants_aux = [k for k, v in opt.wanted_keywords().items() if v is Supplied.AUX]
+    if wants_aux and not has_aux:
+        raise TypeError(
+            f"{name} reads {', '.join(wants_aux)} from the loss function's aux: "
+            "have loss_fn return (loss, aux) and pass has_aux=True"
+        )
     return TrainStep(
         loss_fn,
         opt,
@@ -256,7 +263,11 @@ def _loss_of(loss_fn: Callable[..., Any], model: Any) -> Callable[..., Any]:
 
 
 def _keywords(
-    opt: AbstractTransform, loss: Any, grads: Any, loss_at: Callable[[Any], Any]
+    opt: AbstractTransform,
+    loss: Any,
+    grads: Any,
+    loss_at: Callable[[Any], Any],
+    aux: Any,
 ) -> dict[str, Any]:
     """What the step passes to `opt.step` besides the gradients: each keyword some
     transform in `opt` wants (`wanted_keywords`) that the step has in hand, by
@@ -276,6 +287,7 @@ def _keywords(
         Supplied.GRADIENT: grads,
         Supplied.LOSS_FUNCTION: loss_fn,
         Supplied.GRAD_FUNCTION: grad_fn,
+        Supplied.AUX: aux,
     }
     return {
         key: in_hand[what]
@@ -323,7 +335,7 @@ def _step(key: _TrainKey, opt: AbstractTransform, batch: tuple, model, state):
         out = loss_of(params, *batch)
         return out[0] if key.has_aux else out
 
-    extra = _keywords(opt, loss, grads, loss_at)
+    extra = _keywords(opt, loss, grads, loss_at, value[1] if key.has_aux else None)
     tracing = contextlib.nullcontext() if key.plan is None else key.plan.tracing()
     with tracing:
         new_model, new_state = opt.step(grads, state, model, donate=True, **extra)

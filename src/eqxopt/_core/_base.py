@@ -426,6 +426,9 @@ class Supplied(enum.Enum):
       a linesearch or a Hessian estimate.
     - `GRAD_FUNCTION`: the gradient of that loss as a function of the parameters,
       for a second gradient at other parameters (SAM's adversarial point).
+    - `AUX`: the loss function's auxiliary output (`make_train_step(...,
+      has_aux=True)`), for a value only the forward pass computes (the largest
+      attention logits `QKClip` reads).
     - `CALLER`: only the caller knows it (data for a `value_fn`, a Hessian
       estimate of its own); never supplied.
     """
@@ -434,6 +437,7 @@ class Supplied(enum.Enum):
     GRADIENT = "the gradient"
     LOSS_FUNCTION = "the loss as a function of the parameters"
     GRAD_FUNCTION = "the gradient as a function of the parameters"
+    AUX = "the loss function's auxiliary output"
     CALLER = "a value only the caller has"
 
 

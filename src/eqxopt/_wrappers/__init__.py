@@ -2,7 +2,7 @@
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
 Lookahead, ParamEMA, SWA, ConditionallyTransform, ConditionallyMask, Mechanic,
 SAM, ScheduleFree, StochasticRounding, KahanSummation, LearningRateMultipliers,
-Maximize, Cautious, SkipLargeUpdates, Monitor, SplitRealAndImaginary (and, among
+Maximize, Cautious, SkipLargeUpdates, Monitor, QKClip, SplitRealAndImaginary (and, among
 the transforms, SkipNonFinite).
 """
 
@@ -64,6 +64,10 @@ from ._precision import (
     StochasticRounding as StochasticRounding,
     StochasticRoundingState as StochasticRoundingState,
     round_stochastic_bf16 as round_stochastic_bf16,
+)
+from ._qk_clip import (
+    QKClip as QKClip,
+    max_attention_logits as max_attention_logits,
 )
 from ._sam import (
     SAM as SAM,
