@@ -9,7 +9,9 @@ the same code as those cases. Reports throughput, the first call's trace + lower
 and compile (once, and the median of `--compiles` repeats with JAX's caches
 cleared), and XLA's memory analysis, each against optax. Needs neither torch
 nor eqxopt's native CPU kernels: they are off (`EQXOPT_NATIVE=0`), so a CPU run
-measures the path a GPU runs.
+measures the path a GPU runs. Then case 16 (`bench_offload.py`): the optimizer
+state in host memory (`eqxopt.OffloadState`), its bytes in device memory and its
+step time, beside the state in place and optax.
 
     python benchmarks/bench_gpu.py            # 300 and 2,000 layers, 20 rounds
     python benchmarks/bench_gpu.py --quick    # 50 and 300 layers, 3 rounds
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import jax
 
+    import bench_offload
     import bench_packed_layers
     import bench_train_step
     from _common import CompileEvents, machine, save, summary, warm_up
@@ -90,7 +93,28 @@ def main(argv: list[str] | None = None) -> None:
     layers = bench_packed_layers.run(leaves, ("xla",), n_rounds, events)
     data = {"train_step": train, "packed_layers": layers}
     lines = summary(data)
-    save("gpu", {"rounds": n_rounds, "quick": args.quick, **data, "summary": lines})
+    # Case 16: the state in host memory (`OffloadState`), its device memory and
+    # step time beside the state kept in place and optax.
+    widths = (256,) if args.quick else bench_offload.WIDTHS
+    offload = bench_offload.run(widths, n_rounds)
+    save(
+        "gpu",
+        {
+            "rounds": n_rounds,
+            "quick": args.quick,
+            **data,
+            "offload": offload,
+            "summary": lines,
+        },
+    )
+    for name, r in offload.items():
+        print(
+            f"OffloadState, {name}: state in device memory "
+            f"{r['memory']['offloaded']['device_state_MB']:.3g} MB (in place: "
+            f"{r['memory']['in place']['device_state_MB']:.3g} MB); step "
+            f"{r['vs_optax']['offloaded']:.3g}x optax's (in place: "
+            f"{r['vs_optax']['in place']:.3g}x)"
+        )
     print(f"\n### Summary: eqxopt's XLA path against optax ({machine()['device']})\n")
     print("\n".join(lines))
     print(f"\n{time.time() - start:.0f} s; results in {args.results} under 'gpu'")

@@ -32,6 +32,7 @@ CASES = [
     "bench_fsdp.py",
     "bench_zero1.py",
     "bench_population.py",
+    "bench_offload.py",
 ]
 
 

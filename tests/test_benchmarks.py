@@ -67,6 +67,15 @@ def test_the_gpu_benchmark_runs_in_quick_mode_on_the_cpu(tmp_path):
     # its growth against optax's.
     assert len(summary) == 4 * 4 + 2 * (2 * 3 + 2) + 2
     assert all(line.endswith(")") and "x (target" in line for line in summary)
+    # Case 16: the offloaded state holds no parameter-sized array in device memory.
+    (offload,) = data["offload"].values()
+    assert set(offload["ms"]) == {"in place", "offloaded", "optax"}
+    memory = offload["memory"]
+    moved = memory["offloaded"]["host_state_MB"]
+    assert moved > 0.1 and moved == pytest.approx(
+        memory["in place"]["device_state_MB"], abs=1e-3
+    )
+    assert memory["offloaded"]["device_state_MB"] < 1e-3  # the step counter
 
 
 @pytest.mark.slow

@@ -190,6 +190,14 @@ class AbstractTransform(eqx.Module):
             return "nothing"
         return self.reduces_over
 
+    def state_in_host_memory(self) -> bool:
+        """Whether this transform keeps (some of) its state in host memory between
+        steps (`OffloadState`; wrappers ask the transforms they hold). An `update`
+        with `donate=True` then donates nothing: JAX pairs donated buffers with
+        outputs by shape and dtype, not by memory kind, and the updates (device
+        memory) come before the new state."""
+        return False
+
     def takes_per_example_grads(self) -> bool:
         """Whether `update`/`step` take per-example gradients (a leading batch axis
         on every gradient): by default the class's `per_example`; a `Chain`
@@ -504,6 +512,10 @@ def _call(
     new_state)`), run through its compiled entry, or with `lower` the program it
     would run, lowered."""
     _check_donate(donate)
+    if donate and not step and opt.state_in_host_memory():
+        # `update` returns updates shaped like the state's moments, in device
+        # memory: a donated host buffer would be paired with one of them.
+        donate = False
     params_given = params is not None
     if not params_given:
         if step:

@@ -170,6 +170,7 @@ def shard_state(
     array leaf split over `axis` along a dimension that divides, the rest
     replicated; other leaves unchanged.
 
+    Each leaf stays in the memory it is in (host memory for `OffloadState`'s).
     Pass the result to `update`/`step` as any state: they return each state leaf
     with its own sharding and each parameter (or update) with its parameter's
     sharding, with or without `donate=True`; the numbers are those of the
@@ -216,6 +217,10 @@ def shard_state(
     for x in leaves:
         sharding = _leaf_sharding(x, mesh, names, size)
         if sharding is not None and isinstance(x, jax.Array):
+            # In the memory it is in (host memory under `OffloadState`).
+            kind = getattr(x.sharding, "memory_kind", None)
+            if kind is not None:
+                sharding = sharding.with_memory_kind(kind)
             x = jax.device_put(x, sharding)
         placed.append(x)
     return jax.tree.unflatten(treedef, placed)

@@ -2,8 +2,8 @@
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
 Lookahead, ParamEMA, SWA, ConditionallyTransform, ConditionallyMask, Mechanic,
 SAM, ScheduleFree, StochasticRounding, KahanSummation, LearningRateMultipliers,
-Maximize, Cautious, SkipLargeUpdates, Monitor, QKClip, SplitRealAndImaginary (and, among
-the transforms, SkipNonFinite).
+Maximize, Cautious, SkipLargeUpdates, Monitor, OffloadState, QKClip,
+SplitRealAndImaginary (and, among the transforms, SkipNonFinite).
 """
 
 from ._accumulate import (
@@ -46,6 +46,9 @@ from ._monitor import (
     Monitor as Monitor,
     MonitorState as MonitorState,
     hyperparameters as hyperparameters,
+)
+from ._offload import (
+    OffloadState as OffloadState,
 )
 from ._partition import (
     Freeze as Freeze,

@@ -54,6 +54,9 @@ class AbstractWrapper(AbstractTransform):
             wanted.update(inner.wanted_keywords())
         return wanted
 
+    def state_in_host_memory(self) -> bool:
+        return any(t.state_in_host_memory() for t in self.inners)
+
     def params_needed(self) -> str | None:
         # Its own rule's (`reads_params`, fields), else the first inner one's.
         needed = super().params_needed()
