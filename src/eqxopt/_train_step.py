@@ -67,7 +67,9 @@ class TrainStep(eqx.Module):
         `has_aux=True`.
         """
         compiled, args = self._call(model, state, batch, opt)
-        return compiled(*args, donate=True)
+        # An offloaded state is not donated, nor then the model: JAX pairs
+        # donated buffers with outputs by shape and dtype, not memory kind.
+        return compiled(*args, donate=not args[1].state_in_host_memory())
 
     def lower(
         self,
@@ -83,7 +85,7 @@ class TrainStep(eqx.Module):
         **Arguments:** as `__call__`.
         """
         compiled, args = self._call(model, state, batch, opt)
-        return compiled.lower(*args, donate=True)
+        return compiled.lower(*args, donate=not args[1].state_in_host_memory())
 
     def _call(
         self, model: Any, state: Any, batch: tuple, opt: AbstractTransform | None

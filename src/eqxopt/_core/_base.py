@@ -193,9 +193,10 @@ class AbstractTransform(eqx.Module):
     def state_in_host_memory(self) -> bool:
         """Whether this transform keeps (some of) its state in host memory between
         steps (`OffloadState`; wrappers ask the transforms they hold). An `update`
-        with `donate=True` then donates nothing: JAX pairs donated buffers with
-        outputs by shape and dtype, not by memory kind, and the updates (device
-        memory) come before the new state."""
+        with `donate=True`, and `make_train_step`'s step, then donate nothing: JAX
+        pairs donated buffers with outputs by shape and dtype, not by memory kind,
+        and the updates (or the loss) come in device memory beside the new
+        state."""
         return False
 
     def takes_per_example_grads(self) -> bool:

@@ -46,9 +46,11 @@ class OffloadState(AbstractSingleWrapper):
     It pays off where device memory is scarce and the step's compute hides the
     copies (large models on GPUs and TPUs); on a CPU, host and device memory are
     the same RAM, and the state simply carries the `pinned_host` memory kind.
-    Calls with `donate=True` (and `make_train_step`'s steps) donate nothing while
-    the state is offloaded: XLA cannot reuse a host buffer for a device output, so
-    the parameters are written to new buffers. A
+    `step(..., donate=True)` donates as usual; `update(..., donate=True)` and
+    `make_train_step`'s steps donate nothing while the state is offloaded (JAX
+    pairs donated buffers with outputs by shape and dtype, not memory kind), so
+    the parameters are written to new buffers there. Scalars (step counters)
+    stay in device memory. A
     bf16 run with a float32 master copy in the state (`StochasticRounding`,
     `KahanSummation` compensations, `MultiSteps`' accumulator) offloads that too.
 
