@@ -37,6 +37,10 @@ from ._interop import (
     from_optax as from_optax,
 )
 from ._microbatch import microbatch as microbatch
+from ._module_labels import (
+    matrix_axes as matrix_axes,
+    module_labels as module_labels,
+)
 from ._optimizers._adam._acprop import (
     ACProp as ACProp,
 )
@@ -707,7 +711,9 @@ __all__ = [
     "incremental_update",
     "make_train_step",
     "map_leaves",
+    "matrix_axes",
     "microbatch",
+    "module_labels",
     "native_kernels_available",
     "pack",
     "per_example_global_norm_clip",
