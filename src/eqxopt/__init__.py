@@ -175,6 +175,10 @@ from ._optimizers._preconditioned._adafactor import (
     Adafactor as Adafactor,
     AdafactorState as AdafactorState,
 )
+from ._optimizers._preconditioned._adamuon import (
+    AdaMuon as AdaMuon,
+    AdaMuonState as AdaMuonState,
+)
 from ._optimizers._preconditioned._lbfgs import (
     LBFGS as LBFGS,
     LBFGSState as LBFGSState,
@@ -461,6 +465,8 @@ __all__ = [
     "AdEMAMix",
     "AdEMAMixState",
     "AdaBelief",
+    "AdaMuon",
+    "AdaMuonState",
     "Adadelta",
     "AdadeltaState",
     "Adafactor",
