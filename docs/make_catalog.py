@@ -315,6 +315,13 @@ CATALOG = [
         None,
     ),
     (
+        "AdaMuon",
+        "newer",
+        f"Si et al., *AdaMuon: Adaptive Muon Optimizer*, 2025, {arxiv('2507.11005')}",
+        "pytorch-optimizer 4.1.0's `AdaMuon` with its AdamW group over 30 steps in float32 and float64 (its Newton-Schulz, bfloat16 there, run in the same dtype): its defaults, the RMS-aligned and Jordan's scaling, decay by mask, a schedule, a conv kernel as its `(out, in * k * k)` matrix; the paper's sign-stabilised direction and the authors' Nesterov momentum against a NumPy transcription of Algorithm 1 in float64 (rtol 1e-9); Gram Newton-Schulz against the plain iteration; 8-bit moments against float32",
+        "the default in float32; rtol 1e-11, atol 1e-12 in float64",
+    ),
+    (
         "SOAP",
         "newer",
         f"Vyas et al., *SOAP: Improving and Stabilizing Shampoo using Adam*, 2024, {arxiv('2409.11321')}",

@@ -1,4 +1,4 @@
-"""Catalog cases for the newer optimizers: Muon, Schedule-Free, Prodigy."""
+"""Catalog cases for the newer optimizers: Muon, AdaMuon, Schedule-Free, Prodigy."""
 
 import eqxopt
 from catalog import CatalogCase
@@ -29,6 +29,26 @@ CASES = [
             ("adam_eps_root", -1.0),
             ("adam_weight_decay", -1.0),
             ("adam_learning_rate", -1.0),
+            ("ns_steps", 0),
+            ("ns_coeffs", (1.0, 2.0)),
+        ),
+    ),
+    CatalogCase(
+        "AdaMuon",
+        lambda **kw: eqxopt.AdaMuon(
+            **{"learning_rate": 0.05, "weight_decay": 0.01, **kw}
+        ),
+        vary=("beta2", 0.5),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("beta", 1.0),
+            ("beta2", 1.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+            ("consistent_rms", 0.0),
+            ("adam_b1", 1.0),
+            ("adam_b2", 0.0),
+            ("adam_weight_decay", -1.0),
             ("ns_steps", 0),
             ("ns_coeffs", (1.0, 2.0)),
         ),

@@ -304,8 +304,8 @@ def _with_storage(cls, *fields, **kw):
 # iterates) and Adafactor's `dtype_momentum` take float dtypes only.
 _ADAM_LIKE = [
     "ADOPT", "AMSGrad", "AdEMAMix", "AdaBelief", "Adam", "AdamW", "Adamax",
-    "AdamaxW", "CAdamW", "Muon", "NAdam", "NAdamW", "OptimisticAdam", "RAdam",
-    "StableAdamW", "Yogi",
+    "AdamaxW", "AdaMuon", "CAdamW", "Muon", "NAdam", "NAdamW", "OptimisticAdam",
+    "RAdam", "StableAdamW", "Yogi",
 ]  # fmt: skip
 _BOTH = ("mu_dtype", "nu_dtype")
 MOMENT_STORAGE = (

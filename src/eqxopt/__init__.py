@@ -37,6 +37,10 @@ from ._interop import (
     from_optax as from_optax,
 )
 from ._microbatch import microbatch as microbatch
+from ._module_labels import (
+    matrix_axes as matrix_axes,
+    module_labels as module_labels,
+)
 from ._optimizers._adam._acprop import (
     ACProp as ACProp,
 )
@@ -170,6 +174,10 @@ from ._optimizers._parameter_free._momo import (
 from ._optimizers._preconditioned._adafactor import (
     Adafactor as Adafactor,
     AdafactorState as AdafactorState,
+)
+from ._optimizers._preconditioned._adamuon import (
+    AdaMuon as AdaMuon,
+    AdaMuonState as AdaMuonState,
 )
 from ._optimizers._preconditioned._lbfgs import (
     LBFGS as LBFGS,
@@ -463,6 +471,8 @@ __all__ = [
     "AdEMAMix",
     "AdEMAMixState",
     "AdaBelief",
+    "AdaMuon",
+    "AdaMuonState",
     "Adadelta",
     "AdadeltaState",
     "Adafactor",
@@ -716,8 +726,10 @@ __all__ = [
     "incremental_update",
     "make_train_step",
     "map_leaves",
+    "matrix_axes",
     "max_attention_logits",
     "microbatch",
+    "module_labels",
     "native_kernels_available",
     "pack",
     "per_example_global_norm_clip",

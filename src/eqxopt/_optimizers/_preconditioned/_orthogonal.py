@@ -290,6 +290,7 @@ def newton_schulz_matrices(
     *,
     preconditioning: str = "frobenius",
     gram: bool = False,
+    floor: bool = False,
     pinned: tuple[Any, Any] | None = None,
     axis_name: Any = None,
     transposed: bool | None = None,
@@ -303,7 +304,8 @@ def newton_schulz_matrices(
     plus `eps`; `"aol"` scales row `i` by `(sum_j |A_ij|)^(-1/2)` (Turbo-Muon's
     almost-orthogonal layer scaling); `"schatten"` divides it by `||A||_F^(1/2)`,
     its Schatten-4 norm (the last two floored at `eps`). The first step reuses
-    the Gram matrix these read, rescaled.
+    the Gram matrix these read, rescaled. `floor=True` divides by the Frobenius
+    norm floored at `eps` instead (pytorch-optimizer's `clamp_min`).
 
     `gram=True` runs the same polynomial on the Gram matrix alone (Gram
     Newton-Schulz: `A <- h(A) A h(A)`, `Q <- h(A) Q` with `h(A) = a + b A + c A
@@ -333,7 +335,8 @@ def newton_schulz_matrices(
         sq = jnp.sum(abs_sq(x), axis=(-2, -1), keepdims=True)
         if axis_name is not None:
             sq = jax.lax.psum(sq, axis_name)
-        x = pin(x / (jnp.sqrt(sq) + eps), 0)
+        norm = jnp.sqrt(sq)
+        x = pin(x / (jnp.maximum(norm, eps) if floor else norm + eps), 0)
     else:
         a = gram_of(x)
         if preconditioning == "spectral":
