@@ -1,4 +1,5 @@
-"""Catalog cases for the newer optimizers: Muon, Schedule-Free, Prodigy."""
+"""Catalog cases for the newer optimizers: Muon, HyperBallAdamW, Schedule-Free,
+Prodigy."""
 
 import eqxopt
 from catalog import CatalogCase
@@ -20,6 +21,20 @@ CASES = [
             ("adam_learning_rate", -1.0),
             ("ns_steps", 0),
             ("ns_coeffs", (1.0, 2.0)),
+        ),
+    ),
+    CatalogCase(
+        "HyperBallAdamW",
+        lambda **kw: eqxopt.HyperBallAdamW(
+            **{"learning_rate": 0.05, "weight_decay": 0.01, **kw}
+        ),
+        vary=("b2", 0.9),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("b2", 1.0),
+            ("b2", 0.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
         ),
     ),
     CatalogCase(

@@ -115,6 +115,10 @@ from ._optimizers._adaptive._rmsprop import (
     RMSProp as RMSProp,
     RMSPropState as RMSPropState,
 )
+from ._optimizers._constrained._hyperball import (
+    HyperBallAdamW as HyperBallAdamW,
+    HyperBallAdamWState as HyperBallAdamWState,
+)
 from ._optimizers._contrib._galore import (
     GaLore as GaLore,
     GaLoreState as GaLoreState,
@@ -523,6 +527,8 @@ __all__ = [
     "GaLore",
     "GaLoreState",
     "GlobalNormState",
+    "HyperBallAdamW",
+    "HyperBallAdamWState",
     "Identity",
     "Join",
     "KahanSummation",
