@@ -315,6 +315,13 @@ CATALOG = [
         "rtol 1e-12, atol 1e-13 in float64; the default in float32",
     ),
     (
+        "Scion",
+        "newer",
+        f"Pethick et al., *Training Deep Learning Models with Norm-Constrained LMOs*, ICML 2025, {arxiv('2502.07529')}; as heavyball 3.2.1's `Scion`",
+        "heavyball 3.2.1's `Scion` over 40 steps in float64 from its own initialisation (its auto norm on wide, tall, 3-D and 4-D kernels, a vector and a scalar): plain, decay with a radius and momentum, the constrained step (its `weight_decay=1`), a warmup schedule and a weight-decay mask (its groups), largest difference 2e-15; `pytorch_optimizer.SCION` (4.1.0, Newton-Schulz in float64) with a different oracle per leaf (spectral, column, row, sign, RMS), constrained and not, largest difference 2e-15; bf16 parameters and 8-bit momentum against float32",
+        "rtol 1e-12, atol 1e-13 (float64)",
+    ),
+    (
         "SOAP",
         "newer",
         f"Vyas et al., *SOAP: Improving and Stabilizing Shampoo using Adam*, 2024, {arxiv('2409.11321')}",

@@ -1,5 +1,5 @@
-"""Catalog cases for the newer optimizers: Muon, HyperBallAdamW, Schedule-Free,
-Prodigy."""
+"""Catalog cases for the newer optimizers: Muon, HyperBallAdamW, Scion,
+Schedule-Free, Prodigy."""
 
 import eqxopt
 from catalog import CatalogCase
@@ -35,6 +35,23 @@ CASES = [
             ("b2", 0.0),
             ("eps", 0.0),
             ("weight_decay", -1.0),
+        ),
+    ),
+    CatalogCase(
+        "Scion",
+        lambda **kw: eqxopt.Scion(
+            **{"learning_rate": 0.02, "weight_decay": 0.01, **kw}
+        ),
+        vary=("beta", 0.5),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("beta", 1.0),
+            ("scale", 0.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+            ("ns_steps", 0),
+            ("ns_coeffs", (1.0, 2.0)),
+            ("norms", "frobenius"),
         ),
     ),
     CatalogCase(

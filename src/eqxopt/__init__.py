@@ -119,6 +119,10 @@ from ._optimizers._constrained._hyperball import (
     HyperBallAdamW as HyperBallAdamW,
     HyperBallAdamWState as HyperBallAdamWState,
 )
+from ._optimizers._constrained._scion import (
+    Scion as Scion,
+    ScionState as ScionState,
+)
 from ._optimizers._contrib._galore import (
     GaLore as GaLore,
     GaLoreState as GaLoreState,
@@ -671,6 +675,8 @@ __all__ = [
     "ScheduleFreeSGD",
     "ScheduleFreeState",
     "ScheduleFreeWrapperState",
+    "Scion",
+    "ScionState",
     "Shampoo",
     "ShampooState",
     "SignSGD",

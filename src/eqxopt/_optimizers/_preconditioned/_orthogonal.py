@@ -293,6 +293,7 @@ def newton_schulz_matrices(
     pinned: tuple[Any, Any] | None = None,
     axis_name: Any = None,
     transposed: bool | None = None,
+    floor: bool = False,
 ) -> Array:
     """Newton-Schulz on a stack of matrices in the last two axes of `x`, one step
     per row `(a, b, c)` of `coeffs`: `x <- a x + (b A + c A A) x`, `A = x x^H`,
@@ -311,7 +312,9 @@ def newton_schulz_matrices(
     the plain iteration in exact arithmetic.
 
     `pinned`, `axis_name` and `transposed` are for matrices split over a mesh
-    (`orthogonalise`, `orthogonalise_rows`)."""
+    (`orthogonalise`, `orthogonalise_rows`). `floor=True` divides by the
+    Frobenius norm floored at `eps` rather than plus `eps` (heavyball's
+    `zeropower_via_newtonschulz5`, which Scion follows)."""
 
     def pin(v, which):
         if pinned is None:
@@ -333,7 +336,8 @@ def newton_schulz_matrices(
         sq = jnp.sum(abs_sq(x), axis=(-2, -1), keepdims=True)
         if axis_name is not None:
             sq = jax.lax.psum(sq, axis_name)
-        x = pin(x / (jnp.sqrt(sq) + eps), 0)
+        norm = jnp.sqrt(sq)
+        x = pin(x / (jnp.maximum(norm, eps) if floor else norm + eps), 0)
     else:
         a = gram_of(x)
         if preconditioning == "spectral":
