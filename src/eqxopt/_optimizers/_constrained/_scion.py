@@ -140,7 +140,7 @@ class Scion(AbstractTransform):
     p &\leftarrow p - \mathrm{lr} \left(\rho \operatorname{lmo}(d)
         + \mathrm{wd} \cdot p\right) && \text{(unconstrained)} \\
     p &\leftarrow (1 - \mathrm{lr})\, p - \mathrm{lr}\, \rho \operatorname{lmo}(d)
-        && \text{(constrained: stays in the ball of radius } \rho)
+        && \text{(constrained: towards the ball of radius } \rho)
     \end{aligned}
     $$
 
