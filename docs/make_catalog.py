@@ -311,7 +311,7 @@ CATALOG = [
         "HyperBallAdamW",
         "newer",
         "Wen et al., *Fantastic Pretraining Optimizers and Where to Find Them*, Section 2.1, *HyperBall Optimization*, 2025; as heavyball 3.2.1's `HyperBallAdamW`",
-        "heavyball 3.2.1's `HyperBallAdamW` over 40 steps on wide, tall and 3-D matrices, a vector and a scalar, in float64 (largest difference 2e-15) and float32 (1e-6): plain, decay, caution with cautious decay, `b2`/`eps`, a warmup schedule (heavyball's `warmup_steps`), weight-decay and hyperball masks (heavyball's groups and routes); each matrix's norm kept to 1e-13 at every step; bf16 parameters and 8-bit second moments",
+        "heavyball 3.2.1's `HyperBallAdamW` over 40 steps on wide, tall and 3-D matrices, a vector and a scalar, in float64 (largest difference 2e-15) and float32 (1e-6): plain, decay, caution with cautious decay, `b2`/`eps`, a warmup schedule (heavyball's `warmup_steps`), weight-decay and hyperball masks (heavyball's groups and routes), weights loaded after `init` (the radius measured at the first step, as heavyball); each matrix's norm kept to 1e-13 at every step; bf16 parameters and 8-bit second moments",
         "rtol 1e-12, atol 1e-13 in float64; the default in float32",
     ),
     (

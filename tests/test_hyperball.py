@@ -149,6 +149,26 @@ def test_keeps_each_matrix_norm_at_every_step():
         assert state.radius["b"] is None
 
 
+def test_radius_is_measured_at_the_first_step():
+    # As heavyball: weights loaded after `init` (a checkpoint, a pretrained model)
+    # keep their own norm, not that of the weights `init` was given.
+    with enable_x64():
+        params = tree(jnp.float64)
+        loaded = jax.tree.map(lambda x: 3.0 * x, params)
+        grads = list(grad_stream(params, STEPS))
+        opt = eqxopt.HyperBallAdamW(0.05, weight_decay=0.1)
+        state = opt.init(params)
+        p, history = loaded, []
+        for g in grads:
+            p, state = opt.step(g, state, p)
+            history.append(p)
+        assert float(state.radius["wide"]) == pytest.approx(
+            float(jnp.linalg.norm(loaded["wide"])), rel=1e-14
+        )
+        expected = run_heavyball(loaded, grads, lr=0.05, weight_decay=0.1)
+        assert_histories_close(history, expected, rtol=1e-12, atol=1e-13)
+
+
 def test_warmup_schedule_matches_heavyball_warmup_steps():
     # heavyball: lr * t / max(t, warmup + 1); eqxopt: the same as a schedule.
     with enable_x64():

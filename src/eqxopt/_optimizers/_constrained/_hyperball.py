@@ -46,9 +46,9 @@ class HyperBallAdamWState(eqx.Module):
     - `step`: int32 scalar, the number of updates done.
     - `nu`: the bias-corrected moving average of the squared gradient, shaped like
       params.
-    - `radius`: at the hyperball leaves, the Frobenius norm of the whole leaf as
-      `init` saw it (a scalar in float32 at least), which every step keeps;
-      `None` elsewhere.
+    - `radius`: at the hyperball leaves, the Frobenius norm of the whole leaf (a
+      scalar in float32 at least) that every step keeps: the norm `init` saw,
+      measured again from the parameters of the first step; `None` elsewhere.
     """
 
     step: Int[Array, ""]
@@ -85,7 +85,7 @@ class HyperBallAdamW(AbstractTransform):
 
     With $t = \mathrm{step} + 1$, `lr` and `wd` the learning rate and weight decay at
     `step`, $\|\cdot\|$ the Frobenius norm of the whole leaf and $r$ that norm of
-    the leaf when `init` was called:
+    the leaf at the first step:
 
     $$
     \begin{aligned}
@@ -109,8 +109,8 @@ class HyperBallAdamW(AbstractTransform):
     2024) the step (after the decay, at a hyperball leaf) is zeroed where its sign
     differs from the gradient's and scaled by `size / kept`; with
     `cautious_weight_decay` the decay applies only where the parameter's sign is
-    the step's. heavyball measures the radius at its first step: the same numbers
-    when `init` is given the parameters the first step sees.
+    the step's. As heavyball, the radius is measured at the first step, so
+    weights loaded after `init` keep their own norm.
 
     **Arguments:**
 
@@ -203,6 +203,7 @@ class HyperBallAdamW(AbstractTransform):
         h = values_at(self, state.step)
         lr, b2, eps, wd = h.learning_rate, h.b2, h.eps, h.weight_decay
         caution, cautious_decay = self.caution, self.cautious_weight_decay
+        first = state.step == 0  # heavyball measures the radius at its first step
         # heavyball's debiased decay: the average is kept bias-corrected.
         weight = (1 - b2) / (1 - step_power(b2, t))
 
@@ -216,6 +217,7 @@ class HyperBallAdamW(AbstractTransform):
             return wd * (jnp.signbit(p) == jnp.signbit(u)).astype(p.dtype)
 
         def ball_rule(g, p, nu, radius, decay):
+            radius = jnp.where(first, _norm(p).astype(radius.dtype), radius)
             u, nu = normalised(g, nu)
             if decay:
                 u = u + p * decay_of(p, u)
