@@ -322,6 +322,20 @@ CATALOG = [
         "the default in float32; rtol 1e-11, atol 1e-12 in float64",
     ),
     (
+        "HyperBallAdamW",
+        "newer",
+        "Wen et al., *Fantastic Pretraining Optimizers and Where to Find Them*, Section 2.1, *HyperBall Optimization*, 2025; as heavyball 3.2.1's `HyperBallAdamW`",
+        "heavyball 3.2.1's `HyperBallAdamW` over 40 steps on wide, tall and 3-D matrices, a vector and a scalar, in float64 (largest difference 2e-15) and float32 (1e-6): plain, decay, caution with cautious decay, `b2`/`eps`, a warmup schedule (heavyball's `warmup_steps`), weight-decay and hyperball masks (heavyball's groups and routes), weights loaded after `init` (the radius measured at the first step, as heavyball); each matrix's norm kept to 1e-13 at every step; bf16 parameters and 8-bit second moments",
+        "rtol 1e-12, atol 1e-13 in float64; the default in float32",
+    ),
+    (
+        "Scion",
+        "newer",
+        f"Pethick et al., *Training Deep Learning Models with Norm-Constrained LMOs*, ICML 2025, {arxiv('2502.07529')}; as heavyball 3.2.1's `Scion`",
+        "heavyball 3.2.1's `Scion` over 40 steps in float64 from its own initialisation (its auto norm on wide, tall, 3-D and 4-D kernels, a vector and a scalar): plain, decay with a radius and momentum, the constrained step (its `weight_decay=1`), a warmup schedule and a weight-decay mask (its groups), largest difference 2e-15; `pytorch_optimizer.SCION` (4.1.0, Newton-Schulz in float64) with a different oracle per leaf (spectral, column, row, sign, RMS), constrained and not, largest difference 2e-15; bf16 parameters and 8-bit momentum against float32",
+        "rtol 1e-12, atol 1e-13 (float64)",
+    ),
+    (
         "SOAP",
         "newer",
         f"Vyas et al., *SOAP: Improving and Stabilizing Shampoo using Adam*, 2024, {arxiv('2409.11321')}",

@@ -1,4 +1,5 @@
-"""Catalog cases for the newer optimizers: Muon, AdaMuon, Schedule-Free, Prodigy."""
+"""Catalog cases for the newer optimizers: Muon, AdaMuon, HyperBallAdamW, Scion,
+MuonClip, Schedule-Free, Prodigy."""
 
 import eqxopt
 from catalog import CatalogCase
@@ -51,6 +52,37 @@ CASES = [
             ("adam_weight_decay", -1.0),
             ("ns_steps", 0),
             ("ns_coeffs", (1.0, 2.0)),
+        ),
+    ),
+    CatalogCase(
+        "HyperBallAdamW",
+        lambda **kw: eqxopt.HyperBallAdamW(
+            **{"learning_rate": 0.05, "weight_decay": 0.01, **kw}
+        ),
+        vary=("b2", 0.9),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("b2", 1.0),
+            ("b2", 0.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+        ),
+    ),
+    CatalogCase(
+        "Scion",
+        lambda **kw: eqxopt.Scion(
+            **{"learning_rate": 0.02, "weight_decay": 0.01, **kw}
+        ),
+        vary=("beta", 0.5),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("beta", 1.0),
+            ("scale", 0.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+            ("ns_steps", 0),
+            ("ns_coeffs", (1.0, 2.0)),
+            ("norms", "frobenius"),
         ),
     ),
     CatalogCase(

@@ -122,6 +122,7 @@ REJECTS = {
     "Chain-ClipByValue-Centralize-AddNoise-AddDecayedWeights-SGD": "ClipByValue",
     "Blocks-Rprop": "ScaleByRprop",
     "Blocks-Sm3": "ScaleBySm3",
+    "Scion": "Scion",  # sign oracles and real norms
 }
 
 # NoisySGD draws complex noise, which no real run turned by a phase reproduces; its

@@ -45,6 +45,7 @@ NOT_ELEMENTWISE = {
     "GaLore",  # projections through each matrix's SVD
     "AdamMini",  # one second moment per block
     "MARS",  # the corrected gradient is clipped by its leaf's norm
+    "Scion",  # an oracle per leaf: Newton-Schulz, column, row or RMS norms
 }
 
 

@@ -119,6 +119,14 @@ from ._optimizers._adaptive._rmsprop import (
     RMSProp as RMSProp,
     RMSPropState as RMSPropState,
 )
+from ._optimizers._constrained._hyperball import (
+    HyperBallAdamW as HyperBallAdamW,
+    HyperBallAdamWState as HyperBallAdamWState,
+)
+from ._optimizers._constrained._scion import (
+    Scion as Scion,
+    ScionState as ScionState,
+)
 from ._optimizers._contrib._galore import (
     GaLore as GaLore,
     GaLoreState as GaLoreState,
@@ -539,6 +547,8 @@ __all__ = [
     "GaLore",
     "GaLoreState",
     "GlobalNormState",
+    "HyperBallAdamW",
+    "HyperBallAdamWState",
     "Identity",
     "Join",
     "KahanSummation",
@@ -684,6 +694,8 @@ __all__ = [
     "ScheduleFreeSGD",
     "ScheduleFreeState",
     "ScheduleFreeWrapperState",
+    "Scion",
+    "ScionState",
     "Shampoo",
     "ShampooState",
     "SignSGD",

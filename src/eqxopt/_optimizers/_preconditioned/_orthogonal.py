@@ -305,7 +305,8 @@ def newton_schulz_matrices(
     almost-orthogonal layer scaling); `"schatten"` divides it by `||A||_F^(1/2)`,
     its Schatten-4 norm (the last two floored at `eps`). The first step reuses
     the Gram matrix these read, rescaled. `floor=True` divides by the Frobenius
-    norm floored at `eps` instead (pytorch-optimizer's `clamp_min`).
+    norm floored at `eps` instead (pytorch-optimizer's `clamp_min`, and
+    heavyball's `zeropower_via_newtonschulz5`, which Scion follows).
 
     `gram=True` runs the same polynomial on the Gram matrix alone (Gram
     Newton-Schulz: `A <- h(A) A h(A)`, `Q <- h(A) Q` with `h(A) = a + b A + c A

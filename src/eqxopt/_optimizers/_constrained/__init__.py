@@ -1,0 +1,2 @@
+"""Norm-constrained optimizers: HyperBallAdamW (each weight kept on a sphere of its
+initial norm) and Scion (a linear minimisation oracle per layer)."""
