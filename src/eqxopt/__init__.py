@@ -115,6 +115,11 @@ from ._optimizers._adaptive._rmsprop import (
     RMSProp as RMSProp,
     RMSPropState as RMSPropState,
 )
+from ._optimizers._contrib._apollo import (
+    APOLLO as APOLLO,
+    APOLLOMini as APOLLOMini,
+    APOLLOState as APOLLOState,
+)
 from ._optimizers._contrib._galore import (
     GaLore as GaLore,
     GaLoreState as GaLoreState,
@@ -446,6 +451,9 @@ __all__ = [
     "ADOPT",
     "AMSGrad",
     "AMSGradState",
+    "APOLLO",
+    "APOLLOMini",
+    "APOLLOState",
     "ASGD",
     "ASGDState",
     "AbstractBlock",
