@@ -2,8 +2,8 @@
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
 Lookahead, ParamEMA, SWA, ConditionallyTransform, ConditionallyMask, Mechanic,
 SAM, ScheduleFree, StochasticRounding, KahanSummation, LearningRateMultipliers,
-Maximize, Cautious, SkipLargeUpdates, Monitor, SplitRealAndImaginary (and, among
-the transforms, SkipNonFinite).
+Maximize, Cautious, SkipLargeUpdates, Monitor, SplitRealAndImaginary, DiLoCo (and,
+among the transforms, SkipNonFinite).
 """
 
 from ._accumulate import (
@@ -37,6 +37,10 @@ from ._conditional import (
     ConditionallyMaskState as ConditionallyMaskState,
     ConditionallyTransform as ConditionallyTransform,
     ConditionallyTransformState as ConditionallyTransformState,
+)
+from ._diloco import (
+    DiLoCo as DiLoCo,
+    DiLoCoState as DiLoCoState,
 )
 from ._mechanic import (
     Mechanic as Mechanic,
