@@ -103,7 +103,8 @@ class DiLoCo(AbstractWrapper):
       (static; the paper's: 500).
     - `outer`: the optimizer of the anchor, any eqxopt optimizer; `None`
       (default) is the paper's Nesterov SGD,
-      `eqxopt.SGD(0.7, momentum=0.9, nesterov=True)`.
+      `eqxopt.SGD(0.7, momentum=0.9, nesterov=True)` (tuned for hundreds of
+      inner steps a round: with a few, a smaller momentum).
     - `axis_name`: keyword-only: the mesh axis name (or tuple of them) the
       replicas lie along, inside `jax.shard_map` or `jax.vmap`; `None` for a
       single replica (the outer step on its own distance).
@@ -125,6 +126,10 @@ class DiLoCo(AbstractWrapper):
     assert bool(jnp.all(params[0] == params[1]))  # synchronised after 4 steps
     ```
     """
+
+    # Its own maths (the distance from the anchor, its mean over the replicas)
+    # is element by element; the inner and outer optimizers answer for theirs.
+    reduces_over = "nothing"
 
     reads_params = "distance from the anchor"
 
@@ -215,7 +220,20 @@ class DiLoCo(AbstractWrapper):
 
         if self.sync_every == 1:
             return sync()
-        return _shards.cond(step % self.sync_every == 0, sync, local)
+
+        # The branches return the array leaves only (a whole Equinox model's
+        # functions are kept aside, the same in both).
+        def arrays(branch: Any) -> Any:
+            def run() -> tuple[Any, DiLoCoState]:
+                got, new_state = branch()
+                return eqx.filter(got, eqx.is_array), new_state
+
+            return run
+
+        got, new_state = _shards.cond(
+            step % self.sync_every == 0, arrays(sync), arrays(local)
+        )
+        return eqx.combine(got, eqx.filter(out, eqx.is_array, inverse=True)), new_state
 
     def _sync(
         self, state: DiLoCoState, params: Params, which: PyTree
