@@ -3,8 +3,9 @@ data-parallel SGD bit for bit; with H > 1 (inner AdamW, outer Nesterov SGD), a
 NumPy transcription of the algorithm over several outer rounds, under
 `jax.vmap` replicas and under `jax.shard_map` on an 8-device CPU mesh (the two
 agree); the compiled programs' all-reduces (none in a local step, one per leaf in
-a synchronisation, one per leaf in every data-parallel step); checkpoints; and
-the errors."""
+a synchronisation, one per leaf in every data-parallel step); two processes
+joined by `jax.distributed` against one process with two replicas; checkpoints;
+and the errors."""
 
 import pathlib
 import tempfile
@@ -416,3 +417,113 @@ def test_shard_map_on_8_devices_matches_vmap_and_communicates_h_times_less():
     # The all-in-one step holds the synchronisation's all-reduces (in the branch
     # of its `lax.cond` that runs every H-th step).
     assert counts["step"] == counts["sync"]
+
+
+# Two processes joined by `jax.distributed` (gloo collectives on localhost), one
+# CPU device and one replica each: the "data" axis spans the processes.
+WORKER = textwrap.dedent(
+    """
+    import sys
+
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    coordinator, index, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    jax.distributed.initialize(coordinator, num_processes=2, process_id=index)
+
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from eqxopt._core._jax_api import shard_map
+    from test_diloco import make_opt, problem, replica_step
+
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    split = NamedSharding(mesh, P("data"))
+
+    def per_device(f):
+        def body(*args):
+            out = f(*jax.tree.map(lambda a: a[0], args))
+            return jax.tree.map(lambda a: a[None], out)
+        return jax.jit(shard_map(body, mesh=mesh, in_specs=P("data"),
+                                 out_specs=P("data")))
+
+    def global_array(mine):
+        # This process's replica: a block of 1 along the replica axis.
+        return jax.make_array_from_process_local_data(
+            split, np.asarray(mine, np.float32)[None])
+
+    x, y, params = problem(replicas=2)
+    opt = make_opt(axis_name="data")
+    p = {k: global_array(v) for k, v in params.items()}
+    s = per_device(opt.init)(p)
+    step = per_device(replica_step(opt, "step"))
+    for k in range(x.shape[1]):
+        p, s = step(s, p, global_array(x[index, k]), global_array(y[index, k]))
+    mine = {k: np.asarray(v.addressable_shards[0].data)[0] for k, v in p.items()}
+    np.savez(out, **mine)
+    print("worker", index, "done", flush=True)
+    """
+)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process_with_two_replicas(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from helpers import package_path
+
+    env = dict(os.environ)
+    flags = [
+        f
+        for f in env.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
+    env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=1"])
+    env["JAX_PLATFORMS"] = "cpu"
+    tests = str(pathlib.Path(__file__).parent)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [package_path(), tests, env.get("PYTHONPATH", "")]
+    )
+    coordinator = f"127.0.0.1:{_free_port()}"
+    outs = [tmp_path / f"replica{i}.npz" for i in range(2)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, coordinator, str(i), str(outs[i])],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    logs = []
+    try:
+        for w in workers:
+            logs.append(w.communicate(timeout=240)[0])
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    assert all(w.returncode == 0 for w in workers), "\n".join(logs)
+
+    # One process, the two replicas a vmapped axis.
+    x, y, params = problem(replicas=2)
+    history, _ = run_vmapped(make_opt(), x, y, params)
+    for i, out in enumerate(outs):
+        got = np.load(out)
+        for k in params:
+            np.testing.assert_allclose(got[k], history[-1][k][i], rtol=1e-6, atol=1e-7)
+    # The run ended on a synchronisation: both replicas hold the same anchor.
+    first, second = np.load(outs[0]), np.load(outs[1])
+    assert all(np.array_equal(first[k], second[k]) for k in params)
