@@ -448,6 +448,20 @@ CATALOG = [
         "`optax.contrib.galore` (its default `scale_by_adam` base) on tall and wide matrices and non-matrix leaves, projectors refreshed every 7 steps, 30 steps",
         "rtol 2e-5, atol 1e-5 (the non-matrix leaves' Adam steps of nearly constant size round one ulp apart each step; the matrices agree to 1e-6)",
     ),
+    (
+        "APOLLO",
+        "contrib",
+        f"Zhu et al., *APOLLO: SGD-like Memory, AdamW-level Performance*, MLSys 2025, {arxiv('2412.05270')}",
+        "pytorch-optimizer 4.1.0's `APOLLO` with a square orthogonal projection (where its projected-back update is the authors' scaled gradient; channel and tensor scales), and a NumPy transcription of the authors' `apollo_torch` with random rank-r projections, decay, `scale`, `scale_front` and the norm-growth limiter, 30 steps; the redraw schedule",
+        "rtol 2e-5, atol 2e-6 (pytorch-optimizer); rtol 1e-4, atol 1e-6 (the float64 transcription)",
+    ),
+    (
+        "APOLLOMini",
+        "contrib",
+        f"Zhu et al., MLSys 2025, {arxiv('2412.05270')}",
+        "the NumPy transcription of the authors' `apollo_torch` at rank 1 with one scale per matrix, 30 steps; its state for an (m, n) matrix is m + m + n numbers",
+        "rtol 1e-4, atol 1e-6",
+    ),
 ]
 
 # Parameter-free and adaptive-step optimizers (api/parameter-free.md)

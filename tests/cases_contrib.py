@@ -98,3 +98,39 @@ CASES.append(
         ),
     )
 )
+
+CASES.append(
+    CatalogCase(
+        "APOLLO",
+        lambda **kw: eqxopt.APOLLO(
+            **{"learning_rate": 0.05, "rank": 2, "update_proj_gap": 3, **kw}
+        ),
+        vary=("learning_rate", 0.01),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("rank", 0),
+            ("update_proj_gap", 0),
+            ("scale", 0.0),
+            ("b1", 1.0),
+            ("b2", 1.0),
+            ("eps", -1.0),
+            ("weight_decay", -1.0),
+            ("norm_growth_limit", 0.9),
+        ),
+    )
+)
+
+CASES.append(
+    CatalogCase(
+        "APOLLO-Mini",
+        lambda **kw: eqxopt.APOLLOMini(**{"learning_rate": 0.01, **kw}),
+        vary=("learning_rate", 0.003),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("update_proj_gap", 0),
+            ("scale", -1.0),
+            ("b1", 1.0),
+            ("weight_decay", -1.0),
+        ),
+    )
+)

@@ -85,6 +85,19 @@ CASES = [
         invalid=(("alpha", 1.5), ("alpha", -0.1)),
     ),
     CatalogCase(
+        # One replica (no axis_name): the outer Nesterov step on its own distance
+        # from the anchor every 2 steps (momentum 0.5: the paper's 0.9 is for
+        # hundreds of inner steps a round, and overshoots at 2).
+        "DiLoCo-Adam",
+        lambda **kw: eqxopt.DiLoCo(
+            eqxopt.Adam(**{"learning_rate": 0.05, **kw}),
+            sync_every=2,
+            outer=eqxopt.SGD(0.7, momentum=0.5, nesterov=True),
+        ),
+        vary=("learning_rate", 0.01),
+        invalid=(("learning_rate", -0.1), ("b1", 1.0)),
+    ),
+    CatalogCase(
         "ParamEMA-SGD",
         lambda decay=0.9, **kw: eqxopt.ParamEMA(
             eqxopt.SGD(**{"learning_rate": 0.05, **kw}), decay=decay

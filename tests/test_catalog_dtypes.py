@@ -118,6 +118,8 @@ REJECTS = {
     "Shampoo": "Shampoo",
     "PSGDKron": "PSGDKron",
     "GaLore": "GaLore",  # transposes, not conjugate transposes (as optax)
+    "APOLLO": "APOLLO",  # the same projections as GaLore's
+    "APOLLO-Mini": "APOLLOMini",
     "Sophia-H": "Sophia",  # a clip and a max of magnitudes (optax's fail likewise)
     "Chain-ClipByValue-Centralize-AddNoise-AddDecayedWeights-SGD": "ClipByValue",
     "Blocks-Rprop": "ScaleByRprop",

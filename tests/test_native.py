@@ -43,6 +43,8 @@ NOT_ELEMENTWISE = {
     "Shampoo",
     "PSGDKron",
     "GaLore",  # projections through each matrix's SVD
+    "APOLLO",  # random projections and norms per channel
+    "APOLLO-Mini",
     "AdamMini",  # one second moment per block
     "MARS",  # the corrected gradient is clipped by its leaf's norm
     "Scion",  # an oracle per leaf: Newton-Schulz, column, row or RMS norms

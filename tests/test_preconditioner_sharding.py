@@ -104,6 +104,8 @@ SCRIPT = textwrap.dedent(
         "PSGDKron (block_size=16)": (
             lambda: eqxopt.PSGDKron(1e-2, block_size=16), ("q",)),
         "GaLore": (lambda: eqxopt.GaLore(1e-2, rank=8), ("mu", "nu", "projector")),
+        "APOLLO": (lambda: eqxopt.APOLLO(1e-2, rank=8),
+                   ("mu", "nu", "projection")),
         "SM3": (lambda: eqxopt.SM3(1e-1), ("accumulators",)),
     }
     # The work a step that recomputes roots does, per problem: a LAPACK
@@ -169,8 +171,9 @@ SCRIPT = textwrap.dedent(
 def test_preconditioner_state_split_like_fsdp_parameters_and_roots_once_per_mesh():
     """On 8 devices with FSDP parameters: Shampoo's factors and roots, SOAP's
     statistics and eigenbases, PSGD-Kron's factors, GaLore's moments and
-    projector and SM3's accumulators hold at most 1/8 + 5% of their bytes on each
-    device at init and after steps; four steps give the one-device numbers; and
+    projector, APOLLO's moments and projection and SM3's accumulators hold at
+    most 1/8 + 5% of their bytes on each device at init and after steps; four
+    steps give the one-device numbers; and
     each device's compiled step computes about 1/N of the eigendecompositions,
     QRs and triangular solves one device's does."""
     out = run_on_8_devices(SCRIPT)

@@ -299,9 +299,9 @@ def _with_storage(cls, *fields, **kw):
 
 
 # Every transform with a moment storage option (`*_dtype`), built with that storage
-# in every option. GaLore's moments live in the projected space, not shaped like
-# params (tests/test_contrib.py covers its storage); `z_dtype` (schedule-free
-# iterates) and Adafactor's `dtype_momentum` take float dtypes only.
+# in every option. GaLore's and APOLLO's moments live in the projected space, not
+# shaped like params (tests/test_contrib.py covers GaLore's storage); `z_dtype`
+# (schedule-free iterates) and Adafactor's `dtype_momentum` take float dtypes only.
 _ADAM_LIKE = [
     "ADOPT", "AMSGrad", "AdEMAMix", "AdaBelief", "Adam", "AdamW", "Adamax",
     "AdamaxW", "AdaMuon", "CAdamW", "Muon", "NAdam", "NAdamW", "OptimisticAdam",
@@ -355,7 +355,8 @@ MOMENT_STORAGE = (
 # MeasureWithEMA's average is of a measurement (any shape), not a moment;
 # `param_dtype` is the dtype of DoG's distance estimate.
 NOT_MOMENT_STORAGE = {
-    "GaLore", "MeasureWithEMA", "z_dtype", "dtype_momentum", "param_dtype",
+    "GaLore", "APOLLO", "APOLLOMini", "MeasureWithEMA", "z_dtype",
+    "dtype_momentum", "param_dtype",
 }  # fmt: skip
 
 
@@ -610,7 +611,7 @@ def test_every_dtype_option_stores_a_storage_or_refuses_it_at_construction(
 # Known answers of the sweep above: state kept in a form of its own refuses a
 # storage at construction (GaLore's projected moments, ScheduleFree's iterate);
 # the Adam family and the building blocks store one.
-REFUSES_A_STORAGE = {"GaLore", "ScheduleFree", "ScheduleFreeSGD", "Adafactor"}
+REFUSES_A_STORAGE = {"GaLore", "APOLLO", "ScheduleFree", "ScheduleFreeSGD", "Adafactor"}
 STORES_A_STORAGE = {"AdamW", "Lion", "SGD", "ScaleByAdam", "ScaleByRms", "Trace"}
 
 

@@ -127,6 +127,11 @@ from ._optimizers._constrained._scion import (
     Scion as Scion,
     ScionState as ScionState,
 )
+from ._optimizers._contrib._apollo import (
+    APOLLO as APOLLO,
+    APOLLOMini as APOLLOMini,
+    APOLLOState as APOLLOState,
+)
 from ._optimizers._contrib._galore import (
     GaLore as GaLore,
     GaLoreState as GaLoreState,
@@ -413,6 +418,8 @@ from ._wrappers import (
     ConditionallyMaskState as ConditionallyMaskState,
     ConditionallyTransform as ConditionallyTransform,
     ConditionallyTransformState as ConditionallyTransformState,
+    DiLoCo as DiLoCo,
+    DiLoCoState as DiLoCoState,
     Freeze as Freeze,
     KahanSummation as KahanSummation,
     KahanSummationState as KahanSummationState,
@@ -471,6 +478,9 @@ __all__ = [
     "ADOPT",
     "AMSGrad",
     "AMSGradState",
+    "APOLLO",
+    "APOLLOMini",
+    "APOLLOState",
     "ASGD",
     "ASGDState",
     "AbstractBlock",
@@ -529,6 +539,8 @@ __all__ = [
     "DPSGDState",
     "DecoupledWeightDecay",
     "DecoupledWeightDecayState",
+    "DiLoCo",
+    "DiLoCoState",
     "DifferentiallyPrivateAggregate",
     "DifferentiallyPrivateAggregateState",
     "DoG",

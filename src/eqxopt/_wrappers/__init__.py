@@ -2,7 +2,7 @@
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
 Lookahead, ParamEMA, SWA, ConditionallyTransform, ConditionallyMask, Mechanic,
 SAM, ScheduleFree, StochasticRounding, KahanSummation, LearningRateMultipliers,
-Maximize, Cautious, SkipLargeUpdates, Monitor, OffloadState, QKClip,
+Maximize, Cautious, SkipLargeUpdates, Monitor, OffloadState, QKClip, DiLoCo,
 SplitRealAndImaginary (and, among the transforms, SkipNonFinite).
 """
 
@@ -37,6 +37,10 @@ from ._conditional import (
     ConditionallyMaskState as ConditionallyMaskState,
     ConditionallyTransform as ConditionallyTransform,
     ConditionallyTransformState as ConditionallyTransformState,
+)
+from ._diloco import (
+    DiLoCo as DiLoCo,
+    DiLoCoState as DiLoCoState,
 )
 from ._mechanic import (
     Mechanic as Mechanic,
