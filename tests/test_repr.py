@@ -59,6 +59,8 @@ MORE = [
     eqxopt.SGDR(
         [{"init_value": 0.0, "peak_value": 0.1, "warmup_steps": 5, "decay_steps": 50}]
     ),
+    eqxopt.OffloadState(eqxopt.AdamW(1e-3)),
+    eqxopt.QKClip(eqxopt.AdamW(1e-3), threshold=50.0),
     eqxopt.SWALR(0.1, 0.05),
     eqxopt.ScaleByBacktrackingLinesearch(10),
     eqxopt.Snapshot("loss", lambda updates, state, params: 1.0),

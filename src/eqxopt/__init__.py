@@ -200,9 +200,6 @@ from ._optimizers._preconditioned._muon import (
     Muon as Muon,
     MuonState as MuonState,
 )
-from ._optimizers._preconditioned._muon_clip import (
-    MuonClip as MuonClip,
-)
 from ._optimizers._preconditioned._normuon import (
     NorMuon as NorMuon,
     NorMuonState as NorMuonState,
@@ -435,6 +432,7 @@ from ._wrappers import (
     MonitorState as MonitorState,
     MultiSteps as MultiSteps,
     MultiStepsState as MultiStepsState,
+    MuonClip as MuonClip,
     OffloadState as OffloadState,
     ParamEMA as ParamEMA,
     ParamEMAState as ParamEMAState,

@@ -73,6 +73,7 @@ from ._precision import (
     round_stochastic_bf16 as round_stochastic_bf16,
 )
 from ._qk_clip import (
+    MuonClip as MuonClip,
     QKClip as QKClip,
     max_attention_logits as max_attention_logits,
 )

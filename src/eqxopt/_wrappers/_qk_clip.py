@@ -1,5 +1,6 @@
-"""QK-clip (Kimi K2's MuonClip): rescaling the query and key projections of the
-attention heads whose largest logit passed a threshold."""
+"""QK-clip: rescaling the query and key projections of the attention heads whose
+largest logit passed a threshold (`QKClip`), and Kimi K2's `MuonClip`, Muon with
+the clip."""
 
 import math
 from collections.abc import Callable, Sequence
@@ -8,7 +9,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._core._base import (
     AbstractTransform,
@@ -19,7 +20,8 @@ from .._core._base import (
     Updates,
     supplies,
 )
-from .._core._fields import hyper
+from .._core._fields import ScalarOrSchedule, hyper
+from .._optimizers._preconditioned._muon import Muon
 from ._wrapper import AbstractSingleWrapper, inner_field
 
 _MHA = eqx.nn.MultiheadAttention
@@ -239,3 +241,45 @@ class QKClip(AbstractQKClip):
     attention: Callable[[Any], Sequence[Any]] | None = eqx.field(
         default=None, static=True
     )
+
+
+class MuonClip(AbstractQKClip):
+    r"""MuonClip (Kimi Team, 2025, "Kimi K2: Open Agentic Intelligence"): `Muon`
+    with its update's RMS matched to AdamW's (`consistent_rms=0.2`), followed by
+    QK-clip (`QKClip`): each attention head whose largest logit `S^h_max` passed
+    `threshold` has its query and key rows scaled by `sqrt(min(1, tau / S^h_max))`
+    after the step.
+
+    **Arguments:**
+
+    - `learning_rate`: Muon's learning rate (a float, scalar array or schedule).
+    - `threshold`: `tau`, the largest logit allowed, `> 0` (Kimi K2: 100).
+    - `attention`: as `QKClip`'s.
+    - `consistent_rms`, `**muon_options`: `Muon`'s options (`weight_decay`,
+      `beta`, `adam_learning_rate`, ...).
+
+    The state is `Muon`'s; `max_logits=` as for `QKClip`.
+    """
+
+    inner: AbstractTransform
+    threshold: Float[Array, ""] = hyper(100.0, low=0.0, low_open=True, schedule=False)
+    attention: Callable[[Any], Sequence[Any]] | None = eqx.field(
+        default=None, static=True
+    )
+
+    def __init__(
+        self,
+        learning_rate: ScalarOrSchedule,
+        *,
+        threshold: float | ArrayLike = 100.0,
+        attention: Callable[[Any], Sequence[Any]] | None = None,
+        consistent_rms: float | None = 0.2,
+        **muon_options: object,
+    ):
+        self.inner = Muon(
+            learning_rate,
+            consistent_rms=consistent_rms,
+            **muon_options,  # pyright: ignore[reportArgumentType]
+        )
+        self.threshold = threshold
+        self.attention = attention

@@ -1,7 +1,8 @@
 """Scion: momentum steered by a linear minimisation oracle per layer."""
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeAlias
 
 import equinox as eqx
 import jax
@@ -48,7 +49,12 @@ def _norm_leaf(name: str, path: str, value: Any) -> str:
     raise ValueError(f"{name}{path} must be one of {NORMS}, got {value!r}")
 
 
-def lmo_norms(name: str, value: Any) -> Any:
+# What `norms` takes: an oracle's name for every leaf, a tree of names, or a
+# function of the parameters giving one.
+NormsLike: TypeAlias = str | PyTree[str] | Callable[[PyTree], PyTree[str]]
+
+
+def lmo_norms(name: str, value: NormsLike) -> Any:
     """The converter of Scion's `norms`: one name for every leaf, a function of
     params (kept), or a tree of names (frozen for a static field)."""
     if isinstance(value, str):

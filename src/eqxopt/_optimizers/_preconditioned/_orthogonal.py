@@ -6,7 +6,7 @@ it), the named coefficient presets, and which axes of a leaf form the matrix
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import equinox as eqx
 import jax
@@ -205,7 +205,16 @@ def _is_axes_leaf(v: Any) -> bool:
     return is_none(v) or isinstance(v, MatrixAxes)
 
 
-def matrix_mask(name: str, value: Any) -> Any:
+# What `muon_mask` takes: per leaf whether it is a matrix for Muon (`True`: its
+# last two axes) or its `MatrixAxes`, as a tree or a function of the parameters.
+MatrixMask: TypeAlias = (
+    PyTree[bool | MatrixAxes | None]
+    | Callable[[PyTree], PyTree[bool | MatrixAxes | None]]
+    | None
+)
+
+
+def matrix_mask(name: str, value: MatrixMask) -> Any:
     """The converter of a Muon `muon_mask`: `None`, a function of params (kept),
     or a tree of bools and `MatrixAxes` (frozen for a static field)."""
     if value is None:
