@@ -92,6 +92,27 @@ CASES.append(
 )
 
 
+CASES.append(
+    CatalogCase(
+        "SOAP-kl",
+        lambda **kw: eqxopt.SOAP(
+            **{
+                "learning_rate": 0.05,
+                "precondition_frequency": 2,
+                "factor_update": "kl",
+                # Its eigenvalue floor above float32's rounding noise, which the
+                # rank-deficient first statistics of a non-square matrix hold
+                # (the inverses weigh each update): the sweeps compare runs.
+                "eps": 1e-3,
+                **kw,
+            }
+        ),
+        vary=("eps", 1e-2),  # also its eigenvalue floor
+        invalid=(("factor_update", "fisher"), ("eps", 0.0)),
+    )
+)
+
+
 def _lbfgs_extra(loss_fn, params):
     # The suite passes the same loss function every step, so the compiled step
     # (keyed on `value_fn`) is reused.

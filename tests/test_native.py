@@ -39,6 +39,7 @@ NOT_ELEMENTWISE = {
     "Adafactor",
     "Adafactor-factored-momentum",
     "SOAP",
+    "SOAP-kl",
     "LBFGS",
     "Shampoo",
     "PSGDKron",

@@ -100,6 +100,13 @@ SCRIPT = textwrap.dedent(
             lambda: eqxopt.Shampoo(1e-2, eps=1.0, precondition_frequency=2,
                                    block_size=16), ("factors", "roots")),
         "SOAP": (lambda: eqxopt.SOAP(1e-2, precondition_frequency=2), ("gg", "q")),
+        # KL-SOAP weighs each side's update by the other's inverse eigenvalues,
+        # floored at eps: a 64 x 32 gradient leaves half of the larger factor's
+        # eigenvalues at rounding noise, whose inverses (up to 1 / eps) differ
+        # between any two summation orders unless eps is above that noise.
+        "SOAP (factor_update='kl')": (
+            lambda: eqxopt.SOAP(1e-2, eps=1e-3, precondition_frequency=2,
+                                factor_update="kl"), ("gg", "q")),
         "PSGDKron": (lambda: eqxopt.PSGDKron(1e-2), ("q",)),
         "PSGDKron (block_size=16)": (
             lambda: eqxopt.PSGDKron(1e-2, block_size=16), ("q",)),
