@@ -116,6 +116,7 @@ REJECTS = {
     "SM3": "SM3",
     "SOAP": "SOAP",
     "SOAP-kl": "SOAP",
+    "KLShampoo": "KLShampoo",
     "Shampoo": "Shampoo",
     "PSGDKron": "PSGDKron",
     "GaLore": "GaLore",  # transposes, not conjugate transposes (as optax)

@@ -40,6 +40,7 @@ NOT_ELEMENTWISE = {
     "Adafactor-factored-momentum",
     "SOAP",
     "SOAP-kl",
+    "KLShampoo",
     "LBFGS",
     "Shampoo",
     "PSGDKron",

@@ -107,6 +107,8 @@ SCRIPT = textwrap.dedent(
         "SOAP (factor_update='kl')": (
             lambda: eqxopt.SOAP(1e-2, eps=1e-3, precondition_frequency=2,
                                 factor_update="kl"), ("gg", "q")),
+        "KLShampoo": (lambda: eqxopt.KLShampoo(1e-2, precondition_frequency=2),
+                      ("gg", "q")),
         "PSGDKron": (lambda: eqxopt.PSGDKron(1e-2), ("q",)),
         "PSGDKron (block_size=16)": (
             lambda: eqxopt.PSGDKron(1e-2, block_size=16), ("q",)),
@@ -117,7 +119,7 @@ SCRIPT = textwrap.dedent(
     # eigendecomposition (Shampoo, SOAP's first step), a QR (SOAP's refresh), a
     # triangular solve (PSGD-Kron's fit).
     work = {"Shampoo": ("lapack_ssyevd",), "SOAP": ("lapack_ssyevd", "geqrf"),
-            "PSGDKron": ("lapack_strsm",)}
+            "PSGDKron": ("lapack_strsm",), "KLShampoo": ("geqrf",)}
 
     def preconditioner_bytes(state, fields):
         # The bytes of the preconditioner's leaves: all of them, and the most on

@@ -74,6 +74,8 @@ SCRIPT = textwrap.dedent(
         "SOAP": lambda **kw: eqxopt.SOAP(0.05, precondition_frequency=2, **kw),
         "SOAP-kl": lambda **kw: eqxopt.SOAP(
             0.05, precondition_frequency=2, factor_update="kl", **kw),
+        "KLShampoo": lambda **kw: eqxopt.KLShampoo(
+            0.05, precondition_frequency=2, **kw),
     }
     for name, make in makers.items():
         single = jax.jit(trained_by_update(make()))(params, grads)

@@ -171,6 +171,10 @@ from ._optimizers._preconditioned._adafactor import (
     Adafactor as Adafactor,
     AdafactorState as AdafactorState,
 )
+from ._optimizers._preconditioned._kl_shampoo import (
+    KLShampoo as KLShampoo,
+    KLShampooState as KLShampooState,
+)
 from ._optimizers._preconditioned._lbfgs import (
     LBFGS as LBFGS,
     LBFGSState as LBFGSState,
@@ -525,6 +529,8 @@ __all__ = [
     "GlobalNormState",
     "Identity",
     "Join",
+    "KLShampoo",
+    "KLShampooState",
     "KahanSummation",
     "KahanSummationState",
     "KeepParamsNonnegative",
