@@ -129,14 +129,19 @@ def test_kl_soap_matches_heavyball_klsoap(float64_heavyball, shapes, eps):
     assert _largest_difference(expected[-1:], [start]) > 0.05
 
 
-def test_kl_soap_in_a_partition_steps_its_leaves_as_alone():
-    # KL-SOAP on the leaves labelled for it, SGD on the rest: KL-SOAP's leaves step
-    # as KL-SOAP given them alone (each matrix's statistics fitted from each other
-    # only), to float64 rounding; the SGD leaf as SGD alone.
-    start, grads = _problem(((5, 5), (4, 4), (3,)), seed=1)
+KL_OPTIMIZERS = {
+    "KL-SOAP": lambda: eqxopt.SOAP(0.01, precondition_frequency=2, factor_update="kl"),
+    "KLShampoo": lambda: eqxopt.KLShampoo(0.01, precondition_frequency=2),
+}
 
-    def kl():
-        return eqxopt.SOAP(0.01, precondition_frequency=2, factor_update="kl")
+
+@pytest.mark.parametrize("name", list(KL_OPTIMIZERS))
+def test_kl_optimizers_in_a_partition_step_their_leaves_as_alone(name):
+    # The KL optimizer on the leaves labelled for it, SGD on the rest: its leaves
+    # step as it given them alone (each matrix's factors fitted from each other
+    # only), to float64 rounding; the SGD leaf as SGD alone.
+    kl = KL_OPTIMIZERS[name]
+    start, grads = _problem(((5, 5), (4, 4), (3,)), seed=1)
 
     with enable_x64():  # hyperparameters built in float64 too
         split = eqxopt.Partition(
