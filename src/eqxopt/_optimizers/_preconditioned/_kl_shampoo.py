@@ -84,15 +84,15 @@ class KLShampoo(AbstractTransform):
     leaves only if `precondition_1d`), the factor $F_i$ starts at
     `init_factor` $\cdot I$ and $Q_i$ at $I$. The first update only counts (as
     heavyball's, whose first step builds the state). Then, with $k \ge 1$ the
-    number of updates before this one, $\beta$ = `shampoo_beta`, $\times_i$ the
-    product along axis $i$, and `lr`, `wd` the learning rate and weight decay at
-    the step:
+    number of updates before this one, $\beta_1$ = `b1`, $\beta$ = `shampoo_beta`,
+    $\times_i$ the product along axis $i$, and `lr`, `wd` the learning rate and
+    weight decay at the step:
 
     $$
     \begin{aligned}
-    m &\leftarrow \beta_1 m + (1 - \beta_1)\, G \\
+    \mu &\leftarrow \beta_1 \mu + (1 - \beta_1)\, G \\
     d_i &= \max\left(\operatorname{diag}(Q_i^\top F_i Q_i), \epsilon\right) \\
-    U &= \Big(\big(m \times_i Q_i^\top\big)
+    U &= \Big(\big(\mu \times_i Q_i^\top\big)
         \textstyle\prod_i \operatorname{diag}(d_i)^{-1/2}\Big) \times_i Q_i \\
     p &\leftarrow p - \mathrm{lr}\, U - \mathrm{lr} \cdot \mathrm{wd} \cdot p \\
     s &= 1 - (1 - \beta) / (1 - \beta^{k + 1}) \\
@@ -115,10 +115,11 @@ class KLShampoo(AbstractTransform):
     their scales together and changes neither the preconditioner nor the next
     update.)
 
-    A leaf with no preconditioned axis gets `p - lr * m`. heavyball also adds
-    random noise of relative size `2**-23` to the gradient that fits the
-    factors (`dampening`), and lifts each QR's input by `eps` times its largest
-    eigenvalue; neither is done here.
+    A leaf with no preconditioned axis gets `p - lr * mu` (and the decay).
+    heavyball also adds random normal noise, scaled by `dampening + 2**-23 * |G|`
+    (`dampening=1e-9` by default), to the gradient that fits the factors, and
+    lifts each QR's input by `eps` times its largest eigenvalue; neither is done
+    here.
 
     On a mesh (Explicit or Auto axes) and inside `jax.shard_map` with
     `axis_name`, a split leaf is handled as by `SOAP`: its factors and bases
