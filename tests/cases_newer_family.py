@@ -155,6 +155,48 @@ CASES.append(
 )
 
 
+CASES.append(
+    CatalogCase(
+        "SOAP-kl",
+        lambda **kw: eqxopt.SOAP(
+            **{
+                "learning_rate": 0.05,
+                "precondition_frequency": 2,
+                "factor_update": "kl",
+                # Its eigenvalue floor above float32's rounding noise, which the
+                # rank-deficient first statistics of a non-square matrix hold
+                # (the inverses weigh each update): the sweeps compare runs.
+                "eps": 1e-3,
+                **kw,
+            }
+        ),
+        vary=("eps", 1e-2),  # also its eigenvalue floor
+        invalid=(("factor_update", "fisher"), ("eps", 0.0)),
+    )
+)
+
+
+CASES.append(
+    CatalogCase(
+        "KLShampoo",
+        lambda **kw: eqxopt.KLShampoo(
+            **{"learning_rate": 0.05, "precondition_frequency": 2, **kw}
+        ),
+        vary=("shampoo_beta", 0.5),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("b1", 1.0),
+            ("shampoo_beta", 1.0),
+            ("eps", 0.0),
+            ("weight_decay", -0.1),
+            ("init_factor", 0.0),
+            ("precondition_frequency", 0),
+            ("max_precond_dim", 0),
+        ),
+    )
+)
+
+
 def _lbfgs_extra(loss_fn, params):
     # The suite passes the same loss function every step, so the compiled step
     # (keyed on `value_fn`) is reused.

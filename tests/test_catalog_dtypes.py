@@ -115,6 +115,8 @@ REJECTS = {
     "Rprop": "Rprop",  # sign comparisons (optax.rprop fails likewise)
     "SM3": "SM3",
     "SOAP": "SOAP",
+    "SOAP-kl": "SOAP",
+    "KLShampoo": "KLShampoo",
     "Shampoo": "Shampoo",
     "PSGDKron": "PSGDKron",
     "GaLore": "GaLore",  # transposes, not conjugate transposes (as optax)

@@ -223,6 +223,32 @@ SCRIPT = textwrap.dedent(
                         np.asarray(x), np.asarray(ref[k]), rtol=2e-5, atol=2e-6,
                         err_msg=f"SOAP {kind.name} {what} {k}")
             print("SOAP", kind.name, {op: len(v) for op, v in found.items()})
+
+        # KLShampoo, on SOAP's gathering: numbers and shardings as on one device.
+        kl = eqxopt.KLShampoo(1e-2, precondition_frequency=2)
+        ref_params = jax.device_put(host, one)
+        ref_state = kl.init(ref_params)
+        for g in gs:
+            ref_params, ref_state = kl.step(
+                jax.device_put(g, one), ref_state, ref_params)
+        for kind in (AxisType.Explicit, AxisType.Auto):
+            mesh = jax.make_mesh((8,), ("f",), axis_types=(kind,))
+            sh = {"w": NamedSharding(mesh, P("f", None)),
+                  "b": NamedSharding(mesh, P("f"))}
+            put = lambda t: {k: jax.device_put(v, sh[k]) for k, v in t.items()}
+            params = put(host)
+            state = kl.init(params)
+            for g in gs:
+                params, state = kl.step(put(g), state, params)
+            for tree, ref, what in ((params, ref_params, "params"),
+                                    (state.mu, ref_state.mu, "mu")):
+                for k, x in tree.items():
+                    assert x.sharding.is_equivalent_to(sh[k], x.ndim), (
+                        kind, what, k, x.sharding)
+                    np.testing.assert_allclose(
+                        np.asarray(x), np.asarray(ref[k]), rtol=2e-5, atol=2e-6,
+                        err_msg=f"KLShampoo {kind.name} {what} {k}")
+            print("KLShampoo", kind.name, "ok")
     print("MUON-MESH-OK")
     """
 )

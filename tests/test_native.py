@@ -39,6 +39,8 @@ NOT_ELEMENTWISE = {
     "Adafactor",
     "Adafactor-factored-momentum",
     "SOAP",
+    "SOAP-kl",
+    "KLShampoo",
     "LBFGS",
     "Shampoo",
     "PSGDKron",

@@ -848,6 +848,29 @@ SCHEDULED = {
         },
         _no_extra,
     ),
+    # KL-SOAP: shampoo_beta also enters its bias correction and eps its
+    # eigenvalue floor.
+    "SOAP-kl": (
+        lambda **kw: eqxopt.SOAP(
+            0.01, precondition_frequency=2, factor_update="kl", **kw
+        ),
+        {
+            "b1": _steps(0.5, {2: 1.5, 4: 1.25}),
+            "shampoo_beta": _steps(0.5, {3: 1.5}),
+            "eps": _steps(0.125, {3: 0.5}),
+        },
+        _no_extra,
+    ),
+    "KLShampoo": (
+        lambda **kw: eqxopt.KLShampoo(0.01, precondition_frequency=2, **kw),
+        {
+            "b1": _steps(0.5, {2: 1.5, 4: 1.25}),
+            "shampoo_beta": _steps(0.5, {3: 1.5}),
+            "weight_decay": _steps(0.125, {2: 0.5}),
+            "eps": _steps(0.125, {3: 0.5}),
+        },
+        _no_extra,
+    ),
     "LBFGS": (
         lambda **kw: eqxopt.LBFGS(memory_size=3, **kw),
         {

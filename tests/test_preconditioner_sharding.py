@@ -100,6 +100,15 @@ SCRIPT = textwrap.dedent(
             lambda: eqxopt.Shampoo(1e-2, eps=1.0, precondition_frequency=2,
                                    block_size=16), ("factors", "roots")),
         "SOAP": (lambda: eqxopt.SOAP(1e-2, precondition_frequency=2), ("gg", "q")),
+        # KL-SOAP weighs each side's update by the other's inverse eigenvalues,
+        # floored at eps: a 64 x 32 gradient leaves half of the larger factor's
+        # eigenvalues at rounding noise, whose inverses (up to 1 / eps) differ
+        # between any two summation orders unless eps is above that noise.
+        "SOAP (factor_update='kl')": (
+            lambda: eqxopt.SOAP(1e-2, eps=1e-3, precondition_frequency=2,
+                                factor_update="kl"), ("gg", "q")),
+        "KLShampoo": (lambda: eqxopt.KLShampoo(1e-2, precondition_frequency=2),
+                      ("gg", "q")),
         "PSGDKron": (lambda: eqxopt.PSGDKron(1e-2), ("q",)),
         "PSGDKron (block_size=16)": (
             lambda: eqxopt.PSGDKron(1e-2, block_size=16), ("q",)),
@@ -112,7 +121,7 @@ SCRIPT = textwrap.dedent(
     # eigendecomposition (Shampoo, SOAP's first step), a QR (SOAP's refresh), a
     # triangular solve (PSGD-Kron's fit).
     work = {"Shampoo": ("lapack_ssyevd",), "SOAP": ("lapack_ssyevd", "geqrf"),
-            "PSGDKron": ("lapack_strsm",)}
+            "PSGDKron": ("lapack_strsm",), "KLShampoo": ("geqrf",)}
 
     def preconditioner_bytes(state, fields):
         # The bytes of the preconditioner's leaves: all of them, and the most on

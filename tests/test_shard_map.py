@@ -178,6 +178,16 @@ SCRIPT = textwrap.dedent(
         "SOAP": lambda: agree(
             "SOAP",
             lambda a: eqxopt.SOAP(0.05, precondition_frequency=2, axis_name=a)),
+        # KL-SOAP's eigenvalue floor above float32's rounding noise (SOAP's
+        # docstring): the two runs sum in different orders.
+        "SOAP-kl": lambda: agree(
+            "SOAP-kl",
+            lambda a: eqxopt.SOAP(0.05, eps=1e-3, precondition_frequency=2,
+                                  factor_update="kl", axis_name=a)),
+        "KLShampoo": lambda: agree(
+            "KLShampoo",
+            lambda a: eqxopt.KLShampoo(0.05, precondition_frequency=2,
+                                       axis_name=a)),
     }
     """
 )
@@ -406,6 +416,8 @@ def test_every_axis_name_transform_agrees_and_every_case_traces_inside_shard_map
         "PolyakSGD",
         "LBFGS",
         "SOAP",
+        "SOAP-kl",
+        "KLShampoo",
     )
     out = run_on_8_devices(_script(checks, "all"))
     assert "SHARD-MAP-OK" in out, out

@@ -72,6 +72,10 @@ SCRIPT = textwrap.dedent(
         "AdaptiveGradClip": lambda **kw: eqxopt.Chain(
             eqxopt.AdaptiveGradClip(0.05, **kw), eqxopt.SGD(0.1)),
         "SOAP": lambda **kw: eqxopt.SOAP(0.05, precondition_frequency=2, **kw),
+        "SOAP-kl": lambda **kw: eqxopt.SOAP(
+            0.05, precondition_frequency=2, factor_update="kl", **kw),
+        "KLShampoo": lambda **kw: eqxopt.KLShampoo(
+            0.05, precondition_frequency=2, **kw),
     }
     for name, make in makers.items():
         single = jax.jit(trained_by_update(make()))(params, grads)

@@ -192,6 +192,10 @@ from ._optimizers._preconditioned._adamuon import (
     AdaMuon as AdaMuon,
     AdaMuonState as AdaMuonState,
 )
+from ._optimizers._preconditioned._kl_shampoo import (
+    KLShampoo as KLShampoo,
+    KLShampooState as KLShampooState,
+)
 from ._optimizers._preconditioned._lbfgs import (
     LBFGS as LBFGS,
     LBFGSState as LBFGSState,
@@ -561,6 +565,8 @@ __all__ = [
     "HyperBallAdamWState",
     "Identity",
     "Join",
+    "KLShampoo",
+    "KLShampooState",
     "KahanSummation",
     "KahanSummationState",
     "KeepParamsNonnegative",

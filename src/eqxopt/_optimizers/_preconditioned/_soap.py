@@ -15,6 +15,7 @@ from ..._core._fields import (
     ScalarOrSchedule,
     axis_name_field,
     checked_field,
+    choice_field,
     flag_field,
     hyper,
     learning_rate_field,
@@ -102,6 +103,24 @@ def _project_back(x: Array, q: AxisMatrices) -> Array:
     return x
 
 
+def _kl_statistics(
+    g: Array, gg: tuple[Array, Array], q: tuple[Array, Array], beta: Array, eps: Array
+) -> tuple[Array, Array]:
+    """KL-Shampoo's two-sided update of a matrix's statistics `(L, R)` (Lin et al.,
+    2025): each factor's new term is the gradient weighted by the inverse of the
+    other factor, that inverse taken in the last eigenbasis `q` with the
+    eigenvalues estimated as `diag(Q^T F Q)` and floored at `eps`, divided by the
+    other side's size."""
+    (lhs, rhs), (q_l, q_r) = gg, q
+    m, n = g.shape
+    d_l = jnp.maximum(jnp.einsum("ji,jk,ki->i", q_l, lhs, q_l), eps)
+    d_r = jnp.maximum(jnp.einsum("ji,jk,ki->i", q_r, rhs, q_r), eps)
+    a, b = g @ q_r, g.T @ q_l
+    lhs = beta * lhs + (1 - beta) * (a / (n * d_r)) @ a.T
+    rhs = beta * rhs + (1 - beta) * (b / (m * d_l)) @ b.T
+    return lhs, rhs
+
+
 def _eigenbasis(gg: Array) -> Array:
     """Eigenvectors of `gg`, by decreasing eigenvalue."""
     eye = jnp.eye(gg.shape[0], dtype=gg.dtype)
@@ -132,6 +151,31 @@ class SOAP(AbstractTransform):
         the estimated eigenvalues diag(Q_i^T L_i Q_i), then Q_i = qr(L_i Q_i).Q,
         and re-express mu in the new basis.
     ```
+
+    With `factor_update="kl"` (KL-SOAP: Lin et al., 2025, "Understanding and
+    Improving Shampoo and SOAP via Kullback-Leibler Minimization"), a matrix leaf
+    `G` of shape `(m, n)` whose two axes are both preconditioned fits its
+    statistics `L` (`m x m`) and `R` (`n x n`) by KL-Shampoo's two-sided fixed
+    point instead: each side's new term is the gradient weighted by the inverse of
+    the other side, that inverse taken in the last eigenbasis with the
+    eigenvalues estimated from it, and the averages are bias-corrected (their
+    scale now matters):
+
+    ```
+    d_L = max(diag(Q_L^T L Q_L), eps);   d_R = max(diag(Q_R^T R Q_R), eps)
+    s   = 1 - (1 - shampoo_beta) / (1 - shampoo_beta**(k + 1))   (0 at the first)
+    L   = s * L + (1 - s) / n * (G Q_R) diag(1 / d_R) (G Q_R)^T
+    R   = s * R + (1 - s) / m * (G^T Q_L) diag(1 / d_L) (G^T Q_L)^T
+    ```
+
+    (both from the statistics and bases before the step; the first update, with
+    no basis yet, takes `L = G G^T`, `R = G^T G`). Other leaves keep SOAP's
+    statistics (bias-corrected too, which changes no eigenbasis), as heavyball's
+    `KLSOAP` does; everything else is SOAP's. The first statistics of a
+    non-square matrix are rank-deficient: the larger side's null-space
+    eigenvalues are rounding noise, floored at `eps`, and their inverses weigh
+    the other side's update. Keep `eps` above that noise (about `1e-7` times the
+    largest eigenvalue in float32) where runs must agree to rounding.
 
     A leaf with no preconditioned axis (a scalar, a 1-D leaf, every axis too long)
     gets plain Adam. On a mesh (Explicit or Auto axes) a split leaf with a
@@ -167,6 +211,9 @@ class SOAP(AbstractTransform):
       (an int `>= 1`; an array field, so changing it does not recompile).
     - `max_precond_dim`: axes longer than this are not rotated (static int).
     - `precondition_1d`: also rotate 1-D leaves (static bool).
+    - `factor_update`: how matrices fit their statistics (static): `"shampoo"`
+      (default), each side's exponential average of `G G^T`; `"kl"`, KL-Shampoo's
+      two-sided fixed point (above), which makes this KL-SOAP.
     - `axis_name`: inside `jax.shard_map`, a mesh axis name or tuple of them: step
       whole leaves, as the unsharded run (above). `None` (default): each device's
       blocks.
@@ -192,6 +239,7 @@ class SOAP(AbstractTransform):
     # Static: they decide the shapes of the state.
     max_precond_dim: int = checked_field(static_count, 10000, static=True, kw_only=True)
     precondition_1d: bool = flag_field(False)
+    factor_update: str = choice_field("shampoo", ("shampoo", "kl"))
     axis_name: AxisName = axis_name_field()
     param_specs: FrozenTree | None = param_specs_field()
 
@@ -235,6 +283,9 @@ class SOAP(AbstractTransform):
         lr, b1, b2, eps, wd = h.learning_rate, h.b1, h.b2, h.eps, h.weight_decay
         sb = b2 if h.shampoo_beta is None else h.shampoo_beta
         k = state.step
+        kl = self.factor_update == "kl"
+        if kl:  # the statistics are bias-corrected averages (their scale matters)
+            sb = 1 - (1 - sb) / (1 - step_power(sb, k + 1))
         refresh = (k % self.precondition_frequency) == 0
         step_size = lr * jnp.sqrt(1 - step_power(b2, k)) / (1 - step_power(b1, k))
 
@@ -252,6 +303,8 @@ class SOAP(AbstractTransform):
             stepped = p - step_size * _project_back(mu / (jnp.sqrt(nu) + eps), q)
             stepped = stepped - lr * wd * stepped
             mu_plain = _project_back(mu, q)
+            if kl and g.ndim == 2 and None not in gg:
+                return stepped - p, mu_plain, nu, _kl_statistics(g, gg, q, sb, eps)
             gg = tuple(
                 None if m is None else sb * m + (1 - sb) * _outer(g, i)
                 for i, m in enumerate(gg)
