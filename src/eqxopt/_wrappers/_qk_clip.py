@@ -281,5 +281,6 @@ class MuonClip(AbstractQKClip):
             consistent_rms=consistent_rms,
             **muon_options,  # pyright: ignore[reportArgumentType]
         )
-        self.threshold = threshold
+        # The field's converter makes it a checked scalar array.
+        self.threshold = threshold  # pyright: ignore[reportAttributeAccessIssue]
         self.attention = attention
