@@ -328,6 +328,10 @@ MOMENT_STORAGE = (
         "EMA": _with_storage(eqxopt.EMA, "ema_dtype", decay=0.9),
         "ScaleByLion": _with_storage(eqxopt.ScaleByLion, "mu_dtype"),
         "ScaleByNovograd": _with_storage(eqxopt.ScaleByNovograd, "mu_dtype"),
+        "HyperBallAdamW": _with_storage(
+            eqxopt.HyperBallAdamW, "nu_dtype", learning_rate=0.05
+        ),
+        "Scion": _with_storage(eqxopt.Scion, "mu_dtype", learning_rate=0.05),
     }
     | {
         name: _with_storage(getattr(eqxopt, name), *_BOTH, learning_rate=0.05)

@@ -61,6 +61,7 @@ class OffloadState(AbstractSingleWrapper):
     **Example:**
 
     ```python
+    import jax
     import jax.numpy as jnp
     import eqxopt
 
