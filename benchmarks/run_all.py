@@ -33,6 +33,7 @@ CASES = [
     "bench_zero1.py",
     "bench_population.py",
     "bench_offload.py",
+    "bench_new_optimizers.py",
 ]
 
 

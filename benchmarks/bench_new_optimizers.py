@@ -1,0 +1,111 @@
+"""Case 17: the optimizers added for issue 40 and 41 beside AdamW and Muon on one
+model: state bytes per parameter (read from the state's arrays) and the median time
+of a whole train step (`make_train_step`) over interleaved rounds, as a ratio to
+AdamW's.
+
+The model is an MLP of 4 hidden layers of width 512 (about 0.8M parameters, hidden
+matrices 512 x 512) on a batch of 64, so the matrix optimizers' Newton-Schulz and
+eigenbasis work weighs as it does in a small transformer.
+
+    python benchmarks/bench_new_optimizers.py
+    EQXOPT_BENCH_QUICK=1 python benchmarks/bench_new_optimizers.py
+
+Results go to benchmarks/results.json under "new_optimizers".
+"""
+
+import os
+import sys
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import eqxopt
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import QUICK, Stepper, interleaved, machine, rounds, save, table
+
+WIDTH, DEPTH, BATCH = (128, 2, 16) if QUICK else (512, 4, 64)
+
+
+def optimizers() -> dict:
+    return {
+        "AdamW": eqxopt.AdamW(1e-3),
+        "Muon": eqxopt.Muon(2e-2),
+        "AdaMuon": eqxopt.AdaMuon(2e-2),
+        "MuonClip (no attention)": eqxopt.MuonClip(2e-2, attention=_no_attention),
+        "HyperBallAdamW": eqxopt.HyperBallAdamW(2e-2),
+        "Scion": eqxopt.Scion(2e-2),
+        "SOAP": eqxopt.SOAP(3e-3),
+        "SOAP(factor_update='kl')": eqxopt.SOAP(3e-3, factor_update="kl", eps=1e-3),
+        "KLShampoo": eqxopt.KLShampoo(3e-3),
+        "APOLLO": eqxopt.APOLLO(1e-3),
+        "APOLLOMini": eqxopt.APOLLOMini(1e-3),
+        "OffloadState(AdamW)": eqxopt.OffloadState(eqxopt.AdamW(1e-3)),
+    }
+
+
+def _no_attention(model):
+    return []
+
+
+def _loss(model, x, y):
+    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+
+def _loss_with_logits(model, x, y):
+    return _loss(model, x, y), []
+
+
+def _state_bytes(state) -> int:
+    return sum(x.nbytes for x in jax.tree.leaves(state) if eqx.is_array(x))
+
+
+def run(n_rounds: int | None = None) -> dict:
+    n_rounds = n_rounds or rounds(10)
+    device = jax.devices()[0]
+    model = eqx.nn.MLP(WIDTH, WIDTH, WIDTH, DEPTH, key=jax.random.key(0))
+    model = eqx.combine(jax.device_put(eqx.filter(model, eqx.is_array), device), model)
+    n = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
+    x = jax.random.normal(jax.random.key(1), (BATCH, WIDTH))
+    y = jnp.tanh(x)
+    steppers, state_bytes = {}, {}
+    for name, opt in optimizers().items():
+        clip = isinstance(opt, eqxopt.MuonClip)
+        step = eqxopt.make_train_step(
+            _loss_with_logits if clip else _loss, opt, has_aux=clip
+        )
+        m = jax.tree.map(
+            lambda a: jnp.array(a, copy=True) if eqx.is_array(a) else a, model
+        )
+        s = opt.init(m)
+        state_bytes[name] = _state_bytes(s) / n
+        steppers[name] = Stepper(
+            lambda ms, step=step: step(ms[0], ms[1], x, y)[:2], (m, s)
+        )
+    times = interleaved(steppers, n_rounds, warmup=2)
+    return {
+        "params": n,
+        "state_bytes_per_param": state_bytes,
+        "ms": {k: v * 1e3 for k, v in times.items()},
+        "vs_adamw": {k: v / times["AdamW"] for k, v in times.items()},
+    }
+
+
+def main() -> None:
+    print(f"New optimizers on {machine()['device']} ({jax.default_backend()})")
+    r = run()
+    rows = [
+        (name, r["state_bytes_per_param"][name], r["ms"][name], r["vs_adamw"][name])
+        for name in r["ms"]
+    ]
+    table(
+        f"Train step of an MLP ({r['params'] / 1e6:.2f}M parameters)",
+        rows,
+        ("optimizer", "state bytes / param", "ms/step", "vs AdamW"),
+    )
+    save("new_optimizers", r)
+
+
+if __name__ == "__main__":
+    main()
