@@ -61,6 +61,20 @@ def main():
             ),
         ),
         (
+            "bf16 params, ErrorCorrection(AdamW ErrorCorrectedBf16 moments)",
+            per_param(
+                eqxopt.ErrorCorrection(
+                    eqxopt.AdamW(
+                        1e-3,
+                        mu_dtype=eqxopt.ErrorCorrectedBf16(),
+                        nu_dtype=eqxopt.ErrorCorrectedBf16(),
+                    ),
+                    key=0,
+                ),
+                p16,
+            ),
+        ),
+        (
             "bf16 params, ErrorCorrection(AdamW Blockwise8bit moments)",
             per_param(
                 eqxopt.ErrorCorrection(

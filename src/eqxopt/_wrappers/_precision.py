@@ -12,6 +12,7 @@ from jaxtyping import Array, Int, PyTree, UInt32
 
 from .._core._base import AbstractTransform, Grads, Params, Updates
 from .._core._keys import key_data
+from .._core._storage import decode_residual, encode_residual
 from .._core._tree import (
     apply_updates,
     full_like_leaf,
@@ -380,49 +381,6 @@ class KahanSummation(AbstractSingleWrapper):
         )
 
 
-# Per low-precision dtype: its mantissa bits and exponent bias (for its ULP).
-_ULP_LAYOUT = {jnp.dtype(jnp.bfloat16): (7, 127), jnp.dtype(jnp.float16): (10, 15)}
-
-# The residual's largest value: int8's 127 stands for half a ULP.
-_RESIDUAL_MAX = 127.0
-
-
-def _log2_half_ulp(p: Array) -> Array:
-    """log2 of half the spacing of `p`'s dtype at `p` (float32), read from the
-    exponent bits as heavyball's `_log_ulp` (subnormals: the smallest spacing)."""
-    mantissa, bias = _ULP_LAYOUT[jnp.dtype(p.dtype)]
-    bits = jax.lax.bitcast_convert_type(p, jnp.uint16).astype(jnp.int32)
-    exponent = (bits & 0x7FFF) >> mantissa
-    log_ulp = jnp.where(
-        exponent == 0, 1 - bias - mantissa, exponent - (bias + mantissa)
-    )
-    return (log_ulp - 1).astype(jnp.float32)
-
-
-def _times_exp2(x: Array, log_scale: Array) -> Array:
-    """`x * 2**log_scale` in two factors, so neither overflows (heavyball's
-    `_scale_by_exp2`)."""
-    half = jnp.floor(log_scale / 2.0)
-    return (x * jnp.exp2(half)) * jnp.exp2(log_scale - half)
-
-
-def _decode(p: Array, residual: Array) -> Array:
-    """The float32 master value of low-precision `p` with its int8 `residual`."""
-    scaled = residual.astype(jnp.float32) / jnp.float32(_RESIDUAL_MAX)
-    return p.astype(jnp.float32) + _times_exp2(scaled, _log2_half_ulp(p))
-
-
-def _encode(x: Array, p: Array, noise: Array) -> Array:
-    """The int8 residual of float32 `x` stored as `p`: `x - p` in units of half
-    `p`'s ULP over 127, clipped to `[-127, 127]` and rounded down after adding
-    `noise` (uniform in `[0, 1)`: stochastic rounding). Non-finite differences
-    (infinite or NaN values) give 0."""
-    e = x - p.astype(jnp.float32)
-    scaled = jnp.clip(_times_exp2(e, -_log2_half_ulp(p)), -1.0, 1.0) * _RESIDUAL_MAX
-    rounded = jnp.floor(scaled + noise)
-    return jnp.where(jnp.isfinite(rounded), rounded, 0.0).astype(jnp.int8)
-
-
 class ErrorCorrectionState(eqx.Module):
     """State of `ErrorCorrection`.
 
@@ -565,7 +523,7 @@ class ErrorCorrection(AbstractSingleWrapper):
             d = _landing_delta(p, new.astype(p.dtype))
             noise = jax.random.uniform(jax.random.fold_in(key, i), p.shape)
             low.append(d)
-            residuals.append(_encode(new, _added(p, d), noise))
+            residuals.append(encode_residual(new, _added(p, d), noise))
         residual = jax.tree.structure(params).unflatten(residuals)
         return plain, low, residual, inner_state
 
@@ -615,5 +573,5 @@ def _masters(params: Params, residual: PyTree | None) -> Params:
         elif r is None:
             out.append(p.astype(jnp.float32))
         else:
-            out.append(_decode(p, r))
+            out.append(decode_residual(p, r))
     return treedef.unflatten(out)
