@@ -1,7 +1,8 @@
 """Bytes per parameter of bf16 training without float32 master weights (issue 11,
-item 2): the parameters plus the optimizer state `init` makes (XLA's memory
-analysis of the compiled `init`: its output bytes), for AdamW on one 1M-element
-leaf. Run: `PYTHONPATH=src .venv/bin/python benchmarks/bench_bf16_memory.py`."""
+item 2) or with them in an int8 residual (issue 41, `ErrorCorrection`): the
+parameters plus the optimizer state `init` makes (XLA's memory analysis of the
+compiled `init`: its output bytes), for AdamW on one 1M-element leaf.
+Run: `PYTHONPATH=src .venv/bin/python benchmarks/bench_bf16_memory.py`."""
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +46,47 @@ def main():
         (
             "bf16 params, StochasticRounding(AdamW bf16 moments)",
             per_param(eqxopt.StochasticRounding(eqxopt.AdamW(1e-3), key=0), p16),
+        ),
+        (
+            "bf16 params, ErrorCorrection(AdamW float32 moments): int8 residual",
+            per_param(eqxopt.ErrorCorrection(eqxopt.AdamW(1e-3), key=0), p16),
+        ),
+        (
+            "bf16 params, ErrorCorrection(AdamW bf16 moments): int8 residual",
+            per_param(
+                eqxopt.ErrorCorrection(
+                    eqxopt.AdamW(1e-3, mu_dtype=BF16, nu_dtype=BF16), key=0
+                ),
+                p16,
+            ),
+        ),
+        (
+            "bf16 params, ErrorCorrection(AdamW ErrorCorrectedBf16 moments)",
+            per_param(
+                eqxopt.ErrorCorrection(
+                    eqxopt.AdamW(
+                        1e-3,
+                        mu_dtype=eqxopt.ErrorCorrectedBf16(),
+                        nu_dtype=eqxopt.ErrorCorrectedBf16(),
+                    ),
+                    key=0,
+                ),
+                p16,
+            ),
+        ),
+        (
+            "bf16 params, ErrorCorrection(AdamW Blockwise8bit moments)",
+            per_param(
+                eqxopt.ErrorCorrection(
+                    eqxopt.AdamW(
+                        1e-3,
+                        mu_dtype=eqxopt.Blockwise8bit(),
+                        nu_dtype=eqxopt.Blockwise8bit(),
+                    ),
+                    key=0,
+                ),
+                p16,
+            ),
         ),
     ]
     print("| setup | bytes per parameter |\n|---|---|")

@@ -33,3 +33,20 @@ CASES = [
         tags=TAGS,
     ),
 ]
+
+# bf16 moments with an int8 residual (heavyball's ecc="bf16+8"): element-wise, no
+# blocks, every real float leaf stored so (min_size=0).
+CASES.append(
+    CatalogCase(
+        "AdamW-ErrorCorrectedBf16",
+        _make(
+            eqxopt.AdamW,
+            weight_decay=0.01,
+            mu_dtype=eqxopt.ErrorCorrectedBf16(),
+            nu_dtype=eqxopt.ErrorCorrectedBf16(),
+        ),
+        vary=("b2", 0.9),
+        invalid=(("b1", 1.0), ("eps", 0.0)),
+        tags=TAGS,
+    )
+)

@@ -58,6 +58,8 @@ COMMON = textwrap.dedent(
         "Blockwise8bit": eqxopt.Blockwise8bit(16, 16),
         "Blockwise4bit": eqxopt.Blockwise4bit(16, 16),
         "BlockwiseFp8": eqxopt.BlockwiseFp8(16, 16),
+        # bf16 with an int8 residual, element-wise: sharded like the parameters
+        "ErrorCorrectedBf16": eqxopt.ErrorCorrectedBf16(),
     }
 
     def optimizers():

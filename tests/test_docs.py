@@ -182,6 +182,7 @@ def test_catalog_page_is_current():
         "ClipByBlockRMS", "ClipByGlobalNorm", "ClipByValue", "DecoupledWeightDecay",
         "DifferentiallyPrivateAggregate",
         "Freeze", "FromOptax", "KahanSummation", "Lookahead", "Masked", "MultiSteps",
+        "ErrorCorrection",
         "DiLoCo",
         "ParamEMA", "Partition", "ReduceOnPlateau", "SkipNonFinite",
         "StochasticRounding", "ZeroNans",

@@ -50,6 +50,9 @@ NOT_ELEMENTWISE = {
     "AdamMini",  # one second moment per block
     "MARS",  # the corrected gradient is clipped by its leaf's norm
     "Scion",  # an oracle per leaf: Newton-Schulz, column, row or RMS norms
+    # element-wise, but the native kernels do not read bf16 moments with an int8
+    # residual (yet): XLA's code for every leaf, and the same numbers
+    "AdamW-ErrorCorrectedBf16",
 }
 
 

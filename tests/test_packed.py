@@ -159,8 +159,12 @@ def test_labels_must_be_hashable():
 
 @pytest.mark.parametrize(
     "storage",
-    [None, eqxopt.Blockwise8bit(block_size=64, min_size=64)],
-    ids=["float32", "8bit"],
+    [
+        None,
+        eqxopt.Blockwise8bit(block_size=64, min_size=64),
+        eqxopt.ErrorCorrectedBf16(min_size=64),
+    ],
+    ids=["float32", "8bit", "bf16+8"],
 )
 def test_moments_unpack_to_the_params_shaped_tree(storage, native):
     # Int and bool leaves (no state there) and, with 8-bit moments, a quantized
@@ -183,7 +187,8 @@ def test_moments_unpack_to_the_params_shaped_tree(storage, native):
         grads = eqx.filter_grad(lambda p: loss(p.unpack()))(packed)
         packed, state = opt.step(grads, state, packed)
         tree_p, tree_s = exact.step(eqx.filter_grad(loss)(tree_p), tree_s, tree_p)
-    quantized = [b for b in state.mu.buffers if isinstance(b, eqxopt.QuantizedArray)]
+    stored = (eqxopt.QuantizedArray, eqxopt.ErrorCorrectedArray)
+    quantized = [b for b in state.mu.buffers if isinstance(b, stored)]
     assert len(quantized) == (0 if storage is None else 1)
     for got, want in ((state.mu.unpack(), tree_s.mu), (state.nu.unpack(), tree_s.nu)):
         # None where the tree's state has None (the int and bool leaves).
@@ -194,7 +199,8 @@ def test_moments_unpack_to_the_params_shaped_tree(storage, native):
                 assert a.dtype == b.dtype
                 np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
             else:
-                # Read back in float32, within the 8-bit map's resolution.
+                # Read back in float32, within the 8-bit map's resolution (the
+                # bf16+8 storage: far within).
                 assert a.dtype == jnp.float32
                 scale = float(jnp.max(jnp.abs(b.astype(jnp.float32))))
                 np.testing.assert_allclose(a, b.astype(jnp.float32), atol=scale / 20)

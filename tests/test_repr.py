@@ -40,6 +40,7 @@ MORE = [
     eqxopt.DPSGD(0.1, l2_norm_clip=1.0, noise_multiplier=0.5, seed=0),
     eqxopt.DifferentiallyPrivateAggregate(1.0, 0.5, seed=0),
     eqxopt.EMA(0.99),
+    eqxopt.ErrorCorrection(eqxopt.SGD(0.1), key=0),
     eqxopt.ExponentialDecay(0.1, 10, 0.5),
     eqxopt.FromOptax(optax.sgd(0.1)),
     eqxopt.Join([eqxopt.Constant(0.1), eqxopt.Linear(0.1, 0.0, 50)], [10]),

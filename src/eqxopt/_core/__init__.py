@@ -20,6 +20,8 @@ from ._storage import (
     Blockwise4bit as Blockwise4bit,
     Blockwise8bit as Blockwise8bit,
     BlockwiseFp8 as BlockwiseFp8,
+    ErrorCorrectedArray as ErrorCorrectedArray,
+    ErrorCorrectedBf16 as ErrorCorrectedBf16,
     QuantizedArray as QuantizedArray,
 )
 from ._tree import (

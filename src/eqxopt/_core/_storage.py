@@ -22,6 +22,7 @@ parameter whose shards would cut a block keeps its state replicated (its step
 gathers): choose `block_size` dividing the shard size.
 """
 
+import abc
 import functools
 from typing import Any, NamedTuple
 
@@ -330,27 +331,44 @@ def _check_int(owner: str, name: str, value: Any, low: int) -> int:
 class AbstractStateStorage(eqx.Module):
     """How a moment is stored: passed where a dtype goes (`mu_dtype=`, ...).
 
-    Leaves with at least `min_size` elements (real floating point) are stored as
-    `QuantizedArray`s; smaller leaves, and complex ones, stay float32 (complex64)."""
+    Leaves with at least `min_size` elements (real floating point) are stored in
+    the storage's own form (`init_leaf`: a `QuantizedArray`, an
+    `ErrorCorrectedArray`), which `load` reads back as float32 and `store` writes;
+    smaller leaves, and complex ones, stay float32 (complex64)."""
+
+    min_size: eqx.AbstractVar[int]
+
+    def __check_init__(self):
+        _check_int(type(self).__name__, "min_size", self.min_size, 0)
+
+    def quantizes(self, p: Any) -> bool:
+        """Whether a leaf like `p` is stored quantized."""
+        return jnp.issubdtype(p.dtype, jnp.floating) and p.size >= self.min_size
+
+    @abc.abstractmethod
+    def init_leaf(self, p: Array, fill: Any, nonnegative: bool) -> Any:
+        """The stored form of `fill` shaped like `p` (a leaf `quantizes` takes),
+        placed like `p`. `nonnegative`: the optimizer declares this moment never
+        negative."""
+
+
+class AbstractBlockwiseStorage(AbstractStateStorage):
+    """A storage of `QuantizedArray`s: blocks of `block_size` elements, each
+    scaled by its absmax, coded in `signed_map` (`unsigned_map` for a moment
+    that is never negative)."""
 
     block_size: eqx.AbstractVar[int]
-    min_size: eqx.AbstractVar[int]
     signed_map: eqx.AbstractClassVar[str]
     unsigned_map: eqx.AbstractClassVar[str]
 
     def __check_init__(self):
         owner = type(self).__name__
         _check_int(owner, "block_size", self.block_size, 1)
-        _check_int(owner, "min_size", self.min_size, 0)
         if self.signed_map in _PACKED and self.block_size % 2:
             raise ValueError(
                 f"{owner}: block_size must be even (two 4-bit codes per byte), got "
                 f"{self.block_size}"
             )
-
-    def quantizes(self, p: Any) -> bool:
-        """Whether a leaf like `p` is stored quantized."""
-        return jnp.issubdtype(p.dtype, jnp.floating) and p.size >= self.min_size
 
     def init_leaf(self, p: Array, fill: Any, nonnegative: bool) -> QuantizedArray:
         """The stored form of `fill` shaped like `p` (a leaf `quantizes` takes).
@@ -396,7 +414,7 @@ def _placed_like(q: QuantizedArray, p: Any) -> QuantizedArray:
     )
 
 
-class Blockwise8bit(AbstractStateStorage):
+class Blockwise8bit(AbstractBlockwiseStorage):
     """Block-wise 8-bit storage for a moment (bitsandbytes; torchao's `AdamW8bit`):
     1 byte per element plus a float32 absmax per block.
 
@@ -444,7 +462,7 @@ class Blockwise8bit(AbstractStateStorage):
     unsigned_map = "dynamic8_unsigned"
 
 
-class Blockwise4bit(AbstractStateStorage):
+class Blockwise4bit(AbstractBlockwiseStorage):
     """Block-wise 4-bit storage for a moment (Li et al. 2023; torchao's
     `AdamW4bit`): half a byte per element (two codes per byte) plus a float32
     absmax per block.
@@ -468,7 +486,7 @@ class Blockwise4bit(AbstractStateStorage):
     unsigned_map = "linear4_unsigned"
 
 
-class BlockwiseFp8(AbstractStateStorage):
+class BlockwiseFp8(AbstractBlockwiseStorage):
     """Block-wise scaled fp8 storage for a moment (torchao's `AdamWFp8`): one
     `float8_e4m3fn` per element plus a float32 scale per block.
 
@@ -492,14 +510,16 @@ class BlockwiseFp8(AbstractStateStorage):
 
 
 def is_quantized(x: Any) -> bool:
-    return isinstance(x, QuantizedArray)
+    """Whether `x` is a moment leaf in a storage's own form (`QuantizedArray`,
+    `ErrorCorrectedArray`), which `dequantize` reads and `requantize` writes."""
+    return isinstance(x, (QuantizedArray, ErrorCorrectedArray))
 
 
 def load(stored: Any, dtype: Any) -> Array:
     """A moment leaf as the rule sees it: in `dtype` (the compute dtype), or in its
     real counterpart for a real moment of a complex leaf (a statistic of
     magnitudes, such as Adam-mini's per-block mean square)."""
-    value = stored.dequantize() if isinstance(stored, QuantizedArray) else stored
+    value = stored.dequantize() if is_quantized(stored) else stored
     if not jnp.iscomplexobj(value):
         dtype = jnp.finfo(dtype).dtype
     return value.astype(dtype)
@@ -507,6 +527,133 @@ def load(stored: Any, dtype: Any) -> Array:
 
 def store(value: Array, stored: Any) -> Any:
     """The new value of a moment leaf, in the form the old one is stored in."""
-    if isinstance(stored, QuantizedArray):
+    if is_quantized(stored):
         return stored.requantize(value)
     return value.astype(stored.dtype)
+
+
+# Per low-precision dtype: its mantissa bits and exponent bias (for its ULP).
+_ULP_LAYOUT = {jnp.dtype(jnp.bfloat16): (7, 127), jnp.dtype(jnp.float16): (10, 15)}
+
+# The int8 residual's largest value, which stands for half a ULP.
+RESIDUAL_MAX = 127.0
+
+
+def log2_half_ulp(p: Array) -> Array:
+    """log2 of half the spacing of `p`'s dtype (bf16 or float16) at `p`, as
+    float32, read from the exponent bits as heavyball's `_log_ulp` (subnormals:
+    the smallest spacing)."""
+    mantissa, bias = _ULP_LAYOUT[jnp.dtype(p.dtype)]
+    bits = jax.lax.bitcast_convert_type(p, jnp.uint16).astype(jnp.int32)
+    exponent = (bits & 0x7FFF) >> mantissa
+    log_ulp = jnp.where(
+        exponent == 0, 1 - bias - mantissa, exponent - (bias + mantissa)
+    )
+    return (log_ulp - 1).astype(jnp.float32)
+
+
+def _times_exp2(x: Array, log_scale: Array) -> Array:
+    """`x * 2**log_scale` in two factors, so neither overflows (heavyball's
+    `_scale_by_exp2`)."""
+    half = jnp.floor(log_scale / 2.0)
+    return (x * jnp.exp2(half)) * jnp.exp2(log_scale - half)
+
+
+def decode_residual(p: Array, residual: Array) -> Array:
+    """The float32 value that low-precision `p` with its int8 `residual` holds:
+    `p + residual / 127 * (half p's ULP)`."""
+    scaled = residual.astype(jnp.float32) / jnp.float32(RESIDUAL_MAX)
+    return p.astype(jnp.float32) + _times_exp2(scaled, log2_half_ulp(p))
+
+
+def encode_residual(x: Array, p: Array, noise: Any) -> Array:
+    """The int8 residual of float32 `x` stored as `p`: `x - p` in units of half
+    `p`'s ULP over 127, clipped to `[-127, 127]` and rounded down after adding
+    `noise` (uniform in `[0, 1)`: stochastic rounding; 1/2: to nearest).
+    Non-finite differences (infinite or NaN values) give 0."""
+    e = x - p.astype(jnp.float32)
+    scaled = jnp.clip(_times_exp2(e, -log2_half_ulp(p)), -1.0, 1.0) * RESIDUAL_MAX
+    rounded = jnp.floor(scaled + noise)
+    return jnp.where(jnp.isfinite(rounded), rounded, 0.0).astype(jnp.int8)
+
+
+class ErrorCorrectedArray(eqx.Module):
+    """One leaf of a moment stored as bf16 with an int8 error-correction residual:
+    what an `ErrorCorrectedBf16` moment holds at each float parameter.
+
+    It reads back (float32) as `value + residual / 127 * (half value's ULP)`.
+
+    **Arguments:**
+
+    - `value`: the bf16 array, shaped like the parameter.
+    - `residual`: the int8 array, shaped like it.
+    """
+
+    value: Array
+    residual: Array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+    @property
+    def size(self) -> int:
+        return int(self.value.size)
+
+    @property
+    def dtype(self) -> Any:
+        """The dtype the values are read in."""
+        return jnp.dtype(jnp.float32)
+
+    def dequantize(self) -> Float32[Array, "..."]:
+        """The stored values, as a float32 array."""
+        return decode_residual(self.value, self.residual)
+
+    def requantize(self, x: Array) -> "ErrorCorrectedArray":
+        """`x` stored this way: rounded to nearest bf16, the residual of what that
+        lost rounded to nearest."""
+        return encode_bf16_residual(x)
+
+
+def encode_bf16_residual(x: Array) -> ErrorCorrectedArray:
+    """float32 `x` as bf16 plus its int8 residual (both rounded to nearest)."""
+    x = x.astype(jnp.float32)
+    value = x.astype(jnp.bfloat16)
+    return ErrorCorrectedArray(value, encode_residual(x, value, 0.5))
+
+
+class ErrorCorrectedBf16(AbstractStateStorage):
+    r"""bf16 storage with an int8 error-correction residual for a moment
+        (heavyball's `ecc="bf16+8"`; FlashOptim, arXiv 2602.23349): 3 bytes per
+        element, a float32 value to within $2^{-8}$ of its bf16 step.
+
+        A value $x$ is stored as $v = \operatorname{round}(x)$ in bf16 and
+        $r = \lfloor 127 \operatorname{clip}((x - v) / \ell(v), -1, 1) + 1/2
+    floor$
+        in int8, with $\ell(v)$ half the spacing of bf16 at $v$; it reads back as
+        $v + rac{r}{127}\,\ell(v)$ (`ErrorCorrectedArray`). heavyball rounds the
+        residual stochastically; a storage has no random key, so here it is rounded
+        to nearest (with heavyball's noise fixed at $1/2$ the two agree). A moment
+        is rewritten as a whole each step (an exponential average), so the bias of
+        rounding to nearest stays within the residual's resolution rather than
+        building up as it would for small steps added to a parameter
+        (`ErrorCorrection` rounds stochastically for that reason).
+
+        No scales: every real float leaf of at least `min_size` elements is stored
+        this way (complex ones, and smaller ones, stay float32); the state stays
+        element-wise, so it shards like the parameters.
+
+        **Arguments:**
+
+        - `min_size`: leaves with fewer elements stay float32 (0 by default: all).
+
+        **Reference:** heavyball 3.2.1, `ECCConfig` and `_ULPState` (`chainable.py`,
+        `utils.py`).
+    """
+
+    min_size: int = eqx.field(default=0, static=True)
+
+    def init_leaf(self, p: Array, fill: Any, nonnegative: bool) -> ErrorCorrectedArray:
+        # `full_like` places the values like `p` (a sharded parameter gets
+        # sharded state), and so does the element-wise encoding.
+        return encode_bf16_residual(jnp.full_like(p, fill, dtype=jnp.float32))

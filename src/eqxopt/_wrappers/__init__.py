@@ -1,9 +1,9 @@
 """Transforms that hold other transforms (`AbstractWrapper`, which passes them the
 keyword arguments they take): Chain, Partition, Masked, Freeze, MultiSteps,
 Lookahead, ParamEMA, SWA, ConditionallyTransform, ConditionallyMask, Mechanic,
-SAM, ScheduleFree, StochasticRounding, KahanSummation, LearningRateMultipliers,
-Maximize, Cautious, SkipLargeUpdates, Monitor, OffloadState, QKClip, DiLoCo,
-SplitRealAndImaginary (and, among the transforms, SkipNonFinite).
+SAM, ScheduleFree, StochasticRounding, KahanSummation, ErrorCorrection,
+LearningRateMultipliers, Maximize, Cautious, SkipLargeUpdates, Monitor, OffloadState,
+QKClip, DiLoCo, SplitRealAndImaginary (and, among the transforms, SkipNonFinite).
 """
 
 from ._accumulate import (
@@ -66,6 +66,8 @@ from ._per_parameter import (
     Maximize as Maximize,
 )
 from ._precision import (
+    ErrorCorrection as ErrorCorrection,
+    ErrorCorrectionState as ErrorCorrectionState,
     KahanSummation as KahanSummation,
     KahanSummationState as KahanSummationState,
     StochasticRounding as StochasticRounding,
