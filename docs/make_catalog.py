@@ -304,7 +304,7 @@ CATALOG = [
         "MuonClip",
         "newer",
         f"Kimi Team, *Kimi K2: Open Agentic Intelligence*, 2025, {arxiv('2507.20534')}",
-        "`optax.contrib.muon` (`consistent_rms=0.2`) followed by a transcription of the report's per-head QK-clip, on a small attention model whose largest logits start above the threshold, 12 steps through `make_train_step` (the logits handed from the loss's aux), with and without a query bias; a clip alone brings a head's logits to the threshold; below it, `Muon` bit for bit",
+        "`optax.contrib.muon` (`consistent_rms=0.2`) followed by a transcription of the report's per-head QK-clip, on a small attention model whose largest logits start above the threshold, 12 steps through `make_train_step` (the logits handed from the loss's aux), with and without a query bias; a clip alone brings a head's logits to the threshold; below it, `Muon` to float32 rounding",
         "rtol 1e-4, atol 1e-5 (float32 Newton-Schulz on both sides, with logits of a few tens)",
     ),
     (

@@ -146,9 +146,11 @@ def test_below_the_threshold_it_is_the_inner_optimizer():
         )
         ours, state = opt.step(grads, state, ours, max_logits=logits)
         ref, ref_state = plain.step(grads, ref_state, ref)
+    # The same maths in another program: XLA may contract or fuse the final
+    # p + u differently, so equal to float32 rounding (not bit for bit).
     arrays = lambda m: jax.tree.leaves(eqx.filter(m, eqx.is_array))  # noqa: E731
     for a, b in zip(arrays(ours), arrays(ref), strict=True):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_attention_layers_named_by_a_function():

@@ -168,10 +168,12 @@ class AbstractQKClip(AbstractSingleWrapper):
                     )
                 rows = jnp.repeat(jnp.sqrt(gamma), p.shape[0] // heads)
                 scale = rows.reshape(rows.shape + (1,) * (p.ndim - 1))
-                # The new parameter is (p + u) * scale: its update from p.
-                stepped = (p + u).astype(jnp.promote_types(p.dtype, jnp.float32))
-                clipped = (stepped * scale).astype(p.dtype)
-                new.append((clipped - p).astype(u.dtype))
+                # The new parameter is (p + u) * scale, so its update from p is
+                # u * scale + p * (scale - 1): exactly u where a head is not
+                # clipped (scale 1).
+                wide = jnp.promote_types(p.dtype, jnp.float32)
+                clipped = u.astype(wide) * scale + p.astype(wide) * (scale - 1)
+                new.append(clipped.astype(u.dtype))
         updates = eqx.tree_at(
             lambda t: [
                 x
