@@ -15,6 +15,9 @@ def _max_logits(loss_fn, params):
     return {"max_logits": []}
 
 
+# A case varies a hyperparameter that changes the steps under the sweep's constant
+# gradients: a bias-corrected moment of a constant gradient is that gradient for any
+# decay, so AdaMuon, HyperBallAdamW and Scion vary their learning rate.
 CASES = [
     CatalogCase(
         "Muon",
@@ -39,7 +42,7 @@ CASES = [
         lambda **kw: eqxopt.AdaMuon(
             **{"learning_rate": 0.05, "weight_decay": 0.01, **kw}
         ),
-        vary=("beta2", 0.5),
+        vary=("learning_rate", 0.01),
         invalid=(
             ("learning_rate", -0.1),
             ("beta", 1.0),
@@ -59,7 +62,7 @@ CASES = [
         lambda **kw: eqxopt.HyperBallAdamW(
             **{"learning_rate": 0.05, "weight_decay": 0.01, **kw}
         ),
-        vary=("b2", 0.9),
+        vary=("learning_rate", 0.01),
         invalid=(
             ("learning_rate", -0.1),
             ("b2", 1.0),
@@ -73,7 +76,7 @@ CASES = [
         lambda **kw: eqxopt.Scion(
             **{"learning_rate": 0.02, "weight_decay": 0.01, **kw}
         ),
-        vary=("beta", 0.5),
+        vary=("learning_rate", 0.01),
         invalid=(
             ("learning_rate", -0.1),
             ("beta", 1.0),
