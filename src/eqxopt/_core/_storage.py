@@ -624,31 +624,30 @@ def encode_bf16_residual(x: Array) -> ErrorCorrectedArray:
 
 class ErrorCorrectedBf16(AbstractStateStorage):
     r"""bf16 storage with an int8 error-correction residual for a moment
-        (heavyball's `ecc="bf16+8"`; FlashOptim, arXiv 2602.23349): 3 bytes per
-        element, a float32 value to within $2^{-8}$ of its bf16 step.
+    (heavyball's `ecc="bf16+8"`; FlashOptim, arXiv 2602.23349): 3 bytes per
+    element, a float32 value to within $2^{-8}$ of its bf16 step.
 
-        A value $x$ is stored as $v = \operatorname{round}(x)$ in bf16 and
-        $r = \lfloor 127 \operatorname{clip}((x - v) / \ell(v), -1, 1) + 1/2
-    floor$
-        in int8, with $\ell(v)$ half the spacing of bf16 at $v$; it reads back as
-        $v + rac{r}{127}\,\ell(v)$ (`ErrorCorrectedArray`). heavyball rounds the
-        residual stochastically; a storage has no random key, so here it is rounded
-        to nearest (with heavyball's noise fixed at $1/2$ the two agree). A moment
-        is rewritten as a whole each step (an exponential average), so the bias of
-        rounding to nearest stays within the residual's resolution rather than
-        building up as it would for small steps added to a parameter
-        (`ErrorCorrection` rounds stochastically for that reason).
+    A value $x$ is stored as $v = \operatorname{round}(x)$ in bf16 and
+    $r = \lfloor 127 \operatorname{clip}((x - v) / \ell(v), -1, 1) + 1/2 \rfloor$
+    in int8, with $\ell(v)$ half the spacing of bf16 at $v$; it reads back as
+    $v + \frac{r}{127}\,\ell(v)$ (`ErrorCorrectedArray`). heavyball rounds the
+    residual stochastically; a storage has no random key, so here it is rounded
+    to nearest (with heavyball's noise fixed at $1/2$ the two agree). A moment
+    is rewritten as a whole each step (an exponential average), so the bias of
+    rounding to nearest stays within the residual's resolution rather than
+    building up as it would for small steps added to a parameter
+    (`ErrorCorrection` rounds stochastically for that reason).
 
-        No scales: every real float leaf of at least `min_size` elements is stored
-        this way (complex ones, and smaller ones, stay float32); the state stays
-        element-wise, so it shards like the parameters.
+    No scales: every real float leaf of at least `min_size` elements is stored
+    this way (complex ones, and smaller ones, stay float32); the state stays
+    element-wise, so it shards like the parameters.
 
-        **Arguments:**
+    **Arguments:**
 
-        - `min_size`: leaves with fewer elements stay float32 (0 by default: all).
+    - `min_size`: leaves with fewer elements stay float32 (0 by default: all).
 
-        **Reference:** heavyball 3.2.1, `ECCConfig` and `_ULPState` (`chainable.py`,
-        `utils.py`).
+    **Reference:** heavyball 3.2.1, `ECCConfig` and `_ULPState` (`chainable.py`,
+    `utils.py`).
     """
 
     min_size: int = eqx.field(default=0, static=True)
