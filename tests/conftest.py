@@ -1,5 +1,6 @@
 import gc
 import os
+import sys
 
 import jax
 import pytest
@@ -130,6 +131,11 @@ def skip_without_native_kernels() -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("needs_compiler") is not None:
         skip_without_native_kernels()
+    # References that draw from torch's global generator (stochastic rounding,
+    # random probes) give the same numbers in every run and in any test order.
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(0)
 
 
 @pytest.fixture
