@@ -2,6 +2,7 @@
 item 1), against heavyball 3.2.1's `param_ecc="bf16+8"` (and `"fp16+8"`)."""
 
 import io
+import textwrap
 
 import equinox as eqx
 import jax
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import eqxopt
+from helpers import run_on_8_devices
 
 torch = pytest.importorskip("torch")
 heavyball = pytest.importorskip("heavyball")
@@ -494,3 +496,68 @@ def test_storage_errors_name_the_argument():
         r"\(ErrorCorrectedBf16\)",
     ):
         eqxopt.GaLore(1e-2, mu_dtype=ECC)
+
+
+MESH_SCRIPT = textwrap.dedent(
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    import eqxopt
+
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    rng = np.random.default_rng(0)
+    shapes = {"w": (64, 48), "v": (16, 40), "b": (64,)}
+    host = {k: (0.1 * rng.normal(size=s)).astype(jnp.bfloat16)
+            for k, s in shapes.items()}
+    noise = [{k: rng.normal(size=s).astype(jnp.bfloat16) for k, s in shapes.items()}
+             for _ in range(6)]
+    ecc = eqxopt.ErrorCorrectedBf16(min_size=0)
+    opt = eqxopt.ErrorCorrection(
+        eqxopt.AdamW(1e-3, weight_decay=0.1, mu_dtype=ecc, nu_dtype=ecc), key=0)
+
+    def train(where, zero1):
+        params = jax.device_put(host, where)
+        state = opt.init(params)
+        if zero1:
+            state = eqxopt.shard_state(state, mesh, "data")
+        step = jax.jit(opt.step)
+        for n in noise:
+            params, state = step(jax.device_put(n, where), state, params)
+        return params, state
+
+    def per_device(tree):
+        held, whole = {}, 0
+        for x in jax.tree.leaves(tree):
+            whole += x.nbytes
+            for shard in x.addressable_shards:
+                held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+        return max(held.values()), whole
+
+    want_p, want_s = train(jax.devices()[0], False)
+    fsdp = {k: NamedSharding(mesh, P("data")) for k in shapes}
+    for name, where, zero1 in (("ZeRO-1", NamedSharding(mesh, P()), True),
+                               ("FSDP", fsdp, False)):
+        p, s = train(where, zero1)
+        # Element-wise maths and a counter-based generator for the residual's
+        # rounding: the same bits as on one device.
+        for tree, want, what in ((p, want_p, "params"), (s.residual, want_s.residual,
+                                 "residual"), (s.inner.mu, want_s.inner.mu, "mu")):
+            for x, y in zip(jax.tree.leaves(tree), jax.tree.leaves(want), strict=True):
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(y),
+                                              err_msg=f"{name} {what}")
+        most, whole = per_device((s.residual, s.inner.mu, s.inner.nu))
+        print(name, "state bytes per device", most, "of", whole)
+        assert most <= whole / 8 * 1.05, (name, most, whole)
+    print("ECC-MESH-OK")
+    """
+)
+
+
+def test_split_over_a_mesh_gives_one_device_numbers_with_an_eighth_of_the_state():
+    # ZeRO-1 (parameters replicated, state split) and FSDP (both split along
+    # the first axis), 6 steps on 8 host devices against one device.
+    out = run_on_8_devices(MESH_SCRIPT)
+    assert "ECC-MESH-OK" in out, out
