@@ -34,6 +34,7 @@ CASES = [
     "bench_population.py",
     "bench_offload.py",
     "bench_new_optimizers.py",
+    "bench_diloco.py",
 ]
 
 

@@ -131,3 +131,32 @@ def test_the_direct_call_benchmark_runs_in_quick_mode(tmp_path):
         assert case["checking"]["checked_ms"] > 0 and case["checking"]["ratio"] > 0
         assert case["first_call"]["eqxopt"]["vs_optax"]["total"] > 0
     assert data["python_calls"]["later"] < data["python_calls"]["first"]
+
+
+def test_the_diloco_benchmark_counts_h_times_fewer_bytes(tmp_path):
+    # Case 18 in quick mode: the all-reduce bytes read from the compiled programs.
+    results = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "bench_diloco.py"],
+        cwd=ROOT / "benchmarks",
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT / "src"),
+            "EQXOPT_BENCH_RESULTS": str(results),
+            "EQXOPT_BENCH_QUICK": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads(results.read_text())["diloco"]
+    params, h = data["params"], data["sync_every"]
+    reduces = data["all_reduces"]
+    assert reduces["local step"] == {"ops": 0, "bytes": 0}
+    # A synchronisation and a data-parallel step each all-reduce every float32
+    # parameter once.
+    assert reduces["sync"]["bytes"] == reduces["data-parallel step"]["bytes"]
+    assert reduces["sync"]["bytes"] == 4 * params
+    assert data["bytes_ratio"] == h
+    assert all(t > 0 for t in data["ms_per_step"].values())
