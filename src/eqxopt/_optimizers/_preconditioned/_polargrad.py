@@ -154,8 +154,9 @@ class PolarGrad(AbstractTransform):
     **Arguments:**
 
     - `learning_rate`: a float `>= 0`, a scalar array, or a schedule module. The
-      step is the nuclear norm times an orthogonal matrix, so the rate is much
-      smaller than Muon's (the nuclear norm grows with the width).
+      step is the nuclear norm times an orthogonal matrix: it shrinks with the
+      gradients, as gradient descent's does and Muon's does not, so tune the rate
+      on gradient descent's scale rather than Muon's.
     - `beta`: momentum, in `[0, 1)`; `0` is PolarGrad without momentum.
     - `polar_first`: take the polar decomposition of the gradient and the momentum
       of its polar factors (the paper's polar-first PolarGradM), instead of the
