@@ -177,6 +177,17 @@ def test_qdwh_steps_caps_the_iterations():
     assert np.abs(capped[-1]["w"] - converged).max() > 1e-2
 
 
+def test_svd_takes_the_partial_isometry_of_a_rank_deficient_matrix():
+    """A rank-one gradient `g = a b^T`: its polar factor by SVD is `g / ||g||` and
+    its nuclear norm `||g||`, so without momentum the step is gradient descent's."""
+    rng = np.random.default_rng(5)
+    g = np.outer(rng.normal(size=6), rng.normal(size=4)).astype(np.float32)
+    params, grads = {"w": np.zeros((6, 4), np.float32)}, [{"w": jnp.asarray(g)}]
+    opt = eqxopt.PolarGrad(0.1, beta=0.0, polar_method="svd")
+    step = run(opt, params, grads)[-1]["w"]
+    np.testing.assert_allclose(step, -0.1 * g, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("method", ["qdwh", "svd", "newton_schulz"])
 @pytest.mark.parametrize("polar_first", [False, True])
 def test_a_leaf_of_zeros_takes_no_step(method, polar_first):

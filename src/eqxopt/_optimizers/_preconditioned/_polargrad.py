@@ -145,7 +145,11 @@ class PolarGrad(AbstractTransform):
     approximate with `"newton_schulz"` (Muon's iteration; the nuclear norm is then
     $\langle M, U \rangle$ of the approximate $U$, as the reference code takes
     it). The polar decomposition runs in float32 at least (bf16 parameters
-    included). A matrix of zeros has the polar factor `0`, and no step.
+    included). A matrix of zeros has the polar factor `0`, and no step. The
+    polar factor of a rank-deficient matrix is not unique: `"svd"` takes the
+    partial isometry $U_r V_r^\top$ (nothing on the null space, which Newton-Schulz
+    nearly matches), while QDWH, as the reference's, fills the null space with
+    orthonormal directions that rounding picks, each scaled by the nuclear norm.
 
     Every other float leaf gets AdamW without Nesterov with `adam_b1`, `adam_b2`,
     `eps`, `adam_eps_root`, `adam_weight_decay` and `adam_learning_rate`; see
