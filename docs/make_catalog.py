@@ -329,6 +329,13 @@ CATALOG = [
         "rtol 1e-12, atol 1e-13 in float64; the default in float32",
     ),
     (
+        "PolarGrad",
+        "newer",
+        f"Lau, Long & Su, *PolarGrad: A Class of Matrix-Gradient Optimizers from a Unifying Preconditioning Perspective*, 2025, {arxiv('2505.21799')}; as the authors' `PolarGrad` (github.com/timlautk/polargrad, `polar_grad.py`)",
+        "a NumPy float64 transcription of the authors' `PolarGrad.step` (polar factor and nuclear norm from NumPy's SVD) with `Muon`'s AdamW for a vector, over 40 steps on wide, tall and square matrices and a stack of matrices by mask: momentum first and polar first, QDWH and SVD, decay and a warmup schedule (largest difference 6e-16); without momentum (the paper's PolarGrad); Newton-Schulz run to convergence against it; QDWH, SVD and Newton-Schulz against each other in float32; zero gradients; 8-bit momentum against float32; bf16 parameters",
+        "rtol 1e-12, atol 1e-13 (float64)",
+    ),
+    (
         "Scion",
         "newer",
         f"Pethick et al., *Training Deep Learning Models with Norm-Constrained LMOs*, ICML 2025, {arxiv('2502.07529')}; as heavyball 3.2.1's `Scion`",

@@ -1,5 +1,5 @@
-"""Catalog cases for the newer optimizers: Muon, AdaMuon, HyperBallAdamW, Scion,
-MuonClip, Schedule-Free, Prodigy."""
+"""Catalog cases for the newer optimizers: Muon, AdaMuon, PolarGrad,
+HyperBallAdamW, Scion, MuonClip, Schedule-Free, Prodigy."""
 
 import eqxopt
 from catalog import CatalogCase
@@ -70,6 +70,40 @@ CASES = [
             ("eps", 0.0),
             ("weight_decay", -1.0),
         ),
+    ),
+    CatalogCase(
+        "PolarGrad",
+        lambda **kw: eqxopt.PolarGrad(
+            **{"learning_rate": 0.05, "weight_decay": 0.01, **kw}
+        ),
+        vary=("beta", 0.5),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("beta", 1.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+            ("adam_b1", 1.0),
+            ("adam_b2", 0.0),
+            ("adam_eps_root", -1.0),
+            ("adam_weight_decay", -1.0),
+            ("adam_learning_rate", -1.0),
+            ("polar_method", "cholesky"),
+            ("qdwh_steps", 0),
+            ("ns_steps", 0),
+            ("ns_coeffs", (1.0, 2.0)),
+        ),
+    ),
+    CatalogCase(
+        "PolarGrad-polar-first-svd",
+        lambda **kw: eqxopt.PolarGrad(
+            **{
+                "learning_rate": 0.05,
+                "polar_first": True,
+                "polar_method": "svd",
+                **kw,
+            }
+        ),
+        vary=("beta", 0.5),
     ),
     CatalogCase(
         "Scion",

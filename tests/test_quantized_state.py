@@ -305,6 +305,7 @@ def _with_storage(cls, *fields, **kw):
 _ADAM_LIKE = [
     "ADOPT", "AMSGrad", "AdEMAMix", "AdaBelief", "Adam", "AdamW", "Adamax",
     "AdamaxW", "AdaMuon", "CAdamW", "Muon", "NAdam", "NAdamW", "OptimisticAdam",
+    "PolarGrad",
     "RAdam", "StableAdamW", "Yogi",
 ]  # fmt: skip
 _BOTH = ("mu_dtype", "nu_dtype")

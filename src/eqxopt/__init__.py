@@ -213,6 +213,10 @@ from ._optimizers._preconditioned._normuon import (
 from ._optimizers._preconditioned._orthogonal import (
     MatrixAxes as MatrixAxes,
 )
+from ._optimizers._preconditioned._polargrad import (
+    PolarGrad as PolarGrad,
+    PolarGradState as PolarGradState,
+)
 from ._optimizers._preconditioned._psgd import (
     PSGDKron as PSGDKron,
     PSGDKronState as PSGDKronState,
@@ -644,6 +648,8 @@ __all__ = [
     "PartitionState",
     "PiecewiseConstant",
     "PiecewiseInterpolate",
+    "PolarGrad",
+    "PolarGradState",
     "PolyakSGD",
     "PolyakSGDState",
     "Polynomial",

@@ -157,7 +157,7 @@ class MatrixAxes:
         ndim = len(shape)
         if ndim < 2:
             raise ValueError(
-                f"{where}, which has shape {shape}; Muon needs leaves with at "
+                f"{where}, which has shape {shape}; a selected leaf needs at "
                 "least 2 dimensions (the last two form the matrix)"
             )
         reduction: Any = self.reduction
