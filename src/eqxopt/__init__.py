@@ -194,6 +194,10 @@ from ._optimizers._preconditioned._adamuon import (
     AdaMuon as AdaMuon,
     AdaMuonState as AdaMuonState,
 )
+from ._optimizers._preconditioned._dion import (
+    Dion as Dion,
+    DionState as DionState,
+)
 from ._optimizers._preconditioned._kl_shampoo import (
     KLShampoo as KLShampoo,
     KLShampooState as KLShampooState,
@@ -543,6 +547,8 @@ __all__ = [
     "DAdaptSGDState",
     "DPSGD",
     "DPSGDState",
+    "Dion",
+    "DionState",
     "DecoupledWeightDecay",
     "DecoupledWeightDecayState",
     "DiLoCo",
