@@ -75,21 +75,39 @@ def dion_rank(fan_in: int, fan_out: int, fraction: float, multiple: int) -> int:
     return min(multiple * math.ceil(fraction * short / multiple), short)
 
 
+def _cholesky_qr(p: Array) -> Array:
+    """`p R^{-1}` for the Cholesky factor `R^T R = p^T p` of the small Gram matrix."""
+    lower = jnp.linalg.cholesky(jnp.swapaxes(p, -1, -2) @ p)
+    # p = Q L^T, so Q^T = L^{-1} p^T.
+    return jnp.swapaxes(
+        jsl.solve_triangular(lower, jnp.swapaxes(p, -1, -2), lower=True), -1, -2
+    )
+
+
 def _orthonormal_columns(p: Array, method: str) -> Array:
     """An orthonormal basis of the columns of each `(rows, r)` matrix `p` (`rows >=
-    r`), in float32 or wider: Householder QR, or Cholesky QR (one Cholesky factor
-    of the small `r x r` Gram matrix; QR where that fails to be finite)."""
+    r`), in float32 or wider: Householder QR, or Cholesky QR applied twice (the
+    second pass restores the orthogonality the first loses to rounding), with
+    Householder QR where that is not finite (a Gram matrix too ill-conditioned)."""
     p = p.astype(jnp.promote_types(p.dtype, jnp.float32))
     householder = lambda: jnp.linalg.qr(p)[0]  # noqa: E731
     if method == "qr":
         return householder()
-    gram = jnp.swapaxes(p, -1, -2) @ p
-    lower = jnp.linalg.cholesky(gram)
-    # p = Q L^T, so Q^T = L^{-1} p^T.
-    q = jnp.swapaxes(
-        jsl.solve_triangular(lower, jnp.swapaxes(p, -1, -2), lower=True), -1, -2
-    )
+    q = _cholesky_qr(_cholesky_qr(p))
     return jax.lax.cond(jnp.isfinite(q).all(), lambda: q, householder)
+
+
+def _power_iteration(
+    tall: Array, q: Array, iterations: int, method: str
+) -> tuple[Array, Array]:
+    """`(P, R)` with `P = orth(B Q)` and `R = B^T P`, `iterations` times with `Q <- R`
+    between, for `B = tall`."""
+    left = _orthonormal_columns(tall @ q, method).astype(tall.dtype)
+    right = jnp.swapaxes(tall, -1, -2) @ left
+    for _ in range(iterations - 1):
+        left = _orthonormal_columns(tall @ right, method).astype(tall.dtype)
+        right = jnp.swapaxes(tall, -1, -2) @ left
+    return left, right
 
 
 class Dion(AbstractTransform):
@@ -141,8 +159,9 @@ class Dion(AbstractTransform):
       `>= 1`), for even splits over a mesh; never above the short side.
     - `power_iters`: power iterations a step (static int `>= 1`).
     - `qr_method`: `"qr"` (Householder QR, the default) or `"cholesky"` (Cholesky
-      QR: one Cholesky factor of the `r x r` Gram matrix, the faster choice on
-      accelerators; Householder QR where it fails).
+      QR twice: two Cholesky factors of `r x r` Gram matrices and triangular
+      solves, much faster than Householder QR on most backends; Householder QR
+      where the Gram matrix is too ill-conditioned for it).
     - `eps`: added to the column norms of $R$ and to AdamW's denominator, `> 0`.
     - `weight_decay`: decoupled decay of the Dion leaves, `>= 0`.
     - `weight_decay_mask`: which leaves decay: `None` (all), a tree of bools (or a
@@ -281,10 +300,7 @@ class Dion(AbstractTransform):
             matrices, back = to_matrices(b, leaf_axes_)
             wide = n >= m
             tall = jnp.swapaxes(matrices, -1, -2) if wide else matrices
-            right = q
-            for _ in range(power_iters):
-                left = _orthonormal_columns(tall @ right, method).astype(tall.dtype)
-                right = jnp.swapaxes(tall, -1, -2) @ left
+            left, right = _power_iteration(tall, q, power_iters, method)
             # A zero matrix gives no step and keeps its factor.
             zero = jnp.all(tall == 0, axis=(-2, -1), keepdims=True)
             left = jnp.where(zero, 0, jnp.nan_to_num(left))
