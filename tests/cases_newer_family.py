@@ -1,4 +1,4 @@
-"""Catalog cases for the newer optimizers: Muon, AdaMuon, PolarGrad,
+"""Catalog cases for the newer optimizers: Muon, AdaMuon, PolarGrad, Dion,
 HyperBallAdamW, Scion, MuonClip, Schedule-Free, Prodigy."""
 
 import eqxopt
@@ -17,7 +17,8 @@ def _max_logits(loss_fn, params):
 
 # A case varies a hyperparameter that changes the steps under the sweep's constant
 # gradients: a bias-corrected moment of a constant gradient is that gradient for any
-# decay, so AdaMuon, HyperBallAdamW and Scion vary their learning rate.
+# decay, so AdaMuon, HyperBallAdamW and Scion vary their learning rate (and Dion,
+# whose steps along a constant gradient are the same for any `mu`).
 CASES = [
     CatalogCase(
         "Muon",
@@ -55,6 +56,26 @@ CASES = [
             ("adam_weight_decay", -1.0),
             ("ns_steps", 0),
             ("ns_coeffs", (1.0, 2.0)),
+        ),
+    ),
+    CatalogCase(
+        "Dion",
+        lambda **kw: eqxopt.Dion(
+            **{"learning_rate": 0.05, "rank_fraction": 0.5, "key": 1, **kw}
+        ),
+        vary=("learning_rate", 0.01),
+        invalid=(
+            ("learning_rate", -0.1),
+            ("mu", 1.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+            ("rank_fraction", 0.0),
+            ("rank_multiple_of", 0),
+            ("power_iters", 0),
+            ("qr_method", "svd"),
+            ("adam_b1", 1.0),
+            ("adam_b2", 0.0),
+            ("adam_learning_rate", -1.0),
         ),
     ),
     CatalogCase(

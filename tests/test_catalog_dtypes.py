@@ -127,6 +127,7 @@ REJECTS = {
     "Blocks-Rprop": "ScaleByRprop",
     "Blocks-Sm3": "ScaleBySm3",
     "Scion": "Scion",  # sign oracles and real norms
+    "Dion": "Dion",  # its factors transpose
 }
 
 # NoisySGD draws complex noise, which no real run turned by a phase reproduces; its

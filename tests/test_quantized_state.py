@@ -304,7 +304,7 @@ def _with_storage(cls, *fields, **kw):
 # (schedule-free iterates) and Adafactor's `dtype_momentum` take float dtypes only.
 _ADAM_LIKE = [
     "ADOPT", "AMSGrad", "AdEMAMix", "AdaBelief", "Adam", "AdamW", "Adamax",
-    "AdamaxW", "AdaMuon", "CAdamW", "Muon", "NAdam", "NAdamW", "OptimisticAdam",
+    "AdamaxW", "AdaMuon", "CAdamW", "Dion", "Muon", "NAdam", "NAdamW", "OptimisticAdam",
     "PolarGrad",
     "RAdam", "StableAdamW", "Yogi",
 ]  # fmt: skip

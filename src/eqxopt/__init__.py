@@ -194,6 +194,10 @@ from ._optimizers._preconditioned._adamuon import (
     AdaMuon as AdaMuon,
     AdaMuonState as AdaMuonState,
 )
+from ._optimizers._preconditioned._dion import (
+    Dion as Dion,
+    DionState as DionState,
+)
 from ._optimizers._preconditioned._kl_shampoo import (
     KLShampoo as KLShampoo,
     KLShampooState as KLShampooState,
@@ -553,6 +557,8 @@ __all__ = [
     "DiLoCoState",
     "DifferentiallyPrivateAggregate",
     "DifferentiallyPrivateAggregateState",
+    "Dion",
+    "DionState",
     "DoG",
     "DoGState",
     "DoWG",

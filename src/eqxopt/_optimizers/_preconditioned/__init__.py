@@ -1,2 +1,2 @@
 """Optimizers with structured preconditioners: Adafactor, SM3, SOAP, Shampoo,
-KL-Shampoo, PSGD-Kron, Muon, L-BFGS."""
+KL-Shampoo, PSGD-Kron, Muon, Dion, L-BFGS."""

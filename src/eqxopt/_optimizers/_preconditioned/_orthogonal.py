@@ -222,7 +222,7 @@ def matrix_mask(name: str, value: MatrixMask) -> Any:
     if is_kept_function(name, value):
         return value
     treedef, leaves = checked_leaves(name, value, _axes_leaf)
-    return FrozenTree("muon_mask", treedef, tuple(leaves))
+    return FrozenTree(name, treedef, tuple(leaves))
 
 
 def leaf_axes(mask: Any, params: PyTree, name: str = "muon_mask") -> list[Any]:
