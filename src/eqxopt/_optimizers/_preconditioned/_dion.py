@@ -160,8 +160,9 @@ class Dion(AbstractTransform):
     - `power_iters`: power iterations a step (static int `>= 1`).
     - `qr_method`: `"qr"` (Householder QR, the default) or `"cholesky"` (Cholesky
       QR twice: two Cholesky factors of `r x r` Gram matrices and triangular
-      solves, much faster than Householder QR on most backends; Householder QR
-      where the Gram matrix is too ill-conditioned for it).
+      solves, the cheaper choice on accelerators, where Householder QR is slow,
+      for low ranks; Householder QR where the Gram matrix is too ill-conditioned
+      for it, as a full-rank square factor often is).
     - `eps`: added to the column norms of $R$ and to AdamW's denominator, `> 0`.
     - `weight_decay`: decoupled decay of the Dion leaves, `>= 0`.
     - `weight_decay_mask`: which leaves decay: `None` (all), a tree of bools (or a
