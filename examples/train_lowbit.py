@@ -226,6 +226,10 @@ def _adamw(schedule, wd, **kw):
 _F32 = {"mu_dtype": jnp.float32, "nu_dtype": jnp.float32}
 _Q8 = {"mu_dtype": eqxopt.Blockwise8bit(), "nu_dtype": eqxopt.Blockwise8bit()}
 _Q4 = {"mu_dtype": eqxopt.Blockwise4bit(), "nu_dtype": eqxopt.Blockwise4bit()}
+_ECC = {
+    "mu_dtype": eqxopt.ErrorCorrectedBf16(),
+    "nu_dtype": eqxopt.ErrorCorrectedBf16(),
+}
 
 CONFIGS: dict[str, Config] = {
     c.name: c
@@ -264,6 +268,22 @@ CONFIGS: dict[str, Config] = {
             "bf16 params, KahanSummation",
             jnp.bfloat16,
             lambda s, wd, seed: eqxopt.KahanSummation(_adamw(s, wd, **_F32)),
+        ),
+        Config(
+            "bf16-ecc",
+            "bf16 params, ErrorCorrection",
+            jnp.bfloat16,
+            lambda s, wd, seed: eqxopt.ErrorCorrection(
+                _adamw(s, wd, **_F32), key=seed
+            ),
+        ),
+        Config(
+            "bf16-ecc-moments",
+            "bf16 params, ErrorCorrection, error-corrected bf16 moments",
+            jnp.bfloat16,
+            lambda s, wd, seed: eqxopt.ErrorCorrection(
+                _adamw(s, wd, **_ECC), key=seed
+            ),
         ),
         Config(
             "bf16-master",
