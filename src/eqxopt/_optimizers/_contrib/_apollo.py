@@ -368,37 +368,16 @@ class APOLLOMini(AbstractAPOLLO):
     `(m, n)` is two vectors of `max(m, n)` numbers and a projection of
     `min(m, n)`: SGD's memory, not Adam's.
 
-    For a matrix `G` of shape `(m, n)` (the gradient of a 2-D parameter), with a
-    random projection `P` whose entries are drawn from $N(0, 1/r)$ (shape `(r, n)`
-    when $m \geq n$, projecting each row; else `(m, r)`, projecting each column),
-    redrawn every `update_proj_gap` steps, and $t$ the step count after this
-    update:
+    Its rule is `APOLLO`'s (see the formula there) with the rank fixed at $r = 1$
+    and one scale per matrix (`APOLLO`'s `scale_type="tensor"`), from the whole
+    projected gradient $R_t$ rather than channel by channel:
 
     $$
-    \begin{aligned}
-    R_t &= G_t P^\top \quad (\text{or } P^\top G_t) \\
-    M_t &= \beta_1 M_{t-1} + (1 - \beta_1) R_t, \qquad
-    V_t = \beta_2 V_{t-1} + (1 - \beta_2) R_t^2 \\
-    s_j &= \frac{\lVert (M_t / (\sqrt{V_t} + \epsilon))_j \rVert}
-        {\lVert (R_t)_j \rVert + 10^{-8}}
-        \quad \text{(channel $j$: a row, or a column; tensor-wise: one $s$)} \\
-    \tilde G_t &= G_t \operatorname{diag}(s) \ \text{(rows: } \operatorname{diag}(s)
-        G_t\text{)}, \qquad
-    \tilde G_t \leftarrow \tilde G_t \,/\, \max\!\left(\frac{\lVert \tilde G_t
-        \rVert}{\gamma \lVert \tilde G_{t-1} \rVert}, 1\right) \\
-    p_t &= \left(p_{t-1} - \eta \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t}
-        \sqrt{\alpha}\, \tilde G_t\right) (1 - \eta \lambda)
-    \end{aligned}
+    s = \frac{\lVert M_t / (\sqrt{V_t} + \epsilon) \rVert}{\lVert R_t \rVert + 10^{-8}},
+    \qquad \tilde G_t = s\, G_t
     $$
 
-    where $\alpha$ is `scale`, $\gamma$ the norm-growth limit (Fira's limiter; the
-    first step is not limited) and $\lambda$ the weight decay (applied, as the
-    authors do, to the stepped parameter, at the leaves `mask` selects). Every
-    other leaf (vectors, scalars, 3-D and 4-D arrays) gets Adam in the same form:
-    $p_t = (p_{t-1} - \eta \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t}
-    \frac{m_t}{\sqrt{v_t} + \epsilon})(1 - \eta\lambda)$.
-
-    with $r = 1$ and a single, tensor-wise $s$.
+    Of the options the two share, only the default of `scale` differs.
 
     **Arguments:**
 
