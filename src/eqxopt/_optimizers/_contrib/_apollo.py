@@ -37,23 +37,12 @@ from ..._core._tree import (
     full_like_leaf,
     increment,
     is_float_leaf,
-    stored_dtype,
     zero_step,
 )
+from ._low_rank import low_rank_zeros, matrix_plan
 
 # As the authors' code: added to the norms the ratios divide by.
 _TINY = 1e-8
-
-
-def _plan(p: Any, rank: int) -> tuple[bool, int] | None:
-    """For a matrix leaf `(m, n)`: whether it is projected from the right (`m >=
-    n`: `R = G P^T`, `P` of shape `(r, n)`, one scale per row) rather than the
-    left (`R = P^T G`, `P` of shape `(m, r)`, one scale per column), and the rank
-    `r` used; `None` for every other leaf (Adam)."""
-    if not is_float_leaf(p) or p.ndim != 2:
-        return None
-    m, n = p.shape
-    return m >= n, min(rank, m, n)
 
 
 def _projection(key: Array, p: Any, right: bool, r: int) -> Array:
@@ -123,7 +112,7 @@ class AbstractAPOLLO(AbstractTransform):
         leaves, treedef = jax.tree.flatten(params)
         mu, nu, projection, scaled = [], [], [], []
         for i, p in enumerate(leaves):
-            plan = _plan(p, self.rank)
+            plan = matrix_plan(p, self.rank)
             if not is_float_leaf(p):
                 mu.append(None)
                 nu.append(None)
@@ -136,13 +125,11 @@ class AbstractAPOLLO(AbstractTransform):
                 projection.append(None)
                 scaled.append(None)
                 continue
+            # From the right (`R = G P^T`, one scale per row) where the rows are
+            # the long side, else from the left (`R = P^T G`, one per column).
             right, r = plan
-            m, n = p.shape
-            # Each piece split like the dimension of the parameter it keeps.
-            shape, dims = ((m, r), (0, None)) if right else ((r, n), (None, 1))
-            for column, dtype in ((mu, self.mu_dtype), (nu, self.nu_dtype)):
-                zeros = jnp.zeros(shape, stored_dtype(dtype, p.dtype))
-                column.append(split_like(zeros, p, dims))
+            mu.append(low_rank_zeros(p, right, r, self.mu_dtype))
+            nu.append(low_rank_zeros(p, right, r, self.nu_dtype))
             drawn = _projection(self._key(self.key, 0, i), p, right, r)
             projection.append(split_like(drawn, p, (None, 1) if right else (0, None)))
             scaled.append(jnp.full((), -1.0, jnp.float32))
@@ -187,7 +174,7 @@ class AbstractAPOLLO(AbstractTransform):
                 continue
             dtype = compute_dtype(p.dtype)
             g_ = g.astype(dtype)
-            plan = _plan(p, self.rank)
+            plan = matrix_plan(p, self.rank)
             if plan is None:
                 low = g_
             else:
