@@ -2,6 +2,7 @@
 NorMuon, MARS."""
 
 import eqxopt
+from cases_newer_family import second_moment_muon_case
 from catalog import CatalogCase
 
 CASES = [
@@ -42,26 +43,7 @@ CASES = [
             ("partition", "heads"),
         ),
     ),
-    CatalogCase(
-        "NorMuon",
-        lambda **kw: eqxopt.NorMuon(
-            **{"learning_rate": 0.05, "weight_decay": 0.01, **kw}
-        ),
-        vary=("beta2", 0.5),
-        invalid=(
-            ("learning_rate", -0.1),
-            ("beta", 1.0),
-            ("beta2", 1.0),
-            ("eps", 0.0),
-            ("weight_decay", -1.0),
-            ("consistent_rms", 0.0),
-            ("adam_b1", 1.0),
-            ("adam_b2", 0.0),
-            ("adam_weight_decay", -1.0),
-            ("ns_steps", 0),
-            ("ns_coeffs", (1.0, 2.0)),
-        ),
-    ),
+    second_moment_muon_case("NorMuon", eqxopt.NorMuon, ("beta2", 0.5)),
     CatalogCase(
         "MARS",
         lambda **kw: eqxopt.MARS(**{"learning_rate": 0.05, "weight_decay": 1e-3, **kw}),

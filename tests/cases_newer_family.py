@@ -1,6 +1,9 @@
 """Catalog cases for the newer optimizers: Muon, AdaMuon, PolarGrad, Dion,
 HyperBallAdamW, Scion, MuonClip, Schedule-Free, Prodigy."""
 
+from collections.abc import Callable
+from typing import Any
+
 import eqxopt
 from catalog import CatalogCase
 
@@ -13,6 +16,31 @@ def _no_attention(params):
 
 def _max_logits(loss_fn, params):
     return {"max_logits": []}
+
+
+def second_moment_muon_case(
+    name: str, make: Callable[..., eqxopt.AbstractTransform], vary: tuple[str, Any]
+) -> CatalogCase:
+    """The case of a Muon with a second moment (AdaMuon, NorMuon): the same
+    configuration and the same options checked."""
+    return CatalogCase(
+        name,
+        lambda **kw: make(**{"learning_rate": 0.05, "weight_decay": 0.01, **kw}),
+        vary=vary,
+        invalid=(
+            ("learning_rate", -0.1),
+            ("beta", 1.0),
+            ("beta2", 1.0),
+            ("eps", 0.0),
+            ("weight_decay", -1.0),
+            ("consistent_rms", 0.0),
+            ("adam_b1", 1.0),
+            ("adam_b2", 0.0),
+            ("adam_weight_decay", -1.0),
+            ("ns_steps", 0),
+            ("ns_coeffs", (1.0, 2.0)),
+        ),
+    )
 
 
 # A case varies a hyperparameter that changes the steps under the sweep's constant
@@ -38,26 +66,7 @@ CASES = [
             ("ns_coeffs", (1.0, 2.0)),
         ),
     ),
-    CatalogCase(
-        "AdaMuon",
-        lambda **kw: eqxopt.AdaMuon(
-            **{"learning_rate": 0.05, "weight_decay": 0.01, **kw}
-        ),
-        vary=("learning_rate", 0.01),
-        invalid=(
-            ("learning_rate", -0.1),
-            ("beta", 1.0),
-            ("beta2", 1.0),
-            ("eps", 0.0),
-            ("weight_decay", -1.0),
-            ("consistent_rms", 0.0),
-            ("adam_b1", 1.0),
-            ("adam_b2", 0.0),
-            ("adam_weight_decay", -1.0),
-            ("ns_steps", 0),
-            ("ns_coeffs", (1.0, 2.0)),
-        ),
-    ),
+    second_moment_muon_case("AdaMuon", eqxopt.AdaMuon, ("learning_rate", 0.01)),
     CatalogCase(
         "Dion",
         lambda **kw: eqxopt.Dion(

@@ -37,23 +37,12 @@ from ..._core._tree import (
     full_like_leaf,
     increment,
     is_float_leaf,
-    stored_dtype,
     zero_step,
 )
+from ._low_rank import low_rank_zeros, matrix_plan
 
 # As the authors' code: added to the norms the ratios divide by.
 _TINY = 1e-8
-
-
-def _plan(p: Any, rank: int) -> tuple[bool, int] | None:
-    """For a matrix leaf `(m, n)`: whether it is projected from the right (`m >=
-    n`: `R = G P^T`, `P` of shape `(r, n)`, one scale per row) rather than the
-    left (`R = P^T G`, `P` of shape `(m, r)`, one scale per column), and the rank
-    `r` used; `None` for every other leaf (Adam)."""
-    if not is_float_leaf(p) or p.ndim != 2:
-        return None
-    m, n = p.shape
-    return m >= n, min(rank, m, n)
 
 
 def _projection(key: Array, p: Any, right: bool, r: int) -> Array:
@@ -123,7 +112,7 @@ class AbstractAPOLLO(AbstractTransform):
         leaves, treedef = jax.tree.flatten(params)
         mu, nu, projection, scaled = [], [], [], []
         for i, p in enumerate(leaves):
-            plan = _plan(p, self.rank)
+            plan = matrix_plan(p, self.rank)
             if not is_float_leaf(p):
                 mu.append(None)
                 nu.append(None)
@@ -136,13 +125,11 @@ class AbstractAPOLLO(AbstractTransform):
                 projection.append(None)
                 scaled.append(None)
                 continue
+            # From the right (`R = G P^T`, one scale per row) where the rows are
+            # the long side, else from the left (`R = P^T G`, one per column).
             right, r = plan
-            m, n = p.shape
-            # Each piece split like the dimension of the parameter it keeps.
-            shape, dims = ((m, r), (0, None)) if right else ((r, n), (None, 1))
-            for column, dtype in ((mu, self.mu_dtype), (nu, self.nu_dtype)):
-                zeros = jnp.zeros(shape, stored_dtype(dtype, p.dtype))
-                column.append(split_like(zeros, p, dims))
+            mu.append(low_rank_zeros(p, right, r, self.mu_dtype))
+            nu.append(low_rank_zeros(p, right, r, self.nu_dtype))
             drawn = _projection(self._key(self.key, 0, i), p, right, r)
             projection.append(split_like(drawn, p, (None, 1) if right else (0, None)))
             scaled.append(jnp.full((), -1.0, jnp.float32))
@@ -187,7 +174,7 @@ class AbstractAPOLLO(AbstractTransform):
                 continue
             dtype = compute_dtype(p.dtype)
             g_ = g.astype(dtype)
-            plan = _plan(p, self.rank)
+            plan = matrix_plan(p, self.rank)
             if plan is None:
                 low = g_
             else:
@@ -368,37 +355,16 @@ class APOLLOMini(AbstractAPOLLO):
     `(m, n)` is two vectors of `max(m, n)` numbers and a projection of
     `min(m, n)`: SGD's memory, not Adam's.
 
-    For a matrix `G` of shape `(m, n)` (the gradient of a 2-D parameter), with a
-    random projection `P` whose entries are drawn from $N(0, 1/r)$ (shape `(r, n)`
-    when $m \geq n$, projecting each row; else `(m, r)`, projecting each column),
-    redrawn every `update_proj_gap` steps, and $t$ the step count after this
-    update:
+    Its rule is `APOLLO`'s (see the formula there) with the rank fixed at $r = 1$
+    and one scale per matrix (`APOLLO`'s `scale_type="tensor"`), from the whole
+    projected gradient $R_t$ rather than channel by channel:
 
     $$
-    \begin{aligned}
-    R_t &= G_t P^\top \quad (\text{or } P^\top G_t) \\
-    M_t &= \beta_1 M_{t-1} + (1 - \beta_1) R_t, \qquad
-    V_t = \beta_2 V_{t-1} + (1 - \beta_2) R_t^2 \\
-    s_j &= \frac{\lVert (M_t / (\sqrt{V_t} + \epsilon))_j \rVert}
-        {\lVert (R_t)_j \rVert + 10^{-8}}
-        \quad \text{(channel $j$: a row, or a column; tensor-wise: one $s$)} \\
-    \tilde G_t &= G_t \operatorname{diag}(s) \ \text{(rows: } \operatorname{diag}(s)
-        G_t\text{)}, \qquad
-    \tilde G_t \leftarrow \tilde G_t \,/\, \max\!\left(\frac{\lVert \tilde G_t
-        \rVert}{\gamma \lVert \tilde G_{t-1} \rVert}, 1\right) \\
-    p_t &= \left(p_{t-1} - \eta \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t}
-        \sqrt{\alpha}\, \tilde G_t\right) (1 - \eta \lambda)
-    \end{aligned}
+    s = \frac{\lVert M_t / (\sqrt{V_t} + \epsilon) \rVert}{\lVert R_t \rVert + 10^{-8}},
+    \qquad \tilde G_t = s\, G_t
     $$
 
-    where $\alpha$ is `scale`, $\gamma$ the norm-growth limit (Fira's limiter; the
-    first step is not limited) and $\lambda$ the weight decay (applied, as the
-    authors do, to the stepped parameter, at the leaves `mask` selects). Every
-    other leaf (vectors, scalars, 3-D and 4-D arrays) gets Adam in the same form:
-    $p_t = (p_{t-1} - \eta \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t}
-    \frac{m_t}{\sqrt{v_t} + \epsilon})(1 - \eta\lambda)$.
-
-    with $r = 1$ and a single, tensor-wise $s$.
+    Of the options the two share, only the default of `scale` differs.
 
     **Arguments:**
 

@@ -1,8 +1,6 @@
 """GaLore (Zhao et al., 2024): Adam on a low-rank projection of each matrix's
 gradient (`optax.contrib.galore`)."""
 
-from typing import Any
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -33,19 +31,9 @@ from ..._core._tree import (
     full_like_leaf,
     increment,
     is_float_leaf,
-    stored_dtype,
     zero_step,
 )
-
-
-def _plan(p: Any, rank: int) -> tuple[bool, int, int] | None:
-    """For a matrix leaf: (project from the left, the rows of the projector, the
-    rank used); `None` for every other leaf (full Adam)."""
-    if not is_float_leaf(p) or p.ndim != 2:
-        return None
-    m, n = p.shape
-    left = m >= n
-    return left, m if left else n, min(rank, m, n)
+from ._low_rank import low_rank_zeros, matrix_plan
 
 
 class GaLoreState(eqx.Module):
@@ -133,22 +121,21 @@ class GaLore(AbstractTransform):
         decay_flags(self.mask, params)  # a bad mask fails here
 
         def moment(p, dtype):
-            plan = _plan(p, self.rank)
+            plan = matrix_plan(p, self.rank)
             if not is_float_leaf(p):
                 return None
             if plan is None:
                 return full_like_leaf(p, 0.0, dtype)
-            left, _, r = plan
-            shape = (r, p.shape[1]) if left else (p.shape[0], r)
-            # Split like the dimension of the parameter it keeps: `split_like`.
-            dims = (None, 1) if left else (0, None)
-            return split_like(jnp.zeros(shape, stored_dtype(dtype, p.dtype)), p, dims)
+            # From the left (`R = P^T G`) where the rows are the long side.
+            left, r = plan
+            return low_rank_zeros(p, not left, r, dtype)
 
         def projector(p):
-            plan = _plan(p, self.rank)
+            plan = matrix_plan(p, self.rank)
             if plan is None:
                 return None
-            left, rows, r = plan
+            left, r = plan
+            rows = p.shape[0] if left else p.shape[1]
             dims = (0, None) if left else (1, None)  # its rows are p's rows or columns
             return split_like(jnp.zeros((rows, r), compute_dtype(p.dtype)), p, dims)
 
@@ -184,9 +171,9 @@ class GaLore(AbstractTransform):
                 continue
             dtype = compute_dtype(p.dtype)
             g_ = g.astype(dtype)
-            plan = _plan(p, self.rank)
+            plan = matrix_plan(p, self.rank)
             if plan is not None:
-                left, _, r = plan
+                left, r = plan
 
                 def fresh(g_=g_, left=left, r=r):
                     u, _, vh = jnp.linalg.svd(g_, full_matrices=False)

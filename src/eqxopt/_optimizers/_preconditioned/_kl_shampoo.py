@@ -37,9 +37,7 @@ from ..._core._tree import (
     zero_step,
 )
 from ._soap import (
-    _NO_GATHER,
-    _gather_once,
-    _in_shard_map,
+    _gathering,
     _kl_statistics,
     _like_inputs,
     _outer,
@@ -242,12 +240,7 @@ class KLShampoo(AbstractTransform):
                     column.append(value)
                 continue
             dtype = compute_dtype(p.dtype)
-            if not any(self._axes(global_shape(p, layout))):
-                whole, back = _NO_GATHER
-            elif any(layout):
-                whole, back = _in_shard_map(p, layout)
-            else:
-                whole, back = _gather_once(p)
+            whole, back = _gathering(p, layout, self._axes(global_shape(p, layout)))
             u, new_mu, new_gg = _shards.cond(
                 k == 0,
                 _like_inputs(first, skip=1),

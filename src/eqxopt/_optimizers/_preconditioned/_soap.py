@@ -348,12 +348,7 @@ class SOAP(AbstractTransform):
                     column.append(value)
                 continue
             dtype = compute_dtype(p.dtype)
-            if not any(self._axes(global_shape(p, layout))):
-                whole, back = _NO_GATHER
-            elif any(layout):
-                whole, back = _in_shard_map(p, layout)
-            else:
-                whole, back = _gather_once(p)
+            whole, back = _gathering(p, layout, self._axes(global_shape(p, layout)))
             args = (
                 whole(g.astype(dtype)),
                 whole(p.astype(dtype)),
@@ -475,6 +470,17 @@ def _gather_once(p: Array) -> tuple[Any, Any]:
     whole = NamedSharding(mesh, P(*[None] * p.ndim))
     pin = lambda x: jax.lax.with_sharding_constraint(x, whole)  # noqa: E731
     return pin, (lambda x: _jax_api.shard_alike(pin(x), p))
+
+
+def _gathering(p: Array, layout: Layout, axes: list[bool]) -> tuple[Any, Any]:
+    """How a leaf `p` laid out as `layout` is made whole for its preconditioner and
+    given back: identities where none of its axes is preconditioned (`axes`),
+    else `_in_shard_map` inside `shard_map`, else `_gather_once`."""
+    if not any(axes):
+        return _NO_GATHER
+    if any(layout):
+        return _in_shard_map(p, layout)
+    return _gather_once(p)
 
 
 def _like_inputs(rule: Any, skip: int = 0) -> Any:
