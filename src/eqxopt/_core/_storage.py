@@ -12,6 +12,9 @@ The maps and block sizes are those of torchao 0.18 (`torchao.optim.AdamW8bit`,
 and Li et al. 2023 (arXiv 2309.01507): a leaf is flattened and cut into blocks; each
 block is divided by its absmax (so its values lie in [-1, 1]) and each value is
 stored as the index of the nearest entry of a fixed table, the map.
+`Companded8bit` (FlashOptim, arXiv 2602.23349) computes its codes instead: groups
+of 32 scaled by a float16 absmax, a softsign-companded int8 or a square root in a
+uint8.
 
 On a mesh: for a parameter split along its leading dimension (FSDP) into shards
 whose element count divides by the block size, no block straddles two shards, and
@@ -249,8 +252,8 @@ class QuantizedArray(eqx.Module):
     (fp8: $x_i = \\text{float}(\\text{code}_i) \\cdot \\text{absmax}_b$, where
     `absmax` holds the block's absmax over 448; the companded maps of
     `Companded8bit` compute the value from the code, see there, and hold `absmax`
-    in float16). 4-bit codes are packed two to a
-    byte, the first in the high nibble. A value that is not finite (NaN, an
+    in float16). 4-bit codes are packed two to a byte, the first in the high
+    nibble. A value that is not finite (NaN, an
     infinity) is stored as 0 and left out of its block's scale (`quantize` says
     why). fp8 codes are held as the `uint8` bit
     patterns of their `float8_e4m3fn` values, so that every checkpoint format
