@@ -88,6 +88,20 @@ def main():
                 p16,
             ),
         ),
+        (
+            "bf16 params, ErrorCorrection(AdamW Companded8bit moments): FlashOptim's",
+            per_param(
+                eqxopt.ErrorCorrection(
+                    eqxopt.AdamW(
+                        1e-3,
+                        mu_dtype=eqxopt.Companded8bit(),
+                        nu_dtype=eqxopt.Companded8bit(),
+                    ),
+                    key=0,
+                ),
+                p16,
+            ),
+        ),
     ]
     print("| setup | bytes per parameter |\n|---|---|")
     for name, b in rows:

@@ -255,6 +255,7 @@ def state_memory(results: dict) -> str:
         ("`Blockwise8bit()`", "8-bit", 2.1),
         ("`Blockwise4bit()`", "4-bit", 1.1),
         ("`BlockwiseFp8()`", "fp8", ""),
+        ("`Companded8bit()`", "companded", ""),
     ]
     lines = ["| moments | state bytes per parameter | target |", "| --- | --- | --- |"]
     for label, key, target in rows:

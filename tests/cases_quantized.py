@@ -1,5 +1,6 @@
-"""Catalog cases with block-wise quantized moments (`Blockwise8bit`; the 4-bit and
-fp8 storages share its code path and are tested in test_quantized_state.py). The
+"""Catalog cases with block-wise quantized moments (`Blockwise8bit`, and
+`Companded8bit`; the 4-bit and fp8 storages share Blockwise8bit's code path and are
+tested in test_quantized_state.py). The
 catalog's trees are tiny, so these use small blocks and `min_size=2`: their larger
 leaves are then actually quantized (0-d and 1-element leaves stay float32)."""
 
@@ -33,6 +34,19 @@ CASES = [
         tags=TAGS,
     ),
 ]
+
+# FlashOptim's companded 8-bit moments: groups of 4 here (32 by default), float16
+# scales; the native kernels leave them to XLA's code.
+C8 = eqxopt.Companded8bit(block_size=4, min_size=2)
+CASES.append(
+    CatalogCase(
+        "AdamW-Companded8bit",
+        _make(eqxopt.AdamW, weight_decay=0.01, mu_dtype=C8, nu_dtype=C8),
+        vary=("b2", 0.9),
+        invalid=(("b1", 1.0), ("eps", 0.0)),
+        tags=TAGS,
+    )
+)
 
 # bf16 moments with an int8 residual (heavyball's ecc="bf16+8"): element-wise, no
 # blocks, every real float leaf stored so (min_size=0).

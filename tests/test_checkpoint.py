@@ -58,6 +58,7 @@ COMMON = textwrap.dedent(
         "Blockwise8bit": eqxopt.Blockwise8bit(16, 16),
         "Blockwise4bit": eqxopt.Blockwise4bit(16, 16),
         "BlockwiseFp8": eqxopt.BlockwiseFp8(16, 16),
+        "Companded8bit": eqxopt.Companded8bit(16, 16),
         # bf16 with an int8 residual, element-wise: sharded like the parameters
         "ErrorCorrectedBf16": eqxopt.ErrorCorrectedBf16(),
     }
@@ -96,7 +97,7 @@ COMMON = textwrap.dedent(
     def check_resume(name, opt, place, directory):
         params0 = make_params(place)
         state0 = opt.init(params0)
-        if "Blockwise" in name:  # the storage is in use
+        if "Blockwise" in name or "Companded" in name:  # the storage is in use
             assert isinstance(state0.mu["w1"], eqxopt.QuantizedArray), name
         params, state = run(opt, params0, state0, 0, SAVE)
         saved = (params, state)
@@ -171,7 +172,7 @@ SCRIPT = COMMON + textwrap.dedent(
     with tempfile.TemporaryDirectory() as directory:
         for name, opt in optimizers().items():
             hows = check_resume(name, opt, on_mesh, directory)
-            if "Blockwise" in name:  # the codes are split like their parameter
+            if "Blockwise" in name or "Companded" in name:  # codes split as params
                 codes = opt.init(make_params(on_mesh)).mu["w1"].codes
                 assert codes.sharding.spec == P("fsdp"), (name, codes.sharding)
             # Step counters and every other leaf no parameter shapes: replicated.

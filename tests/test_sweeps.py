@@ -197,7 +197,12 @@ def _distance(a, b):
 
 def _storage_off(opt):
     """The storage options of `opt` that quantize, set to `None` (float32)."""
-    storages = (eqxopt.Blockwise8bit, eqxopt.Blockwise4bit, eqxopt.BlockwiseFp8)
+    storages = (
+        eqxopt.Blockwise8bit,
+        eqxopt.Blockwise4bit,
+        eqxopt.BlockwiseFp8,
+        eqxopt.Companded8bit,
+    )
     return {
         f.name: None
         for f in dataclasses.fields(opt)
@@ -225,7 +230,12 @@ def test_a_packed_model_gets_the_trees_numbers_or_a_refusal(case):
         # Block-wise moments are quantized per block of the buffer, not of each
         # leaf: as close to the float32 run as the tree's quantized run is.
         exact = _run(case.make(**_storage_off(opt)), case, VECTORS, vector_loss)
-        assert _distance(got, exact) <= 1.5 * _distance(tree, exact) + 1e-6
+        # Companded codes are nearly linear (a softsign, 4 times finer near 0 at
+        # most), where the dynamic map has decades: a group of the buffer that
+        # mixes leaves of unlike magnitudes loses more (measured 1.6 times the
+        # tree's distance for AdamW-Companded8bit).
+        factor = 2.5 if "Companded" in case.name else 1.5
+        assert _distance(got, exact) <= factor * _distance(tree, exact) + 1e-6
         return
     for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(tree), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=case.name)

@@ -20,6 +20,7 @@ from ._storage import (
     Blockwise4bit as Blockwise4bit,
     Blockwise8bit as Blockwise8bit,
     BlockwiseFp8 as BlockwiseFp8,
+    Companded8bit as Companded8bit,
     ErrorCorrectedArray as ErrorCorrectedArray,
     ErrorCorrectedBf16 as ErrorCorrectedBf16,
     QuantizedArray as QuantizedArray,

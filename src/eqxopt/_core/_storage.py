@@ -12,6 +12,9 @@ The maps and block sizes are those of torchao 0.18 (`torchao.optim.AdamW8bit`,
 and Li et al. 2023 (arXiv 2309.01507): a leaf is flattened and cut into blocks; each
 block is divided by its absmax (so its values lie in [-1, 1]) and each value is
 stored as the index of the nearest entry of a fixed table, the map.
+`Companded8bit` (FlashOptim, arXiv 2602.23349) computes its codes instead: groups
+of 32 scaled by a float16 absmax, a softsign-companded int8 or a square root in a
+uint8.
 
 On a mesh: for a parameter split along its leading dimension (FSDP) into shards
 whose element count divides by the block size, no block straddles two shards, and
@@ -31,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-from jaxtyping import Array, Float32, Shaped
+from jaxtyping import Array, Float, Float32, Shaped
 
 from ._param_sharding import where
 
@@ -40,6 +43,39 @@ _PACKED = ("dynamic4_signed", "linear4_unsigned")
 
 # torchao clips each block's absmax at this, so an all-zero block divides by it.
 _TINY_SCALE = 1e-12
+
+# FlashOptim's companded maps (`Companded8bit`): codes are computed, not looked up
+# by search; the scale is stored as float16.
+_COMPANDED = ("companded8_signed", "companded8_unsigned")
+
+# The largest finite float16, and the least float32 that rounds to float16's
+# infinity (65504 + half of float16's spacing of 32 there).
+_F16_MAX = 65504.0
+_F16_OVERFLOW = 65520.0
+
+
+def _scale_dtype(map_name: str) -> Any:
+    """The dtype a map's block scales are stored in."""
+    return jnp.float16 if map_name in _COMPANDED else jnp.float32
+
+
+@functools.cache
+def companded_table(name: str) -> np.ndarray:
+    """The value each code of a companded map reads back as before its group's
+    scale, by code (float32, indexed by the stored `uint8` bit pattern), computed
+    as FlashOptim's dequantize kernel does in float32: signed, `t = int8(code) /
+    127` and `t / (2 - |t|)` (the softsign's inverse); unsigned, `code / 255`
+    (the square root of the value over the scale). A table of 256, so that XLA's
+    rewrite of a division by a constant (a multiplication by its rounded
+    reciprocal) cannot change the values."""
+    if name == "companded8_signed":
+        q = np.arange(256, dtype=np.uint8).view(np.int8).astype(np.float32)
+        t = q / np.float32(127.0)
+        return (t / (np.float32(2.0) - np.abs(t))).astype(np.float32)
+    if name == "companded8_unsigned":
+        q = np.arange(256, dtype=np.float32)
+        return (q / np.float32(255.0)).astype(np.float32)
+    raise ValueError(f"unknown companded map {name!r}")
 
 
 def _dynamic_map(signed: bool, exponent_bits: int, total_bits: int) -> np.ndarray:
@@ -214,8 +250,10 @@ class QuantizedArray(eqx.Module):
     $$x_i = \\text{map}[\\text{code}_i] \\cdot \\text{absmax}_b$$
 
     (fp8: $x_i = \\text{float}(\\text{code}_i) \\cdot \\text{absmax}_b$, where
-    `absmax` holds the block's absmax over 448). 4-bit codes are packed two to a
-    byte, the first in the high nibble. A value that is not finite (NaN, an
+    `absmax` holds the block's absmax over 448; the companded maps of
+    `Companded8bit` compute the value from the code, see there, and hold `absmax`
+    in float16). 4-bit codes are packed two to a byte, the first in the high
+    nibble. A value that is not finite (NaN, an
     infinity) is stored as 0 and left out of its block's scale (`quantize` says
     why). fp8 codes are held as the `uint8` bit
     patterns of their `float8_e4m3fn` values, so that every checkpoint format
@@ -226,15 +264,17 @@ class QuantizedArray(eqx.Module):
 
     - `codes`: `uint8` `(n_blocks, block_size)` (4-bit: `block_size // 2`; fp8:
       the bits of `float8_e4m3fn` values).
-    - `absmax`: float32 `(n_blocks,)`: each block's scale.
+    - `absmax`: float32 `(n_blocks,)` (float16 for the companded maps): each
+      block's scale.
     - `shape`: the leaf's shape (static).
     - `dtype`: the dtype the values are read in (float32; static).
     - `map_name`: the map (static): `"dynamic8_signed"`, `"dynamic8_unsigned"`,
-      `"dynamic4_signed"`, `"linear4_unsigned"` or `"fp8_e4m3fn"`.
+      `"dynamic4_signed"`, `"linear4_unsigned"`, `"fp8_e4m3fn"`,
+      `"companded8_signed"` or `"companded8_unsigned"`.
     """
 
     codes: Shaped[Array, "blocks width"]
-    absmax: Float32[Array, " blocks"]
+    absmax: Float[Array, " blocks"]
     shape: tuple[int, ...] = eqx.field(static=True)
     dtype: Any = eqx.field(static=True)
     map_name: str = eqx.field(static=True)
@@ -251,6 +291,13 @@ class QuantizedArray(eqx.Module):
     def dequantize(self) -> Float32[Array, "..."]:
         """The stored values, as a float32 array of `shape`."""
         codes = self.codes
+        if self.map_name in _COMPANDED:
+            table = jnp.asarray(companded_table(self.map_name))
+            values = table[codes.astype(jnp.int32)]
+            values = values * self.absmax.astype(jnp.float32)[:, None]
+            if self.map_name == "companded8_unsigned":  # stored as a square root
+                values = values * values
+            return values.reshape(-1)[: self.size].reshape(self.shape)
         if self.map_name == "fp8_e4m3fn":
             values = _from_fp8_bits(codes).astype(jnp.float32)
         else:
@@ -294,6 +341,8 @@ def quantize(x: Array, map_name: str, block_size: int) -> QuantizedArray:
     # the same (`_kernels/quantized.cc`, `Scale`). A quantized moment so only ever
     # holds finite numbers.
     blocks = jnp.where(jnp.isfinite(blocks), blocks, 0.0)
+    if map_name in _COMPANDED:
+        return _compand(blocks, tuple(x.shape), map_name)
     absmax = jnp.maximum(jnp.max(jnp.abs(blocks), axis=-1), _TINY_SCALE)
     if map_name == "fp8_e4m3fn":
         scale = absmax / float(jnp.finfo(jnp.float8_e4m3fn).max)
@@ -309,6 +358,42 @@ def quantize(x: Array, map_name: str, block_size: int) -> QuantizedArray:
     return QuantizedArray(codes, absmax, tuple(x.shape), jnp.float32, map_name)
 
 
+def _compand(blocks: Array, shape: tuple[int, ...], map_name: str) -> QuantizedArray:
+    """Finite float32 `blocks` in a companded map, as FlashOptim's quantize kernel
+    computes them (float32 throughout): unsigned, the square root first; each
+    group divided by its absmax (at least 1e-12); signed, companded by the
+    softsign `2n / (1 + |n|)`; times 127 (unsigned 255), rounded as
+    `floor(v + 0.5)`. The scale is the absmax rounded to float16. A group whose
+    absmax would round to float16's infinity saturates (`Companded8bit` says
+    why): it is divided by 65504 instead and its values clipped to [-1, 1]."""
+    if map_name == "companded8_unsigned":
+        # A value the optimizer declares non-negative cannot be below 0 but by
+        # rounding; as the unsigned dynamic map, it reads back as 0.
+        blocks = jnp.sqrt(jnp.maximum(blocks, 0.0))
+    absmax = jnp.maximum(jnp.max(jnp.abs(blocks), axis=-1), _TINY_SCALE)
+    over = absmax >= _F16_OVERFLOW
+    divisor = jnp.where(over, jnp.float32(_F16_MAX), absmax)
+    scale = jnp.where(over, _F16_MAX, absmax).astype(jnp.float16)
+    # A true division, as the kernel's: XLA would rewrite a division by a
+    # broadcast into a multiplication by the rounded reciprocal (one rounding
+    # more, which moves a code now and then); the barrier hides the broadcast.
+    divisors = jax.lax.optimization_barrier(
+        jnp.broadcast_to(divisor[:, None], blocks.shape)
+    )
+    normalized = jnp.clip(blocks / divisors, -1.0, 1.0)
+    if map_name == "companded8_signed":
+        companded = 2.0 * normalized / (1.0 + jnp.abs(normalized))
+        # The clip (the identity here) keeps the product from being fused with
+        # the addition into one rounding (LLVM's contraction on XLA:CPU).
+        scaled = jnp.clip(companded * 127.0, -127.0, 127.0)
+        codes = jnp.floor(scaled + 0.5).astype(jnp.int8)
+        codes = jax.lax.bitcast_convert_type(codes, jnp.uint8)
+    else:
+        scaled = jnp.clip(normalized * 255.0, 0.0, 255.0)
+        codes = jnp.floor(scaled + 0.5).astype(jnp.uint8)
+    return QuantizedArray(codes, scale, shape, jnp.float32, map_name)
+
+
 def _zeros(shape: tuple[int, ...], map_name: str, block_size: int) -> QuantizedArray:
     # All codes 0 with absmax 0: exactly zero under every map (as torchao's `zeros`;
     # quantizing zeros would store the 4-bit unsigned map's 1/16 times 1e-12).
@@ -316,7 +401,7 @@ def _zeros(shape: tuple[int, ...], map_name: str, block_size: int) -> QuantizedA
     n_blocks = -(-size // block_size)
     width = block_size // 2 if map_name in _PACKED else block_size
     codes = jnp.zeros((n_blocks, width), jnp.uint8)  # fp8's bits of 0.0 too
-    absmax = jnp.zeros((n_blocks,), jnp.float32)
+    absmax = jnp.zeros((n_blocks,), _scale_dtype(map_name))
     return QuantizedArray(codes, absmax, shape, jnp.float32, map_name)
 
 
@@ -507,6 +592,83 @@ class BlockwiseFp8(AbstractBlockwiseStorage):
     min_size: int = eqx.field(default=4096, static=True)
     signed_map = "fp8_e4m3fn"
     unsigned_map = "fp8_e4m3fn"
+
+
+class Companded8bit(AbstractBlockwiseStorage):
+    r"""FlashOptim's companded 8-bit storage for a moment (Databricks, arXiv
+    2602.23349): 1 byte per element plus a float16 scale per group of 32, so
+    $1 + 2/32$ bytes per element.
+
+    Each group $b$ of `block_size` elements of the flattened leaf is divided by
+    its absmax $s_b = \max(\max_{i \in b} |x_i|, 10^{-12})$. A signed moment is
+    then companded by the softsign, finer near zero, and stored as an int8:
+
+    $$q_i = \left\lfloor 127 \, \frac{2 n_i}{1 + |n_i|} + \tfrac12 \right\rfloor,
+    \qquad n_i = x_i / s_b,$$
+
+    read back as $\frac{t}{2 - |t|} \, \hat s_b$ with $t = q_i / 127$ and
+    $\hat s_b$ the float16 rounding of $s_b$. A moment the optimizer declares
+    non-negative (Adam's `nu`, ...) is stored by its square root, with no
+    softsign, as a uint8 $q_i = \lfloor 255 \sqrt{x_i} / s_b + \frac12 \rfloor$
+    ($s_b$ the absmax of the square roots) and read back as
+    $(q_i / 255 \cdot \hat s_b)^2$. All in float32, as FlashOptim's kernels
+    (`quantize`, `dequantize`); the codes are kept as `uint8` (the int8's bits
+    for a signed moment) in a `QuantizedArray` whose `absmax` is float16. The
+    round-trip error of an element is at most $\hat s_b / 127$ signed
+    ($\hat s_b / 508$ near zero, where the softsign is steepest), and
+    $\hat s_b / 510$ in the square root unsigned, plus the scale's rounding.
+
+    The float16 scale limits the range: its relative rounding is $2^{-11}$ for
+    $s_b \geq 2^{-14} \approx 6.1 \times 10^{-5}$; below that it is a subnormal
+    (steps of $2^{-24}$), and a group whose $s_b$ is under $2^{-25} \approx 3
+    \times 10^{-8}$ reads back as zeros (for a non-negative moment $s_b$ is a
+    square root: values under about $9 \times 10^{-16}$). FlashOptim does the
+    same. Above, a group whose $s_b$ would round to float16's infinity (from
+    65520 on: a signed moment beyond that, or a non-negative one beyond about
+    $4.3 \times 10^9$) saturates, which FlashOptim does not (its scale turns
+    infinite and the group reads back infinite or NaN): its scale is 65504 and
+    its values are clipped to $\pm 65504$ ($65504^2$ non-negative), the others
+    in the group keeping their codes on that scale. Every other group is stored
+    bit for bit as FlashOptim's kernels store it (codes and scale). Not finite
+    values are stored as 0 and left out of their group's scale, as in the other
+    storages (`quantize`). The native CPU kernels do not read this storage: its
+    leaves take XLA's code.
+
+    **Arguments:**
+
+    - `block_size`: elements per group (FlashOptim's 32 by default). A leaf's
+      last group is zero-padded, as FlashOptim's kernels pad it.
+    - `min_size`: leaves with fewer elements stay float32 (4096, as the other
+      storages; FlashOptim quantizes every leaf on a GPU).
+
+    **Example:**
+
+    ```python
+    import jax
+    import jax.numpy as jnp
+    import eqxopt
+
+    w = jax.random.normal(jax.random.key(0), (64, 128))
+    params = {"w": w, "b": jnp.zeros(128)}
+    q = eqxopt.Companded8bit()
+    opt = eqxopt.AdamW(1e-3, mu_dtype=q, nu_dtype=q)
+    state = opt.init(params)
+    mu = state.mu["w"]  # 8192 elements: 256 groups of 32
+    assert mu.codes.shape == (256, 32) and mu.absmax.dtype == jnp.float16
+    assert state.mu["b"].dtype == jnp.float32  # under min_size: stays float32
+    grads = jax.tree.map(jnp.ones_like, params)
+    params, state = opt.step(grads, state, params)
+    ```
+
+    **Reference:** FlashOptim (github.com/databricks/flashoptim),
+    `flashoptim/optimizers.py`: `quantize`, `dequantize` and their Triton
+    kernels, `FlashAdam._quantized_state_spec`.
+    """
+
+    block_size: int = eqx.field(default=32, static=True)
+    min_size: int = eqx.field(default=4096, static=True)
+    signed_map = "companded8_signed"
+    unsigned_map = "companded8_unsigned"
 
 
 def is_quantized(x: Any) -> bool:
