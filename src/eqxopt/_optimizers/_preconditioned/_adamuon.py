@@ -22,11 +22,10 @@ from ..._core._fields import (
     values_at,
     weight_decay_field,
 )
-from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
 from ..._core._moments import Moment, moment_like
 from ..._core._tree import abs_sq, increment, step_power, zero_step
-from ._muon import _merge, _orthogonalise, _select, adamw_rule
+from ._muon import _orthogonalise, adamw_rule, map_matrices_and_rest
 from ._orthogonal import (
     DEFAULT_NS_COEFFS,
     check_coeffs,
@@ -238,27 +237,17 @@ class AdaMuon(AbstractTransform):
                 update = update + wd * p
             return -lr * update, mu, nu
 
-        not_muon = [not f for f in is_muon]
-        muon_updates, (muon_mu, muon_nu) = map_leaves(
+        updates, (mu, nu), _, _ = map_matrices_and_rest(
             adamuon_rule,
-            _select(grads, params, is_muon, grads=True),
-            params,
-            (_select(state.mu, params, is_muon), _select(state.nu, params, is_muon)),
-            flags=list(zip(axes, decays)),
-        )
-        adam_updates, (adam_mu, adam_nu) = map_leaves(
             adamw_rule(h, t, nesterov=False),
-            _select(grads, params, not_muon, grads=True),
+            grads,
             params,
-            (_select(state.mu, params, not_muon), _select(state.nu, params, not_muon)),
-            elementwise=True,
-            flags=decays,
+            is_muon,
+            shared=(state.mu, state.nu),
+            matrix_flags=list(zip(axes, decays)),
+            other_flags=decays,
         )
-        return _merge(muon_updates, adam_updates, params, is_muon), AdaMuonState(
-            step=t,
-            mu=_merge(muon_mu, adam_mu, params, is_muon),
-            nu=_merge(muon_nu, adam_nu, params, is_muon),
-        )
+        return updates, AdaMuonState(step=t, mu=mu, nu=nu)
 
 
 def _adamuon_direction(opt: AdaMuon, h: Any, t: Int[Array, ""]) -> Any:

@@ -27,13 +27,12 @@ from ..._core._fields import (
     weight_decay_field,
 )
 from ..._core._keys import key_data
-from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
 from ..._core._moments import Moment, moment_like
 from ..._core._param_sharding import split_like
 from ..._core._real import RealOnly
 from ..._core._tree import increment, zero_step
-from ._muon import _merge, _select, adamw_rule
+from ._muon import _select, adamw_rule, map_matrices_and_rest
 from ._orthogonal import MatrixAxes, fans, leaf_axes, matrix_mask, to_matrices
 
 
@@ -318,23 +317,16 @@ class Dion(AbstractTransform):
                 update = update + wd * p
             return -lr * update, back(tall), q
 
-        adam_rule = adamw_rule(h, t, False)
-        not_dion = [not f for f in is_dion]
-        dion_updates, (dion_mu, q) = map_leaves(
+        updates, (momentum,), (q,), (nu,) = map_matrices_and_rest(
             dion_rule,
-            _select(grads, params, is_dion, grads=True),
+            adamw_rule(h, t, False),
+            grads,
             params,
-            (_select(state.mu, params, is_dion), state.q),
-            flags=list(zip(axes, decays)),
+            is_dion,
+            shared=(state.mu,),
+            matrix_only=(state.q,),
+            other_only=(state.nu,),
+            matrix_flags=list(zip(axes, decays)),
+            other_flags=decays,
         )
-        adam_updates, (adam_mu, nu) = map_leaves(
-            adam_rule,
-            _select(grads, params, not_dion, grads=True),
-            params,
-            (_select(state.mu, params, not_dion), state.nu),
-            elementwise=True,
-            flags=decays,
-        )
-        updates = _merge(dion_updates, adam_updates, params, is_dion)
-        momentum = _merge(dion_mu, adam_mu, params, is_dion)
         return updates, DionState(step=t, mu=momentum, nu=nu, q=q)

@@ -419,25 +419,17 @@ class Muon(AbstractTransform):
                 update = update + wd * p
             return -lr * update, mu
 
-        adam_rule = adamw_rule(h, t, self.nesterov)
-        not_muon = [not f for f in is_muon]
-        muon_updates, (muon_mu,) = map_leaves(
+        updates, (mu,), _, (nu,) = map_matrices_and_rest(
             muon_rule,
-            _select(grads, params, is_muon, grads=True),
+            adamw_rule(h, t, self.nesterov),
+            grads,
             params,
-            (_select(state.mu, params, is_muon),),
-            flags=list(zip(axes, decays)),
+            is_muon,
+            shared=(state.mu,),
+            other_only=(state.nu,),
+            matrix_flags=list(zip(axes, decays)),
+            other_flags=decays,
         )
-        adam_updates, (adam_mu, nu) = map_leaves(
-            adam_rule,
-            _select(grads, params, not_muon, grads=True),
-            params,
-            (_select(state.mu, params, not_muon), state.nu),
-            elementwise=True,
-            flags=decays,
-        )
-        updates = _merge(muon_updates, adam_updates, params, is_muon)
-        mu = _merge(muon_mu, adam_mu, params, is_muon)
         return updates, MuonState(step=t, mu=mu, nu=nu)
 
 
@@ -511,4 +503,56 @@ def _merge(a: PyTree, b: PyTree, params: Params, take_a: list[bool]) -> PyTree:
     b_leaves = treedef.flatten_up_to(b)
     return treedef.unflatten(
         [x if k else y for x, y, k in zip(a_leaves, b_leaves, take_a)]
+    )
+
+
+def map_matrices_and_rest(
+    matrix_rule: Any,
+    other_rule: Any,
+    grads: Grads,
+    params: Params,
+    is_matrix: list[bool],
+    *,
+    shared: tuple[PyTree, ...],
+    matrix_only: tuple[PyTree, ...] = (),
+    other_only: tuple[PyTree, ...] = (),
+    matrix_flags: list[Any],
+    other_flags: list[Any],
+) -> tuple[Updates, tuple[PyTree, ...], tuple[PyTree, ...], tuple[PyTree, ...]]:
+    """The step of an optimizer that treats its matrix leaves with one rule and
+    every other leaf with another (Muon's family: the matrices' own rule, AdamW
+    for the rest): `map_leaves` of `matrix_rule(g, p, *shared, *matrix_only,
+    flag)` on the leaves `is_matrix` selects and of `other_rule(g, p, *shared,
+    *other_only, flag)` (element-wise) on the others.
+
+    `shared` are state trees held at every leaf (a momentum), `matrix_only` and
+    `other_only` those held at one side's leaves only (`None` at the other's).
+    Returns the updates and the new `shared` (merged), `matrix_only` and
+    `other_only` trees."""
+    is_other = [not f for f in is_matrix]
+
+    def run(rule, keep, own, flags, elementwise):
+        picked = tuple(_select(tree, params, keep) for tree in shared)
+        updates, moments = map_leaves(
+            rule,
+            _select(grads, params, keep, grads=True),
+            params,
+            (*picked, *own),
+            elementwise=elementwise,
+            flags=flags,
+        )
+        return updates, moments[: len(shared)], moments[len(shared) :]
+
+    m_updates, m_shared, m_own = run(
+        matrix_rule, is_matrix, matrix_only, matrix_flags, False
+    )
+    o_updates, o_shared, o_own = run(
+        other_rule, is_other, other_only, other_flags, True
+    )
+    merged = tuple(_merge(a, b, params, is_matrix) for a, b in zip(m_shared, o_shared))
+    return (
+        _merge(m_updates, o_updates, params, is_matrix),
+        merged,
+        tuple(m_own),
+        tuple(o_own),
     )

@@ -20,7 +20,6 @@ from ..._core._fields import (
     values_at,
     weight_decay_field,
 )
-from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
 from ..._core._moments import Moment, moment_like
 from ..._core._tree import (
@@ -30,11 +29,11 @@ from ..._core._tree import (
     zero_step,
 )
 from ._muon import (
-    _merge,
     _muon_flags,
     _orthogonalise,
     _select,
     adamw_rule,
+    map_matrices_and_rest,
 )
 from ._orthogonal import (
     DEFAULT_NS_COEFFS,
@@ -233,25 +232,21 @@ class NorMuon(AbstractTransform):
                 direction = direction + wd * p
             return -lr * direction, mu, v
 
-        not_muon = [not f for f in is_muon]
-        muon_updates, (muon_mu, row_nu) = map_leaves(
+        updates, (mu,), (row_nu,), (nu,) = map_matrices_and_rest(
             normuon_rule,
-            _select(grads, params, is_muon, grads=True),
-            params,
-            (_select(state.mu, params, is_muon), state.row_nu),
-            flags=decays,
-        )
-        adam_updates, (adam_mu, nu) = map_leaves(
             adamw_rule(h, t, nesterov=False),
-            _select(grads, params, not_muon, grads=True),
+            grads,
             params,
-            (_select(state.mu, params, not_muon), state.nu),
-            elementwise=True,
-            flags=decays,
+            is_muon,
+            shared=(state.mu,),
+            matrix_only=(state.row_nu,),
+            other_only=(state.nu,),
+            matrix_flags=decays,
+            other_flags=decays,
         )
-        return _merge(muon_updates, adam_updates, params, is_muon), NorMuonState(
+        return updates, NorMuonState(
             step=t,
-            mu=_merge(muon_mu, adam_mu, params, is_muon),
+            mu=mu,
             nu=nu,
             row_nu=row_nu,
         )

@@ -24,11 +24,10 @@ from ..._core._fields import (
     values_at,
     weight_decay_field,
 )
-from ..._core._leafwise import map_leaves
 from ..._core._masks import decay_flags
 from ..._core._moments import Moment, moment_like
 from ..._core._tree import increment, zero_step
-from ._muon import _merge, _orthogonalise, _select, adamw_rule
+from ._muon import _orthogonalise, _select, adamw_rule, map_matrices_and_rest
 from ._orthogonal import (
     DEFAULT_NS_COEFFS,
     check_coeffs,
@@ -285,25 +284,18 @@ class PolarGrad(AbstractTransform):
                 update = update + wd * p
             return -lr * update, mu
 
-        not_polar = [not f for f in is_polar]
-        polar_updates, (polar_mu,) = map_leaves(
+        updates, (mu,), _, (nu,) = map_matrices_and_rest(
             polar_rule,
-            _select(grads, params, is_polar, grads=True),
-            params,
-            (_select(state.mu, params, is_polar),),
-            flags=list(zip(axes, decays)),
-        )
-        adam_updates, (adam_mu, nu) = map_leaves(
             adamw_rule(h, t, nesterov=False),
-            _select(grads, params, not_polar, grads=True),
+            grads,
             params,
-            (_select(state.mu, params, not_polar), state.nu),
-            elementwise=True,
-            flags=decays,
+            is_polar,
+            shared=(state.mu,),
+            other_only=(state.nu,),
+            matrix_flags=list(zip(axes, decays)),
+            other_flags=decays,
         )
-        return _merge(polar_updates, adam_updates, params, is_polar), PolarGradState(
-            step=t, mu=_merge(polar_mu, adam_mu, params, is_polar), nu=nu
-        )
+        return updates, PolarGradState(step=t, mu=mu, nu=nu)
 
 
 def _polargrad_direction(opt: PolarGrad, h: Any) -> Any:
