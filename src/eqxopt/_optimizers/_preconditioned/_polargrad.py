@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
+from ..._core import _jax_api
 from ..._core._base import AbstractTransform, Grads, Params, Updates
 from ..._core._checks import static_count
 from ..._core._fields import (
@@ -83,7 +84,8 @@ def polar_factor(
     the singular vectors whose singular values are above `max(m, n)` machine
     epsilons of the largest (the partial isometry of a rank-deficient matrix, as
     QDWH and Newton-Schulz give: `0` for a matrix of zeros). `"newton_schulz"` is
-    Muon's iteration (`coeffs`, `eps`), an approximation.
+    Muon's iteration (`coeffs`, `eps`), an approximation. Inside `jax.shard_map`,
+    on a block that varies over its mesh axes, `"qdwh"` runs as `"svd"`.
     """
     if method == "newton_schulz":
         return _orthogonalise(x, coeffs, eps)
@@ -91,6 +93,10 @@ def polar_factor(
     wide = m < n
     y = _swap(x) if wide else x
     flat = jnp.reshape(y, (-1, *y.shape[-2:]))
+    if method == "qdwh" and _jax_api.varying_axes(x):
+        # Inside `shard_map`, on a block that varies over its axes, the loop of
+        # JAX's QDWH cannot trace: the SVD gives the same factor to rounding.
+        method = "svd"
     if method == "qdwh":
 
         def one(a):
@@ -165,6 +171,8 @@ class PolarGrad(AbstractTransform):
       of its polar factors (the paper's polar-first PolarGradM), instead of the
       polar decomposition of the momentum (default `False`, as the reference).
     - `polar_method`: `"qdwh"` (the default), `"svd"` or `"newton_schulz"`.
+      Inside `jax.shard_map`, on a block that varies over the mesh axes, `"qdwh"`
+      runs as `"svd"` (JAX's QDWH loop does not trace there).
     - `qdwh_steps`: the most QDWH iterations (static int `>= 1`); `None` (default)
       runs to convergence (JAX's cap of 10). The reference code's default is 2.
     - `ns_steps`, `ns_coeffs`: the Newton-Schulz steps and coefficients, for
