@@ -226,6 +226,10 @@ def _adamw(schedule, wd, **kw):
 _F32 = {"mu_dtype": jnp.float32, "nu_dtype": jnp.float32}
 _Q8 = {"mu_dtype": eqxopt.Blockwise8bit(), "nu_dtype": eqxopt.Blockwise8bit()}
 _Q4 = {"mu_dtype": eqxopt.Blockwise4bit(), "nu_dtype": eqxopt.Blockwise4bit()}
+_COMPANDED = {
+    "mu_dtype": eqxopt.Companded8bit(),
+    "nu_dtype": eqxopt.Companded8bit(),
+}
 _ECC = {
     "mu_dtype": eqxopt.ErrorCorrectedBf16(),
     "nu_dtype": eqxopt.ErrorCorrectedBf16(),
@@ -248,6 +252,12 @@ CONFIGS: dict[str, Config] = {
             "AdamW, 4-bit moments",
             jnp.float32,
             lambda s, wd, seed: _adamw(s, wd, **_Q4),
+        ),
+        Config(
+            "companded",
+            "AdamW, companded 8-bit moments",
+            jnp.float32,
+            lambda s, wd, seed: _adamw(s, wd, **_COMPANDED),
         ),
         Config(
             "bf16",
