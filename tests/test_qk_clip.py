@@ -216,3 +216,24 @@ def test_errors_name_the_argument():
         TypeError, match=r"attention must be an eqx\.nn\.MultiheadAttention"
     ):
         eqxopt.max_attention_logits(model.head, jnp.ones((2, 8)), jnp.ones((2, 8)))
+
+
+def test_attention_layers_must_be_taken_from_the_parameters():
+    # A function that builds new projections (copies) names nothing in the tree.
+    lin = eqx.nn.Linear(4, 4, key=jax.random.key(1))
+
+    class Named(eqx.Module):
+        query_proj: eqx.nn.Linear
+        key_proj: eqx.nn.Linear
+        num_heads: int = eqx.field(static=True)
+
+    def copies(m):
+        fresh = jax.tree.map(lambda x: x + 0.0, m)
+        return [Named(fresh, fresh, 2)]
+
+    opt = eqxopt.QKClip(eqxopt.SGD(0.1), attention=copies)
+    grads = jax.tree.map(jnp.zeros_like, lin)
+    with pytest.raises(
+        ValueError, match="attention layer 0 is not part of the parameters"
+    ):
+        opt.step(grads, opt.init(lin), lin, max_logits=[jnp.ones(2)])

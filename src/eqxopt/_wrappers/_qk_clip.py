@@ -138,12 +138,13 @@ class AbstractQKClip(AbstractSingleWrapper):
         updates, state = self.inner.transform(grads, state, params, **extra)
         if not layers:
             return updates, state
-        update_layers = _attention_layers(self.attention, updates)
+        # The layers are found once, in the parameters: each projection's update
+        # is read and written at the position of its parameter leaf.
+        param_leaves, treedef = jax.tree.flatten(params)
+        position = {id(x): i for i, x in enumerate(param_leaves)}
+        update_leaves = treedef.flatten_up_to(updates)
         threshold = jnp.asarray(self.threshold, jnp.float32)
-        new = []
-        for i, (layer, update_layer, s) in enumerate(
-            zip(layers, update_layers, logits)
-        ):
+        for i, (layer, s) in enumerate(zip(layers, logits)):
             heads = layer.num_heads
             if jnp.shape(s) != (heads,):
                 raise ValueError(
@@ -154,7 +155,14 @@ class AbstractQKClip(AbstractSingleWrapper):
             # scaled by sqrt(gamma), so that head's logits scale by gamma.
             s = jnp.asarray(s, jnp.float32)
             gamma = jnp.where(s > threshold, threshold / s, 1.0)
-            for p, u in zip(_projections(layer), _projections(update_layer)):
+            for p in _projections(layer):
+                at = position.get(id(p))
+                if at is None:
+                    raise ValueError(
+                        f"{name}: attention layer {i} is not part of the parameters "
+                        "(attention= must return the layers as they are in them)"
+                    )
+                u = update_leaves[at]
                 if u is None:
                     raise ValueError(
                         f"{name}: attention layer {i}'s query or key projection has "
@@ -173,17 +181,8 @@ class AbstractQKClip(AbstractSingleWrapper):
                 # clipped (scale 1).
                 wide = jnp.promote_types(p.dtype, jnp.float32)
                 clipped = u.astype(wide) * scale + p.astype(wide) * (scale - 1)
-                new.append(clipped.astype(u.dtype))
-        updates = eqx.tree_at(
-            lambda t: [
-                x
-                for layer in _attention_layers(self.attention, t)
-                for x in _projections(layer)
-            ],
-            updates,
-            new,
-        )
-        return updates, state
+                update_leaves[at] = clipped.astype(u.dtype)
+        return treedef.unflatten(update_leaves), state
 
 
 class QKClip(AbstractQKClip):
