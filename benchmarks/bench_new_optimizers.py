@@ -48,7 +48,25 @@ def optimizers() -> dict:
         "APOLLO": eqxopt.APOLLO(1e-3),
         "APOLLOMini": eqxopt.APOLLOMini(1e-3),
         "OffloadState(AdamW)": eqxopt.OffloadState(eqxopt.AdamW(1e-3)),
+        "AdamW, Companded8bit moments": eqxopt.AdamW(
+            1e-3, mu_dtype=eqxopt.Companded8bit(), nu_dtype=eqxopt.Companded8bit()
+        ),
+        "AdamW, ErrorCorrectedBf16 moments": eqxopt.AdamW(
+            1e-3, mu_dtype=ECC, nu_dtype=ECC
+        ),
+        # Below: bf16 parameters (the state bytes count the residual too).
+        "bf16 ErrorCorrection(AdamW)": eqxopt.ErrorCorrection(
+            eqxopt.AdamW(1e-3), key=0
+        ),
+        "bf16 ErrorCorrection(AdamW, ErrorCorrectedBf16 moments)": (
+            eqxopt.ErrorCorrection(
+                eqxopt.AdamW(1e-3, mu_dtype=ECC, nu_dtype=ECC), key=0
+            )
+        ),
     }
+
+
+ECC = eqxopt.ErrorCorrectedBf16()
 
 
 def _no_attention(model):
@@ -81,8 +99,12 @@ def run(n_rounds: int | None = None) -> dict:
         step = eqxopt.make_train_step(
             _loss_with_logits if clip else _loss, opt, has_aux=clip
         )
+        dtype = jnp.bfloat16 if name.startswith("bf16") else None
         m = jax.tree.map(
-            lambda a: jnp.array(a, copy=True) if eqx.is_array(a) else a, model
+            lambda a, dtype=dtype: (
+                jnp.array(a, dtype=dtype, copy=True) if eqx.is_array(a) else a
+            ),
+            model,
         )
         s = opt.init(m)
         state_bytes[name] = _state_bytes(s) / n
