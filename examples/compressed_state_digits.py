@@ -62,7 +62,10 @@ NAMES = (
 
 def configurations(schedule, seed):
     """name -> (parameter dtype, optimizer), for each of `NAMES`."""
-    adamw = lambda **kw: eqxopt.AdamW(schedule, weight_decay=1e-2, **kw)  # noqa: E731
+
+    def adamw(**kw):
+        return eqxopt.AdamW(schedule, weight_decay=1e-2, **kw)
+
     ecc = eqxopt.ErrorCorrectedBf16()
     companded = eqxopt.Companded8bit()
     return {
