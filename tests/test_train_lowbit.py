@@ -53,3 +53,15 @@ def test_update_sizes_compare_each_storage_with_f32(tmp_path, capsys):
     assert len(ratios) == 4 and all(0.0 < r < 100.0 for r in ratios[1:])
     assert (tmp_path / "update_sizes.json").exists()
     assert "8bit / f32" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_compressed_state_configurations_run(tmp_path):
+    # bf16 parameters with an int8 residual (with error-corrected moments) and
+    # companded 8-bit moments, a few steps.
+    args = ["--quick", "--steps", "3", "--seeds", "0", "--out", str(tmp_path)]
+    result = lowbit.main([*args, "--configs", "f32", "bf16-ecc-moments", "companded"])
+    for name in ("bf16-ecc-moments", "companded"):
+        row = result["summary"][name]
+        assert np.isfinite(row["mean"]) and row["mean"] < 5.5, name
+        assert abs(row["ratio_to_f32"] - 1) < 0.05, name
