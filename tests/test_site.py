@@ -380,9 +380,21 @@ def test_every_page_works_offline_in_a_browser(site, browser_page):
 
 def test_search_finds_the_schedules_page_for_learning_rate(browser_page):
     page = browser_page
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page.goto(page.base, wait_until="load")
-    page.fill("input.md-search__input", "learning rate")
-    page.wait_for_selector(".md-search-result__item > a")
+    # The search index is built in a web worker after the page loads, which on a
+    # loaded machine can take a while: the query is typed again until results come.
+    for _ in range(12):
+        page.fill("input.md-search__input", "")
+        page.fill("input.md-search__input", "learning rate")
+        try:
+            page.wait_for_selector(".md-search-result__item > a", timeout=10_000)
+            break
+        except PlaywrightTimeout:
+            continue
+    else:
+        raise AssertionError("no search results for 'learning rate' within 2 minutes")
     first = page.eval_on_selector(".md-search-result__item > a", "a => a.href")
     assert first == page.base + "schedules/"
     excerpts = page.eval_on_selector_all(
