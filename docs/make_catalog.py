@@ -325,7 +325,7 @@ CATALOG = [
         "Dion",
         "newer",
         f"Ahn et al., *Dion: Distributed Orthonormalized Updates*, 2025, {arxiv('2504.05295')}; microsoft/dion's `dion_reference.py`",
-        "a NumPy transcription of microsoft/dion's reference `dion_update` (Householder QR) and its AdamW over 30 steps in float64 from the same initial factors, on wide, tall and square matrices and a vector: full rank, half rank, a rank fraction rounded to a multiple with two power iterations (parameters and momenta within 4e-15, factors within 2.1e-14); a warmup schedule and Cholesky QR (2e-14); a stack of matrices and an `(out, in)` weight by `MatrixAxes`; a zero gradient; 8-bit momentum and bf16 parameters against float32; split over 8 devices against one (the largest collective a rank-8 product)",
+        "a NumPy transcription of microsoft/dion's reference `dion_update` (Householder QR) and its AdamW over 30 steps in float64 from the same initial factors, on wide, tall and square matrices and a vector: full rank, half rank, a rank fraction rounded to a multiple with two power iterations (parameters and momenta within 4e-15, factors within 2.1e-14); a warmup schedule with Householder and with Cholesky QR (4.4e-15); a stack of matrices and an `(out, in)` weight by `MatrixAxes`; a zero gradient; 8-bit momentum and bf16 parameters against float32; split over 8 devices against one (the largest collective a rank-8 product)",
         "rtol 1e-12, atol 1e-13 (float64)",
     ),
     (
