@@ -104,22 +104,7 @@ def test_the_population_benchmark_runs_in_quick_mode(tmp_path):
 
 @pytest.mark.slow
 def test_the_direct_call_benchmark_runs_in_quick_mode(tmp_path):
-    results = tmp_path / "results.json"
-    done = subprocess.run(
-        [sys.executable, "bench_direct_call.py"],
-        cwd=ROOT / "benchmarks",
-        env={
-            **os.environ,
-            "PYTHONPATH": str(ROOT / "src"),
-            "EQXOPT_BENCH_RESULTS": str(results),
-            "EQXOPT_BENCH_QUICK": "1",
-        },
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    data = json.loads(results.read_text())["direct_call"]
+    data = _quick_run("bench_direct_call.py", "direct_call", tmp_path)
     for label in ("6-leaf MLP", "200-leaf MLP"):
         case = data[label]
         assert set(case["per_call"]["us"]) == {
@@ -135,9 +120,24 @@ def test_the_direct_call_benchmark_runs_in_quick_mode(tmp_path):
 
 def test_the_diloco_benchmark_counts_h_times_fewer_bytes(tmp_path):
     # Case 18 in quick mode: the all-reduce bytes read from the compiled programs.
+    data = _quick_run("bench_diloco.py", "diloco", tmp_path)
+    params, h = data["params"], data["sync_every"]
+    reduces = data["all_reduces"]
+    assert reduces["local step"] == {"ops": 0, "bytes": 0}
+    # A synchronisation and a data-parallel step each all-reduce every float32
+    # parameter once.
+    assert reduces["sync"]["bytes"] == reduces["data-parallel step"]["bytes"]
+    assert reduces["sync"]["bytes"] == 4 * params
+    assert data["bytes_ratio"] == h
+    assert all(t > 0 for t in data["ms_per_step"].values())
+
+
+def _quick_run(script: str, case: str, tmp_path) -> dict:
+    """Runs `benchmarks/<script>` in quick mode with its results written under
+    `tmp_path`, and returns what it saved for `case`."""
     results = tmp_path / "results.json"
     done = subprocess.run(
-        [sys.executable, "bench_diloco.py"],
+        [sys.executable, script],
         cwd=ROOT / "benchmarks",
         env={
             **os.environ,
@@ -150,13 +150,4 @@ def test_the_diloco_benchmark_counts_h_times_fewer_bytes(tmp_path):
         timeout=1200,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    data = json.loads(results.read_text())["diloco"]
-    params, h = data["params"], data["sync_every"]
-    reduces = data["all_reduces"]
-    assert reduces["local step"] == {"ops": 0, "bytes": 0}
-    # A synchronisation and a data-parallel step each all-reduce every float32
-    # parameter once.
-    assert reduces["sync"]["bytes"] == reduces["data-parallel step"]["bytes"]
-    assert reduces["sync"]["bytes"] == 4 * params
-    assert data["bytes_ratio"] == h
-    assert all(t > 0 for t in data["ms_per_step"].values())
+    return json.loads(results.read_text())[case]
