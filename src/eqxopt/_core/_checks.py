@@ -473,6 +473,11 @@ def static_count(name: str, value: int) -> int:
     return int(value)
 
 
+def optional_static_count(name: str, value: int | None) -> int | None:
+    """`None`, or a `static_count`."""
+    return None if value is None else static_count(name, value)
+
+
 def array_count(name: str, value: int | Int[ArrayLike, ""]) -> Int[Array, ""]:
     """An integer `>= 1` held as an int32 scalar array, so that a new value reuses
     the compiled step (a traced value is taken as it comes)."""

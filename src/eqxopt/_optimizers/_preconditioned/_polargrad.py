@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from ..._core import _jax_api
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import static_count
+from ..._core._checks import optional_static_count, static_count
 from ..._core._fields import (
     MaskLike,
     ScalarOrSchedule,
@@ -40,10 +40,6 @@ from ._orthogonal import (
 )
 
 POLAR_METHODS = ("qdwh", "svd", "newton_schulz")
-
-
-def _optional_count(name: str, value: int | None) -> int | None:
-    return None if value is None else static_count(name, value)
 
 
 class PolarGradState(eqx.Module):
@@ -232,7 +228,7 @@ class PolarGrad(AbstractTransform):
     polar_method: str = choice_field("qdwh", POLAR_METHODS)
     # Static: the iterations unrolled (QDWH's cap, Newton-Schulz's steps).
     qdwh_steps: int | None = checked_field(
-        _optional_count, None, static=True, kw_only=True
+        optional_static_count, None, static=True, kw_only=True
     )
     ns_steps: int = checked_field(static_count, 5, static=True, kw_only=True)
     ns_coeffs: Float[Array, "*k 3"] = checked_field(

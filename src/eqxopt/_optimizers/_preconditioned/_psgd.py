@@ -12,7 +12,7 @@ from jaxtyping import Array, Float, Int, PyTree, UInt32
 
 from ..._core import _shards
 from ..._core._base import AbstractTransform, Grads, Params, Updates
-from ..._core._checks import static_count
+from ..._core._checks import optional_static_count, static_count
 from ..._core._fields import (
     ScalarOrSchedule,
     checked_field,
@@ -40,10 +40,6 @@ _WHY = "its preconditioner factors are real triangular matrices"
 # The smallest normaliser of a factor's step (as psgd_jax: an all-zero statistic
 # leaves the factor as it is instead of dividing by zero).
 _TINY = 1e-30
-
-
-def _optional_static_count(name: str, value: int | None) -> int | None:
-    return None if value is None else static_count(name, value)
 
 
 def _key_data(name: str, key: Any) -> tuple[Array, str]:
@@ -273,7 +269,7 @@ class PSGDKron(AbstractTransform):
     )
     min_ndim_triangular: int = checked_field(static_count, 2, static=True, kw_only=True)
     block_size: int | None = checked_field(
-        _optional_static_count, None, static=True, kw_only=True
+        optional_static_count, None, static=True, kw_only=True
     )
     momentum_into_precond_update: bool = flag_field(True)
 
