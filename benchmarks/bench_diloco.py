@@ -28,6 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 import eqxopt
+from eqxopt._core._jax_api import shard_map
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import QUICK, Stepper, interleaved, machine, rounds, save, table
@@ -37,13 +38,6 @@ H = 8
 BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f64": 8}
 
 
-def _shard_map(f, mesh):
-    shard_map = getattr(jax, "shard_map", None)
-    if shard_map is None:  # JAX before 0.6
-        from jax.experimental.shard_map import shard_map
-    return shard_map(f, mesh=mesh, in_specs=P("data"), out_specs=P("data"))
-
-
 def per_device(f, mesh):
     """`f` on each device's replica: its block's leading axis of 1 dropped."""
 
@@ -51,7 +45,7 @@ def per_device(f, mesh):
         out = f(*jax.tree.map(lambda a: a[0], args))
         return jax.tree.map(lambda a: a[None], out)
 
-    return jax.jit(_shard_map(body, mesh))
+    return jax.jit(shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
 
 
 def all_reduce_bytes(fn, *args) -> tuple[int, int]:
