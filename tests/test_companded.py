@@ -469,7 +469,7 @@ def test_serialises_and_donates(tmp_path):
 
 
 @pytest.mark.needs_compiler
-def test_native_backend_refuses_it_and_xla_gives_the_same_numbers():
+def test_native_backend_runs_it_and_gives_xlas_numbers():
     params, grads = _problem(5)
     storage = eqxopt.Companded8bit()
     opt = eqxopt.AdamW(1e-2, mu_dtype=storage, nu_dtype=storage)
@@ -480,13 +480,22 @@ def test_native_backend_refuses_it_and_xla_gives_the_same_numbers():
         xla, xla_state = _run(opt, params, grads, donate=True)
     finally:
         eqxopt.set_native_kernels(True)
+    # The storage is bit for bit XLA's (tests/test_quantized_native.py); AdamW's
+    # own float operations agree to rounding (XLA may fuse a product and a sum
+    # into one rounding), so a code now and then lands one step away.
     for a, b in zip(native, xla):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     for a, b in zip(jax.tree.leaves(native_state), jax.tree.leaves(xla_state)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    # The kernels say why they leave it to XLA's code.
+        a, b = np.asarray(a), np.asarray(b)
+        if a.dtype == np.uint8:
+            assert np.mean(a == b) >= 0.99
+        else:
+            np.testing.assert_allclose(
+                a.astype(np.float32), b.astype(np.float32), rtol=1e-3
+            )
+    # The kernel ran on the leaf.
     report = eqxopt.extend.explain_kernels(opt, {"w": jnp.asarray(params)})
-    assert "Blockwise8bit or Blockwise4bit" in report, report
+    assert "AdamW.leaf on ['w']: native kernel" in report, report
 
 
 def test_state_is_placed_like_the_parameter_on_a_mesh():

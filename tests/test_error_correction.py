@@ -202,6 +202,40 @@ def test_agrees_with_heavyball_param_ecc_on_its_own_random_numbers():
         assert abs(float(np.mean(om[k] - tm[k]))) < 0.5 * unit
 
 
+@pytest.mark.needs_compiler
+def test_native_kernels_run_the_inner_optimizer_as_xlas_code_does():
+    # `inner` steps float32 masters with float32 gradients: on the CPU its
+    # element-wise rule runs as the native kernels, in a donated step. Its float
+    # operations agree with XLA's to rounding, so a master value can move by a
+    # residual unit now and then, never more.
+    params, grads = problem(BF16, 20, seed=4)
+    opt = eqxopt.ErrorCorrection(adamw(), key=3)
+
+    def run(native):
+        eqxopt.set_native_kernels(native)
+        try:
+            p = jax.tree.map(jnp.copy, params)  # donated below
+            state = opt.init(p)
+            for g in grads:
+                p, state = opt.step(g, state, p, donate=True)
+            return p, state
+        finally:
+            eqxopt.set_native_kernels(True)
+
+    state = opt.init(params)
+    text = opt.step.lower(grads[0], state, params, donate=True).as_text()
+    assert "eqxopt_elementwise" in text
+    (native_p, native_s), (xla_p, xla_s) = run(True), run(False)
+    ours, theirs = masters(native_p, native_s), masters(xla_p, xla_s)
+    for k in ours:
+        unit = largest_unit(native_p[k])
+        assert np.max(np.abs(ours[k] - theirs[k])) <= 1.01 * unit
+        moved = np.asarray(native_p[k] != params[k])
+        assert np.mean(moved) > 0.75
+        same = np.asarray(native_p[k] == xla_p[k])
+        assert np.mean(same) >= 0.999
+
+
 def test_update_gives_the_same_parameters_as_step():
     params, grads = problem(BF16, 10)
     opt = eqxopt.ErrorCorrection(adamw(), key=3)

@@ -126,6 +126,95 @@ def test_native_codes_scales_and_updates_equal_xlas():
     assert np.all(np.isfinite(np.asarray(state["native"][1]["c"].absmax)))
 
 
+def _bits(x):
+    # Bit patterns, so that equal arrays are equal in every bit (NaN too).
+    x = np.asarray(x)
+    views = {2: np.uint16, 4: np.uint32}
+    return (
+        x.view(views[x.itemsize])
+        if x.dtype.kind == "f" or x.dtype == jnp.bfloat16
+        else x
+    )
+
+
+@pytest.mark.needs_compiler
+@pytest.mark.parametrize("options", [None, "xla-defaults"])
+def test_native_companded_and_error_corrected_moments_equal_xlas(options):
+    # Companded8bit (signed and unsigned maps, padded last groups, saturated
+    # scales) and ErrorCorrectedBf16 moments, beside each other and beside a
+    # float32 moment, over magnitudes from 1e-35 to 1e5, a NaN, an infinity and
+    # a value beyond bf16's range: the native pass's codes, float16 scales, bf16
+    # values, residuals and updates are XLA's, bit for bit, with the tests' fast
+    # compilation and with XLA's default code generation.
+    from fast_compile import XLA_DEFAULTS
+
+    compiler_options = XLA_DEFAULTS if options else None
+    rng = np.random.default_rng(3)
+    params = {"a": jnp.zeros(5000), "b": jnp.zeros((7, 100)), "c": jnp.zeros(3001)}
+    c, e = eqxopt.Companded8bit(32, 1), eqxopt.ErrorCorrectedBf16()
+    m_tree = {
+        "a": c.init_leaf(params["a"], 0.0, False),
+        "b": e.init_leaf(params["b"], 0.0, False),
+        "c": jnp.zeros(3001),
+    }
+    v_tree = {
+        "a": e.init_leaf(params["a"], 0.0, True),
+        "b": c.init_leaf(params["b"], 0.0, True),
+        "c": c.init_leaf(params["c"], 0.0, True),
+    }
+
+    def run(moments, grads, donate):
+        def body(grads, params, moments):
+            def engine():
+                return _leafwise.map_leaves(
+                    _exact_rule, grads, params, moments, elementwise=True
+                )
+
+            return in_place(engine) if donate else engine()
+
+        fn = jax.jit(
+            body,
+            donate_argnums=(2,) if donate else (),
+            compiler_options=compiler_options,
+        )
+        if donate:
+            text = fn.lower(grads, params, moments).as_text()
+            assert text.count("eqxopt_quantized") >= 3  # one call per leaf
+        return fn(grads, params, moments)
+
+    state = {"native": (m_tree, v_tree), "xla": (m_tree, v_tree)}
+    for step in range(6):
+        # Normal float32 magnitudes only: XLA:CPU flushes subnormals, and the
+        # rule's maximum would keep one that XLA's code reads as 0.
+        grads = jax.tree.map(
+            lambda p: jnp.asarray(
+                rng.choice([-1.0, 1.0], p.shape)
+                * (0.5 + np.abs(rng.standard_normal(p.shape)))
+                * np.exp(rng.uniform(-80, 12, p.shape)),
+                jnp.float32,
+            ),
+            params,
+        )
+        if step == 2:
+            grads["c"] = grads["c"].at[5].set(jnp.nan)
+            grads["a"] = grads["a"].at[7].set(jnp.inf)
+        if step == 3:
+            grads["b"] = grads["b"].at[0, :5].set(3.4e38)  # bf16: infinity
+        native = run(_copy(state["native"]), grads, True)
+        xla = run(_copy(state["xla"]), grads, False)
+        for a, b in zip(jax.tree.leaves(native), jax.tree.leaves(xla)):
+            np.testing.assert_array_equal(_bits(a), _bits(b))
+        state = {"native": native[1], "xla": xla[1]}
+    m, v = state["native"]
+    # Every kind of value was stored: saturated signed scales (moments beyond
+    # 65520), both maps' codes over their range, nonzero residuals.
+    assert np.any(np.asarray(m["a"].absmax, np.float32) == 65504.0)
+    assert len(np.unique(np.asarray(m["a"].codes))) > 200
+    assert len(np.unique(np.asarray(v["b"].codes))) > 100
+    assert len(np.unique(np.asarray(m["b"].residual))) > 200
+    assert np.all(np.isfinite(np.asarray(v["c"].absmax, np.float32)))
+
+
 @pytest.mark.needs_compiler
 @pytest.mark.parametrize("bits", [8, 4])
 def test_native_codes_at_every_threshold_equal_xlas(bits):
@@ -199,8 +288,17 @@ def _steps(opt, params, grads, native):
             1e-2, mu_dtype=eqxopt.Blockwise4bit(), nu_dtype=eqxopt.Blockwise4bit()
         ),
         lambda: eqxopt.Lion(1e-3, mu_dtype=eqxopt.Blockwise8bit()),
+        lambda: eqxopt.AdamW(
+            1e-2, mu_dtype=eqxopt.Companded8bit(), nu_dtype=eqxopt.Companded8bit()
+        ),
+        lambda: eqxopt.AdamW(
+            1e-2,
+            mu_dtype=eqxopt.ErrorCorrectedBf16(),
+            nu_dtype=eqxopt.ErrorCorrectedBf16(),
+        ),
+        lambda: eqxopt.Lion(1e-3, mu_dtype=eqxopt.ErrorCorrectedBf16()),
     ],
-    ids=["adamw8", "adamw4", "lion8"],
+    ids=["adamw8", "adamw4", "lion8", "adamw-companded", "adamw-ecc", "lion-ecc"],
 )
 def test_engine_optimizers_native_match_xla(make):
     rng = np.random.default_rng(2)
@@ -218,6 +316,10 @@ def test_engine_optimizers_native_match_xla(make):
     opt = make()
     native_p, native_s = _steps(opt, params, grads, True)
     xla_p, xla_s = _steps(opt, params, grads, False)
+    # The native step ran the kernel on the leaf.
+    step = jax.jit(lambda g, s, p: opt.step(g, s, p, donate=True))
+    state = opt.init(params)
+    assert "eqxopt_quantized" in step.lower(grads[0], state, params).as_text()
     assert_moved(params["w"], xla_p["w"], 1e-5, 1e-5, factor=100)
     # The quantizer is exact (above); the rule's float operations agree to
     # rounding (XLA contracts `b1 * m + (1 - b1) * g` into an FMA on either
@@ -226,14 +328,27 @@ def test_engine_optimizers_native_match_xla(make):
     diff = np.abs(np.asarray(native_p["w"]) - np.asarray(xla_p["w"]))
     assert diff.max() <= 0.3 * 1e-2 and np.mean(diff > 1e-6) <= 0.01
     for a, b in zip(jax.tree.leaves(native_s), jax.tree.leaves(xla_s)):
-        if a.dtype == jnp.uint8:
+        if a.dtype in (jnp.uint8, jnp.int8):
             assert np.mean(np.asarray(a) == np.asarray(b)) >= 0.99
+        elif a.dtype in (jnp.bfloat16, jnp.float16):
+            np.testing.assert_allclose(
+                np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2
+            )
         else:
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-2)
 
 
 @pytest.mark.needs_compiler
-@pytest.mark.parametrize("storage", [eqxopt.Blockwise8bit(), eqxopt.Blockwise4bit()])
+@pytest.mark.parametrize(
+    "storage",
+    [
+        eqxopt.Blockwise8bit(),
+        eqxopt.Blockwise4bit(),
+        eqxopt.Companded8bit(),
+        eqxopt.ErrorCorrectedBf16(),
+    ],
+    ids=["8bit", "4bit", "companded", "ecc"],
+)
 def test_donated_step_has_no_float32_moment_temporaries(storage):
     n = 1 << 20
     params = jnp.zeros(n)

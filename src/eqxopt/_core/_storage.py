@@ -631,8 +631,9 @@ class Companded8bit(AbstractBlockwiseStorage):
     in the group keeping their codes on that scale. Every other group is stored
     bit for bit as FlashOptim's kernels store it (codes and scale). Not finite
     values are stored as 0 and left out of their group's scale, as in the other
-    storages (`quantize`). The native CPU kernels do not read this storage: its
-    leaves take XLA's code.
+    storages (`quantize`). In a donated step on the CPU, the native kernels
+    read and write this storage in their one pass over the leaf, with XLA's
+    codes and scales bit for bit.
 
     **Arguments:**
 
@@ -714,18 +715,39 @@ def log2_half_ulp(p: Array) -> Array:
     return (log_ulp - 1).astype(jnp.float32)
 
 
+def _exp2(k: Array) -> Array:
+    """`2**k` for float32 integers `k` in float32's normal range, exactly: from
+    the exponent bits (XLA's `exp2` is an approximation, off in the last bits of
+    some powers of two)."""
+    biased = (k.astype(jnp.int32) + 127) << 23
+    return jax.lax.bitcast_convert_type(biased, jnp.float32)
+
+
 def _times_exp2(x: Array, log_scale: Array) -> Array:
-    """`x * 2**log_scale` in two factors, so neither overflows (heavyball's
-    `_scale_by_exp2`)."""
+    """`x * 2**log_scale` (`log_scale` a float32 integer) in two factors, so
+    neither overflows (heavyball's `_scale_by_exp2`)."""
     half = jnp.floor(log_scale / 2.0)
-    return (x * jnp.exp2(half)) * jnp.exp2(log_scale - half)
+    return (x * _exp2(half)) * _exp2(log_scale - half)
+
+
+# 1/127 rounded to float32: the residual's unit, as a product (XLA rewrites a
+# division by a constant into one anyway; spelled out, the native kernels
+# compute the same).
+_RESIDUAL_UNIT = np.float32(1.0) / np.float32(RESIDUAL_MAX)
+_UNFUSED = 2.0**121
 
 
 def decode_residual(p: Array, residual: Array) -> Array:
     """The float32 value that low-precision `p` with its int8 `residual` holds:
     `p + residual / 127 * (half p's ULP)`."""
-    scaled = residual.astype(jnp.float32) / jnp.float32(RESIDUAL_MAX)
-    return p.astype(jnp.float32) + _times_exp2(scaled, log2_half_ulp(p))
+    scaled = residual.astype(jnp.float32) * _RESIDUAL_UNIT
+    correction = _times_exp2(scaled, log2_half_ulp(p))
+    # The identity (the correction is at most 2**119): it keeps the product from
+    # being fused with the addition into one rounding, which would keep a
+    # correction that separate operations flush to zero (below float32's normal
+    # range, for values under about 1e-33).
+    correction = jnp.clip(correction, -_UNFUSED, _UNFUSED)
+    return p.astype(jnp.float32) + correction
 
 
 def encode_residual(x: Array, p: Array, noise: Any) -> Array:
@@ -734,7 +756,12 @@ def encode_residual(x: Array, p: Array, noise: Any) -> Array:
     `noise` (uniform in `[0, 1)`: stochastic rounding; 1/2: to nearest).
     Non-finite differences (infinite or NaN values) give 0."""
     e = x - p.astype(jnp.float32)
-    scaled = jnp.clip(_times_exp2(e, -log2_half_ulp(p)), -1.0, 1.0) * RESIDUAL_MAX
+    # Clipped after the product (the same numbers as before it), so that the
+    # product is never fused with the addition into one rounding (LLVM's
+    # contraction on XLA:CPU).
+    scaled = jnp.clip(
+        _times_exp2(e, -log2_half_ulp(p)) * RESIDUAL_MAX, -RESIDUAL_MAX, RESIDUAL_MAX
+    )
     rounded = jnp.floor(scaled + noise)
     return jnp.where(jnp.isfinite(rounded), rounded, 0.0).astype(jnp.int8)
 
@@ -802,7 +829,9 @@ class ErrorCorrectedBf16(AbstractStateStorage):
 
     No scales: every real float leaf of at least `min_size` elements is stored
     this way (complex ones, and smaller ones, stay float32); the state stays
-    element-wise, so it shards like the parameters.
+    element-wise, so it shards like the parameters. In a donated step on the
+    CPU, the native kernels decode, step and encode it in one pass, with XLA's
+    values and residuals bit for bit.
 
     **Arguments:**
 

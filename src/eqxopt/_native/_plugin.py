@@ -73,8 +73,9 @@ class _LeafKernels(_backend.AbstractLeafKernels):
             if kernels.takes(g, p, old):
                 return None
             return (
-                "the kernels take float32 gradients and parameters whose quantized "
-                "moments are Blockwise8bit or Blockwise4bit and the others float32"
+                "the kernels take float32 gradients and parameters whose stored "
+                "moments are Blockwise8bit, Blockwise4bit, Companded8bit or "
+                "ErrorCorrectedBf16 and the others float32"
             )
         if not self.plain_open:
             return "the rule could not run on the kernels for an earlier leaf"

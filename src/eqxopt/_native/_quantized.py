@@ -1,5 +1,7 @@
-"""Native steps of leaves whose moments are block-wise quantized (8-bit and 4-bit
-`QuantizedArray`s): the dequantize, the rule and the quantize in one pass.
+"""Native steps of leaves whose moments are stored in a narrower form: block-wise
+quantized (8-bit and 4-bit `QuantizedArray`s), companded (`Companded8bit`) or bf16
+with an int8 residual (`ErrorCorrectedArray`): the dequantize, the rule and the
+quantize in one pass.
 
 XLA's code for such a leaf dequantizes every moment into a float32 array the size
 of the leaf, runs the rule, and quantizes the new moments (a block's absmax is a
@@ -13,13 +15,17 @@ absmax and codes over the old ones. The codes are torchao's: the number of
 over the thresholds held in registers (AVX-512) or by its two look-ups, and
 every float operation is XLA's (`_storage.quantize` multiplies by the absmax's
 reciprocal as XLA's own rewrite of the division does), so the state is bit for
-bit what XLA's code makes.
+bit what XLA's code makes. Companded moments are read as `table[code] * scale`
+(squared, unsigned) and stored by `_storage._compand`'s float operations, their
+float16 scales rounded as XLA's conversion rounds; error-corrected ones by
+`_storage.decode_residual` and `encode_residual`, with exact powers of two: the
+same bits again.
 
 Used where the float32 kernels are (`_ffi.usable()`, steps that write in place),
-on float32 leaves whose moments are float32 or 8-bit/4-bit quantized (fp8 moments,
-and anything else, keep XLA's code). Programs being exported and other platforms
-get the same computation as XLA operations (`_ffi.ffi_or_xla`); derivatives go
-through those too.
+on float32 leaves whose moments are float32 or stored in one of those forms (fp8
+moments, and anything else, keep XLA's code). Programs being exported and other
+platforms get the same computation as XLA operations (`_ffi.ffi_or_xla`);
+derivatives go through those too.
 """
 
 import dataclasses
@@ -34,17 +40,31 @@ import numpy as np
 from .._core import _storage
 from . import _build, _ffi, _fused
 
-# The maps the kernel reads (fp8 codes are floats: XLA's code).
+# The block-wise maps the kernel reads (fp8 codes are floats: XLA's code), and
+# FlashOptim's companded ones (`Companded8bit`).
 _MAPS = ("dynamic8_signed", "dynamic8_unsigned", "dynamic4_signed", "linear4_unsigned")
+_COMPANDED = ("companded8_signed", "companded8_unsigned")
+# The layout name of an `ErrorCorrectedBf16` moment (bf16 values, int8 residuals).
+_ERROR_CORRECTED = "error_corrected_bf16"
 _F32 = jnp.dtype(jnp.float32)
 
 
 class _Layout(NamedTuple):
-    """A moment of the leaf: `None` for float32, else its map, block and shape."""
+    """A moment of the leaf: `None` for float32, else its map (`_ERROR_CORRECTED`
+    for an `ErrorCorrectedArray`), block and shape."""
 
     map_name: str
     block_size: int
     shape: tuple[int, ...]
+
+    @property
+    def n_buffers(self) -> int:
+        """Its buffers among the call's arguments (`_buffers`)."""
+        if self.map_name == _ERROR_CORRECTED:
+            return 2
+        if self.map_name in _COMPANDED:
+            return 2 + _N_COMPANDED_CONSTANTS
+        return 2 + _N_CONSTANTS
 
 
 @dataclasses.dataclass(eq=False)
@@ -88,11 +108,19 @@ def search_entries(map_name: str) -> np.ndarray:
     return entries.astype(np.uint32).view(np.int32)  # read as uint32
 
 
-# The buffers after a quantized moment's codes and absmax (`_constants`).
+# The buffers after a quantized moment's codes and absmax (`_constants`): four
+# for a block-wise map, two for a companded one.
 _N_CONSTANTS = 4
+_N_COMPANDED_CONSTANTS = 2
 
 
 def _constants(map_name: str) -> list[jax.Array]:
+    if map_name in _COMPANDED:
+        signed = map_name == "companded8_signed"
+        return [
+            jnp.asarray(_storage.companded_table(map_name)),
+            jnp.asarray([int(signed)], jnp.int32),
+        ]
     tables = _storage.search_tables(map_name)
     return [
         jnp.asarray(_storage.code_map(map_name)),
@@ -105,7 +133,8 @@ def _constants(map_name: str) -> list[jax.Array]:
 def _moment_args(static: _Spec, args: tuple) -> list[tuple[Any, tuple]]:
     """Per moment of the call, its layout and its buffers among `args` (those after
     `g` and `p`): `(values,)` for a float32 moment, `(codes, absmax)` for a
-    quantized one (its `_constants` follow them)."""
+    quantized one (its `_constants` follow them), `(value, residual)` for an
+    error-corrected one."""
     per_moment, position = [], 0
     for layout in static.layouts:
         if layout is None:
@@ -113,30 +142,41 @@ def _moment_args(static: _Spec, args: tuple) -> list[tuple[Any, tuple]]:
             position += 1
         else:
             per_moment.append((layout, args[position : position + 2]))
-            position += 2 + _N_CONSTANTS
+            position += layout.n_buffers
     return per_moment
+
+
+def _stored(layout: _Layout, buffers: Sequence[Any]) -> Any:
+    """The moment leaf that a layout's two buffers hold."""
+    if layout.map_name == _ERROR_CORRECTED:
+        return _storage.ErrorCorrectedArray(*buffers)
+    codes, absmax = buffers
+    return _storage.QuantizedArray(
+        codes, absmax, layout.shape, jnp.float32, layout.map_name
+    )
+
+
+def _buffers(stored: Any) -> list[Any]:
+    """`_stored`'s inverse."""
+    if isinstance(stored, _storage.ErrorCorrectedArray):
+        return [stored.value, stored.residual]
+    return [stored.codes, stored.absmax]
 
 
 def _xla(scalars: jax.Array, g: jax.Array, p: jax.Array, *args: Any, static: _Spec):
     """The call as XLA operations: what the engine's own code computes."""
-    moments = []
+    moments, stored = [], []
     for layout, buffers in _moment_args(static, args):
         if layout is None:
             moments.extend(buffers)
+            stored.append(None)
         else:
-            codes, absmax = buffers
-            stored = _storage.QuantizedArray(
-                codes, absmax, layout.shape, jnp.float32, layout.map_name
-            )
-            moments.append(stored.dequantize())
+            stored.append(_stored(layout, buffers))
+            moments.append(stored[-1].dequantize())
     outs = _fused.reference(static.program, scalars, g, p, *moments)
     results = [outs[0]]
-    for layout, value in zip(static.layouts, outs[1:]):
-        if layout is None:
-            results.append(value)
-        else:
-            stored = _storage.quantize(value, layout.map_name, layout.block_size)
-            results.extend([stored.codes, stored.absmax])
+    for old, value in zip(stored, outs[1:]):
+        results.extend([value] if old is None else _buffers(old.requantize(value)))
     return results
 
 
@@ -177,9 +217,17 @@ def _call_jvp(spec: _Spec, primals: tuple, tangents: tuple) -> tuple:
 
 def supported(stored: Any) -> bool:
     """Whether the kernel takes a moment stored like this."""
+    if isinstance(stored, _storage.ErrorCorrectedArray):
+        return stored.value.dtype == jnp.bfloat16 and stored.residual.dtype == jnp.int8
     return isinstance(stored, _storage.QuantizedArray) and (
-        stored.map_name in _MAPS and jnp.dtype(stored.dtype) == _F32
+        stored.map_name in (*_MAPS, *_COMPANDED) and jnp.dtype(stored.dtype) == _F32
     )
+
+
+def _layout(stored: Any) -> _Layout:
+    if isinstance(stored, _storage.ErrorCorrectedArray):
+        return _Layout(_ERROR_CORRECTED, 1, stored.shape)
+    return _Layout(stored.map_name, stored.block_size, stored.shape)
 
 
 @dataclasses.dataclass
@@ -228,11 +276,14 @@ class Kernels:
         outputs = 1
         for m in old:
             if _storage.is_quantized(m):
-                layouts.append(_Layout(m.map_name, m.block_size, m.shape))
+                layout = _layout(m)
+                layouts.append(layout)
                 # Argument 0 is the scalar vector.
                 aliases[len(args) + 1] = outputs
                 aliases[len(args) + 2] = outputs + 1
-                args += [m.codes, m.absmax, *_constants(m.map_name)]
+                args += _buffers(m)
+                if layout.map_name != _ERROR_CORRECTED:
+                    args += _constants(layout.map_name)
                 outputs += 2
             else:
                 layouts.append(None)
@@ -252,12 +303,7 @@ class Kernels:
                 moments.append(outs[position])
                 position += 1
             else:
-                codes, absmax = outs[position : position + 2]
-                moments.append(
-                    _storage.QuantizedArray(
-                        codes, absmax, layout.shape, jnp.float32, layout.map_name
-                    )
-                )
+                moments.append(_stored(layout, outs[position : position + 2]))
                 position += 2
         if self.applying:
             self.results[index] = _fused.Result(None, first, moments)

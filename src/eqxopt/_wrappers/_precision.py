@@ -500,8 +500,18 @@ class ErrorCorrection(AbstractSingleWrapper):
         dtype for low-precision leaves with one (else `None`), the new residual
         tree, and `inner`'s new state."""
         masters = _masters(params, state.residual)
+        # `inner` steps float32 masters, so it gets float32 gradients (exactly
+        # the bf16 ones): a rule over float32 leaves only, which the native
+        # kernels run.
+        widened = [
+            g if g is None or not _is_low(g) else g.astype(jnp.float32)
+            for g in leaves_of(grads, params)
+        ]
         updates, inner_state = self.inner.transform(
-            grads, state.inner, masters, **extra
+            jax.tree.structure(params).unflatten(widened),
+            state.inner,
+            masters,
+            **extra,
         )
         key = jax.random.wrap_key_data(state.key, impl=self.key_impl)
         key = jax.random.fold_in(key, state.step)

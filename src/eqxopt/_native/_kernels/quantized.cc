@@ -1,5 +1,7 @@
-// eqxopt's step kernel for leaves with block-wise quantized moments (8-bit and
-// 4-bit `QuantizedArray`s), called through `jax.ffi`.
+// eqxopt's step kernel for leaves with moments stored in a narrower form:
+// block-wise quantized (8-bit and 4-bit `QuantizedArray`s), companded
+// (`Companded8bit`) or bf16 with an int8 residual (`ErrorCorrectedBf16`), called
+// through `jax.ffi`.
 //
 // Part of the one library (`library.cc`): it shares the registry of rule
 // functions and the thread pool (`common.h`) with `elementwise.cc`. For each chunk
@@ -27,8 +29,11 @@
 // (blocks, block) or (blocks, block / 2) for 4-bit), `absmax` (float32, blocks), the
 // map (float32, 256 or 16 entries), the buckets (int32, `_quantized.search_entries`),
 // their `shift` and `low` (int32[2]) and the thresholds (float32, one per map entry,
-// the last NaN). Results: the rule's first
-// output (float32, n), then per moment its values, or its codes and absmax.
+// the last NaN); companded, four: `codes` (uint8 (groups, group)), the float16
+// scales, the table (float32, 256: `_storage.companded_table`) and the map's
+// sign (int32[1]); error-corrected, two: the bf16 values and the int8 residuals
+// (n each). Results: the rule's first output (float32, n), then per moment its
+// values, or its codes and scales, or its values and residuals.
 
 #include "common.h"
 
@@ -39,8 +44,26 @@
 
 namespace {
 
+// How a moment is stored: float32 values, torchao's block-wise codes (8-bit or
+// 4-bit), FlashOptim's companded codes (`Companded8bit`), or bf16 values with an
+// int8 error-correction residual (`ErrorCorrectedBf16`).
+enum class Kind { kFloat32, kBlockwise, kCompanded, kErrorCorrected };
+
 struct QuantizedMoment {
-  bool quantized = false;
+  Kind kind = Kind::kFloat32;
+  bool quantized = false;  // block-wise
+  // Companded: the float16 scales' bits, the 256 values the codes read back as
+  // before their scale (`_storage.companded_table`), and whether it is the
+  // signed map (else the unsigned one, stored by its square root).
+  const uint16_t* scales_in = nullptr;
+  uint16_t* scales_out = nullptr;
+  const float* table = nullptr;
+  bool signed_map = false;
+  // Error-corrected: the bf16 values' bits and the int8 residuals.
+  const uint16_t* bf16_in = nullptr;
+  uint16_t* bf16_out = nullptr;
+  const int8_t* residual_in = nullptr;
+  int8_t* residual_out = nullptr;
   const float* values_in = nullptr;
   float* values_out = nullptr;
   const uint8_t* codes_in = nullptr;
@@ -853,6 +876,199 @@ void Store(const QuantizedMoment& m, const float* values, int64_t begin,
   }
 }
 
+// float16's bits as float32 (exact).
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+  uint32_t bits;
+  if (exponent == 0) {
+    // Subnormal (or zero): mantissa * 2^-24, exact in float32; the sign by bits.
+    float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    std::memcpy(&bits, &magnitude, sizeof bits);
+    bits |= sign;
+  } else if (exponent == 31) {
+    bits = sign | 0x7F800000 | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+// float32 rounded to nearest (ties to even) float16, as XLA's conversion, by
+// integer arithmetic (the floating-point mode does not touch it).
+inline uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  x &= 0x7FFFFFFF;
+  if (x >= 0x7F800000) return sign | (x > 0x7F800000 ? 0x7E00 : 0x7C00);
+  if (x >= 0x477FF000) return sign | 0x7C00;  // from 65520 on: infinity
+  if (x <= 0x33000000) return sign;           // up to 2^-25: zero (ties to even)
+  const uint32_t exponent = x >> 23;
+  if (exponent < 113) {  // a float16 subnormal: units of 2^-24
+    const uint32_t mantissa = (x & 0x7FFFFF) | 0x800000;
+    const uint32_t shift = 126 - exponent;
+    uint32_t h = mantissa >> shift;
+    const uint32_t rest = mantissa & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (h & 1))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = ((exponent - 112) << 10) | ((x >> 13) & 0x3FF);
+  const uint32_t rest = x & 0x1FFF;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;  // may carry: exact
+  return static_cast<uint16_t>(sign | h);
+}
+
+// bf16's bits as float32 (exact).
+inline float Bf16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+// float32 rounded to nearest (ties to even) bf16, as XLA's conversion: a NaN
+// becomes the quiet NaN of its sign.
+inline uint16_t FloatToBf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  if ((x & 0x7FFFFFFF) > 0x7F800000) {
+    return static_cast<uint16_t>(((x >> 16) & 0x8000) | 0x7FC0);
+  }
+  x += 0x7FFF + ((x >> 16) & 1);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+// 2^k for a float32 integer k in float32's normal range (`_storage._exp2`).
+inline float Exp2(float k) {
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+// `_storage.log2_half_ulp` of a bf16 value: log2 of half its spacing.
+inline float Log2HalfUlp(uint16_t b) {
+  const int32_t exponent = (b & 0x7FFF) >> 7;
+  return static_cast<float>((exponent == 0 ? 1 - 127 - 7 : exponent - 134) - 1);
+}
+
+// `_storage._times_exp2`: x * 2^k in two factors.
+inline float TimesExp2(float x, float k) {
+  const float half = std::floor(k / 2.0f);
+  return (x * Exp2(half)) * Exp2(k - half);
+}
+
+// XLA's clamp: NaN stays NaN.
+inline float Clip(float x, float low, float high) {
+  return x != x ? x : std::min(std::max(x, low), high);
+}
+
+// The values of a companded moment for the leaf's elements [begin, begin +
+// valid) (begin a multiple of its group size), into `out`: `table[code] *
+// scale`, squared for the unsigned map (`QuantizedArray.dequantize`).
+void LoadCompanded(const QuantizedMoment& m, float* out, int64_t begin,
+                   int64_t valid) {
+  const float* table = m.table;
+  for (int64_t start = 0; start < valid; start += m.block) {
+    const float scale = HalfToFloat(m.scales_in[(begin + start) / m.block]);
+    const int64_t count = std::min(m.block, valid - start);
+    const uint8_t* codes = m.codes_in + begin + start;
+    float* x = out + start;
+    if (m.signed_map) {
+      for (int64_t i = 0; i < count; ++i) x[i] = table[codes[i]] * scale;
+    } else {
+      for (int64_t i = 0; i < count; ++i) {
+        const float root = table[codes[i]] * scale;
+        x[i] = root * root;
+      }
+    }
+  }
+}
+
+// Stores the chunk's new `values` of a companded moment (`_storage._compand`,
+// after `quantize` sets values that are not finite to 0): per group, its
+// absmax (of the square roots, unsigned), the float16 scale, and each value
+// divided by the scale (65504 where the absmax would round to float16's
+// infinity), clipped, companded (signed) and rounded to its code. The rest of
+// the leaf's last group is its zero padding (code 0 in both maps).
+void StoreCompanded(const QuantizedMoment& m, float* values, int64_t begin,
+                    int64_t valid, int64_t chunk) {
+  const int64_t block = m.block;
+  for (int64_t start = 0; start < chunk; start += block) {
+    const int64_t b = (begin + start) / block;
+    if (b >= m.n_blocks) break;
+    const int64_t real = std::min<int64_t>(block, valid - start);
+    float* x = values + start;
+    for (int64_t i = 0; i < real; ++i) {
+      float v = std::isfinite(x[i]) ? x[i] : 0.0f;
+      if (!m.signed_map) v = std::sqrt(std::max(v, 0.0f));
+      x[i] = v;
+    }
+    // The largest |x| as its bits (x is finite): XLA's maximum of the group.
+    const int32_t largest = Largest(x, real);
+    float amax;
+    std::memcpy(&amax, &largest, sizeof amax);
+    amax = std::max(amax, 1e-12f);
+    const bool over = amax >= 65520.0f;
+    const float divisor = over ? 65504.0f : amax;
+    m.scales_out[b] = FloatToHalf(divisor);
+    uint8_t* codes = m.codes_out + b * block;
+    if (m.signed_map) {
+      for (int64_t i = 0; i < real; ++i) {
+        const float n = Clip(x[i] / divisor, -1.0f, 1.0f);
+        const float companded = (2.0f * n) / (1.0f + std::fabs(n));
+        const float scaled = Clip(companded * 127.0f, -127.0f, 127.0f);
+        codes[i] = static_cast<uint8_t>(static_cast<int8_t>(std::floor(scaled + 0.5f)));
+      }
+    } else {
+      for (int64_t i = 0; i < real; ++i) {
+        const float n = Clip(x[i] / divisor, -1.0f, 1.0f);
+        const float scaled = Clip(n * 255.0f, 0.0f, 255.0f);
+        codes[i] = static_cast<uint8_t>(std::floor(scaled + 0.5f));
+      }
+    }
+    for (int64_t i = real; i < block; ++i) codes[i] = 0;
+  }
+}
+
+// The values of an error-corrected moment for the leaf's elements [begin, begin
+// + n), into `out` (`_storage.decode_residual`).
+void LoadErrorCorrected(const QuantizedMoment& m, float* out, int64_t begin,
+                        int64_t n) {
+  constexpr float kUnit = 1.0f / 127.0f;
+  const uint16_t* value = m.bf16_in + begin;
+  const int8_t* residual = m.residual_in + begin;
+  for (int64_t i = 0; i < n; ++i) {
+    const float scaled = static_cast<float>(residual[i]) * kUnit;
+    const float correction = TimesExp2(scaled, Log2HalfUlp(value[i]));
+    out[i] = Bf16ToFloat(value[i]) + correction;
+  }
+}
+
+// Stores `values` (n of them, from element `begin`) as bf16 and the residual
+// of what that rounding lost, rounded to nearest (`encode_bf16_residual`).
+void StoreErrorCorrected(const QuantizedMoment& m, const float* values,
+                         int64_t begin, int64_t n) {
+  uint16_t* value = m.bf16_out + begin;
+  int8_t* residual = m.residual_out + begin;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = values[i];
+    const uint16_t stored = FloatToBf16(x);
+    const float error = x - Bf16ToFloat(stored);
+    const float scaled =
+        Clip(TimesExp2(error, -Log2HalfUlp(stored)) * 127.0f, -127.0f, 127.0f);
+    const float rounded = std::floor(scaled + 0.5f);
+    value[i] = stored;
+    residual[i] = std::isfinite(rounded) ? static_cast<int8_t>(rounded) : int8_t{0};
+  }
+}
+
+// The fewest elements the handler walks a leaf in at a time.
+constexpr int64_t kLeastChunk = 512;
+
 ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
                      ffi::RemainingRets rets, int64_t kernel, int64_t n_moments) {
   KernelFn fn = lookup(kernel);
@@ -880,7 +1096,8 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
   }
   std::vector<QuantizedMoment> moments(n_moments);
   size_t a = 2, r = 1;
-  int64_t chunk = 1, n_quantized = 0;
+  // Block-wise moments, and moments stored in any form but float32.
+  int64_t chunk = 1, n_quantized = 0, n_stored = 0;
   for (int64_t k = 0; k < n_moments; ++k) {
     QuantizedMoment& m = moments[k];
     auto first = arg(a);
@@ -898,6 +1115,65 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
       r += 1;
       continue;
     }
+    if (first->element_type() == ffi::BF16) {
+      // Error-corrected: the bf16 values, then the int8 residuals.
+      auto residual = arg(a + 1);
+      auto value_out = ret(r), residual_out = ret(r + 1);
+      if (!residual.has_value() || !value_out.has_value() ||
+          !residual_out.has_value() || residual->element_type() != ffi::S8 ||
+          (*value_out)->element_type() != ffi::BF16 ||
+          (*residual_out)->element_type() != ffi::S8 ||
+          static_cast<int64_t>(first->element_count()) != n ||
+          static_cast<int64_t>(residual->element_count()) != n ||
+          static_cast<int64_t>((*value_out)->element_count()) != n ||
+          static_cast<int64_t>((*residual_out)->element_count()) != n) {
+        return bad("an error-corrected moment's buffers do not match the leaf");
+      }
+      m.kind = Kind::kErrorCorrected;
+      m.bf16_in = static_cast<const uint16_t*>(first->untyped_data());
+      m.residual_in = static_cast<const int8_t*>(residual->untyped_data());
+      m.bf16_out = static_cast<uint16_t*>((*value_out)->untyped_data());
+      m.residual_out = static_cast<int8_t*>((*residual_out)->untyped_data());
+      ++n_stored;
+      a += 2;
+      r += 2;
+      continue;
+    }
+    auto scales = arg(a + 1);
+    if (scales.has_value() && scales->element_type() == ffi::F16) {
+      // Companded: codes, float16 scales, the table and the map's sign.
+      auto table = arg(a + 2), sign = arg(a + 3);
+      auto codes_out = ret(r), scales_out = ret(r + 1);
+      if (!table.has_value() || !sign.has_value() || !codes_out.has_value() ||
+          !scales_out.has_value() || first->element_type() != ffi::U8 ||
+          first->dimensions().size() != 2 || table->element_type() != ffi::F32 ||
+          table->element_count() != 256 || sign->element_type() != ffi::S32 ||
+          sign->element_count() != 1 || (*codes_out)->element_type() != ffi::U8 ||
+          (*scales_out)->element_type() != ffi::F16) {
+        return bad("a companded moment's buffers have the wrong types");
+      }
+      m.kind = Kind::kCompanded;
+      m.n_blocks = first->dimensions()[0];
+      m.block = first->dimensions()[1];
+      if (m.block <= 0 || m.n_blocks != (n + m.block - 1) / m.block ||
+          static_cast<int64_t>(scales->element_count()) != m.n_blocks ||
+          (*codes_out)->element_count() != first->element_count() ||
+          static_cast<int64_t>((*scales_out)->element_count()) != m.n_blocks) {
+        return bad("a companded moment's buffers have the wrong sizes");
+      }
+      m.codes_in = static_cast<const uint8_t*>(first->untyped_data());
+      m.scales_in = static_cast<const uint16_t*>(scales->untyped_data());
+      m.table = static_cast<const float*>(table->untyped_data());
+      m.signed_map = *static_cast<const int32_t*>(sign->untyped_data()) != 0;
+      m.codes_out = static_cast<uint8_t*>((*codes_out)->untyped_data());
+      m.scales_out = static_cast<uint16_t*>((*scales_out)->untyped_data());
+      chunk = std::lcm(chunk, m.block);
+      if (chunk > (1 << 20)) return bad("the moments' block sizes are too far apart");
+      ++n_stored;
+      a += 4;
+      r += 2;
+      continue;
+    }
     auto absmax = arg(a + 1), map = arg(a + 2), buckets = arg(a + 3),
          geometry = arg(a + 4), thresholds = arg(a + 5);
     auto codes_out = ret(r), absmax_out = ret(r + 1);
@@ -913,6 +1189,7 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
         (*absmax_out)->element_type() != ffi::F32 || first->dimensions().size() != 2) {
       return bad("a quantized moment's buffers have the wrong types");
     }
+    m.kind = Kind::kBlockwise;
     m.quantized = true;
     m.levels = static_cast<int64_t>(map->element_count());
     m.packed = m.levels == 16;
@@ -951,10 +1228,14 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
     chunk = std::lcm(chunk, m.block);
     if (chunk > (1 << 20)) return bad("the moments' block sizes are too far apart");
     ++n_quantized;
+    ++n_stored;
     a += 6;
     r += 2;
   }
   if (a != args.size() || r != rets.size()) return bad("argument counts do not match");
+  // Whole groups per chunk, and enough elements that the rule's call is not per
+  // element (error-corrected moments have no groups).
+  if (chunk < kLeastChunk) chunk *= (kLeastChunk + chunk - 1) / chunk;
 
   const float* s = scalars.typed_data();
   const float* g_data = static_cast<const float*>(g->untyped_data());
@@ -964,7 +1245,7 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
 
   // Chunks [first, last) on one thread, with its own buffers.
   auto run = [&](int64_t first, int64_t last) {
-    std::vector<float> buffer(2 * n_quantized * chunk);
+    std::vector<float> buffer(2 * n_stored * chunk);
     std::vector<uint8_t> scratch(chunk);
     std::vector<float> inverses(n_quantized * chunk);
     std::vector<const float*> in(2 + n_moments);
@@ -977,13 +1258,15 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
       int64_t q = 0;
       for (int64_t k = 0; k < n_moments; ++k) {
         const QuantizedMoment& m = moments[k];
-        if (!m.quantized) {
+        if (m.kind == Kind::kFloat32) {
           in[2 + k] = m.values_in + begin;
           out[1 + k] = m.values_out + begin;
           continue;
         }
         float* old = buffer.data() + (2 * q) * chunk;
-        Load(m, old, begin, valid);
+        if (m.kind == Kind::kBlockwise) Load(m, old, begin, valid);
+        if (m.kind == Kind::kCompanded) LoadCompanded(m, old, begin, valid);
+        if (m.kind == Kind::kErrorCorrected) LoadErrorCorrected(m, old, begin, valid);
         in[2 + k] = old;
         out[1 + k] = old + chunk;
         ++q;
@@ -998,6 +1281,13 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
         if (moments[k].quantized) {
           Store(moments[k], out[1 + k], begin, valid, chunk, &inverses[chunk * q++],
                 scratch.data());
+        }
+      }
+      for (int64_t k = 0; k < n_moments; ++k) {
+        if (moments[k].kind == Kind::kCompanded) {
+          StoreCompanded(moments[k], out[1 + k], begin, valid, chunk);
+        } else if (moments[k].kind == Kind::kErrorCorrected) {
+          StoreErrorCorrected(moments[k], out[1 + k], begin, valid);
         }
       }
     }
