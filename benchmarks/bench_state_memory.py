@@ -1,12 +1,11 @@
 """Quantized optimizer state (issue 11): AdamW's state bytes per parameter at
-float32 / bf16 / 8-bit / 4-bit / fp8 / companded 8-bit moments, from XLA's memory
-analysis of the compiled `init` (its outputs) and of a donated step (its
-temporaries: XLA's code, and the native kernels' in-place step), and the donated
-step's time on one
-16M-float32 leaf at float32 / 8-bit / 4-bit moments (interleaved medians, with the
-ratio to float32), with the native kernels and with XLA's code, and the CPU time
-(all threads) per native step, which a loaded machine disturbs less than the wall
-time.
+float32 / bf16 / 8-bit / 4-bit / fp8 / companded 8-bit / bf16-with-int8-residual
+moments, from XLA's memory analysis of the compiled `init` (its outputs) and of a
+donated step (its temporaries: XLA's code, and the native kernels' in-place step),
+and the donated step's time on one 16M-float32 leaf at float32 / 8-bit / 4-bit /
+companded / bf16+int8 moments (interleaved medians, with the ratio to float32),
+with the native kernels and with XLA's code, and the CPU time (all threads) per
+native step, which a loaded machine disturbs less than the wall time.
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_state_memory.py [--no-speed]
 """
@@ -30,6 +29,7 @@ STORAGES = {
     "4-bit": eqxopt.Blockwise4bit(),
     "fp8": eqxopt.BlockwiseFp8(),
     "companded": eqxopt.Companded8bit(),
+    "bf16+int8": eqxopt.ErrorCorrectedBf16(),
 }
 
 
@@ -61,7 +61,7 @@ def memory(storage) -> dict:
     }
 
 
-SPEED = ("float32", "8-bit", "4-bit")
+SPEED = ("float32", "8-bit", "4-bit", "companded", "bf16+int8")
 
 
 def speed() -> dict:

@@ -876,6 +876,15 @@ void Store(const QuantizedMoment& m, const float* values, int64_t begin,
   }
 }
 
+// `m.planes` from the 256 entries of `m.map`, for `DecodeVbmi`.
+void SetPlanes(QuantizedMoment& m) {
+  for (int c = 0; c < 256; ++c) {
+    uint32_t bits;
+    std::memcpy(&bits, m.map + c, sizeof bits);
+    for (int k = 0; k < 4; ++k) m.planes[k][c] = (bits >> (8 * k)) & 0xFF;
+  }
+}
+
 // float16's bits as float32 (exact).
 inline float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
@@ -934,58 +943,153 @@ inline float Bf16ToFloat(uint16_t b) {
 inline uint16_t FloatToBf16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, sizeof x);
-  if ((x & 0x7FFFFFFF) > 0x7F800000) {
-    return static_cast<uint16_t>(((x >> 16) & 0x8000) | 0x7FC0);
-  }
-  x += 0x7FFF + ((x >> 16) & 1);
-  return static_cast<uint16_t>(x >> 16);
+  const uint32_t nan = ((x >> 16) & 0x8000) | 0x7FC0;
+  const uint32_t rounded = (x + 0x7FFF + ((x >> 16) & 1)) >> 16;
+  return static_cast<uint16_t>((x & 0x7FFFFFFF) > 0x7F800000 ? nan : rounded);
 }
 
-// 2^k for a float32 integer k in float32's normal range (`_storage._exp2`).
-inline float Exp2(float k) {
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+// 2^k for an integer k in float32's normal range (`_storage._exp2`), exactly.
+inline float Exp2(int32_t k) {
+  const int32_t bits = (k + 127) << 23;
   float out;
   std::memcpy(&out, &bits, sizeof out);
   return out;
 }
 
 // `_storage.log2_half_ulp` of a bf16 value: log2 of half its spacing.
-inline float Log2HalfUlp(uint16_t b) {
+inline int32_t Log2HalfUlp(uint16_t b) {
   const int32_t exponent = (b & 0x7FFF) >> 7;
-  return static_cast<float>((exponent == 0 ? 1 - 127 - 7 : exponent - 134) - 1);
+  return (exponent == 0 ? 1 - 127 - 7 : exponent - 134) - 1;
 }
 
-// `_storage._times_exp2`: x * 2^k in two factors.
-inline float TimesExp2(float x, float k) {
-  const float half = std::floor(k / 2.0f);
+// `_storage._times_exp2`: x * 2^k in two factors (the first 2^floor(k / 2): an
+// arithmetic shift floors, as XLA's `floor(k / 2.0)` of the integer k).
+inline float TimesExp2(float x, int32_t k) {
+  const int32_t half = k >> 1;
   return (x * Exp2(half)) * Exp2(k - half);
 }
 
-// XLA's clamp: NaN stays NaN.
-inline float Clip(float x, float low, float high) {
-  return x != x ? x : std::min(std::max(x, low), high);
+// floor(y) of a number |y| < 2^31, by truncation (no call, so loops vectorize).
+inline int32_t Floor(float y) {
+  const int32_t t = static_cast<int32_t>(y);
+  return t - (y < static_cast<float>(t) ? 1 : 0);
 }
+
+// XLA's clamp of a number (not NaN).
+inline float Clamp(float x, float low, float high) {
+  return std::min(std::max(x, low), high);
+}
+
+// Whether a float32 is a number and finite, from its bits.
+inline bool Finite(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return (bits & 0x7F800000) != 0x7F800000;
+}
+
+// The loops below are written without calls or branches, so that the compiler
+// vectorizes them; each is built twice, for AVX2 and for any x86-64 (or other
+// CPU), and `kAvx2` picks one at run time. Their float operations are the same.
+#if defined(__x86_64__)
+#define EQXOPT_CLONES(name, params, args)                               \
+  __attribute__((target("avx2"))) void name##Avx2 params {              \
+    name##Body args;                                                    \
+  }                                                                     \
+  void name params {                                                    \
+    if (kAvx2) return name##Avx2 args;                                  \
+    name##Body args;                                                    \
+  }
+#else
+#define EQXOPT_CLONES(name, params, args) \
+  void name params { name##Body args; }
+#endif
+
+// `_storage.decode_residual` of n bf16 values (bits) and their residuals.
+__attribute__((always_inline)) inline void DecodeResidualsBody(
+    const uint16_t* value, const int8_t* residual, int64_t n, float* out) {
+  constexpr float kUnit = 1.0f / 127.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float scaled = static_cast<float>(residual[i]) * kUnit;
+    out[i] = Bf16ToFloat(value[i]) + TimesExp2(scaled, Log2HalfUlp(value[i]));
+  }
+}
+EQXOPT_CLONES(DecodeResiduals,
+              (const uint16_t* value, const int8_t* residual, int64_t n, float* out),
+              (value, residual, n, out))
+
+// `_storage.encode_bf16_residual` of n float32 values: the bf16 rounding (bits)
+// and the residual of what it lost, rounded to nearest (0 where it is not a
+// number: an infinite or NaN value).
+__attribute__((always_inline)) inline void EncodeResidualsBody(
+    const float* x, int64_t n, uint16_t* value, int8_t* residual) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t stored = FloatToBf16(x[i]);
+    const float error = x[i] - Bf16ToFloat(stored);
+    const float scaled = TimesExp2(error, -Log2HalfUlp(stored)) * 127.0f;
+    // Not a number: 0.5 below, whose floor is the residual 0.
+    const float y = Clamp(scaled == scaled ? scaled : 0.0f, -127.0f, 127.0f) + 0.5f;
+    value[i] = stored;
+    residual[i] = static_cast<int8_t>(Floor(y));
+  }
+}
+EQXOPT_CLONES(EncodeResiduals,
+              (const float* x, int64_t n, uint16_t* value, int8_t* residual),
+              (x, n, value, residual))
+
+// A companded group's values as `_storage._compand` takes them: not finite ones
+// set to 0, and for the unsigned map the square roots (of values at least 0).
+__attribute__((always_inline)) inline void CompandInputsBody(float* x, int64_t n,
+                                                             bool roots) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = Finite(x[i]) ? x[i] : 0.0f;
+    x[i] = roots ? std::sqrt(std::max(v, 0.0f)) : v;
+  }
+}
+EQXOPT_CLONES(CompandInputs, (float* x, int64_t n, bool roots), (x, n, roots))
+
+// The codes of a companded group's (finite) values over `divisor`.
+__attribute__((always_inline)) inline void CompandCodesBody(const float* x, int64_t n,
+                                                            float divisor,
+                                                            bool signed_map,
+                                                            uint8_t* codes) {
+  if (signed_map) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = Clamp(x[i] / divisor, -1.0f, 1.0f);
+      const float companded = (2.0f * v) / (1.0f + std::fabs(v));
+      const float y = Clamp(companded * 127.0f, -127.0f, 127.0f) + 0.5f;
+      codes[i] = static_cast<uint8_t>(static_cast<int8_t>(Floor(y)));
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = Clamp(x[i] / divisor, -1.0f, 1.0f);
+      const float y = Clamp(v * 255.0f, 0.0f, 255.0f) + 0.5f;
+      codes[i] = static_cast<uint8_t>(Floor(y));
+    }
+  }
+}
+EQXOPT_CLONES(CompandCodes,
+              (const float* x, int64_t n, float divisor, bool signed_map,
+               uint8_t* codes),
+              (x, n, divisor, signed_map, codes))
+
+// `root * root` of n values in place (the unsigned map stores square roots).
+__attribute__((always_inline)) inline void SquareBody(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * x[i];
+}
+EQXOPT_CLONES(Square, (float* x, int64_t n), (x, n))
 
 // The values of a companded moment for the leaf's elements [begin, begin +
 // valid) (begin a multiple of its group size), into `out`: `table[code] *
-// scale`, squared for the unsigned map (`QuantizedArray.dequantize`).
+// scale` (as an 8-bit map's, `Decode`), squared for the unsigned map
+// (`QuantizedArray.dequantize`).
 void LoadCompanded(const QuantizedMoment& m, float* out, int64_t begin,
                    int64_t valid) {
-  const float* table = m.table;
   for (int64_t start = 0; start < valid; start += m.block) {
     const float scale = HalfToFloat(m.scales_in[(begin + start) / m.block]);
     const int64_t count = std::min(m.block, valid - start);
-    const uint8_t* codes = m.codes_in + begin + start;
-    float* x = out + start;
-    if (m.signed_map) {
-      for (int64_t i = 0; i < count; ++i) x[i] = table[codes[i]] * scale;
-    } else {
-      for (int64_t i = 0; i < count; ++i) {
-        const float root = table[codes[i]] * scale;
-        x[i] = root * root;
-      }
-    }
+    Decode(m, m.codes_in + begin + start, count, scale, out + start);
   }
+  if (!m.signed_map) Square(out, valid);
 }
 
 // Stores the chunk's new `values` of a companded moment (`_storage._compand`,
@@ -997,39 +1101,21 @@ void LoadCompanded(const QuantizedMoment& m, float* out, int64_t begin,
 void StoreCompanded(const QuantizedMoment& m, float* values, int64_t begin,
                     int64_t valid, int64_t chunk) {
   const int64_t block = m.block;
+  CompandInputs(values, valid, !m.signed_map);
   for (int64_t start = 0; start < chunk; start += block) {
     const int64_t b = (begin + start) / block;
     if (b >= m.n_blocks) break;
     const int64_t real = std::min<int64_t>(block, valid - start);
-    float* x = values + start;
-    for (int64_t i = 0; i < real; ++i) {
-      float v = std::isfinite(x[i]) ? x[i] : 0.0f;
-      if (!m.signed_map) v = std::sqrt(std::max(v, 0.0f));
-      x[i] = v;
-    }
+    const float* x = values + start;
     // The largest |x| as its bits (x is finite): XLA's maximum of the group.
     const int32_t largest = Largest(x, real);
     float amax;
     std::memcpy(&amax, &largest, sizeof amax);
     amax = std::max(amax, 1e-12f);
-    const bool over = amax >= 65520.0f;
-    const float divisor = over ? 65504.0f : amax;
+    const float divisor = amax >= 65520.0f ? 65504.0f : amax;
     m.scales_out[b] = FloatToHalf(divisor);
     uint8_t* codes = m.codes_out + b * block;
-    if (m.signed_map) {
-      for (int64_t i = 0; i < real; ++i) {
-        const float n = Clip(x[i] / divisor, -1.0f, 1.0f);
-        const float companded = (2.0f * n) / (1.0f + std::fabs(n));
-        const float scaled = Clip(companded * 127.0f, -127.0f, 127.0f);
-        codes[i] = static_cast<uint8_t>(static_cast<int8_t>(std::floor(scaled + 0.5f)));
-      }
-    } else {
-      for (int64_t i = 0; i < real; ++i) {
-        const float n = Clip(x[i] / divisor, -1.0f, 1.0f);
-        const float scaled = Clip(n * 255.0f, 0.0f, 255.0f);
-        codes[i] = static_cast<uint8_t>(std::floor(scaled + 0.5f));
-      }
-    }
+    CompandCodes(x, real, divisor, m.signed_map, codes);
     for (int64_t i = real; i < block; ++i) codes[i] = 0;
   }
 }
@@ -1038,32 +1124,14 @@ void StoreCompanded(const QuantizedMoment& m, float* values, int64_t begin,
 // + n), into `out` (`_storage.decode_residual`).
 void LoadErrorCorrected(const QuantizedMoment& m, float* out, int64_t begin,
                         int64_t n) {
-  constexpr float kUnit = 1.0f / 127.0f;
-  const uint16_t* value = m.bf16_in + begin;
-  const int8_t* residual = m.residual_in + begin;
-  for (int64_t i = 0; i < n; ++i) {
-    const float scaled = static_cast<float>(residual[i]) * kUnit;
-    const float correction = TimesExp2(scaled, Log2HalfUlp(value[i]));
-    out[i] = Bf16ToFloat(value[i]) + correction;
-  }
+  DecodeResiduals(m.bf16_in + begin, m.residual_in + begin, n, out);
 }
 
 // Stores `values` (n of them, from element `begin`) as bf16 and the residual
-// of what that rounding lost, rounded to nearest (`encode_bf16_residual`).
+// of what that rounding lost (`encode_bf16_residual`).
 void StoreErrorCorrected(const QuantizedMoment& m, const float* values,
                          int64_t begin, int64_t n) {
-  uint16_t* value = m.bf16_out + begin;
-  int8_t* residual = m.residual_out + begin;
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = values[i];
-    const uint16_t stored = FloatToBf16(x);
-    const float error = x - Bf16ToFloat(stored);
-    const float scaled =
-        Clip(TimesExp2(error, -Log2HalfUlp(stored)) * 127.0f, -127.0f, 127.0f);
-    const float rounded = std::floor(scaled + 0.5f);
-    value[i] = stored;
-    residual[i] = std::isfinite(rounded) ? static_cast<int8_t>(rounded) : int8_t{0};
-  }
+  EncodeResiduals(values, n, m.bf16_out + begin, m.residual_out + begin);
 }
 
 // The fewest elements the handler walks a leaf in at a time.
@@ -1164,6 +1232,8 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
       m.codes_in = static_cast<const uint8_t*>(first->untyped_data());
       m.scales_in = static_cast<const uint16_t*>(scales->untyped_data());
       m.table = static_cast<const float*>(table->untyped_data());
+      m.map = m.table;  // read as an 8-bit map's (`Decode`)
+      SetPlanes(m);
       m.signed_map = *static_cast<const int32_t*>(sign->untyped_data()) != 0;
       m.codes_out = static_cast<uint8_t*>((*codes_out)->untyped_data());
       m.scales_out = static_cast<uint16_t*>((*scales_out)->untyped_data());
@@ -1216,13 +1286,7 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
     m.buckets = static_cast<const int32_t*>(buckets->untyped_data());
     m.thresholds = static_cast<const float*>(thresholds->untyped_data());
     StepTables(m);
-    if (!m.packed) {
-      for (int c = 0; c < 256; ++c) {
-        uint32_t bits;
-        std::memcpy(&bits, m.map + c, sizeof bits);
-        for (int k = 0; k < 4; ++k) m.planes[k][c] = (bits >> (8 * k)) & 0xFF;
-      }
-    }
+    if (!m.packed) SetPlanes(m);
     m.codes_out = static_cast<uint8_t*>((*codes_out)->untyped_data());
     m.absmax_out = static_cast<float*>((*absmax_out)->untyped_data());
     chunk = std::lcm(chunk, m.block);
