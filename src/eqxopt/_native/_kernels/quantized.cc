@@ -1047,30 +1047,30 @@ __attribute__((always_inline)) inline void CompandInputsBody(float* x, int64_t n
 }
 EQXOPT_CLONES(CompandInputs, (float* x, int64_t n, bool roots), (x, n, roots))
 
-// The codes of a companded group's (finite) values over `divisor`.
+// The codes of companded (finite) values, each over its group's divisor.
 __attribute__((always_inline)) inline void CompandCodesBody(const float* x, int64_t n,
-                                                            float divisor,
+                                                            const float* divisors,
                                                             bool signed_map,
                                                             uint8_t* codes) {
   if (signed_map) {
     for (int64_t i = 0; i < n; ++i) {
-      const float v = Clamp(x[i] / divisor, -1.0f, 1.0f);
+      const float v = Clamp(x[i] / divisors[i], -1.0f, 1.0f);
       const float companded = (2.0f * v) / (1.0f + std::fabs(v));
       const float y = Clamp(companded * 127.0f, -127.0f, 127.0f) + 0.5f;
       codes[i] = static_cast<uint8_t>(static_cast<int8_t>(Floor(y)));
     }
   } else {
     for (int64_t i = 0; i < n; ++i) {
-      const float v = Clamp(x[i] / divisor, -1.0f, 1.0f);
+      const float v = Clamp(x[i] / divisors[i], -1.0f, 1.0f);
       const float y = Clamp(v * 255.0f, 0.0f, 255.0f) + 0.5f;
       codes[i] = static_cast<uint8_t>(Floor(y));
     }
   }
 }
 EQXOPT_CLONES(CompandCodes,
-              (const float* x, int64_t n, float divisor, bool signed_map,
+              (const float* x, int64_t n, const float* divisors, bool signed_map,
                uint8_t* codes),
-              (x, n, divisor, signed_map, codes))
+              (x, n, divisors, signed_map, codes))
 
 // `root * root` of n values in place (the unsigned map stores square roots).
 __attribute__((always_inline)) inline void SquareBody(float* x, int64_t n) {
@@ -1099,25 +1099,30 @@ void LoadCompanded(const QuantizedMoment& m, float* out, int64_t begin,
 // infinity), clipped, companded (signed) and rounded to its code. The rest of
 // the leaf's last group is its zero padding (code 0 in both maps).
 void StoreCompanded(const QuantizedMoment& m, float* values, int64_t begin,
-                    int64_t valid, int64_t chunk) {
+                    int64_t valid, int64_t chunk, float* divisors) {
   const int64_t block = m.block;
   CompandInputs(values, valid, !m.signed_map);
+  // Each group's scale, and its divisor for each of its elements, then every code
+  // of the chunk in one pass (groups are short: a pass per group would be
+  // mostly its loop's set-up).
+  int64_t end = 0;
   for (int64_t start = 0; start < chunk; start += block) {
     const int64_t b = (begin + start) / block;
     if (b >= m.n_blocks) break;
     const int64_t real = std::min<int64_t>(block, valid - start);
-    const float* x = values + start;
     // The largest |x| as its bits (x is finite): XLA's maximum of the group.
-    const int32_t largest = Largest(x, real);
+    const int32_t largest = Largest(values + start, real);
     float amax;
     std::memcpy(&amax, &largest, sizeof amax);
     amax = std::max(amax, 1e-12f);
     const float divisor = amax >= 65520.0f ? 65504.0f : amax;
     m.scales_out[b] = FloatToHalf(divisor);
-    uint8_t* codes = m.codes_out + b * block;
-    CompandCodes(x, real, divisor, m.signed_map, codes);
-    for (int64_t i = real; i < block; ++i) codes[i] = 0;
+    std::fill(divisors + start, divisors + start + block, divisor);
+    // The rest of the leaf's last group: its zero padding (code 0 in both maps).
+    std::fill(values + start + real, values + start + block, 0.0f);
+    end = start + block;
   }
+  CompandCodes(values, end, divisors, m.signed_map, m.codes_out + begin);
 }
 
 // The values of an error-corrected moment for the leaf's elements [begin, begin
@@ -1312,6 +1317,7 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
     std::vector<float> buffer(2 * n_stored * chunk);
     std::vector<uint8_t> scratch(chunk);
     std::vector<float> inverses(n_quantized * chunk);
+    std::vector<float> divisors(chunk);
     std::vector<const float*> in(2 + n_moments);
     std::vector<float*> out(1 + n_moments);
     for (int64_t c = first; c < last; ++c) {
@@ -1349,7 +1355,8 @@ ffi::Error Quantized(ffi::Buffer<ffi::F32> scalars, ffi::RemainingArgs args,
       }
       for (int64_t k = 0; k < n_moments; ++k) {
         if (moments[k].kind == Kind::kCompanded) {
-          StoreCompanded(moments[k], out[1 + k], begin, valid, chunk);
+          StoreCompanded(moments[k], out[1 + k], begin, valid, chunk,
+                         divisors.data());
         } else if (moments[k].kind == Kind::kErrorCorrected) {
           StoreErrorCorrected(moments[k], out[1 + k], begin, valid);
         }
