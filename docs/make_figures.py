@@ -256,6 +256,7 @@ def state_memory(results: dict) -> str:
         ("`Blockwise4bit()`", "4-bit", 1.1),
         ("`BlockwiseFp8()`", "fp8", ""),
         ("`Companded8bit()`", "companded", ""),
+        ("`ErrorCorrectedBf16()`", "bf16+int8", ""),
     ]
     lines = ["| moments | state bytes per parameter | target |", "| --- | --- | --- |"]
     for label, key, target in rows:
