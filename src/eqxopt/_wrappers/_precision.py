@@ -428,7 +428,9 @@ class ErrorCorrection(AbstractSingleWrapper):
     bits) accumulate in the mean. (Rounded to nearest, a steady update of 3.3
     units would lose 0.3 of them every step.)
     `inner` sees the master values as its parameters (weight decay, and any
-    rule that reads them, act on them) and makes its state from them, so
+    rule that reads them, act on them) and the gradients in float32 (the bf16
+    ones exactly, so that on the CPU its rule runs on the native kernels), and
+    makes its state from the master values, so
     `AdamW`'s moments default to float32; `mu_dtype=`/`nu_dtype=` choose
     narrower ones. Every leaf that is not bf16/float16 (float32, complex, ...)
     gets no residual and is updated exactly as `inner` alone would. The
