@@ -143,3 +143,40 @@ def needs_compiler() -> None:
     """The fixture form of `@pytest.mark.needs_compiler` (for a fixture or helper
     that only some tests reach)."""
     skip_without_native_kernels()
+
+
+def _catalog_case(item: pytest.Item) -> str | None:
+    """The name of the catalog case (`catalog.CatalogCase`) an item runs, or
+    `None`."""
+    from catalog import CatalogCase
+
+    callspec = getattr(item, "callspec", None)
+    case = callspec.params.get("case") if callspec is not None else None
+    return case.name if isinstance(case, CatalogCase) else None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Within each file, the tests run over catalog cases run case by case (every
+    test of the first case, then every test of the second, ...) instead of test by
+    test.
+
+    eqxopt keeps the last 64 programs of each compiled function (`update`, `step`;
+    `_core._compile.PROGRAMS_KEPT`), and the catalog holds more cases than that:
+    test by test, each test compiled again what the tests before it had compiled
+    for the same case. Case by case, the tests of one case share those programs
+    (test_catalog.py: 242 s -> 141 s in one process). The same tests run, each as
+    before; only their order changes (alike on every xdist worker), and the other
+    items keep their places."""
+    by_file: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        if _catalog_case(item) is not None:
+            by_file.setdefault(item.nodeid.split("::")[0], []).append(i)
+    for places in by_file.values():
+        group = [items[i] for i in places]
+        first: dict[str | None, int] = {}
+        for n, item in enumerate(group):
+            first.setdefault(_catalog_case(item), n)
+        group.sort(key=lambda item: first[_catalog_case(item)])
+        for i, item in zip(places, group):
+            items[i] = item

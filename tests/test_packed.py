@@ -18,7 +18,6 @@ from sweep_cases import every_case, transforms_in
 @pytest.fixture(params=[True, False], ids=["native", "xla"])
 def native(request):
     eqxopt.set_native_kernels(request.param)
-    jax.clear_caches()
     yield request.param
     eqxopt.set_native_kernels(True)
 

@@ -8,6 +8,7 @@ served from this machine with every other address refused: no page asks the netw
 for anything or logs a JavaScript error, no code block is wider than its column at
 1280 px, and a search finds what a reader looks for."""
 
+import fcntl
 import functools
 import html
 import http.server
@@ -36,7 +37,23 @@ NOT_EQXOPT = sorted(
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> pathlib.Path:
-    out = tmp_path_factory.mktemp("site")
+    """The site, built once per test run: under pytest-xdist, whose workers may
+    each run some of this file's tests, the first worker to need it builds it in
+    the directory the workers share, and the others wait for it and read it."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return _build_site(tmp_path_factory.mktemp("site"))
+    shared = tmp_path_factory.getbasetemp().parent  # this run's, every worker's
+    out, built = shared / "site", shared / "site.built"
+    with open(shared / "site.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not built.exists():
+            shutil.rmtree(out, ignore_errors=True)  # a build that failed
+            _build_site(out)
+            built.touch()
+    return out
+
+
+def _build_site(out: pathlib.Path) -> pathlib.Path:
     command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)]
     result = subprocess.run(
         command,
